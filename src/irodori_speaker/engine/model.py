@@ -1,0 +1,615 @@
+"""Irodori-TTS TextToLatentRFDiT in plain PyTorch, readable top to bottom.
+
+Module names equal the released tensor names (`blocks.3.attention.wq.weight`, ...),
+so the released checkpoints load unchanged. Spec: `specs/irodori-model.md`.
+
+Data flow: `encode_conditions` (text / speaker / caption encoders, once per line) ->
+`context_kv` (per-layer keys and values of the conditions, once per line: they do
+not depend on t) -> `velocity(x_t, t, ctx)` per sampler step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """RMS norm over the last dim, computed in float32; weight shape (dim,) or (heads, head_dim)."""
+
+    def __init__(self, shape: int | tuple[int, ...], eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(shape))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+def rms_normalize(x: Tensor, eps: float) -> Tensor:
+    """Weightless RMS norm in float32 (AdaLN)."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rope_tables(seq_len: int, dim: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos/sin of angle = position * 10000^(-2j/dim), shape (seq_len, dim/2), float32."""
+    freqs = torch.pow(10000.0, -torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+    angles = torch.arange(seq_len, device=device, dtype=torch.float32)[:, None] * freqs[None, :]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate adjacent pairs (x[2j], x[2j+1]) of x (B, S, H, D) as complex numbers, in float32."""
+    x32 = x.float()
+    x0, x1 = x32[..., 0::2], x32[..., 1::2]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+    return out.to(x.dtype)
+
+
+def timestep_embedding(t: Tensor, dim: int) -> Tensor:
+    """[cos(t f), sin(t f)] with f_j = 1000 exp(-ln(10000) j / (dim/2)); t (B,) in [0, 1]."""
+    half = dim // 2
+    freqs = 1000.0 * torch.exp(
+        -math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half
+    )
+    angles = t.float()[:, None] * freqs[None, :]
+    return torch.cat((angles.cos(), angles.sin()), dim=-1)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def key_mask(mask: Tensor | None) -> Tensor | None:
+    """(B, S) bool key mask -> (B, 1, 1, S) for SDPA; None when every key is valid."""
+    if mask is None or bool(mask.all()):
+        return None
+    return mask[:, None, None, :]
+
+
+def attend_safe(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """SDPA over (B, H, S, D); rows whose keys are all masked give zeros, not NaN.
+
+    Used by the encoders (once per line), where a row may have no valid key (no reference).
+    """
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v)
+    empty = ~mask.any(dim=-1, keepdim=True)  # (B, 1, 1, 1)
+    if bool(empty.any()):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty)
+        return out.masked_fill(empty, 0.0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Condition encoders (text, caption, reference speaker)
+# ---------------------------------------------------------------------------------------------
+
+
+class SelfAttention(nn.Module):
+    """Encoder self-attention: q/k RMS-normed per head, RoPE over the whole head, sigmoid gate."""
+
+    def __init__(self, dim: int, heads: int, eps: float) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, dim, bias=False)
+        self.wv = nn.Linear(dim, dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.gate = nn.Linear(dim, dim, bias=False)
+        self.q_norm = RMSNorm((heads, self.head_dim), eps)
+        self.k_norm = RMSNorm((heads, self.head_dim), eps)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        B, S, D = x.shape
+        q = self.q_norm(self.wq(x).view(B, S, self.heads, self.head_dim))
+        k = self.k_norm(self.wk(x).view(B, S, self.heads, self.head_dim))
+        v = self.wv(x).view(B, S, self.heads, self.head_dim)
+        cos, sin = rope_tables(S, self.head_dim, x.device)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attend_safe(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), key_mask(mask))
+        out = out.transpose(1, 2).reshape(B, S, D)
+        return self.wo(out * torch.sigmoid(self.gate(x)))
+
+
+class TextBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, mlp_hidden: int, eps: float) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(dim, eps)
+        self.attention = SelfAttention(dim, heads, eps)
+        self.mlp_norm = RMSNorm(dim, eps)
+        self.mlp = SwiGLU(dim, mlp_hidden)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TextEncoder(nn.Module):
+    """Token embedding + TextBlocks; padded positions are zeroed after every block."""
+
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, mlp_hidden: int, eps: float) -> None:
+        super().__init__()
+        self.text_embedding = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(TextBlock(dim, heads, mlp_hidden, eps) for _ in range(layers))
+
+    def run_blocks(self, x: Tensor, mask: Tensor) -> Tensor:
+        m = mask[..., None].to(x.dtype)
+        x = x * m
+        for block in self.blocks:
+            x = block(x, mask) * m
+        return x * m
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        return self.run_blocks(self.text_embedding(ids), mask)
+
+
+class ReferenceLatentEncoder(TextEncoder):
+    """Speaker encoder over reference latents: in_proj, /6, then the TextEncoder pattern."""
+
+    def __init__(self, in_dim: int, dim: int, layers: int, heads: int, mlp_hidden: int, eps: float) -> None:
+        nn.Module.__init__(self)
+        self.in_proj = nn.Linear(in_dim, dim, bias=True)
+        self.blocks = nn.ModuleList(TextBlock(dim, heads, mlp_hidden, eps) for _ in range(layers))
+
+    def forward(self, latent: Tensor, mask: Tensor) -> Tensor:
+        return self.run_blocks(self.in_proj(latent) / 6.0, mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Diffusion transformer
+# ---------------------------------------------------------------------------------------------
+
+
+class LowRankAdaLN(nn.Module):
+    """shift/scale/gate = c + up(down(silu(c))) each; x -> rms(x) * (1 + scale) + shift."""
+
+    def __init__(self, dim: int, rank: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        for name in ("shift", "scale", "gate"):
+            setattr(self, f"{name}_down", nn.Linear(dim, rank, bias=False))
+            setattr(self, f"{name}_up", nn.Linear(rank, dim, bias=True))
+
+    def modulation(self, cond: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(shift, scale, tanh(gate)) from cond (B, 1, 3D); depends on t only."""
+        shift, scale, gate = cond.chunk(3, dim=-1)
+        shift = shift + self.shift_up(self.shift_down(F.silu(shift)))
+        scale = scale + self.scale_up(self.scale_down(F.silu(scale)))
+        gate = gate + self.gate_up(self.gate_down(F.silu(gate)))
+        return shift, scale, torch.tanh(gate)
+
+    def forward(self, x: Tensor, cond: Tensor) -> tuple[Tensor, Tensor]:
+        shift, scale, gate = self.modulation(cond)
+        return rms_normalize(x, self.eps) * (1 + scale) + shift, gate
+
+
+class JointAttention(nn.Module):
+    """Latent self-attention joined with cached condition keys/values.
+
+    RoPE rotates the first half of the heads only; context keys get k_norm but no RoPE.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        D = cfg.model_dim
+        self.heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.wq = nn.Linear(D, D, bias=False)
+        self.wk = nn.Linear(D, D, bias=False)
+        self.wv = nn.Linear(D, D, bias=False)
+        self.wo = nn.Linear(D, D, bias=False)
+        self.gate = nn.Linear(D, D, bias=False)
+        self.q_norm = RMSNorm((self.heads, self.head_dim), cfg.norm_eps)
+        self.k_norm = RMSNorm((self.heads, self.head_dim), cfg.norm_eps)
+        self.wk_text = nn.Linear(cfg.text_dim, D, bias=False)
+        self.wv_text = nn.Linear(cfg.text_dim, D, bias=False)
+        if cfg.speaker_enabled:
+            self.wk_speaker = nn.Linear(cfg.speaker_dim, D, bias=False)
+            self.wv_speaker = nn.Linear(cfg.speaker_dim, D, bias=False)
+        if cfg.caption_enabled:
+            self.wk_caption = nn.Linear(cfg.caption("dim"), D, bias=False)
+            self.wv_caption = nn.Linear(cfg.caption("dim"), D, bias=False)
+
+    def context_kv(self, state: Tensor, name: str) -> tuple[Tensor, Tensor]:
+        """Keys k_norm(wk_<name>(state)) and values wv_<name>(state), as (B, H, S, Dh)."""
+        B, S, _ = state.shape
+        k = getattr(self, f"wk_{name}")(state).view(B, S, self.heads, self.head_dim)
+        v = getattr(self, f"wv_{name}")(state).view(B, S, self.heads, self.head_dim)
+        return self.k_norm(k).transpose(1, 2), v.transpose(1, 2)
+
+    def forward(
+        self, h: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor | None, rope: tuple[Tensor, Tensor]
+    ) -> Tensor:
+        B, S, D = h.shape
+        q = self.q_norm(self.wq(h).view(B, S, self.heads, self.head_dim))
+        k = self.k_norm(self.wk(h).view(B, S, self.heads, self.head_dim))
+        v = self.wv(h).view(B, S, self.heads, self.head_dim)
+        half = self.heads // 2
+        q = torch.cat((apply_rope(q[:, :, :half], *rope), q[:, :, half:]), dim=2)
+        k = torch.cat((apply_rope(k[:, :, :half], *rope), k[:, :, half:]), dim=2)
+        k = torch.cat((k.transpose(1, 2), ctx_k), dim=2)
+        v = torch.cat((v.transpose(1, 2), ctx_v), dim=2)
+        # The latent's own keys are always there, so no row is fully masked: no check, no sync.
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(B, S, D)
+        return self.wo(out * torch.sigmoid(self.gate(h)))
+
+
+class DiffusionBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention_adaln = LowRankAdaLN(cfg.model_dim, cfg.adaln_rank, cfg.norm_eps)
+        self.attention = JointAttention(cfg)
+        self.mlp_adaln = LowRankAdaLN(cfg.model_dim, cfg.adaln_rank, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.model_dim, cfg.mlp_hidden)
+
+    def forward(
+        self, x: Tensor, cond: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor | None, rope
+    ) -> Tensor:
+        h, g = self.attention_adaln(x, cond)
+        x = x + g * self.attention(h, ctx_k, ctx_v, mask, rope)
+        h, g = self.mlp_adaln(x, cond)
+        return x + g * self.mlp(h)
+
+
+# ---------------------------------------------------------------------------------------------
+# Duration predictor (v3)
+# ---------------------------------------------------------------------------------------------
+
+
+class DurationBlock(nn.Module):
+    """h += tanh(gate) * mlp(norm(h) * (1 + scale) + shift), modulated by speaker (and caption)."""
+
+    def __init__(self, hidden: int, speaker_dim: int, caption_dim: int | None, eps: float) -> None:
+        super().__init__()
+        self.norm = RMSNorm(hidden, eps)
+        self.modulation = nn.Linear(speaker_dim, 3 * hidden, bias=True)
+        if caption_dim is not None:
+            self.caption_modulation = nn.Linear(caption_dim, 3 * hidden, bias=True)
+        self.mlp = SwiGLU(hidden, hidden)
+
+    def forward(self, h: Tensor, spk: Tensor, cap: Tensor | None) -> Tensor:
+        mod = self.modulation(F.silu(spk))
+        if cap is not None:
+            mod = mod + self.caption_modulation(F.silu(cap))
+        shift, scale, gate = mod[:, None, :].chunk(3, dim=-1)
+        return h + torch.tanh(gate) * self.mlp(self.norm(h) * (1 + scale) + shift)
+
+
+class DurationPredictor(nn.Module):
+    """`token_sum_(dual_)adarn_zero_no_aux`: per-token frames, summed; returns log1p(frames)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hidden, eps = cfg.duration_hidden_dim, cfg.norm_eps
+        caption_dim = cfg.caption("dim") if cfg.dual_duration else None
+        self.token_input_proj = nn.Linear(cfg.text_dim, hidden, bias=True)
+        self.token_blocks = nn.ModuleList(
+            DurationBlock(hidden, cfg.speaker_dim, caption_dim, eps) for _ in range(cfg.duration_layers)
+        )
+        self.token_out_norm = RMSNorm(hidden, eps)
+        self.token_out_proj = nn.Linear(hidden, 1, bias=True)
+        self.null_speaker = nn.Parameter(torch.zeros(cfg.speaker_dim))
+        if caption_dim is not None:
+            self.null_caption = nn.Parameter(torch.zeros(caption_dim))
+
+    def forward(
+        self,
+        text_state: Tensor,
+        text_mask: Tensor,
+        speaker_summary: Tensor | None,
+        has_speaker: Tensor,
+        caption_pooled: Tensor | None = None,
+        has_caption: Tensor | None = None,
+    ) -> Tensor:
+        B = text_state.shape[0]
+        empty = ~text_mask.any(dim=1)
+        if bool(empty.any()):  # a row with no valid token: zero its state, mark token 0 valid
+            text_state = text_state.masked_fill(empty[:, None, None], 0.0)
+            text_mask = text_mask.clone()
+            text_mask[empty, 0] = True
+        null_spk = self.null_speaker.to(text_state.dtype).expand(B, -1)
+        spk = (
+            null_spk
+            if speaker_summary is None
+            else torch.where(has_speaker[:, None], speaker_summary, null_spk)
+        )
+        cap = None
+        if hasattr(self, "null_caption"):
+            null_cap = self.null_caption.to(text_state.dtype).expand(B, -1)
+            if caption_pooled is None or has_caption is None:
+                cap = null_cap
+            else:
+                cap = torch.where(has_caption[:, None], caption_pooled, null_cap)
+        h = self.token_input_proj(text_state)
+        for block in self.token_blocks:
+            h = block(h, spk, cap)
+        frames = F.softplus(self.token_out_proj(self.token_out_norm(h)).float()).squeeze(-1)
+        total = (frames * text_mask.float()).sum(dim=1)
+        return torch.log1p(total)
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole model
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Conditions:
+    """Encoded conditions of a batch; absent ones are None."""
+
+    text_state: Tensor
+    text_mask: Tensor
+    speaker_state: Tensor | None = None  # (B, S_ref + 1, speaker_dim), summary token first
+    speaker_mask: Tensor | None = None
+    caption_state: Tensor | None = None
+    caption_mask: Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.text_state.shape[0]
+
+    def dropped(self, *names: str) -> Conditions:
+        """The unconditional branch for `names`: state zeroed AND mask all false."""
+        out = self
+        for name in names:
+            state, mask = getattr(self, f"{name}_state"), getattr(self, f"{name}_mask")
+            if state is None:
+                continue
+            out = replace(
+                out, **{f"{name}_state": torch.zeros_like(state), f"{name}_mask": torch.zeros_like(mask)}
+            )
+        return out
+
+    def repeat(self, n: int) -> Conditions:
+        """Each row repeated n times (batched candidates)."""
+
+        def rep(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.repeat_interleave(n, dim=0)
+
+        return Conditions(*(rep(getattr(self, f)) for f in self.__dataclass_fields__))
+
+    @staticmethod
+    def cat(items: list[Conditions]) -> Conditions:
+        def c(name: str) -> Tensor | None:
+            xs = [getattr(it, name) for it in items]
+            return None if xs[0] is None else torch.cat(xs, dim=0)
+
+        return Conditions(*(c(f) for f in Conditions.__dataclass_fields__))
+
+
+@dataclass
+class ContextKV:
+    """Per-layer condition keys/values (B, H, S_ctx, Dh) and their mask (B, S_ctx).
+
+    `segments` gives (name, start, end) of each condition along S_ctx.
+    """
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    mask: Tensor
+    segments: list[tuple[str, int, int]]
+
+    def rows(self, n: int) -> ContextKV:
+        """The first n batch rows (views, no copy)."""
+        return ContextKV(
+            [k[:n] for k in self.keys], [v[:n] for v in self.values], self.mask[:n], self.segments
+        )
+
+    def scale_segment(self, name: str, factor: float, max_layers: int | None) -> None:
+        """Multiply keys and values of one condition in the first `max_layers` layers, in place."""
+        for start_end in [(s, e) for n, s, e in self.segments if n == name]:
+            s, e = start_end
+            layers = len(self.keys) if max_layers is None else min(max_layers, len(self.keys))
+            for i in range(layers):
+                self.keys[i][:, :, s:e].mul_(factor)
+                self.values[i][:, :, s:e].mul_(factor)
+
+
+class TextToLatentRFDiT(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        eps = cfg.norm_eps
+        self.text_encoder = TextEncoder(
+            cfg.text_vocab_size, cfg.text_dim, cfg.text_layers, cfg.text_heads, cfg.text_mlp_hidden, eps
+        )
+        self.text_norm = RMSNorm(cfg.text_dim, eps)
+        if cfg.speaker_enabled:
+            self.speaker_encoder = ReferenceLatentEncoder(
+                cfg.latent_dim * cfg.speaker_patch_size,
+                cfg.speaker_dim,
+                cfg.speaker_layers,
+                cfg.speaker_heads,
+                cfg.speaker_mlp_hidden,
+                eps,
+            )
+            self.speaker_norm = RMSNorm(cfg.speaker_dim, eps)
+        if cfg.caption_enabled:
+            self.caption_encoder = TextEncoder(
+                cfg.caption("vocab_size"),
+                cfg.caption("dim"),
+                cfg.caption("layers"),
+                cfg.caption("heads"),
+                cfg.caption_mlp_hidden,
+                eps,
+            )
+            self.caption_norm = RMSNorm(cfg.caption("dim"), eps)
+        D = cfg.model_dim
+        self.cond_module = nn.Sequential(
+            nn.Linear(cfg.timestep_embed_dim, D, bias=False),
+            nn.SiLU(),
+            nn.Linear(D, D, bias=False),
+            nn.SiLU(),
+            nn.Linear(D, 3 * D, bias=False),
+        )
+        self.in_proj = nn.Linear(cfg.patched_latent_dim, D, bias=True)
+        self.blocks = nn.ModuleList(DiffusionBlock(cfg) for _ in range(cfg.num_layers))
+        self.out_norm = RMSNorm(D, eps)
+        self.out_proj = nn.Linear(D, cfg.patched_latent_dim, bias=True)
+        if cfg.use_duration_predictor:
+            self.duration_predictor = DurationPredictor(cfg)
+
+    # ---- conditions -------------------------------------------------------------------------
+    def encode_conditions(
+        self,
+        text_ids: Tensor,
+        text_mask: Tensor,
+        ref_latent: Tensor | None = None,
+        ref_mask: Tensor | None = None,
+        caption_ids: Tensor | None = None,
+        caption_mask: Tensor | None = None,
+    ) -> Conditions:
+        cfg = self.cfg
+        text_state = self.text_norm(self.text_encoder(text_ids, text_mask))
+        conds = Conditions(text_state, text_mask)
+        if cfg.speaker_enabled:
+            B = text_ids.shape[0]
+            if ref_latent is None:  # no reference: a zero latent with an all-false mask
+                ref_latent = text_state.new_zeros(B, cfg.speaker_patch_size, cfg.latent_dim)
+                ref_mask = torch.zeros(B, cfg.speaker_patch_size, dtype=torch.bool, device=text_ids.device)
+            elif ref_mask is None:
+                ref_mask = torch.ones(ref_latent.shape[:2], dtype=torch.bool, device=ref_latent.device)
+            latent, mask = patch_reference(ref_latent.to(text_state.dtype), ref_mask, cfg.speaker_patch_size)
+            state = self.speaker_norm(self.speaker_encoder(latent, mask))
+            m = mask[..., None].to(state.dtype)
+            summary = (state * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)
+            conds.speaker_state = torch.cat((summary, state), dim=1)
+            conds.speaker_mask = torch.cat((mask.any(dim=1, keepdim=True), mask), dim=1)
+        if cfg.caption_enabled and caption_ids is not None:
+            if caption_mask is None:
+                caption_mask = torch.ones_like(caption_ids, dtype=torch.bool)
+            conds.caption_state = self.caption_norm(self.caption_encoder(caption_ids, caption_mask))
+            conds.caption_mask = caption_mask
+        elif cfg.caption_enabled:  # no caption given: one masked zero token
+            conds.caption_state = text_state.new_zeros(text_ids.shape[0], 1, cfg.caption("dim"))
+            conds.caption_mask = torch.zeros(text_ids.shape[0], 1, dtype=torch.bool, device=text_ids.device)
+        return conds
+
+    def context_kv(self, conds: Conditions) -> ContextKV:
+        """Keys/values of every condition for every layer, in the order [text, speaker, caption]."""
+        parts = [("text", conds.text_state, conds.text_mask)]
+        if self.cfg.speaker_enabled and conds.speaker_state is not None:
+            parts.append(("speaker", conds.speaker_state, conds.speaker_mask))
+        if self.cfg.caption_enabled and conds.caption_state is not None:
+            parts.append(("caption", conds.caption_state, conds.caption_mask))
+        segments, start = [], 0
+        for name, state, _ in parts:
+            segments.append((name, start, start + state.shape[1]))
+            start += state.shape[1]
+        keys, values = [], []
+        for block in self.blocks:
+            kv = [block.attention.context_kv(state, name) for name, state, _ in parts]
+            keys.append(torch.cat([k for k, _ in kv], dim=2))
+            values.append(torch.cat([v for _, v in kv], dim=2))
+        mask = torch.cat([m for _, _, m in parts], dim=1)
+        return ContextKV(keys, values, mask, segments)
+
+    # ---- flow velocity ----------------------------------------------------------------------
+    def time_condition(self, t: Tensor) -> Tensor:
+        """cond_module(timestep_embedding(t)) as (B, 1, 3D)."""
+        dtype = self.in_proj.weight.dtype
+        return self.cond_module(timestep_embedding(t, self.cfg.timestep_embed_dim).to(dtype))[:, None]
+
+    def attention_mask(
+        self, ctx: ContextKV, seq_len: int, latent_mask: Tensor | None = None
+    ) -> Tensor | None:
+        """The joint key mask (B, 1, 1, S + S_ctx) for latents of `seq_len` frames; None if all valid.
+
+        Computed once per line (it syncs the host to decide None), then reused every step.
+        """
+        B, p = ctx.mask.shape[0], self.cfg.latent_patch_size
+        n = seq_len // p
+        if latent_mask is None:
+            self_mask = torch.ones(B, n, dtype=torch.bool, device=ctx.mask.device)
+        else:
+            self_mask = latent_mask.reshape(B, n, p).all(dim=-1) if p > 1 else latent_mask
+        return key_mask(torch.cat((self_mask.to(ctx.mask.device), ctx.mask), dim=1))
+
+    def velocity(
+        self,
+        x_t: Tensor,
+        t: Tensor,
+        ctx: ContextKV | Conditions,
+        latent_mask: Tensor | None = None,
+        *,
+        attn_mask: Tensor | str | None = "auto",
+    ) -> Tensor:
+        """Predicted v = noise - x0 for x_t (B, S, latent_dim) at flow time t (B,).
+
+        `attn_mask` from `attention_mask()` skips rebuilding the mask (and its host sync) per step.
+        """
+        if isinstance(ctx, Conditions):
+            ctx = self.context_kv(ctx)
+        p = self.cfg.latent_patch_size
+        B, S, C = x_t.shape
+        if isinstance(attn_mask, str):
+            attn_mask = self.attention_mask(ctx, S, latent_mask)
+        x = x_t.reshape(B, S // p, p * C) if p > 1 else x_t
+        cond = self.time_condition(t)
+        x = self.in_proj(x.to(cond.dtype))
+        rope = rope_tables(x.shape[1], self.cfg.head_dim, x.device)
+        for block, k, v in zip(self.blocks, ctx.keys, ctx.values):
+            x = block(x, cond, k, v, attn_mask, rope)
+        out = self.out_proj(self.out_norm(x))
+        return out.reshape(B, S, C) if p > 1 else out
+
+    # ---- duration ---------------------------------------------------------------------------
+    def predict_log_frames(
+        self, conds: Conditions, has_speaker: Tensor | None = None, has_caption: Tensor | None = None
+    ) -> Tensor:
+        """log1p(total frames) from the v3 duration predictor."""
+        if not self.cfg.use_duration_predictor:
+            raise AttributeError("this model has no duration predictor (v2); estimate seconds from the text")
+        B = conds.batch_size
+        device = conds.text_state.device
+        summary = None if conds.speaker_state is None else conds.speaker_state[:, 0]
+        if has_speaker is None:
+            has_speaker = (
+                conds.speaker_mask[:, 0]
+                if conds.speaker_mask is not None
+                else torch.zeros(B, dtype=torch.bool, device=device)
+            )
+        pooled = None
+        if conds.caption_state is not None:
+            m = conds.caption_mask[..., None].to(conds.caption_state.dtype)
+            pooled = (conds.caption_state * m).sum(1) / m.sum(1).clamp(min=1.0)
+            if has_caption is None:
+                has_caption = conds.caption_mask.any(dim=1)
+        return self.duration_predictor(
+            conds.text_state, conds.text_mask, summary, has_speaker, pooled, has_caption
+        )
+
+
+def patch_reference(latent: Tensor, mask: Tensor, patch: int) -> tuple[Tensor, Tensor]:
+    """Group `patch` frames per position (dropping the remainder); valid when all its frames are."""
+    if patch == 1:
+        return latent, mask
+    B, T, C = latent.shape
+    n = T // patch
+    if n == 0:
+        return latent.new_zeros(B, 1, C * patch), torch.zeros(B, 1, dtype=torch.bool, device=latent.device)
+    latent = latent[:, : n * patch].reshape(B, n, patch * C)
+    mask = mask[:, : n * patch].reshape(B, n, patch).all(dim=-1)
+    return latent, mask

@@ -1,0 +1,223 @@
+"""Euler sampler over the rectified-flow ODE with classifier-free guidance: a plain loop.
+
+Everything that decides what a step does (its t, whether guidance is on, which
+condition an alternating step drops, when speaker K/V scaling ends) is planned on
+the host before the loop, so the loop never waits for the device.
+Spec: `specs/irodori-model.md` section 5.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..cancel import CancelToken, check
+from ..errors import InputError
+from .model import Conditions, TextToLatentRFDiT
+
+GUIDANCE_MODES = ("independent", "joint", "alternating")
+SCHEDULES = ("linear", "sway")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Sampler settings; defaults are upstream's (40 linear steps, independent CFG)."""
+
+    num_steps: int = 40
+    schedule: str = "linear"
+    sway_coeff: float = -1.0
+    guidance: str = "independent"
+    cfg_scale_text: float = 3.0
+    cfg_scale_speaker: float = 5.0
+    cfg_scale_caption: float = 3.0
+    cfg_min_t: float = 0.5
+    cfg_max_t: float = 1.0
+    truncation_factor: float | None = None
+    rescale_k: float | None = None
+    rescale_sigma: float | None = None
+    speaker_kv_scale: float | None = None
+    speaker_kv_min_t: float = 0.9
+    speaker_kv_max_layers: int | None = None
+
+    def scale(self, name: str) -> float:
+        return float(getattr(self, f"cfg_scale_{name}"))
+
+
+def time_schedule(num_steps: int, schedule: str = "linear", sway_coeff: float = -1.0) -> list[float]:
+    """t_0 > t_1 > ... > t_N with t_i = 0.999 * (1 - u_i); raises if not strictly decreasing."""
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise InputError(f"num_steps must be a positive integer, got {num_steps!r}")
+    if schedule not in SCHEDULES:
+        raise InputError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
+    ts = []
+    for i in range(num_steps + 1):
+        u = i / num_steps
+        if schedule == "sway":
+            u = min(max(u + sway_coeff * (math.cos(math.pi * u / 2) + u - 1), 0.0), 1.0)
+        ts.append(0.999 * (1.0 - u))
+    if any(b >= a for a, b in zip(ts, ts[1:])):
+        raise InputError(
+            f"sway coefficient {sway_coeff} gives a schedule that is not strictly decreasing "
+            f"for {num_steps} steps; use a coefficient in about [-1, 0]"
+        )
+    return ts
+
+
+@dataclass(frozen=True)
+class Step:
+    t: float
+    t_next: float
+    group: int  # index into Plan.groups; -1 = conditional branch only (no guidance)
+    unscale_speaker_kv: bool = False  # divide the speaker K/V scaling back after this step
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Host-side plan: branch groups (each a tuple of dropped-condition tuples) and the steps."""
+
+    enabled: tuple[str, ...]
+    groups: tuple[tuple[tuple[str, ...], ...], ...]
+    weights: tuple[tuple[float, ...], ...]  # per group: the scale of each non-conditional branch
+    steps: tuple[Step, ...]
+
+
+def enabled_conditions(model: TextToLatentRFDiT, conds: Conditions, cfg: SamplerConfig) -> tuple[str, ...]:
+    enabled = []
+    if cfg.cfg_scale_text > 0:
+        enabled.append("text")
+    if cfg.cfg_scale_speaker > 0 and model.cfg.speaker_enabled and conds.speaker_state is not None:
+        enabled.append("speaker")
+    if cfg.cfg_scale_caption > 0 and conds.caption_mask is not None and bool(conds.caption_mask.any()):
+        enabled.append("caption")
+    return tuple(enabled)
+
+
+def plan_sampling(cfg: SamplerConfig, enabled: tuple[str, ...]) -> Plan:
+    if cfg.guidance not in GUIDANCE_MODES:
+        raise InputError(f"unknown guidance mode {cfg.guidance!r}; use one of {', '.join(GUIDANCE_MODES)}")
+    ts = time_schedule(cfg.num_steps, cfg.schedule, cfg.sway_coeff)
+    groups: list[tuple[tuple[str, ...], ...]] = []
+    weights: list[tuple[float, ...]] = []
+    if enabled and cfg.guidance == "independent":
+        groups.append(((),) + tuple((name,) for name in enabled))
+        weights.append(tuple(cfg.scale(n) for n in enabled))
+    elif enabled and cfg.guidance == "joint":
+        scales = {cfg.scale(n) for n in enabled}
+        if len(scales) != 1:
+            raise InputError(
+                "joint guidance needs equal scales for every enabled condition, got "
+                + ", ".join(f"{n}={cfg.scale(n)}" for n in enabled)
+            )
+        groups.append(((), tuple(enabled)))
+        weights.append((scales.pop(),))
+    elif enabled:  # alternating: one group per condition
+        for name in enabled:
+            groups.append(((), (name,)))
+            weights.append((cfg.scale(name),))
+
+    steps, kv_scaled = [], cfg.speaker_kv_scale is not None
+    for i in range(cfg.num_steps):
+        t, t_next = ts[i], ts[i + 1]
+        group = -1
+        if enabled and cfg.cfg_min_t <= t <= cfg.cfg_max_t:
+            group = i % len(enabled) if cfg.guidance == "alternating" else 0
+        unscale = kv_scaled and t_next < cfg.speaker_kv_min_t
+        if unscale:
+            kv_scaled = False
+        steps.append(Step(t, t_next, group, unscale))
+    return Plan(tuple(enabled), tuple(groups), tuple(weights), tuple(steps))
+
+
+def rescale_velocity(v: Tensor, x: Tensor, t: float, k: float, sigma: float) -> Tensor:
+    """Temporal score rescaling (applied for t < 1)."""
+    if t >= 1.0:
+        return v
+    snr = (1 - t) ** 2 / t**2
+    r = (snr * sigma**2 + 1) / (snr * sigma**2 / k + 1)
+    return (r * ((1 - t) * v + x) - x) / (1 - t)
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+def sample(
+    model: TextToLatentRFDiT,
+    conds: Conditions,
+    noise: Tensor,
+    cfg: SamplerConfig = SamplerConfig(),
+    *,
+    latent_mask: Tensor | None = None,
+    cancel: CancelToken | None = None,
+    progress: ProgressFn | None = None,
+) -> Tensor:
+    """Integrate from `noise` (B, S, latent_dim) at t = 0.999 down to t ~ 0; returns the latent.
+
+    `conds` has batch B (use `Conditions.repeat` for several candidates of one line).
+    """
+    B, S, C = noise.shape
+    if conds.batch_size != B:
+        raise InputError(f"conditions have batch {conds.batch_size} but noise has batch {B}")
+    if model.cfg.latent_dim != C:
+        raise InputError(f"noise has {C} channels, the model expects latent_dim {model.cfg.latent_dim}")
+    if S % model.cfg.latent_patch_size:
+        raise InputError(f"sequence length {S} is not a multiple of latent_patch_size")
+    plan = plan_sampling(cfg, enabled_conditions(model, conds, cfg))
+    dtype = model.in_proj.weight.dtype
+    device = model.in_proj.weight.device
+
+    # Context K/V (and the attention mask) once per line, per branch group.
+    if plan.groups:
+        group_ctx = [model.context_kv(Conditions.cat([conds.dropped(*b) for b in g])) for g in plan.groups]
+    else:
+        group_ctx = [model.context_kv(conds)]
+    cond_ctx = group_ctx[0].rows(B)  # branch 0 of every group is the conditional one
+    group_lm = [None if latent_mask is None else latent_mask.repeat(len(g), 1) for g in plan.groups]
+    group_mask = [model.attention_mask(c, S, m) for c, m in zip(group_ctx, group_lm)] if plan.groups else []
+    cond_mask = model.attention_mask(cond_ctx, S, latent_mask)
+
+    if cfg.speaker_kv_scale is not None:
+        for c in group_ctx:
+            c.scale_segment("speaker", cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
+
+    x = noise.to(device=device, dtype=torch.float32)
+    if cfg.truncation_factor is not None:
+        x = x * cfg.truncation_factor
+    ts = torch.tensor([s.t for s in plan.steps], device=device, dtype=torch.float32)
+
+    for i, step in enumerate(plan.steps):
+        check(cancel)
+        if step.group < 0:
+            v = model.velocity(x.to(dtype), ts[i].expand(B), cond_ctx, attn_mask=cond_mask).float()
+        else:
+            branches = plan.groups[step.group]
+            n = len(branches)
+            xb = x.to(dtype).repeat(n, 1, 1)
+            out = model.velocity(
+                xb, ts[i].expand(B * n), group_ctx[step.group], attn_mask=group_mask[step.group]
+            )
+            out = out.float().view(n, B, S, C)
+            v_c = out[0]
+            v = v_c.clone()
+            for j, w in enumerate(plan.weights[step.group], start=1):
+                v = v + w * (v_c - out[j])
+        if cfg.rescale_k is not None and cfg.rescale_sigma is not None:
+            v = rescale_velocity(v, x, step.t, cfg.rescale_k, cfg.rescale_sigma)
+        x = x + v * (step.t_next - step.t)
+        if step.unscale_speaker_kv:
+            for c in group_ctx:
+                c.scale_segment("speaker", 1.0 / cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
+        if progress is not None:
+            progress(i + 1, len(plan.steps))
+    return x
+
+
+def draw_noise(
+    seed: int, batch: int, frames: int, latent_dim: int, *, device: str | torch.device = "cpu"
+) -> Tensor:
+    """N(0, I) noise drawn on the CPU with a seeded generator: a seed is the same voice on every device."""
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    return torch.randn(batch, frames, latent_dim, generator=gen, dtype=torch.float32).to(device)
