@@ -8,6 +8,7 @@ Spec: `specs/irodori-model.md` section 5.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ def time_schedule(num_steps: int, schedule: str = "linear", sway_coeff: float = 
         if schedule == "sway":
             u = min(max(u + sway_coeff * (math.cos(math.pi * u / 2) + u - 1), 0.0), 1.0)
         ts.append(0.999 * (1.0 - u))
-    if any(b >= a for a, b in zip(ts, ts[1:])):
+    if any(b >= a for a, b in itertools.pairwise(ts)):
         raise InputError(
             f"sway coefficient {sway_coeff} gives a schedule that is not strictly decreasing "
             f"for {num_steps} steps; use a coefficient in about [-1, 0]"
@@ -103,7 +104,7 @@ def plan_sampling(cfg: SamplerConfig, enabled: tuple[str, ...]) -> Plan:
     groups: list[tuple[tuple[str, ...], ...]] = []
     weights: list[tuple[float, ...]] = []
     if enabled and cfg.guidance == "independent":
-        groups.append(((),) + tuple((name,) for name in enabled))
+        groups.append(((), *tuple((name,) for name in enabled)))
         weights.append(tuple(cfg.scale(n) for n in enabled))
     elif enabled and cfg.guidance == "joint":
         scales = {cfg.scale(n) for n in enabled}
