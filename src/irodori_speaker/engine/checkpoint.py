@@ -52,7 +52,7 @@ def read_header(path: str | Path) -> tuple[dict[str, str], dict[str, tuple[int, 
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f}
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
     return meta, shapes
