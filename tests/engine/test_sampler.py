@@ -128,8 +128,14 @@ def test_progress_and_cancel_between_steps(v2):
             token.cancel("stop now")
 
     with pytest.raises(Cancelled, match="stop now"):
-        sample(model, conds_of(model, io), draw_noise(0, 1, 24, 32), SamplerConfig(num_steps=8),
-               cancel=token, progress=progress)
+        sample(
+            model,
+            conds_of(model, io),
+            draw_noise(0, 1, 24, 32),
+            SamplerConfig(num_steps=8),
+            cancel=token,
+            progress=progress,
+        )
     assert seen == [(1, 8), (2, 8), (3, 8)]
 
 
@@ -145,8 +151,14 @@ def test_loop_never_syncs_the_host(v2, monkeypatch):
             for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
                 monkeypatch.setattr(torch.Tensor, name, forbid)
 
-    cfg = SamplerConfig(num_steps=8, schedule="sway", rescale_k=1.2, rescale_sigma=2.0,
-                        speaker_kv_scale=1.5, speaker_kv_max_layers=1)
+    cfg = SamplerConfig(
+        num_steps=8,
+        schedule="sway",
+        rescale_k=1.2,
+        rescale_sigma=2.0,
+        speaker_kv_scale=1.5,
+        speaker_kv_max_layers=1,
+    )
     out = sample(model, conds_of(model, io), draw_noise(0, 1, 24, 32), cfg, progress=progress)
     monkeypatch.undo()
     assert torch.isfinite(out).all()
