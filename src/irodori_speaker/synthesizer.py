@@ -8,13 +8,19 @@ protocol.
 
 from __future__ import annotations
 
+import os
+import secrets
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from .backends.lock import hold_model_lock
 from .cancel import CancelToken
+from .engine.duration import check_seconds
+from .errors import InputError
 
 SAMPLE_RATE = 48_000
 
@@ -41,9 +47,11 @@ class SynthesisOptions:
     seconds: float | None = None  # explicit length; else the predictor or the text estimate
     duration_scale: float = 1.0
     max_seconds: float | None = None  # cap on a predicted/estimated length
+    predictor_cap: float | None = 2.0  # v3: cap the predicted length at this x the text estimate
     seed: int | None = None  # None: a fresh seed per line, reported in the record
     tail_trim: bool = True
     chunk_frames: int | None = None  # chunked codec decode (None: the preset's)
+    pad_text_to: int | None = None  # pad tokens to a fixed length (the reference uses 256)
 
 
 @dataclass
@@ -123,3 +131,439 @@ class SynthesizerLike(Protocol):
     def prewarm(self, voice: Any = None) -> float:
         """Run one dummy synthesis; return its wall time in seconds."""
         ...
+
+
+# ---------------------------------------------------------------------------------------------
+# The synthesizer
+# ---------------------------------------------------------------------------------------------
+
+PIECE_GAP_S = 0.12  # silence between the pieces of a split long text
+EDGE_FADE_S = 0.008  # raised-cosine fade at piece edges: no click where a piece was cut
+
+
+def _fade_edges(audio: np.ndarray, fade_in: bool, fade_out: bool) -> np.ndarray:
+    n = min(int(EDGE_FADE_S * SAMPLE_RATE), len(audio) // 2)
+    if n <= 0:
+        return audio
+    ramp = (0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, n, dtype=np.float32))).astype(np.float32)
+    audio = audio.copy()
+    if fade_in:
+        audio[:n] *= ramp
+    if fade_out:
+        audio[-n:] *= ramp[::-1]
+    return audio
+
+
+@dataclass
+class _Piece:
+    text: str
+    ids: Any  # (1, L) LongTensor
+    mask: Any
+
+
+@dataclass
+class _Rendered:
+    """A sampled piece, ready to decode: latent frames [0, decode_frames) give `samples` samples."""
+
+    latent: Any  # (1, T, C) on the model's device
+    decode_frames: int
+    samples: int
+
+
+class Synthesizer:
+    """Text (+ voice) -> 48 kHz mono float32 audio. Synchronous; thread-safe through MODEL_LOCK."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(
+        self,
+        model: Any,
+        codec: Any,
+        tokenizer: Any,
+        *,
+        caption_tokenizer: Any = None,
+        inference: Any = None,
+        preset: Any = None,
+        voice_cache: Any = None,
+        fingerprints: dict[str, str] | None = None,
+        note: str | None = None,
+    ) -> None:
+        from .backends.presets import select_preset
+        from .engine.config import InferenceConfig
+        from .voices import VoiceCache
+
+        self.model = model
+        self.codec = codec
+        self.tokenizer = tokenizer
+        self.caption_tokenizer = caption_tokenizer or tokenizer
+        self.inference = inference or InferenceConfig()
+        self.preset = preset or select_preset("cpu")
+        self.voice_cache = voice_cache if voice_cache is not None else VoiceCache()
+        self.fingerprints = dict(fingerprints or {})
+        self.note = note  # e.g. "tiny-random model: the output is noise"
+        self.device = next(model.parameters()).device
+
+    # ---- public API -------------------------------------------------------------------------
+    @property
+    def config(self):
+        return self.model.cfg
+
+    def synthesize(
+        self,
+        text: str,
+        voice: Any = None,
+        options: SynthesisOptions | None = None,
+        cancel: CancelToken | None = None,
+        progress: Any = None,
+    ) -> SynthesisResult:
+        """Render one line (split into pieces when it is longer than one utterance can hold)."""
+        stream = self.stream(text, voice, options, cancel, progress=progress, _whole=True)
+        parts = list(stream)
+        audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+        return SynthesisResult(audio.astype(np.float32, copy=False), stream.record)
+
+    def stream(
+        self,
+        text: str,
+        voice: Any = None,
+        options: SynthesisOptions | None = None,
+        cancel: CancelToken | None = None,
+        *,
+        progress: Any = None,
+        _whole: bool = False,
+    ) -> AudioStream:
+        """Audio chunks in order as the decoder produces them (first chunk after the first piece samples).
+
+        Input errors are raised here, before any chunk; the work happens while iterating.
+        """
+        opts = options or SynthesisOptions()
+        record = SynthesisRecord()
+        pieces = self._prepare_text(text, opts, record)
+        chunks = self._run(pieces, voice, opts, record, cancel, progress, whole=_whole)
+        return AudioStream(chunks, record)
+
+    def prewarm(self, voice: Any = None) -> float:
+        """One short dummy synthesis (absorbs first-call costs); returns its wall time in seconds."""
+        t0 = time.perf_counter()
+        self.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
+        return time.perf_counter() - t0
+
+    def reference_latent(self, voice: Any, record: SynthesisRecord | None = None) -> Any:
+        """The voice's reference latent (1, T, C) on the model's device, or None; encoded once, cached."""
+        from .voices import Voice, load_latent
+
+        if voice is None:
+            return None
+        if isinstance(voice, (str, os.PathLike)):
+            voice = Voice.from_wav(voice)
+        if not isinstance(voice, Voice):
+            raise InputError(f"voice must be a Voice, a path or None, got {type(voice).__name__}")
+        if not voice.has_reference:
+            return None
+        if not self.config.speaker_enabled:
+            if record is not None:
+                record.warnings.append("this model has no speaker branch: the reference voice is ignored")
+            return None
+        if voice.latent is not None:
+            latent = load_latent(voice.latent, self.config.latent_dim)
+        else:
+            key = f"{voice.content_key()}|codec:{self.fingerprints.get('codec', id(self.codec))}"
+            latent = self.voice_cache.get(key)
+            if latent is None:
+                latent = self._encode_reference(voice, record)
+                self.voice_cache.put(key, latent)
+                self.voice_cache.encodes += 1
+        return latent[None].to(self.device, self.model.in_proj.weight.dtype)
+
+    # ---- stages -----------------------------------------------------------------------------
+    def _prepare_text(self, text: str, opts: SynthesisOptions, record: SynthesisRecord) -> list[_Piece]:
+        from .text.normalize import normalize_or_raise
+        from .text.split import split_for_synthesis
+
+        t0 = time.perf_counter()
+        if not isinstance(text, str):
+            raise InputError(f"text must be a str, got {type(text).__name__}")
+        normalized = normalize_or_raise(text)
+        if opts.seconds is not None:
+            check_seconds(opts.seconds)
+        record.text = normalized
+        max_len = self.inference.max_text_len or 256
+        queue = split_for_synthesis(normalized) if opts.seconds is None else [normalized]
+        pieces: list[_Piece] = []
+        while queue:
+            part = queue.pop(0)
+            ids = self.tokenizer.encode(part)
+            if len(ids) > max_len and len(part) > 1:  # over the token limit: split further
+                queue[:0] = split_for_synthesis(part, max_chars=max(1, len(part) // 2))
+                continue
+            if len(ids) > max_len:
+                record.warnings.append(f"text cut to the model's {max_len}-token limit")
+            tok_ids, tok_mask = self.tokenizer.batch([part], max_len=max_len, pad_to=opts.pad_text_to)
+            pieces.append(_Piece(part, tok_ids, tok_mask))
+        record.pieces = len(pieces)
+        record.timings["tokenize"] = time.perf_counter() - t0
+        return pieces
+
+    def _encode_reference(self, voice: Any, record: SynthesisRecord | None) -> Any:
+        import torch
+
+        from .audio import prepare_reference
+
+        if voice.reference is not None:
+            wave, warns = prepare_reference(voice.reference)
+        else:
+            wave, warns = prepare_reference(voice._audio, voice._audio_rate)
+        if record is not None:
+            record.warnings.extend(warns)
+        codec_dtype = next(self.codec.parameters()).dtype
+        x = torch.from_numpy(np.ascontiguousarray(wave))[None, None].to(self.codec_device, codec_dtype)
+        with torch.inference_mode():
+            latent = self.codec.encode(x)[0].float()
+        return latent.cpu()
+
+    @property
+    def codec_device(self):
+        return next(self.codec.parameters()).device
+
+    def _caption(self, voice: Any) -> tuple[Any, Any]:
+        caption = getattr(voice, "caption", None)
+        if not self.config.caption_enabled or not caption:
+            return None, None
+        from .text.normalize import normalize_or_raise
+
+        max_len = self.inference.max_caption_len or self.inference.max_text_len or 256
+        ids, mask = self.caption_tokenizer.batch([normalize_or_raise(caption)], max_len=max_len)
+        return ids.to(self.device), mask.to(self.device)
+
+    def _frames(self, piece: _Piece, conds: Any, has_ref: bool, opts: SynthesisOptions, record) -> int:
+        import torch
+
+        from .engine.duration import FRAMES_PER_SECOND, frames_for_seconds, frames_from_prediction
+        from .text.length import estimate_seconds
+
+        if opts.seconds is not None:
+            return frames_for_seconds(opts.seconds, record.warnings)
+        cap_frames = None if opts.max_seconds is None else frames_for_seconds(opts.max_seconds)
+        if self.config.use_duration_predictor:
+            has = torch.tensor([has_ref], device=self.device)
+            pred = self.model.predict_log_frames(conds, has_speaker=has)
+            if opts.predictor_cap is not None:
+                est = estimate_seconds(piece.text) * opts.predictor_cap * opts.duration_scale
+                cap = frames_for_seconds(est)
+                cap_frames = cap if cap_frames is None else min(cap, cap_frames)
+            frames = frames_from_prediction(pred, opts.duration_scale, cap_frames)[0]
+            record.extra.setdefault("duration_source", "predictor")
+            return frames
+        seconds = estimate_seconds(piece.text) * opts.duration_scale
+        record.extra.setdefault("duration_source", "text estimate")
+        frames = frames_for_seconds(seconds)
+        if cap_frames is not None:
+            frames = min(frames, cap_frames)
+        return max(frames, int(0.5 * FRAMES_PER_SECOND))
+
+    def _sampler_config(self, opts: SynthesisOptions):
+        from .engine.sampler import SamplerConfig
+
+        p = self.preset
+        return SamplerConfig(
+            num_steps=opts.steps if opts.steps is not None else p.steps,
+            schedule=opts.schedule if opts.schedule is not None else p.schedule,
+            sway_coeff=opts.sway_coeff if opts.sway_coeff is not None else p.sway_coeff,
+            guidance=opts.guidance,
+            cfg_scale_text=opts.cfg_scale_text,
+            cfg_scale_speaker=opts.cfg_scale_speaker,
+            cfg_scale_caption=opts.cfg_scale_caption,
+            cfg_min_t=opts.cfg_min_t,
+            cfg_max_t=opts.cfg_max_t,
+            truncation_factor=opts.truncation_factor,
+            rescale_k=opts.rescale_k,
+            rescale_sigma=opts.rescale_sigma,
+            speaker_kv_scale=opts.speaker_kv_scale,
+            speaker_kv_min_t=opts.speaker_kv_min_t,
+            speaker_kv_max_layers=opts.speaker_kv_max_layers,
+        )
+
+    def _render(self, piece, ref, caption, seed, opts, record, cancel, progress) -> _Rendered:
+        """Encode conditions, choose the length, sample; all under the model lock."""
+        import torch
+
+        from .engine.duration import HOP, tail_trim_frames
+        from .engine.sampler import draw_noise, sample
+
+        cfg = self._sampler_config(opts)
+        t0 = time.perf_counter()
+        ids, mask = piece.ids.to(self.device), piece.mask.to(self.device)
+        ref_mask = None if ref is None else torch.ones(ref.shape[:2], dtype=torch.bool, device=self.device)
+        conds = self.model.encode_conditions(ids, mask, ref, ref_mask, *caption)
+        frames = self._frames(piece, conds, ref is not None, opts, record)
+        self._sync()
+        t1 = time.perf_counter()
+        record.timings["duration"] = record.timings.get("duration", 0.0) + (t1 - t0)
+        noise = draw_noise(seed, 1, frames, self.config.latent_dim, device=self.device)
+        latent = sample(self.model, conds, noise, cfg, cancel=cancel, progress=progress)
+        self._sync()
+        record.timings["sampling"] = record.timings.get("sampling", 0.0) + (time.perf_counter() - t1)
+        record.frames += frames
+        record.steps, record.schedule = cfg.num_steps, cfg.schedule
+        samples = frames * HOP
+        if opts.seconds is not None:
+            samples = min(samples, int(min(opts.seconds, 30.0) * SAMPLE_RATE))
+        decode_frames = frames
+        if opts.tail_trim:
+            end = tail_trim_frames(latent[0])
+            if 0 < end < frames:
+                samples = min(samples, end * HOP)
+                # 8 frames of right context make the kept audio equal to a full decode
+                decode_frames = min(frames, end + 8)
+                record.extra["trimmed_frames"] = record.extra.get("trimmed_frames", 0) + (frames - end)
+        return _Rendered(latent, decode_frames, samples)
+
+    def _decode_chunks(self, rendered: _Rendered, opts, cancel, whole: bool):
+        """Yield float32 numpy chunks of one rendered piece, cut to its sample count."""
+        import torch
+
+        latent = rendered.latent[:, : rendered.decode_frames].to(self.codec_device, self._codec_dtype)
+        chunk = opts.chunk_frames or (
+            self.preset.decode_chunk_frames if whole else self.preset.stream_chunk_frames
+        )
+        remaining = rendered.samples
+        with torch.inference_mode():
+            if chunk is None or chunk >= rendered.decode_frames:
+                with hold_model_lock(cancel):
+                    audio = self.codec.decode(latent)
+                yield audio[0, 0, :remaining].float().cpu().numpy()
+                return
+            it = self.codec.decode_stream(latent, chunk, cancel=cancel)
+            while remaining > 0:
+                with hold_model_lock(cancel):
+                    part = next(it, None)
+                    if part is None:
+                        return
+                    out = part[0, 0, :remaining].float().cpu().numpy()
+                remaining -= len(out)
+                yield out
+
+    @property
+    def _codec_dtype(self):
+        return next(self.codec.parameters()).dtype
+
+    def _run(self, pieces, voice, opts, record, cancel, progress, *, whole: bool):
+        if self.note:
+            record.warnings.append(self.note)
+        record.seed = int(opts.seed) if opts.seed is not None else secrets.randbits(31)
+        record.extra["fingerprints"] = self.fingerprints
+        t0 = time.perf_counter()
+        with hold_model_lock(cancel):
+            ref = self.reference_latent(voice, record)
+            caption = self._caption(voice)
+        record.timings["reference"] = time.perf_counter() - t0
+        for i, piece in enumerate(pieces):
+            first, last = i == 0, i == len(pieces) - 1
+            with hold_model_lock(cancel):
+                rendered = self._render(piece, ref, caption, record.seed, opts, record, cancel, progress)
+            t_dec = time.perf_counter()
+            pending = None  # hold one chunk back so the piece's last chunk can be faded out
+            head = True
+            for chunk in self._decode_chunks(rendered, opts, cancel, whole):
+                if pending is not None:
+                    yield _fade_edges(pending, fade_in=head and not first, fade_out=False)
+                    head = False
+                pending = chunk
+            if pending is not None:
+                yield _fade_edges(pending, fade_in=head and not first, fade_out=not last)
+            record.samples += rendered.samples
+            record.timings["decode"] = record.timings.get("decode", 0.0) + (time.perf_counter() - t_dec)
+            if not last:
+                gap = np.zeros(int(PIECE_GAP_S * SAMPLE_RATE), dtype=np.float32)
+                record.samples += len(gap)
+                yield gap
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+
+def load_synthesizer(
+    model: str | os.PathLike | None = None,
+    *,
+    codec: str | os.PathLike | None = None,
+    tokenizer: str | os.PathLike | None = None,
+    backend: str = "auto",
+    device: str | None = None,
+    dtype: str | None = None,
+    tiny_random: bool | str = False,
+    voice_cache_dir: str | os.PathLike | bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    **preset_overrides: Any,
+) -> Synthesizer:
+    """Load model, codec and tokenizer from sources (local paths, hf:// URIs, repo ids).
+
+    `tiny_random=True` (or "v2"/"v3") builds a small random model in the real formats: the
+    whole pipeline runs offline, and its output is noise.
+    """
+    import torch
+
+    from .backends.presets import select_preset
+    from .engine.checkpoint import load_checkpoint, resolve_dtype
+    from .engine.codec import load_codec
+    from .engine.sources import CODEC_REPO, DEFAULT_MODEL, TOKENIZER_REPO, resolve
+    from .fingerprint import file_fingerprint
+    from .text.tokenizer import TextTokenizer
+    from .voices import VoiceCache, default_voice_cache_dir
+
+    overrides = dict(preset_overrides)
+    if device is not None:
+        overrides["device"] = device
+    if dtype is not None:
+        overrides["dtype"] = resolve_dtype(dtype)
+    preset = select_preset(backend, **overrides)
+    if preset.threads:
+        torch.set_num_threads(preset.threads)
+    note = None
+    if tiny_random:
+        from .engine.tiny import tiny_random_files
+
+        files = tiny_random_files(kind=tiny_random if isinstance(tiny_random, str) else "v2")
+        model_path, codec_path, tok_path = files.model, files.codec, files.tokenizer
+        note = "tiny-random model: the output is noise, not speech"
+    else:
+        model_path = resolve(model or DEFAULT_MODEL, "model", cache_dir=cache_dir)
+        codec_path = resolve(codec or CODEC_REPO, "codec", cache_dir=cache_dir)
+        tok_path = None
+    loaded = load_checkpoint(model_path, dtype=preset.dtype, device=preset.device)
+    cfg = loaded.config
+    if tok_path is None:
+        tok_source = tokenizer or cfg.text_tokenizer_repo or TOKENIZER_REPO
+        tok_path = resolve(tok_source, "tokenizer", cache_dir=cache_dir)
+    text_tok = TextTokenizer.from_file(
+        tok_path, add_bos=cfg.text_add_bos, expected_vocab_size=cfg.text_vocab_size
+    )
+    caption_tok = None
+    if cfg.caption_enabled:
+        same = cfg.caption_tokenizer_repo in (None, cfg.text_tokenizer_repo) and tokenizer is None
+        cap_path = tok_path if same or tiny_random else resolve(cfg.caption_tokenizer_repo, "tokenizer")
+        add_bos = cfg.caption_add_bos if cfg.caption_add_bos is not None else cfg.text_add_bos
+        caption_tok = TextTokenizer.from_file(
+            cap_path, add_bos=add_bos, expected_vocab_size=cfg.caption("vocab_size")
+        )
+    codec_model = load_codec(codec_path, device=preset.device, dtype=preset.codec_dtype)
+    if voice_cache_dir is False:
+        cache = VoiceCache()
+    else:
+        cache = VoiceCache(voice_cache_dir or default_voice_cache_dir())
+    fingerprints = {"model": file_fingerprint(model_path), "codec": file_fingerprint(codec_path)}
+    return Synthesizer(
+        loaded.model,
+        codec_model,
+        text_tok,
+        caption_tokenizer=caption_tok,
+        inference=loaded.inference,
+        preset=preset,
+        voice_cache=cache,
+        fingerprints=fingerprints,
+        note=note,
+    )

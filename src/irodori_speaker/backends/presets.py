@@ -1,0 +1,76 @@
+"""Device presets: which device, precision and sampler defaults a backend uses.
+
+`auto` picks CUDA, else MPS, else CPU. Every field can be overridden by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import BackendError
+
+BACKENDS = ("auto", "cuda", "mps", "cpu")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    device: str
+    dtype: torch.dtype = torch.float32  # DiT weights / activations
+    codec_dtype: torch.dtype = torch.float32
+    steps: int = 8
+    schedule: str = "sway"
+    sway_coeff: float = -1.0
+    decode_chunk_frames: int | None = None  # None: decode a line in one pass
+    stream_chunk_frames: int = 25  # streaming decode: 1 s of audio per chunk
+    threads: int | None = None  # CPU threads for torch (None: leave torch's default)
+
+    def with_overrides(self, **overrides) -> Preset:
+        names = {f.name for f in dataclasses.fields(self)}
+        bad = sorted(set(overrides) - names)
+        if bad:
+            raise BackendError(f"unknown preset field(s) {bad}; known: {sorted(names)}")
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def base_preset(name: str) -> Preset:
+    if name == "cuda":
+        return Preset("cuda", "cuda", dtype=torch.bfloat16, codec_dtype=torch.float16, steps=8)
+    if name == "mps":
+        # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision
+        # crashed in MPS matmul; 6 steps left tail noise there, so 8.
+        return Preset("mps", "mps", dtype=torch.float32, codec_dtype=torch.float32, steps=8)
+    if name == "cpu":
+        return Preset("cpu", "cpu", dtype=torch.float32, codec_dtype=torch.float32, steps=8)
+    raise BackendError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")
+
+
+def select_preset(backend: str = "auto", **overrides) -> Preset:
+    """The preset for `backend` ('auto' picks cuda > mps > cpu), with field overrides."""
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        backend = "cuda" if cuda_available() else "mps" if mps_available() else "cpu"
+    elif backend == "cuda" and not cuda_available():
+        raise BackendError(
+            "backend 'cuda' asked for, but torch sees no CUDA device",
+            hint="install a CUDA build of torch, or use backend='cpu'",
+        )
+    elif backend == "mps" and not mps_available():
+        raise BackendError(
+            "backend 'mps' asked for, but torch sees no Apple GPU (MPS)",
+            hint="MPS needs Apple Silicon and macOS 12.3+; use backend='cpu'",
+        )
+    return base_preset(backend).with_overrides(**overrides)

@@ -1,0 +1,158 @@
+"""Voices: a reference wav, a saved latent, or none (the model's own voice), plus a caption.
+
+A reference is encoded once. Encoded latents are cached by content hash (of the
+audio file and of the codec that encoded it), in memory and on disk, so the same
+voice is never re-encoded per utterance, nor per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .errors import AudioError, InputError
+from .fingerprint import bytes_fingerprint, file_fingerprint
+
+
+@dataclass(frozen=True)
+class Voice:
+    """What to sound like. Build with `Voice.from_wav`, `Voice.from_latent` or `Voice()`.
+
+    `caption` describes the voice for VoiceDesign models (ignored by the others).
+    """
+
+    reference: Path | None = None  # an audio file soundfile can read
+    latent: Path | None = None  # a safetensors file with a (T, 32) "latent" tensor
+    caption: str | None = None
+    name: str | None = None
+    _audio: np.ndarray | None = field(default=None, repr=False, compare=False)  # in-memory reference
+    _audio_rate: int | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_wav(
+        cls, path: str | os.PathLike, *, caption: str | None = None, name: str | None = None
+    ) -> Voice:
+        p = Path(path)
+        if not p.is_file():
+            raise AudioError(f"reference voice {p} does not exist")
+        return cls(reference=p, caption=caption, name=name or p.stem)
+
+    @classmethod
+    def from_array(
+        cls, audio: np.ndarray, sample_rate: int, *, caption: str | None = None, name: str | None = None
+    ) -> Voice:
+        return cls(
+            caption=caption, name=name, _audio=np.asarray(audio, dtype=np.float32), _audio_rate=sample_rate
+        )
+
+    @classmethod
+    def from_latent(
+        cls, path: str | os.PathLike, *, caption: str | None = None, name: str | None = None
+    ) -> Voice:
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(f"voice latent {p} does not exist")
+        return cls(latent=p, caption=caption, name=name or p.stem)
+
+    @classmethod
+    def designed(cls, caption: str, *, name: str | None = None) -> Voice:
+        """A caption-only voice for VoiceDesign models."""
+        return cls(caption=caption, name=name)
+
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None or self.latent is not None or self._audio is not None
+
+    def content_key(self) -> str:
+        """A hash of what the reference sounds like (file bytes), not where it lives."""
+        if self.reference is not None:
+            return "wav:" + file_fingerprint(self.reference)
+        if self.latent is not None:
+            return "latent:" + file_fingerprint(self.latent)
+        if self._audio is not None:
+            return f"array:{self._audio_rate}:" + bytes_fingerprint(
+                np.ascontiguousarray(self._audio).tobytes()
+            )
+        return "none"
+
+    def describe(self) -> str:
+        return self.name or (str(self.reference or self.latent) if self.has_reference else "model voice")
+
+
+def save_latent(latent: torch.Tensor, path: str | os.PathLike) -> None:
+    """Save an encoded voice (T, 32) so it can be used later with `Voice.from_latent`."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file({"latent": latent.detach().float().cpu().contiguous()}, str(path))
+
+
+def load_latent(path: str | os.PathLike, latent_dim: int) -> torch.Tensor:
+    try:
+        latent = load_file(str(path))["latent"]
+    except (SafetensorError, OSError, KeyError) as e:
+        raise InputError(
+            f"{path}: not a voice latent file (a safetensors file with a 'latent' tensor)"
+        ) from e
+    if latent.ndim == 3 and latent.shape[0] == 1:
+        latent = latent[0]
+    if latent.ndim != 2 or latent.shape[1] != latent_dim or latent.shape[0] == 0:
+        raise InputError(f"{path}: voice latent must be (frames, {latent_dim}), got {tuple(latent.shape)}")
+    if not torch.isfinite(latent).all():
+        raise InputError(f"{path}: voice latent contains NaN or inf")
+    return latent.float()
+
+
+class VoiceCache:
+    """Encoded reference latents by (voice content, codec) key: in memory, and on disk if a dir is given."""
+
+    def __init__(self, directory: str | os.PathLike | None = None) -> None:
+        self.directory = Path(directory) if directory is not None else None
+        self._memory: dict[str, torch.Tensor] = {}
+        self._lock = threading.Lock()
+        self.encodes = 0  # how many times a reference was actually encoded (tests, metrics)
+
+    def _path(self, key: str) -> Path | None:
+        if self.directory is None:
+            return None
+        return self.directory / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".safetensors")
+
+    def get(self, key: str) -> torch.Tensor | None:
+        with self._lock:
+            if key in self._memory:
+                return self._memory[key]
+        path = self._path(key)
+        if path is not None and path.is_file():
+            try:
+                latent = load_file(str(path))["latent"]
+            except (SafetensorError, OSError, KeyError):
+                path.unlink(missing_ok=True)  # torn write or corruption: re-encode
+                return None
+            with self._lock:
+                self._memory[key] = latent
+            return latent
+        return None
+
+    def put(self, key: str, latent: torch.Tensor) -> None:
+        latent = latent.detach().float().cpu().contiguous()
+        with self._lock:
+            self._memory[key] = latent
+        path = self._path(key)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+            save_file({"latent": latent}, str(tmp))
+            os.replace(tmp, path)  # atomic: readers see the old file or the new one
+
+
+def default_voice_cache_dir() -> Path:
+    base = os.environ.get("IRODORI_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "irodori-speaker"
+    )
+    return Path(base) / "voices"

@@ -1,0 +1,238 @@
+"""One utterance end to end on the tiny-random model and codec."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from irodori_speaker.cancel import CancelToken
+from irodori_speaker.engine import sampler as sampler_mod
+from irodori_speaker.engine.duration import HOP, tail_trim_frames
+from irodori_speaker.errors import AudioError, Cancelled, InputError
+from irodori_speaker.synthesizer import EDGE_FADE_S, PIECE_GAP_S, SynthesisOptions, load_synthesizer
+from irodori_speaker.voices import Voice, VoiceCache, save_latent
+
+SR = 48_000
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("irodori-cache")
+
+
+@pytest.fixture(scope="module")
+def synth(tiny_cache, monkeypatch_module):
+    monkeypatch_module.setenv("IRODORI_CACHE", str(tiny_cache))
+    return load_synthesizer(tiny_random="v2", backend="cpu", voice_cache_dir=tiny_cache / "voices")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def opts(**kw):
+    kw.setdefault("seed", 1)
+    return SynthesisOptions(**kw)
+
+
+def test_record_and_noise_note(synth):
+    res = synth.synthesize("こんにちは、今日はいい天気ですね。", options=opts(seconds=1.5, tail_trim=False))
+    rec = res.record
+    assert res.sample_rate == SR and res.audio.dtype == np.float32 and res.audio.ndim == 1
+    assert len(res.audio) == rec.samples == int(1.5 * SR)
+    assert rec.frames == 38  # ceil(72000 / 1920)
+    assert rec.seed == 1 and rec.steps == 8 and rec.schedule == "sway"
+    assert set(rec.timings) >= {"tokenize", "reference", "duration", "sampling", "decode"}
+    assert any("noise" in w for w in rec.warnings)
+    assert np.isfinite(res.audio).all() and np.abs(res.audio).max() <= 1.0
+
+
+def test_same_seed_same_audio(synth):
+    a = synth.synthesize("同じ声で話します。", options=opts(seed=5)).audio
+    b = synth.synthesize("同じ声で話します。", options=opts(seed=5)).audio
+    c = synth.synthesize("同じ声で話します。", options=opts(seed=6)).audio
+    assert np.array_equal(a, b)
+    assert len(a) != len(c) or not np.array_equal(a, c)
+
+
+def test_fresh_seed_is_reported_and_reproduces(synth):
+    first = synth.synthesize("シードを覚えておきます。")
+    again = synth.synthesize("シードを覚えておきます。", options=opts(seed=first.record.seed))
+    assert np.array_equal(first.audio, again.audio)
+
+
+def test_stream_equals_whole(synth):
+    o = opts(seed=3, seconds=3.0, chunk_frames=7)
+    whole = synth.synthesize("ストリーミングでも同じ音です。", options=opts(seed=3, seconds=3.0)).audio
+    chunks = list(synth.stream("ストリーミングでも同じ音です。", options=o))
+    assert len(chunks) > 1
+    np.testing.assert_allclose(np.concatenate(chunks), whole, atol=1e-5)
+
+
+def test_tail_trim_rule_on_latents():
+    g = torch.Generator().manual_seed(0)
+    speech = torch.randn(30, 32, generator=g)
+    quiet = torch.cat((speech, torch.zeros(20, 32)))
+    assert tail_trim_frames(quiet) == 30
+    assert tail_trim_frames(torch.randn(40, 32, generator=g)) == 40  # loud to the end: no trim
+    # the zero padding counts: a loud latent whose last 19 frames are quiet trims there
+    assert tail_trim_frames(torch.cat((speech, 0.001 * torch.ones(19, 32)))) == 30
+    # a mean far from zero is not silence
+    assert tail_trim_frames(torch.cat((speech, torch.full((25, 32), 0.5)))) == 55
+
+
+def test_tail_trim_cuts_audio_where_the_latent_goes_quiet(synth, monkeypatch):
+    real_sample = sampler_mod.sample
+
+    def quiet_tail(model, conds, noise, cfg, **kw):
+        out = real_sample(model, conds, noise, cfg, **kw)
+        out[:, 20:] = 0.0
+        return out
+
+    monkeypatch.setattr(sampler_mod, "sample", quiet_tail)
+    trimmed = synth.synthesize("しっぽを切ります。", options=opts(seconds=2.0))
+    assert len(trimmed.audio) == 20 * HOP
+    full = synth.synthesize("しっぽを切ります。", options=opts(seconds=2.0, tail_trim=False))
+    assert len(full.audio) == 2 * SR
+    # the kept part equals the untrimmed decode (8 frames of right context were decoded)
+    np.testing.assert_allclose(trimmed.audio, full.audio[: 20 * HOP], atol=1e-5)
+
+
+def test_thirty_second_cap(synth):
+    res = synth.synthesize("長すぎる指定です。", options=opts(seconds=45.0, tail_trim=False, steps=1))
+    assert len(res.audio) == 30 * SR
+    assert any("clamped to 30" in w for w in res.record.warnings)
+
+
+def test_long_text_is_split_and_joined_in_order(synth):
+    sentences = [
+        "今日は朝から雨が降っていて、駅までの道がとても混んでいました。",
+        "午後になると雲が切れて、少しずつ青空が見えてきました。",
+        "夕方には虹が出て、たくさんの人が空を見上げていました。",
+        "明日は一日中よく晴れて、気温も上がる見込みだそうです。",
+        "週末は家族で公園に出かけて、お弁当を食べる予定にしています。",
+        "皆さんも体調に気をつけて、楽しい週末を過ごしてくださいね。",
+    ]
+    text = "".join(sentences)
+    o = opts(seed=9, tail_trim=False)
+    res = synth.synthesize(text, options=o)
+    assert res.record.pieces > 1
+    # Render each piece alone with the same seed: the long audio is those, in order, with gaps.
+    from irodori_speaker.text.split import split_for_synthesis
+
+    pieces = split_for_synthesis(res.record.text)
+    assert len(pieces) == res.record.pieces
+    assert "".join(pieces).replace(" ", "") == res.record.text.replace(" ", "")
+    singles = [synth.synthesize(p, options=o).audio for p in pieces]
+    gap, fade = int(PIECE_GAP_S * SR), int(EDGE_FADE_S * SR)
+    assert len(res.audio) == sum(map(len, singles)) + gap * (len(singles) - 1)
+    pos = 0
+    for i, single in enumerate(singles):
+        seg = res.audio[pos : pos + len(single)]
+        np.testing.assert_allclose(seg[fade:-fade], single[fade:-fade], atol=1e-5)
+        if i < len(singles) - 1:
+            assert np.all(res.audio[pos + len(single) : pos + len(single) + gap] == 0)
+            assert abs(seg[-1]) <= abs(single[-1]) + 1e-7  # faded out: no click at the cut
+        pos += len(single) + gap
+
+
+def test_reference_voice_is_encoded_once_and_cached_on_disk(synth, tmp_path):
+    t = np.arange(int(1.5 * SR)) / SR
+    wav = tmp_path / "ref.wav"
+    sf.write(str(wav), (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), SR)
+    voice = Voice.from_wav(wav)
+    before = synth.voice_cache.encodes
+    a = synth.synthesize("声をまねします。", voice, opts(seed=2)).audio
+    b = synth.synthesize("もう一度まねします。", voice, opts(seed=2)).audio
+    assert synth.voice_cache.encodes == before + 1
+    assert not np.array_equal(a[: min(len(a), len(b))], b[: min(len(a), len(b))])
+    # a new process-level cache on the same directory finds it on disk: no encode
+    fresh = VoiceCache(synth.voice_cache.directory)
+    key = next(k for k in synth.voice_cache._memory if k.startswith("wav:"))
+    assert fresh.get(key) is not None
+    # the same latent saved to a file is the same voice
+    latent = synth.reference_latent(voice)[0]
+    save_latent(latent, tmp_path / "v.safetensors")
+    c = synth.synthesize(
+        "声をまねします。", Voice.from_latent(tmp_path / "v.safetensors"), opts(seed=2)
+    ).audio
+    np.testing.assert_allclose(c, a, atol=1e-5)
+
+
+def test_reference_changes_the_output(synth, tmp_path):
+    t = np.arange(SR) / SR
+    wav = tmp_path / "r.wav"
+    sf.write(str(wav), (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32), SR)
+    plain = synth.synthesize("比べます。", None, opts(seed=4, seconds=1.0, tail_trim=False)).audio
+    voiced = synth.synthesize(
+        "比べます。", Voice.from_wav(wav), opts(seed=4, seconds=1.0, tail_trim=False)
+    ).audio
+    assert not np.allclose(plain, voiced)
+
+
+def test_cancel_between_steps_and_between_decode_chunks(synth):
+    token = CancelToken()
+
+    def progress(done, total):
+        if done == 2:
+            token.cancel("user stop")
+
+    with pytest.raises(Cancelled, match="user stop"):
+        synth.synthesize("止めてください。", options=opts(seconds=2.0), cancel=token, progress=progress)
+
+    token = CancelToken()
+    stream = synth.stream(
+        "途中で止めます。", options=opts(seconds=3.0, chunk_frames=5, tail_trim=False), cancel=token
+    )
+    first = next(stream)
+    assert len(first) > 0
+    token.cancel("enough")
+    with pytest.raises(Cancelled):
+        next(stream)
+
+
+def test_thread_safe_from_worker_threads(synth):
+    texts = ["一つ目です。", "二つ目です。", "三つ目です。"]
+    expected = [synth.synthesize(t, options=opts(seed=11)).audio for t in texts]
+    results: dict[int, np.ndarray] = {}
+
+    def work(i):
+        results[i] = synth.synthesize(texts[i], options=opts(seed=11)).audio
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for i in range(3):
+        assert np.array_equal(results[i], expected[i])
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\t\u3000", "《》▼"])
+def test_empty_text(synth, text):
+    with pytest.raises(InputError):
+        synth.synthesize(text)
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan"), float("inf")])
+def test_bad_seconds(synth, seconds):
+    with pytest.raises(InputError, match="seconds"):
+        synth.synthesize("こんにちは。", options=SynthesisOptions(seconds=seconds))
+
+
+def test_bad_voice(synth, tmp_path):
+    with pytest.raises(AudioError):
+        Voice.from_wav(tmp_path / "absent.wav")
+    junk = tmp_path / "junk.wav"
+    junk.write_bytes(b"not audio at all")
+    with pytest.raises(AudioError):
+        synth.synthesize("こんにちは。", Voice.from_wav(junk))
+    with pytest.raises(InputError):
+        synth.synthesize("こんにちは。", voice=123)
