@@ -1,0 +1,691 @@
+"""W4A16 GEMM on GPTQ-packed weights: a fused Triton kernel, a dequant-into-scratch + cuBLAS path, and a
+per-shape chooser that measures both on first use.
+
+``y[M, N] = x[M, K] @ W^T + bias`` with ``W[n, k] = s[k // gs, n] * (q[k, n] - z[k // gs, n])`` read
+straight from the GPTQ layout (qweight int32 (K/8, N), scales fp16 (K/gs, N)). Zeros are passed either as
+"symmetric" (z = 8 everywhere, the producer's default: no zero tensor is read at all) or as a precomputed
+fp16 ``zero_bias`` (K/gs, N) holding ``1024 + z`` (see `zero_bias_from_zeros`).
+
+Dequant uses the exponent-bias trick: ``(q | 0x6400)`` read as fp16 is exactly ``1024 + q``; subtracting
+``1024 + z`` (exact in fp16) gives ``q - z``, then one multiply by the scale. Each K tile of the weight is
+dequantised once in registers per program and fed to ``tl.dot`` with fp32 accumulation.
+
+Two tile orientations: the plain one (``acc[BM, BN] += x_tile @ w_tile``) and the swapped one
+(``acc[BN, BM] += w_tile^T @ x_tile^T``), where the dequantised weight is the *left* MMA operand: on Hopper
+that operand can stay in registers (no shared-memory round trip) and the token tile may be as small as 16,
+which suits small M. Split-K writes fp32 partials to a workspace reduced by a second small kernel.
+
+Correctness is checked on the CPU with ``TRITON_INTERPRET=1``. The interpreter's ``tl.dot`` multiplies the
+raw uint16 storage of bf16 tensors, so under the interpreter bf16 operands are upcast to fp32 before the dot
+(``INTERP_BF16``): bf16 x bf16 products are exact in fp32, so this is the same arithmetic as the GPU's bf16
+MMA with fp32 accumulation. The interpreter also truncates fp32 -> bf16 casts, so there the round-to-nearest
+is done on the bits (`_round_to`); on the GPU the native cast, which already rounds to nearest, is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import QuantError
+
+try:  # triton is optional (the "cuda" extra); everything here falls back to the reference path without it
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except Exception:  # pragma: no cover - depends on the install
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+__all__ = [
+    "HAS_TRITON",
+    "KernelConfig",
+    "candidate_configs",
+    "choose_impl",
+    "dequantize_into",
+    "interpreter_active",
+    "m_bucket",
+    "reference_w4a16",
+    "w4a16_kernel",
+    "w4a16_linear",
+    "w4a16_scratch",
+    "zero_bias_from_zeros",
+]
+
+NUM_SMS_DEFAULT = 132  # H100 / H200 SXM
+
+
+def interpreter_active() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One tile configuration of the fused kernel. BM tiles tokens (M), BN output features (N)."""
+
+    bm: int
+    bn: int
+    bk: int
+    num_warps: int = 4
+    num_stages: int = 3
+    swap: bool = False
+    split_k: int = 1
+
+    def name(self) -> str:
+        s = "swap" if self.swap else "std"
+        return f"{s}-m{self.bm}n{self.bn}k{self.bk}-w{self.num_warps}s{self.num_stages}-sk{self.split_k}"
+
+
+# ------------------------------------------------------------------------------------------ kernels
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _round_to(x, DTYPE: tl.constexpr, INTERP_BF16: tl.constexpr):
+        """fp32 -> DTYPE, round to nearest even. The interpreter truncates fp32->bf16 casts, so there
+        (INTERP_BF16) the bf16 rounding is done on the bits; on the GPU the native cast already rounds."""
+        if INTERP_BF16 and tl.bfloat16 == DTYPE:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = bits + 0x7FFF + ((bits >> 16) & 1)
+            return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return x.to(DTYPE)
+
+    @triton.jit
+    def _dequant_tile(
+        qw_ptr,
+        s_ptr,
+        zb_ptr,
+        offs_k,
+        offs_n,
+        N,
+        mask,
+        SYM: tl.constexpr,
+        GS: tl.constexpr,
+        OUT_DTYPE: tl.constexpr,
+        INTERP_BF16: tl.constexpr,
+    ):
+        """Dequantised weight tile W^T[offs_k, offs_n] in OUT_DTYPE (offs_k / offs_n broadcast to 2-D)."""
+        packed = tl.load(qw_ptr + (offs_k // 8) * N + offs_n, mask=mask, other=0)
+        q = (packed >> ((offs_k % 8) * 4)) & 0xF
+        # (q | 0x6400) as fp16 is 1024 + q exactly (exponent 2^10, q in the low mantissa bits)
+        wq = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+        g = offs_k // GS
+        s = tl.load(s_ptr + g * N + offs_n, mask=mask, other=0.0)
+        if SYM:
+            qz = wq - 1032.0  # q - 8, exact in fp16
+        else:
+            qz = wq - tl.load(zb_ptr + g * N + offs_n, mask=mask, other=1024.0)  # q - z, exact
+        if tl.float16 == OUT_DTYPE:
+            return qz * s  # the one rounding, in fp16
+        # bf16: multiply in fp32 so the weight is rounded once
+        return _round_to(qz.to(tl.float32) * s.to(tl.float32), OUT_DTYPE, INTERP_BF16)
+
+    @triton.jit
+    def _w4a16_gemm_kernel(
+        x_ptr,
+        qw_ptr,
+        s_ptr,
+        zb_ptr,
+        bias_ptr,
+        y_ptr,
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_ym,
+        k_per_split,
+        HAS_BIAS: tl.constexpr,
+        SYM: tl.constexpr,
+        GS: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        SPLIT_K: tl.constexpr,
+        SWAP: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        INTERP_BF16: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        num_pid_n = (N + BN - 1) // BN
+        pid_m = pid // num_pid_n
+        pid_n = pid % num_pid_n
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        m_mask = offs_m < M
+        n_mask = offs_n < N
+        # splits are whole BK tiles, so only the last tile of K can be partial: masking on K is enough
+        k_lo = pid_k * k_per_split
+        k_hi = tl.minimum(K, k_lo + k_per_split)
+        if SWAP:
+            acc = tl.full((BN, BM), 0.0, tl.float32)
+        else:
+            acc = tl.full((BM, BN), 0.0, tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            offs_k = k0 + tl.arange(0, BK)
+            if SWAP:
+                # dequantised weight [BN, BK] is the left operand, x^T [BK, BM] the right one
+                if EVEN_K:
+                    w_mask = n_mask[:, None]
+                    x_mask = m_mask[None, :]
+                else:
+                    w_mask = n_mask[:, None] & (offs_k[None, :] < K)
+                    x_mask = m_mask[None, :] & (offs_k[:, None] < K)
+                w = _dequant_tile(
+                    qw_ptr,
+                    s_ptr,
+                    zb_ptr,
+                    offs_k[None, :],
+                    offs_n[:, None],
+                    N,
+                    w_mask,
+                    SYM,
+                    GS,
+                    x_ptr.dtype.element_ty,
+                    INTERP_BF16,
+                )
+                xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None], mask=x_mask, other=0.0)
+                if INTERP_BF16:
+                    acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc)
+                else:
+                    acc = tl.dot(w.to(xt.dtype), xt, acc)
+            else:
+                if EVEN_K:
+                    w_mask = n_mask[None, :]
+                    x_mask = m_mask[:, None]
+                else:
+                    w_mask = n_mask[None, :] & (offs_k[:, None] < K)
+                    x_mask = m_mask[:, None] & (offs_k[None, :] < K)
+                x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask, other=0.0)
+                w = _dequant_tile(
+                    qw_ptr,
+                    s_ptr,
+                    zb_ptr,
+                    offs_k[:, None],
+                    offs_n[None, :],
+                    N,
+                    w_mask,
+                    SYM,
+                    GS,
+                    x_ptr.dtype.element_ty,
+                    INTERP_BF16,
+                )
+                if INTERP_BF16:
+                    acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc)
+                else:
+                    acc = tl.dot(x, w.to(x.dtype), acc)
+        if SWAP:
+            out_offs = offs_m[None, :] * stride_ym + offs_n[:, None]
+            out_mask = m_mask[None, :] & n_mask[:, None]
+            bias_offs = offs_n[:, None]
+            bias_mask = n_mask[:, None]
+        else:
+            out_offs = offs_m[:, None] * stride_ym + offs_n[None, :]
+            out_mask = m_mask[:, None] & n_mask[None, :]
+            bias_offs = offs_n[None, :]
+            bias_mask = n_mask[None, :]
+        if SPLIT_K == 1:
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + bias_offs, mask=bias_mask, other=0.0).to(tl.float32)
+            tl.store(y_ptr + out_offs, _round_to(acc, y_ptr.dtype.element_ty, INTERP_BF16), mask=out_mask)
+        else:
+            # fp32 partials into the workspace [SPLIT_K, M, N] (stride_ym == N)
+            tl.store(y_ptr + pid_k * M * N + out_offs, acc, mask=out_mask)
+
+    @triton.jit
+    def _splitk_reduce_kernel(
+        ws_ptr,
+        bias_ptr,
+        y_ptr,
+        M,
+        N,
+        SPLIT_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK: tl.constexpr,
+        INTERP_BF16: tl.constexpr,
+    ):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < M * N
+        acc = tl.full((BLOCK,), 0.0, tl.float32)
+        for i in range(SPLIT_K):
+            acc += tl.load(ws_ptr + i * M * N + offs, mask=mask, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs, _round_to(acc, y_ptr.dtype.element_ty, INTERP_BF16), mask=mask)
+
+    @triton.jit
+    def _dequant_kernel(
+        qw_ptr,
+        s_ptr,
+        zb_ptr,
+        out_ptr,
+        K,
+        N,
+        SYM: tl.constexpr,
+        GS: tl.constexpr,
+        BK: tl.constexpr,
+        BN: tl.constexpr,
+        INTERP_BF16: tl.constexpr,
+    ):
+        offs_k = tl.program_id(0) * BK + tl.arange(0, BK)
+        offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+        mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
+        w = _dequant_tile(
+            qw_ptr,
+            s_ptr,
+            zb_ptr,
+            offs_k[:, None],
+            offs_n[None, :],
+            N,
+            mask,
+            SYM,
+            GS,
+            out_ptr.dtype.element_ty,
+            INTERP_BF16,
+        )
+        tl.store(out_ptr + offs_k[:, None] * N + offs_n[None, :], w, mask=mask)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def zero_bias_from_zeros(zeros: torch.Tensor) -> torch.Tensor:
+    """Integer zeros (G, N) -> fp16 (G, N) holding 1024 + z, the kernels' zero operand."""
+    return (zeros.to(torch.float32) + 1024.0).to(torch.float16).contiguous()
+
+
+def _check_operands(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zero_bias: torch.Tensor | None,
+    group_size: int,
+) -> tuple[int, int, int]:
+    if x.dim() != 2:
+        raise QuantError(f"w4a16: activations must be 2-D (M, K), got {tuple(x.shape)}")
+    m, k = x.shape
+    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] * 8 != k:
+        raise QuantError(
+            f"w4a16: qweight must be int32 (K/8, N) with K={k}, got {qweight.dtype} {tuple(qweight.shape)}"
+        )
+    n = qweight.shape[1]
+    if k % group_size or tuple(scales.shape) != (k // group_size, n) or scales.dtype != torch.float16:
+        raise QuantError(
+            f"w4a16: scales must be fp16 ({k // group_size}, {n}), got {scales.dtype} {tuple(scales.shape)}"
+        )
+    if zero_bias is not None and (
+        tuple(zero_bias.shape) != tuple(scales.shape) or zero_bias.dtype != torch.float16
+    ):
+        raise QuantError("w4a16: zero_bias must be fp16 with the shape of scales")
+    return m, n, k
+
+
+def reference_w4a16(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zero_bias: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    *,
+    group_size: int = 32,
+    compute_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Dequantise (fp32) then F.linear in `compute_dtype` (default: x.dtype); output in x.dtype."""
+    _check_operands(x, qweight, scales, zero_bias, group_size)
+    w = _dequant_torch(qweight, scales, zero_bias, group_size)  # (K, N) fp32
+    cd = compute_dtype or x.dtype
+    y = F.linear(x.to(cd), w.t().to(cd), None if bias is None else bias.to(cd))
+    return y.to(x.dtype)
+
+
+def _dequant_torch(
+    qweight: torch.Tensor, scales: torch.Tensor, zero_bias: torch.Tensor | None, group_size: int
+) -> torch.Tensor:
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device)
+    k8, n = qweight.shape
+    q = ((qweight.unsqueeze(1) >> shifts.view(1, 8, 1)) & 0xF).reshape(k8 * 8, n).to(torch.float32)
+    z = torch.full_like(scales, 8.0, dtype=torch.float32) if zero_bias is None else zero_bias.float() - 1024.0
+    return (q - z.repeat_interleave(group_size, 0)) * scales.float().repeat_interleave(group_size, 0)
+
+
+# --------------------------------------------------------------------------------------- kernel path
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return NUM_SMS_DEFAULT
+
+
+def auto_split_k(m: int, n: int, k: int, cfg: KernelConfig, num_sms: int = NUM_SMS_DEFAULT) -> int:
+    """Smallest power-of-two split (<= 8) that fills the SMs, keeping >= 2 K tiles per split."""
+    tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
+    split = 1
+    while tiles * split < num_sms and split < 8 and k // (split * 2) >= 2 * cfg.bk:
+        split *= 2
+    return split
+
+
+def w4a16_kernel(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zero_bias: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    *,
+    group_size: int = 32,
+    config: KernelConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The fused Triton kernel: y (M, N) in x.dtype (fp16 or bf16). Runs on CUDA or in the interpreter."""
+    if not HAS_TRITON:
+        raise QuantError("w4a16_kernel needs triton", hint="pip install 'irodori-speaker[cuda]'")
+    m, n, k = _check_operands(x, qweight, scales, zero_bias, group_size)
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        raise QuantError(f"w4a16_kernel takes fp16 or bf16 activations, got {x.dtype}")
+    if x.device.type != "cuda" and not interpreter_active():
+        raise QuantError("w4a16_kernel runs on CUDA (or on the CPU with TRITON_INTERPRET=1)")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    cfg = config or default_config(m, n, k)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    split = max(1, cfg.split_k)
+    k_per_split = math.ceil(math.ceil(k / split) / cfg.bk) * cfg.bk
+    even_k = k % cfg.bk == 0
+    has_bias = bias is not None
+    bias_t = bias.contiguous() if has_bias else scales  # dummy pointer when absent
+    zb = zero_bias if zero_bias is not None else scales
+    interp_bf16 = interpreter_active() and x.dtype == torch.bfloat16
+    target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    grid = (math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn), split)
+    _w4a16_gemm_kernel[grid](
+        x, qweight, scales, zb, bias_t, target, m, n, k, x.stride(0), n, k_per_split,
+        HAS_BIAS=has_bias, SYM=zero_bias is None, GS=group_size, BM=cfg.bm, BN=cfg.bn, BK=cfg.bk,
+        SPLIT_K=split, SWAP=cfg.swap, EVEN_K=even_k,
+        INTERP_BF16=interp_bf16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if split > 1:
+        block = 1024
+        _splitk_reduce_kernel[(math.ceil(m * n / block),)](
+            target, bias_t, out, m, n, SPLIT_K=split, HAS_BIAS=has_bias, BLOCK=block, INTERP_BF16=interp_bf16
+        )
+    return out
+
+
+# -------------------------------------------------------------------------------------- scratch path
+
+_SCRATCH: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+_SCRATCH_LOCK = threading.Lock()
+
+
+def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A flat buffer shared by every layer on (device, dtype), grown to the largest layer seen."""
+    key = (str(device), dtype)
+    with _SCRATCH_LOCK:
+        buf = _SCRATCH.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            _SCRATCH[key] = buf
+    return buf[:numel]
+
+
+def release_scratch() -> None:
+    """Drop the shared dequant buffers (they are re-made on the next scratch-path call)."""
+    with _SCRATCH_LOCK:
+        _SCRATCH.clear()
+
+
+def dequantize_into(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zero_bias: torch.Tensor | None,
+    out: torch.Tensor,
+    *,
+    group_size: int = 32,
+) -> torch.Tensor:
+    """Dequantise W^T (K, N) into `out` (K, N) with the Triton dequant kernel (or torch elsewhere)."""
+    k, n = qweight.shape[0] * 8, qweight.shape[1]
+    if tuple(out.shape) != (k, n):
+        raise QuantError(f"dequantize_into: out must be ({k}, {n}), got {tuple(out.shape)}")
+    if HAS_TRITON and (out.device.type == "cuda" or interpreter_active()):
+        bk, bn = 32, 128
+        _dequant_kernel[(math.ceil(k / bk), math.ceil(n / bn))](
+            qweight, scales, zero_bias if zero_bias is not None else scales, out, k, n,
+            SYM=zero_bias is None, GS=group_size, BK=bk, BN=bn,
+            INTERP_BF16=interpreter_active() and out.dtype == torch.bfloat16, num_warps=4,
+        )  # fmt: skip
+    else:
+        out.copy_(_dequant_torch(qweight, scales, zero_bias, group_size))
+    return out
+
+
+def w4a16_scratch(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zero_bias: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    *,
+    group_size: int = 32,
+) -> torch.Tensor:
+    """Dequantise into the shared scratch buffer (x.dtype), then one cuBLAS GEMM (addmm with bias)."""
+    _m, n, k = _check_operands(x, qweight, scales, zero_bias, group_size)
+    w = _scratch(k * n, x.dtype, x.device).view(k, n)
+    dequantize_into(qweight, scales, zero_bias, w, group_size=group_size)
+    if bias is not None:
+        return torch.addmm(bias.to(x.dtype), x, w)
+    return torch.mm(x, w)
+
+
+# ------------------------------------------------------------------------------------------ chooser
+
+
+def m_bucket(m: int) -> int:
+    """Power-of-two bucket of M (16 .. 4096): tiles and the kernel/scratch choice are cached per bucket."""
+    b = 16
+    while b < m and b < 4096:
+        b *= 2
+    return b
+
+
+def default_config(m: int, n: int, k: int) -> KernelConfig:
+    """A reasonable config without measuring (used under the interpreter and during graph capture)."""
+    if m <= 32:
+        cfg = KernelConfig(bm=16, bn=64, bk=128, num_warps=4, num_stages=4, swap=True)
+    elif m <= 128:
+        cfg = KernelConfig(bm=32, bn=128, bk=64, num_warps=4, num_stages=4, swap=True)
+    elif m <= 256:
+        cfg = KernelConfig(bm=64, bn=128, bk=64, num_warps=4, num_stages=4)
+    else:
+        cfg = KernelConfig(bm=128, bn=128, bk=64, num_warps=8, num_stages=3)
+    return KernelConfig(**{**asdict(cfg), "split_k": auto_split_k(m, n, k, cfg)})
+
+
+def candidate_configs(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> list[KernelConfig]:
+    """The small tile list tried for M's bucket (BM 16-128, BN 64-256, BK 64/128), plus split-K variants."""
+    b = m_bucket(m)
+    if b <= 32:
+        tiles = [(16, 64, 128, 4, 4, True), (32, 64, 128, 4, 4, True), (16, 128, 128, 4, 4, True),
+                 (32, 64, 64, 4, 4, False), (16, 64, 128, 4, 3, False)]  # fmt: skip
+    elif b <= 128:
+        tiles = [(32, 128, 64, 4, 4, True), (64, 128, 64, 4, 4, True), (64, 64, 128, 4, 3, True),
+                 (64, 64, 64, 4, 4, False), (64, 128, 64, 4, 3, False)]  # fmt: skip
+    elif b <= 256:
+        tiles = [(64, 128, 64, 4, 4, False), (128, 128, 64, 8, 3, False), (128, 64, 64, 4, 4, False),
+                 (64, 128, 64, 4, 4, True), (128, 128, 64, 8, 3, True)]  # fmt: skip
+    else:
+        tiles = [(128, 128, 64, 8, 3, False), (128, 256, 64, 8, 3, False), (128, 128, 128, 8, 3, False),
+                 (64, 256, 64, 8, 3, False), (128, 128, 64, 8, 3, True),
+                 (128, 256, 64, 8, 3, True)]  # fmt: skip
+    out: list[KernelConfig] = []
+    for bm, bn, bk, w, s, swap in tiles:
+        cfg = KernelConfig(bm=bm, bn=bn, bk=bk, num_warps=w, num_stages=s, swap=swap)
+        out.append(cfg)
+        split = auto_split_k(m, n, k, cfg, num_sms)
+        if split > 1:
+            out.append(KernelConfig(**{**asdict(cfg), "split_k": split}))
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What `w4a16_linear` runs for one (device, dtype, N, K, zero kind, M bucket)."""
+
+    impl: str  # "kernel" | "scratch"
+    config: KernelConfig | None = None
+    time_ms: float | None = None
+
+
+_CHOICES: dict[tuple, Choice] = {}
+_CHOICES_LOCK = threading.Lock()
+_TUNE_FILE_ENV = "IRODORI_INT4_TUNE_CACHE"
+
+
+def _choice_key(x: torch.Tensor, n: int, k: int, sym: bool, group_size: int) -> tuple:
+    dev = torch.cuda.get_device_name(x.device) if x.device.type == "cuda" else x.device.type
+    return (dev, str(x.dtype), n, k, sym, group_size, m_bucket(x.shape[0]))
+
+
+def _load_tune_file() -> None:
+    path = os.environ.get(_TUNE_FILE_ENV)
+    if not path or not Path(path).is_file():
+        return
+    try:
+        rows = json.loads(Path(path).read_text())
+        for row in rows:
+            cfg = KernelConfig(**row["config"]) if row.get("config") else None
+            _CHOICES.setdefault(tuple(row["key"]), Choice(row["impl"], cfg, row.get("time_ms")))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # a stale or broken cache only costs a re-measurement
+
+
+def _save_tune_file() -> None:
+    path = os.environ.get(_TUNE_FILE_ENV)
+    if not path:
+        return
+    rows = [
+        {
+            "key": list(key),
+            "impl": c.impl,
+            "config": asdict(c.config) if c.config else None,
+            "time_ms": c.time_ms,
+        }
+        for key, c in _CHOICES.items()
+    ]
+    with contextlib.suppress(OSError):
+        Path(path).write_text(json.dumps(rows, indent=1))
+
+
+def _bench_ms(fn: Callable[[], object]) -> float:
+    return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
+
+
+def choose_impl(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zero_bias: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    *,
+    group_size: int = 32,
+    measure: bool = True,
+) -> Choice:
+    """Pick kernel (with its tile config) or scratch+cuBLAS for this shape's M bucket, measuring on first use.
+
+    The choice is cached per (GPU, dtype, N, K, zero kind, group size, M bucket), and persisted to the JSON
+    file named by ``IRODORI_INT4_TUNE_CACHE`` when set. Nothing is measured while a CUDA graph is being
+    captured (the unmeasured default is used and not cached), so warm up before capturing.
+    """
+    m, n, k = x.shape[0], qweight.shape[1], qweight.shape[0] * 8
+    key = _choice_key(x, n, k, zero_bias is None, group_size)
+    with _CHOICES_LOCK:
+        if not _CHOICES:
+            _load_tune_file()
+        hit = _CHOICES.get(key)
+    if hit is not None:
+        return hit
+    if x.device.type != "cuda" or not measure or torch.cuda.is_current_stream_capturing():
+        return Choice("kernel", default_config(m, n, k))
+    best = Choice(
+        "scratch",
+        None,
+        _bench_ms(lambda: w4a16_scratch(x, qweight, scales, zero_bias, bias, group_size=group_size)),
+    )
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    for cfg in candidate_configs(m, n, k, _num_sms(x.device)):
+        try:
+            t = _bench_ms(
+                lambda cfg=cfg: w4a16_kernel(
+                    x, qweight, scales, zero_bias, bias, group_size=group_size, config=cfg, out=out
+                )
+            )
+        except Exception:  # a tile that does not compile or fit (shared memory) on this GPU is skipped
+            continue
+        if best.time_ms is None or t < best.time_ms:
+            best = Choice("kernel", cfg, t)
+    with _CHOICES_LOCK:
+        _CHOICES[key] = best
+        _save_tune_file()
+    return best
+
+
+def clear_choices() -> None:
+    """Forget every cached choice (the next call measures again)."""
+    with _CHOICES_LOCK:
+        _CHOICES.clear()
+
+
+def w4a16_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zero_bias: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    *,
+    group_size: int = 32,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """``x (..., K) @ W^T + bias`` on packed weights; output (..., N) in x.dtype.
+
+    impl: "auto" (CUDA fp16/bf16: measured choice of kernel vs scratch; otherwise the reference),
+    "kernel", "scratch" or "reference".
+    """
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    n = qweight.shape[1]
+    if impl == "auto":
+        if HAS_TRITON and x2.is_cuda and x2.dtype in (torch.float16, torch.bfloat16):
+            choice = choose_impl(x2, qweight, scales, zero_bias, bias, group_size=group_size)
+            impl = choice.impl
+            cfg = choice.config
+        elif x2.is_cuda and HAS_TRITON:
+            impl, cfg = "scratch", None  # fp32 activations on the GPU: dequantise, fp32 cuBLAS
+        else:
+            impl, cfg = "reference", None
+    else:
+        cfg = None
+    if impl == "kernel":
+        y = w4a16_kernel(x2, qweight, scales, zero_bias, bias, group_size=group_size, config=cfg)
+    elif impl == "scratch":
+        y = w4a16_scratch(x2, qweight, scales, zero_bias, bias, group_size=group_size)
+    elif impl == "reference":
+        y = reference_w4a16(x2, qweight, scales, zero_bias, bias, group_size=group_size)
+    else:
+        raise QuantError(f"unknown w4a16 impl {impl!r} (auto, kernel, scratch, reference)")
+    return y.reshape(*lead, n)

@@ -1,0 +1,141 @@
+"""The W4A16 Triton kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
+
+Triton decides at ``@triton.jit`` time whether a kernel is interpreted, so this module loads its own copy
+of ``quant/triton_w4a16.py`` with TRITON_INTERPRET=1 set (the package's shared copy, possibly imported
+earlier by other tests, is left untouched) and keeps the variable set while the kernels run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="triton is not installed (the 'cuda' / 'dev' extra)")
+
+from irodori_speaker.quant import formats  # noqa: E402
+from irodori_speaker.quant.formats import pack_gptq  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tw():
+    """A private, interpreted copy of irodori_speaker.quant.triton_w4a16."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    src = Path(formats.__file__).with_name("triton_w4a16.py")
+    name = "irodori_speaker.quant._triton_w4a16_interpreted"
+    spec = importlib.util.spec_from_file_location(name, src)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+        if not mod.HAS_TRITON:
+            pytest.skip("triton imported but its language module did not")
+        yield mod
+    finally:
+        sys.modules.pop(name, None)
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def _layer(n: int, k: int, *, sym: bool, seed: int, gs: int = 32):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g)
+    z = torch.full((n, k // gs), 8) if sym else torch.randint(0, 16, (n, k // gs), generator=g)
+    s = torch.rand(n, k // gs, generator=g) * 0.02 + 0.002
+    return pack_gptq(q, z, s, group_size=gs)
+
+
+CASES = [
+    # (M, N, K, symmetric, dtype, bias, config)
+    (7, 64, 96, True, torch.float16, False, dict(bm=16, bn=64, bk=64)),  # K % BK != 0, odd M
+    (7, 64, 96, False, torch.bfloat16, True, dict(bm=16, bn=64, bk=64, swap=True)),
+    (33, 128, 160, False, torch.float16, True, dict(bm=32, bn=64, bk=64)),  # M past one tile
+    (33, 128, 160, True, torch.bfloat16, False, dict(bm=16, bn=64, bk=128, swap=True)),
+    (33, 72, 160, False, torch.bfloat16, True, dict(bm=16, bn=64, bk=64, split_k=2)),  # N % BN != 0
+    (33, 128, 160, True, torch.float16, True, dict(bm=16, bn=64, bk=32, swap=True, split_k=3)),
+    (3, 3680, 64, True, torch.float16, True, dict(bm=16, bn=128, bk=64, swap=True)),  # the DiT's N
+]
+
+
+@pytest.mark.parametrize(("m", "n", "k", "sym", "dtype", "with_bias", "cfg"), CASES)
+def test_kernel_matches_fp32_reference(tw, m, n, k, sym, dtype, with_bias, cfg) -> None:
+    p = _layer(n, k, sym=sym, seed=m + n + k)
+    zb = None if sym else tw.zero_bias_from_zeros(p.zeros())
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype) if with_bias else None
+    y = tw.w4a16_kernel(x, p.qweight, p.scales, zb, bias, config=tw.KernelConfig(**cfg))
+    assert y.shape == (m, n) and y.dtype == dtype
+
+    w32 = p.dequantize(torch.float32)  # [N, K], checked against the spec formula in test_formats
+    ref = x.double() @ w32.double().t() + (0 if bias is None else bias.double())
+    rel = float((y.double() - ref).norm() / ref.norm())
+    # measured on this CPU: fp16 ~2.2e-4, bf16 ~2.0e-3 (a bf16 output alone rounds to ~1.7e-3)
+    assert rel < (1e-3 if dtype == torch.float16 else 4e-3), rel
+
+    # tighter: against the weights rounded to the activation dtype, only accumulation order and the
+    # final rounding may differ (1 ulp of the output dtype, plus fp32 accumulation noise)
+    ref_r = x.double() @ w32.to(dtype).double().t() + (0 if bias is None else bias.double())
+    ulp = 2.0**-10 if dtype == torch.float16 else 2.0**-7
+    tol = ulp * ref_r.abs() + 1e-5 * ref_r.abs().max()
+    assert bool(((y.double() - ref_r).abs() <= tol).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("sym", [True, False])
+def test_dequant_kernel_is_exact(tw, dtype, sym) -> None:
+    p = _layer(72, 160, sym=sym, seed=11)
+    zb = None if sym else tw.zero_bias_from_zeros(p.zeros())
+    out = torch.empty(160, 72, dtype=dtype)
+    tw.dequantize_into(p.qweight, p.scales, zb, out)
+    # (q - z) * s is exact in fp32; rounding it once to fp16/bf16 is what the kernel must produce
+    assert torch.equal(out, p.dequantize(torch.float32).t().to(dtype))
+
+
+def test_scratch_path_and_reference_agree(tw) -> None:
+    p = _layer(64, 96, sym=False, seed=3)
+    zb = tw.zero_bias_from_zeros(p.zeros())
+    x = torch.randn(5, 96, dtype=torch.float32).to(torch.float16)
+    bias = torch.randn(64).half()
+    ref = tw.reference_w4a16(x.float(), p.qweight, p.scales, zb, bias.float())
+    y_k = tw.w4a16_linear(x, p.qweight, p.scales, zb, bias, impl="kernel")
+    y_s = tw.w4a16_linear(x.float(), p.qweight, p.scales, zb, bias.float(), impl="scratch")
+    assert torch.allclose(y_k.float(), ref, rtol=2e-3, atol=2e-3)
+    assert torch.allclose(y_s, ref, rtol=1e-5, atol=1e-5)
+    # CPU "auto" means the reference path
+    y_a = tw.w4a16_linear(x.float().view(1, 5, 96), p.qweight, p.scales, zb, bias.float())
+    assert y_a.shape == (1, 5, 64) and torch.allclose(y_a[0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_chooser_off_gpu_and_buckets(tw) -> None:
+    assert [tw.m_bucket(m) for m in (1, 25, 75, 150, 450, 750, 2250, 9000)] == [
+        16, 32, 128, 256, 512, 1024, 4096, 4096,
+    ]  # fmt: skip
+    for m in (25, 75, 150, 450, 750, 2250):
+        cands = tw.candidate_configs(m, 1280, 3680)
+        assert 4 <= len(cands) <= 14
+        for c in cands:
+            assert c.bm in (16, 32, 64, 128) and c.bn in (64, 128, 256) and c.bk in (64, 128)
+            if c.split_k > 1:  # split only where the plain grid leaves SMs idle
+                assert -(-m // c.bm) * -(-1280 // c.bn) < 132
+    x = torch.zeros(25, 64, dtype=torch.float16)
+    p = _layer(64, 64, sym=True, seed=0)
+    choice = tw.choose_impl(x, p.qweight, p.scales, None)
+    assert choice.impl == "kernel" and choice.time_ms is None  # CPU: nothing measured
+
+
+def test_kernel_rejects_bad_operands(tw) -> None:
+    from irodori_speaker.errors import QuantError
+
+    p = _layer(64, 64, sym=True, seed=0)
+    with pytest.raises(QuantError, match="fp16 or bf16"):
+        tw.w4a16_kernel(torch.zeros(2, 64), p.qweight, p.scales, None)
+    with pytest.raises(QuantError, match="qweight"):
+        tw.w4a16_kernel(torch.zeros(2, 32, dtype=torch.float16), p.qweight, p.scales, None)
