@@ -1,0 +1,1084 @@
+"""The Speaker: an asyncio runtime that turns lines of text into gapless, interruptible speech.
+
+    async with Speaker(output="null") as s:
+        await s.say("こんにちは！")
+
+Threading model: all Speaker state lives on the event loop that opened it;
+every event and callback is delivered there. Model work (load, prewarm,
+synthesis) runs in one worker thread per Speaker, always inside the
+process-wide model lock (backends/lock.py), and stops between sampler steps
+or decode chunks when its line's CancelToken is set. Outputs consume
+ready-made blocks on their own threads (see outputs.py). See docs/speaker.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import inspect
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .backends.lock import hold_model_lock
+from .cancel import CancelToken, check
+from .errors import Cancelled, InputError
+from .events import (
+    Closed,
+    Event,
+    EventBus,
+    EventStream,
+    KindSpec,
+    Metrics,
+    OutputRecovered,
+    Queued,
+    Series,
+    Skipped,
+    SynthesisFailed,
+    SynthesisFinished,
+    SynthesisStarted,
+    Underrun,
+)
+from .lipsync import Envelope
+from .outputs import Output, OutputSpec, make_output
+from .playback import Chunk, Player, PlayItem, resample, total_seconds_estimate
+from .synthesizer import SynthesisOptions, SynthesisRecord, SynthesizerLike
+
+log = logging.getLogger("irodori_speaker.speaker")
+
+__all__ = ["Priority", "Speaker", "Utterance", "UtteranceState"]
+
+
+class Priority(enum.IntEnum):
+    """Lanes: every HIGH line plays before any NORMAL one, every NORMAL before any LOW."""
+
+    HIGH = 0  # super chats, moderator lines
+    NORMAL = 1  # chat answers
+    LOW = 2  # idle talk
+
+    @classmethod
+    def parse(cls, value: Priority | str | int) -> Priority:
+        if isinstance(value, Priority):
+            return value
+        if isinstance(value, str) and value.upper() in cls.__members__:
+            return cls[value.upper()]
+        if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1, 2):
+            return cls(value)
+        raise InputError(f"unknown priority {value!r}", hint="'high', 'normal' or 'low'")
+
+
+class UtteranceState(str, enum.Enum):
+    QUEUED = "queued"
+    SYNTHESIZING = "synthesizing"
+    READY = "ready"  # synthesised, waiting for its turn
+    PLAYING = "playing"
+    PLAYED = "played"
+    INTERRUPTED = "interrupted"  # stopped while playing (skip/interrupt/cancel/close)
+    CANCELLED = "cancelled"  # dropped before it played (cancel/clear/close/overflow)
+    EXPIRED = "expired"  # its time-to-live ran out before it could start
+    SKIPPED = "skipped"  # nothing to say (empty or whitespace text)
+    FAILED = "failed"  # synthesis raised; `error` has the exception
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = {
+    UtteranceState.PLAYED,
+    UtteranceState.INTERRUPTED,
+    UtteranceState.CANCELLED,
+    UtteranceState.EXPIRED,
+    UtteranceState.SKIPPED,
+    UtteranceState.FAILED,
+}
+
+_UNSET: Any = object()
+
+
+class Utterance:
+    """A handle on one queued line. `await handle` waits until it is over.
+
+    Awaiting returns the handle; it raises only if the line's synthesis failed
+    (the exception the synthesizer raised). Cancelled, expired, skipped and
+    interrupted lines end normally: look at `state`.
+    """
+
+    def __init__(
+        self,
+        speaker: Speaker,
+        uid: int,
+        text: str,
+        priority: Priority,
+        voice: Any,
+        options: SynthesisOptions | None,
+        deadline: float | None,
+        now: float,
+    ) -> None:
+        self._speaker = speaker
+        self.id = uid
+        self.text = text
+        self.priority = priority
+        self.voice = voice
+        self.options = options
+        self.deadline = deadline  # monotonic time by which it must start playing
+        self.state = UtteranceState.QUEUED
+        self.error: BaseException | None = None
+        self.record: SynthesisRecord | None = None
+        self.played_fraction = 0.0
+        self.heard_text = ""
+        self.timings: dict[str, float] = {"enqueued": now}
+        self._token = CancelToken()
+        self._chunks: list[Chunk] = []
+        self._synth_done = False
+        self._item: PlayItem | None = None
+        self._reason = "cancelled"
+        self._done = asyncio.Event()
+
+    @property
+    def done(self) -> bool:
+        return self.state.terminal
+
+    @property
+    def audio(self) -> np.ndarray | None:
+        """The line's audio at the synthesizer's rate, once synthesis has finished."""
+        if not self._synth_done:
+            return None
+        if not self._chunks:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate([c.audio for c in self._chunks])
+
+    @property
+    def sample_rate(self) -> int:
+        return self._speaker.sample_rate
+
+    def cancel(self) -> None:
+        """Drop the line if it has not played (its synthesis stops between steps); else fade it out."""
+        self._speaker._cancel(self, "cancelled")
+
+    async def wait(self) -> Utterance:
+        await self._done.wait()
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def __await__(self) -> Any:
+        return self.wait().__await__()
+
+    def __repr__(self) -> str:
+        return f"<Utterance #{self.id} {self.state.value} {self.text[:20]!r}>"
+
+
+class _Feeder:
+    """Text chunks (LLM tokens) -> speakable segments -> enqueued lines, with a stall flush."""
+
+    def __init__(self, speaker: Speaker, line_kwargs: dict[str, Any]) -> None:
+        self.speaker = speaker
+        self.kwargs = line_kwargs
+        self.segmenter = speaker._new_segmenter()
+        self.handles: list[Utterance] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def feed(self, chunk: str, line_kwargs: dict[str, Any] | None = None) -> list[Utterance]:
+        if not isinstance(chunk, str):
+            raise InputError(f"feed() takes text, got {type(chunk).__name__}")
+        if line_kwargs is not None:
+            self.kwargs = line_kwargs
+        out = self._enqueue(self.segmenter.feed(chunk))
+        self._arm()
+        return out
+
+    def end(self) -> list[Utterance]:
+        self._disarm()
+        return self._enqueue(self.segmenter.flush())
+
+    def close(self) -> None:
+        self._disarm()
+
+    def _enqueue(self, segments: Iterable[str]) -> list[Utterance]:
+        out = [self.speaker.enqueue(s, **self.kwargs) for s in segments if s and s.strip()]
+        self.handles.extend(out)
+        return out
+
+    def _arm(self) -> None:
+        self._disarm()
+        if self.segmenter.pending.strip() and self.speaker.stall_flush_s is not None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.speaker.stall_flush_s, self._on_stall)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_stall(self) -> None:
+        self._timer = None
+        if self.speaker._closing:
+            return
+        try:
+            self._enqueue(self.segmenter.flush())
+        except Exception:
+            log.exception("stall flush failed")
+
+
+class Speaker:
+    """Japanese TTS for live streams: prefetching, gapless, interruptible, with lanes and events.
+
+    Give it a loaded `synthesizer`, or the options for
+    `irodori_speaker.synthesizer.load_synthesizer(**load_kwargs)` (model=, codec=,
+    device=, backend=, ...). `output` is one output or a list: an `Output`
+    (`SoundDeviceOutput`, `FileOutput`, `NullOutput`), a device name, a file
+    path, "null", or None for the system's default device.
+    """
+
+    def __init__(
+        self,
+        synthesizer: SynthesizerLike | None = None,
+        *,
+        output: OutputSpec | Sequence[OutputSpec] = None,
+        voice: Any = None,
+        voices: Sequence[Any] = (),
+        options: SynthesisOptions | None = None,
+        streaming: bool = True,
+        prewarm: bool = True,
+        pause_s: float = 0.3,
+        lookahead_lines: int = 2,
+        lookahead_s: float = 30.0,
+        ttl: float | Mapping[Priority | str, float | None] | None = None,
+        max_queue: int | None = None,
+        stall_flush_s: float | None = 0.6,
+        segmenter: Callable[[], Any] | None = None,
+        lipsync_lead_s: float = 0.0,
+        lipsync_hz: float = 50.0,
+        schedule_ahead_s: float = 0.5,
+        drain_on_exit: bool = True,
+        **load_kwargs: Any,
+    ) -> None:
+        if synthesizer is not None and load_kwargs:
+            raise InputError(
+                f"got a synthesizer and loading options {sorted(load_kwargs)}", hint="pass one or the other"
+            )
+        for name, v in (
+            ("pause_s", pause_s),
+            ("lookahead_s", lookahead_s),
+            ("schedule_ahead_s", schedule_ahead_s),
+        ):
+            if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
+                raise InputError(f"{name} must be a finite number >= 0, got {v!r}")
+        if not isinstance(lookahead_lines, int) or lookahead_lines < 0:
+            raise InputError(f"lookahead_lines must be an int >= 0, got {lookahead_lines!r}")
+        if max_queue is not None and (not isinstance(max_queue, int) or max_queue < 1):
+            raise InputError(f"max_queue must be an int >= 1 or None, got {max_queue!r}")
+        if stall_flush_s is not None and not stall_flush_s > 0:
+            raise InputError(f"stall_flush_s must be > 0 or None, got {stall_flush_s!r}")
+        if not lipsync_hz > 0:
+            raise InputError(f"lipsync_hz must be > 0, got {lipsync_hz!r}")
+        specs = list(output) if isinstance(output, (list, tuple)) else [output]
+        if not specs:
+            raise InputError("output= is an empty list", hint="use output='null' to play nowhere")
+        self._output_specs = specs
+        self.synthesizer = synthesizer
+        self._load_kwargs = load_kwargs
+        self.voice = voice
+        self._voices = list(voices)
+        self.options = options
+        self.streaming = streaming
+        self.prewarm = prewarm
+        self.pause_s = float(pause_s)
+        self.lookahead_lines = lookahead_lines
+        self.lookahead_s = float(lookahead_s)
+        self._ttl = self._parse_ttl(ttl)
+        self.max_queue = max_queue
+        self.stall_flush_s = stall_flush_s
+        self._segmenter_factory = segmenter
+        self.lipsync_lead_s = lipsync_lead_s
+        self.lipsync_hz = lipsync_hz
+        self.schedule_ahead_s = float(schedule_ahead_s)
+        self.drain_on_exit = drain_on_exit
+        self.tick_s = 0.02
+        self.sample_rate = 0
+        self.outputs: list[Output] = []
+        self.prewarm_seconds: dict[int, float] = {}
+
+        self._bus = EventBus()
+        self._lanes: dict[Priority, deque[Utterance]] = {p: deque() for p in Priority}
+        self._by_uid: dict[int, Utterance] = {}
+        self._next_id = 1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._player: Player | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._synth_task: asyncio.Task[None] | None = None
+        self._synth_utt: Utterance | None = None
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._open = False
+        self._closing = False
+        self._feeder: _Feeder | None = None
+        self._open_token = CancelToken()
+        self._series = {k: Series() for k in ("queue_wait", "first_chunk", "ttfa", "rtf", "gap")}
+        self._counts = dict.fromkeys(("queued", "played", "interrupted", "skipped", "failed", "underruns"), 0)
+        self._last_finished: Utterance | None = None
+
+    @staticmethod
+    def _parse_ttl(ttl: Any) -> dict[Priority, float | None]:
+        out: dict[Priority, float | None] = dict.fromkeys(Priority)
+        if ttl is None:
+            return out
+        if isinstance(ttl, (int, float)):
+            items: Iterable[tuple[Any, Any]] = ((p, ttl) for p in Priority)
+        elif isinstance(ttl, Mapping):
+            items = ttl.items()
+        else:
+            raise InputError(f"ttl must be seconds or a mapping lane -> seconds, got {ttl!r}")
+        for lane, seconds in items:
+            if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0):
+                raise InputError(f"ttl for {lane!r} must be > 0 seconds or None, got {seconds!r}")
+            out[Priority.parse(lane)] = None if seconds is None else float(seconds)
+        return out
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Speaker:
+        await self.open()
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        await self.aclose(drain=self.drain_on_exit and exc_type is None)
+
+    async def open(self) -> None:
+        """Open the outputs, load the model (unless given one), prewarm, start the scheduler."""
+        if self._open or self._closing:
+            raise InputError("this Speaker is already open (or closed); make a new one")
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="irodori-speaker")
+        opened: list[Output] = []
+        try:
+            for spec in self._output_specs:
+                o = make_output(spec)
+                await loop.run_in_executor(self._executor, o.open)
+                opened.append(o)
+            if self.synthesizer is None:
+                self.synthesizer = await loop.run_in_executor(self._executor, self._load)
+            self.sample_rate = int(getattr(self.synthesizer, "sample_rate", 48_000))
+            if self.prewarm:
+                for voice in self._prewarm_voices():
+                    secs = await loop.run_in_executor(self._executor, self._prewarm_blocking, voice)
+                    self.prewarm_seconds[id(voice)] = secs
+        except BaseException:
+            self._open_token.cancel("open aborted")
+            for o in opened:
+                with contextlib.suppress(Exception):
+                    await loop.run_in_executor(self._executor, o.close)
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise
+        self.outputs = opened
+        self._player = Player(
+            opened,
+            source_rate=self.sample_rate,
+            pause_s=self.pause_s,
+            emit=self._emit,
+            on_started=self._on_play_started,
+            on_finished=self._on_play_finished,
+            lipsync_lead_s=self.lipsync_lead_s,
+            clock=time.monotonic,
+        )
+        self._open = True
+        self._task = loop.create_task(self._run(), name="irodori-speaker")
+
+    def _load(self) -> SynthesizerLike:
+        try:
+            from .synthesizer import load_synthesizer  # type: ignore[attr-defined]
+        except ImportError as e:
+            raise InputError(
+                "no synthesizer given and irodori_speaker.synthesizer.load_synthesizer is unavailable",
+                hint="pass Speaker(synthesizer=...)",
+            ) from e
+        with hold_model_lock(self._open_token):
+            return load_synthesizer(**self._load_kwargs)
+
+    def _prewarm_voices(self) -> list[Any]:
+        out: list[Any] = []
+        for v in [self.voice, *self._voices]:
+            if not any(_same(v, u) for u in out):
+                out.append(v)
+        return out
+
+    def _prewarm_blocking(self, voice: Any) -> float:
+        prewarm = getattr(self.synthesizer, "prewarm", None)
+        if prewarm is None:
+            return 0.0
+        with hold_model_lock(self._open_token):
+            return float(prewarm(voice) or 0.0)
+
+    async def aclose(self, drain: bool = False) -> None:
+        """Close: play what is queued first (`drain=True`) or stop now with a short fade."""
+        if not self._open or self._closing:
+            return
+        if drain:
+            try:
+                await self.drain()
+            except BaseException:
+                await self._shutdown()
+                raise
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        self._closing = True
+        player = self._player
+        assert player is not None and self._loop is not None
+        if self._feeder is not None:
+            self._feeder.close()
+        for utt in list(self._by_uid.values()):
+            self._cancel(utt, "closed")
+        # let the fades be heard: bounded by the output latency, never forever
+        limit = time.monotonic() + 0.2 + max((o.latency for o in self.outputs), default=0.0)
+        while player.items and time.monotonic() < limit:
+            self._step()
+            await asyncio.sleep(self.tick_s)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        synth_task = self._synth_task
+        stuck = False
+        if synth_task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(synth_task), 10.0)
+            except asyncio.TimeoutError:
+                stuck = True
+                log.warning("synthesis did not stop within 10 s of cancellation; leaving its thread")
+            except BaseException:
+                pass
+        for o in self.outputs:
+            try:
+                if stuck:
+                    o.close()
+                else:
+                    await self._loop.run_in_executor(self._executor, o.close)
+            except Exception:
+                log.exception("closing output %s failed", o.name)
+        for utt in list(self._by_uid.values()):  # whatever is left ends now
+            self._finish(utt, UtteranceState.CANCELLED if utt._item is None else UtteranceState.INTERRUPTED)
+        if self._executor is not None:
+            self._executor.shutdown(wait=not stuck)
+        self._open = False
+        self._emit(Closed(time.monotonic()))
+        self._bus.close()
+
+    async def drain(self) -> None:
+        """Wait until every queued line has played (or ended otherwise)."""
+        self._require_open()
+        while True:
+            await self._idle.wait()
+            if not self._busy():
+                return
+            self._idle.clear()
+
+    # -- adding lines ------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        text: str,
+        *,
+        priority: Priority | str | int = Priority.NORMAL,
+        voice: Any = _UNSET,
+        options: SynthesisOptions | None = None,
+        ttl: float | None = _UNSET,
+        interrupt: bool = False,
+    ) -> Utterance:
+        """Queue a line and return its handle at once; synthesis starts as soon as there is room.
+
+        `ttl`: seconds it may wait to start playing before it is dropped (default: its lane's).
+        `interrupt=True`: stop the line now playing so this one (and its lane's order) goes next.
+        """
+        self._require_open()
+        self._require_loop()
+        if not isinstance(text, str):
+            raise InputError(f"text must be a str, got {type(text).__name__}")
+        lane = Priority.parse(priority)
+        if ttl is _UNSET:
+            ttl = self._ttl[lane]
+        elif ttl is not None and not (isinstance(ttl, (int, float)) and ttl > 0):
+            raise InputError(f"ttl must be > 0 seconds or None, got {ttl!r}")
+        if options is not None and not isinstance(options, SynthesisOptions):
+            raise InputError(f"options must be SynthesisOptions, got {type(options).__name__}")
+        now = time.monotonic()
+        uid = self._next_id
+        self._next_id += 1
+        utt = Utterance(
+            self,
+            uid,
+            text,
+            lane,
+            self.voice if voice is _UNSET else voice,
+            options if options is not None else self.options,
+            None if ttl is None else now + ttl,
+            now,
+        )
+        self._counts["queued"] += 1
+        if not text.strip():
+            self._emit(Skipped(now, uid, text, "empty"))
+            utt.state = UtteranceState.SKIPPED
+            self._counts["skipped"] += 1
+            asyncio.get_running_loop().call_soon(utt._done.set)
+            return utt
+        position = sum(len(self._lanes[p]) for p in Priority if p <= lane) + len(self._player.items)
+        self._lanes[lane].append(utt)
+        self._by_uid[uid] = utt
+        self._idle.clear()
+        self._emit(Queued(now, uid, text, lane.name.lower(), position))
+        if self.max_queue is not None:
+            self._enforce_max_queue(utt)
+        if interrupt:
+            self.skip()
+        self._wake.set()
+        return utt
+
+    async def say(self, text: str, **line_kwargs: Any) -> Utterance:
+        """Queue a line and return once it has been played (or ended otherwise).
+
+        Cancelling the awaiting task cancels the line (fading it out if it is playing).
+        """
+        utt = self.enqueue(text, **line_kwargs)
+        try:
+            return await utt
+        except asyncio.CancelledError:
+            utt.cancel()
+            raise
+
+    def feed(self, chunk: str, **line_kwargs: Any) -> list[Utterance]:
+        """Feed streamed text (LLM tokens); every completed segment is queued at once.
+
+        Call `end_feed()` when the turn's text is complete. If no text arrives for
+        `stall_flush_s` while a partial segment is pending, it is flushed and queued.
+        """
+        self._require_open()
+        if self._feeder is None:
+            self._feeder = _Feeder(self, line_kwargs)
+        return self._feeder.feed(chunk, line_kwargs)
+
+    def end_feed(self) -> list[Utterance]:
+        """Flush the text fed so far (end of the turn); the next `feed()` starts a new turn."""
+        self._require_open()
+        feeder, self._feeder = self._feeder, None
+        return feeder.end() if feeder is not None else []
+
+    async def say_stream(
+        self, source: AsyncIterable[str] | Iterable[str], **line_kwargs: Any
+    ) -> list[Utterance]:
+        """Speak a stream of text chunks as it arrives; returns once every segment has played.
+
+        Cancelling the task cancels the segments it queued. If a segment's synthesis
+        failed, its error is raised after the others have finished.
+        """
+        self._require_open()
+        feeder = _Feeder(self, line_kwargs)
+        try:
+            if isinstance(source, AsyncIterable):
+                async for chunk in source:
+                    feeder.feed(chunk)
+            else:
+                for chunk in source:
+                    feeder.feed(chunk)
+                    await asyncio.sleep(0)
+            feeder.end()
+            error: BaseException | None = None
+            for h in list(feeder.handles):
+                await h._done.wait()
+                if h.error is not None and error is None:
+                    error = h.error
+            if error is not None:
+                raise error
+            return feeder.handles
+        except asyncio.CancelledError:
+            for h in feeder.handles:
+                h.cancel()
+            raise
+        finally:
+            feeder.close()
+
+    # -- control -----------------------------------------------------------------------------------
+
+    def skip(self) -> Utterance | None:
+        """Fade out the line now playing (~fade_s + output latency); the next one follows."""
+        self._require_open()
+        player = self._player
+        for item in list(player.items):
+            if item.outcome is None and not item.stop_requested:
+                utt = self._by_uid.get(item.uid)
+                if utt is not None:
+                    self._cancel(utt, "skipped")
+                return utt
+        return None
+
+    def clear(
+        self, priority: Priority | str | int | Iterable[Priority | str | int] | None = None
+    ) -> list[Utterance]:
+        """Drop every line that has not started playing (in the given lanes); their synthesis stops."""
+        self._require_open()
+        lanes = self._lanes_of(priority)
+        dropped: list[Utterance] = []
+        for item in list(self._player.items):
+            utt = self._by_uid.get(item.uid)
+            if utt is not None and utt.state != UtteranceState.PLAYING and utt.priority in lanes:
+                dropped.append(utt)
+        for lane in lanes:
+            dropped.extend(self._lanes[lane])
+        for utt in dropped:
+            self._cancel(utt, "cancelled")
+        return dropped
+
+    def interrupt(self, *, clear: bool = True, priority: Any = None) -> None:
+        """Stop talking now: fade out the current line and (by default) drop everything queued.
+
+        `priority` limits the clearing to those lanes (the current line stops regardless).
+        """
+        self._require_open()
+        if clear:
+            self.clear(priority)
+        self.skip()
+
+    def pause(self) -> None:
+        """Fade out and hold; prefetching goes on (within the lookahead). TTLs keep running."""
+        self._require_open()
+        self._player.pause()
+        self._wake.set()
+
+    def resume(self) -> None:
+        self._require_open()
+        self._player.resume()
+        self._wake.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._player is not None and self._player.paused
+
+    async def reopen_outputs(self, rescan: bool = True) -> list[Output]:
+        """Reopen failed outputs (by their device name); raises AudioError if one is still gone."""
+        self._require_open()
+        player = self._player
+        assert self._loop is not None
+        reopened = []
+        for o in self.outputs:
+            if id(o) not in player.failed:
+                continue
+            await self._loop.run_in_executor(self._executor, o.close)
+            opener = (lambda o=o: o.open(rescan=rescan)) if _takes_rescan(o) else o.open
+            await self._loop.run_in_executor(self._executor, opener)
+            player.reset_output(o)
+            reopened.append(o)
+            self._emit(OutputRecovered(time.monotonic(), o.name))
+        self._wake.set()
+        return reopened
+
+    # -- looking in --------------------------------------------------------------------------------
+
+    def events(self, kinds: KindSpec = None, maxsize: int = 10_000) -> EventStream:
+        """An async iterator of events (of `kinds`; None: all) from now until the Speaker closes."""
+        return self._bus.subscribe(kinds, maxsize)
+
+    def on(self, kinds: KindSpec, fn: Callable[[Any], Any] | None = None) -> Any:
+        """Call `fn(event)` on the loop for events of `kinds`; returns an unsubscribe function.
+
+        `fn` may be async. Its exceptions are logged, never raised into the Speaker.
+        """
+        return self._bus.on(kinds, fn)
+
+    @property
+    def queue(self) -> list[Utterance]:
+        """Lines waiting to play, in play order (the current one excluded)."""
+        items = (
+            [self._by_uid[i.uid] for i in self._player.items if i.uid in self._by_uid] if self._player else []
+        )
+        waiting = [u for u in items if u.state != UtteranceState.PLAYING]
+        return waiting + [u for p in Priority for u in self._lanes[p]]
+
+    @property
+    def current(self) -> Utterance | None:
+        """The line being heard now."""
+        if self._player is None:
+            return None
+        for item in self._player.items:
+            utt = self._by_uid.get(item.uid)
+            if utt is not None and utt.state == UtteranceState.PLAYING:
+                return utt
+        return None
+
+    def metrics(self) -> Metrics:
+        c, s = self._counts, self._series
+        return Metrics(
+            lines_queued=c["queued"],
+            lines_played=c["played"],
+            lines_interrupted=c["interrupted"],
+            lines_skipped=c["skipped"],
+            lines_failed=c["failed"],
+            underruns=c["underruns"],
+            queue_wait=s["queue_wait"].summary(),
+            first_chunk=s["first_chunk"].summary(),
+            time_to_first_audio=s["ttfa"].summary(),
+            rtf=s["rtf"].summary(),
+            gap=s["gap"].summary(),
+        )
+
+    # -- internals: scheduling ---------------------------------------------------------------------
+
+    def _require_open(self) -> None:
+        if not self._open or self._closing:
+            raise InputError("the Speaker is not open", hint="use `async with Speaker(...) as s:`")
+
+    def _require_loop(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not self._loop:
+            raise InputError(
+                "Speaker methods must be called on the event loop that opened it",
+                hint="from another thread use loop.call_soon_threadsafe(speaker.enqueue, text)",
+            )
+
+    def _lanes_of(self, priority: Any) -> list[Priority]:
+        if priority is None:
+            return list(Priority)
+        if isinstance(priority, (str, int, Priority)):
+            return [Priority.parse(priority)]
+        return [Priority.parse(p) for p in priority]
+
+    def _new_segmenter(self) -> Any:
+        if self._segmenter_factory is not None:
+            return self._segmenter_factory()
+        from .text.segment import StreamSegmenter
+
+        return StreamSegmenter(min_chars=10, first_min_chars=5)
+
+    def _emit(self, event: Event) -> None:
+        if isinstance(event, Underrun):
+            self._counts["underruns"] += 1
+        self._bus.emit(event)
+
+    def _busy(self) -> bool:
+        return bool(
+            any(self._lanes.values()) or (self._player is not None and self._player.items) or self._synth_task
+        )
+
+    def _play_order(self) -> Iterable[Utterance]:
+        for p in Priority:
+            yield from self._lanes[p]
+
+    async def _run(self) -> None:
+        while True:
+            if self._player is not None and self._player.busy:
+                timeout: float | None = self.tick_s
+            elif any(self._lanes.values()):
+                timeout = 0.1  # TTLs
+            else:
+                timeout = None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            try:
+                self._step()
+            except Exception:
+                log.exception("Speaker scheduler step failed")
+
+    def _step(self) -> None:
+        player = self._player
+        assert player is not None
+        now = time.monotonic()
+        for utt in [u for u in self._play_order() if u.deadline is not None and now > u.deadline]:
+            self._cancel(utt, "expired")
+        for item in player.poll():  # every output failed: lines not yet heard go back to the front
+            utt = self._by_uid.get(item.uid)
+            if utt is not None and not utt.state.terminal:
+                utt._item = None
+                utt.state = UtteranceState.READY if utt._synth_done else UtteranceState.SYNTHESIZING
+                self._lanes[utt.priority].appendleft(utt)
+        if not self._closing:
+            self._push_lines(now)
+            self._dispatch_synthesis()
+        if not self._busy():
+            self._idle.set()
+
+    def _push_lines(self, now: float) -> None:
+        player = self._player
+        assert player is not None
+        while player.can_push(now, self.schedule_ahead_s):
+            utt = next(iter(self._play_order()), None)
+            if utt is None or not (utt._chunks or utt._synth_done):
+                return
+            self._lanes[utt.priority].remove(utt)
+            env = Envelope(self.sample_rate, hz=self.lipsync_hz)
+            item = player.start(utt.id, utt.text, env)
+            utt._item = item
+            for chunk in utt._chunks:
+                player.add(item, chunk)
+            if utt._synth_done:
+                player.end(item)
+
+    def _dispatch_synthesis(self) -> None:
+        if self._synth_task is not None:
+            return
+        player = self._player
+        assert player is not None and self._loop is not None
+        waiting = [i for i in player.items if i.started_at is None]
+        ahead = len(waiting)
+        ahead_s = sum(i.envelope.samples for i in waiting) / max(1, self.sample_rate)
+        candidate = None
+        for utt in self._play_order():
+            if utt.state == UtteranceState.QUEUED:
+                candidate = utt
+                break
+            ahead += 1
+            ahead_s += sum(len(c.audio) for c in utt._chunks) / max(1, self.sample_rate)
+        if candidate is None:
+            return
+        idle = not player.items and ahead == 0  # nothing to hear until it is done: always go
+        full = self.lookahead_lines == 0 or ahead >= self.lookahead_lines or ahead_s >= self.lookahead_s
+        if full and not idle:
+            return
+        candidate.state = UtteranceState.SYNTHESIZING
+        self._synth_utt = candidate
+        self._synth_task = self._loop.create_task(self._synthesize(candidate))
+
+    def _enforce_max_queue(self, newest: Utterance) -> None:
+        assert self.max_queue is not None
+        while sum(len(q) for q in self._lanes.values()) > self.max_queue:
+            victim = None
+            for p in reversed(Priority):  # the oldest waiting line of the lowest lane goes first
+                lane = [u for u in self._lanes[p] if u.state == UtteranceState.QUEUED]
+                if lane:
+                    victim = lane[0]
+                    break
+            if victim is None:
+                victim = newest
+            self._cancel(victim, "overflow")
+            if victim is newest:
+                return
+
+    # -- internals: synthesis (worker thread + loop callbacks) ------------------------------------
+
+    async def _synthesize(self, utt: Utterance) -> None:
+        assert self._loop is not None and self._player is not None
+        rates = sorted({o.sample_rate for o in self._player.healthy} - {self.sample_rate})
+        try:
+            await self._loop.run_in_executor(self._executor, self._synth_blocking, self._loop, utt, rates)
+        except Cancelled:
+            if not utt._token.cancelled:
+                self._on_synth_failed(utt, Cancelled("the synthesizer stopped on its own"))
+        except Exception as e:
+            self._on_synth_failed(utt, e)
+        finally:
+            self._synth_task = None
+            self._synth_utt = None
+            self._wake.set()
+
+    def _synth_blocking(self, loop: asyncio.AbstractEventLoop, utt: Utterance, rates: list[int]) -> None:
+        synth = self.synthesizer
+        assert synth is not None
+        token = utt._token
+
+        def post(fn: Callable[..., None], *args: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
+                loop.call_soon_threadsafe(fn, utt, *args)
+
+        src = self.sample_rate
+        with hold_model_lock(token):
+            t0 = time.monotonic()
+            post(self._on_synth_started, t0)
+            if self.streaming and hasattr(synth, "stream"):
+                import soxr
+
+                streams = {r: soxr.ResampleStream(src, r, 1, dtype="float32") for r in rates}
+                audio_stream = synth.stream(utt.text, utt.voice, utt.options, cancel=token)
+                try:
+                    for x in audio_stream:
+                        check(token)
+                        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+                        by_rate = {r: rs.resample_chunk(x) for r, rs in streams.items()}
+                        post(self._on_chunk, Chunk(x, by_rate), time.monotonic())
+                    if streams:
+                        empty = np.zeros(0, dtype=np.float32)
+                        tail = {r: rs.resample_chunk(empty, last=True) for r, rs in streams.items()}
+                        post(self._on_chunk, Chunk(empty, tail), time.monotonic())
+                finally:
+                    audio_stream.close()
+                record = audio_stream.record
+                t1 = time.monotonic()
+                x = None
+            else:
+                result = synth.synthesize(utt.text, utt.voice, utt.options, cancel=token)
+                t1 = time.monotonic()
+                record = result.record
+                x = np.ascontiguousarray(result.audio, dtype=np.float32).reshape(-1)
+        if x is not None:  # resample outside the model lock
+            post(self._on_chunk, Chunk(x, {r: resample(x, src, r) for r in rates}), t1)
+        post(self._on_synth_done, record, t0, t1)
+
+    def _on_synth_started(self, utt: Utterance, t0: float) -> None:
+        if utt.state.terminal:
+            return
+        utt.timings["synthesis_started"] = t0
+        wait = t0 - utt.timings["enqueued"]
+        self._series["queue_wait"].add(wait)
+        self._emit(SynthesisStarted(t0, utt.id, utt.text, wait))
+
+    def _on_chunk(self, utt: Utterance, chunk: Chunk, t: float) -> None:
+        if utt.state.terminal:
+            return
+        if "first_chunk" not in utt.timings:
+            utt.timings["first_chunk"] = t
+            self._series["first_chunk"].add(t - utt.timings.get("synthesis_started", t))
+        utt._chunks.append(chunk)
+        if utt._item is not None and self._player is not None:
+            self._player.add(utt._item, chunk)
+        self._wake.set()
+
+    def _on_synth_done(self, utt: Utterance, record: SynthesisRecord, t0: float, t1: float) -> None:
+        if utt.state.terminal:
+            return
+        utt._synth_done = True
+        utt.record = record
+        utt.timings["synthesis_finished"] = t1
+        if utt.state == UtteranceState.SYNTHESIZING:
+            utt.state = UtteranceState.READY
+        audio_s = sum(len(c.audio) for c in utt._chunks) / max(1, self.sample_rate)
+        compute = t1 - t0
+        rtf = compute / audio_s if audio_s > 0 else math.inf
+        if audio_s > 0:
+            self._series["rtf"].add(rtf)
+        first = utt.timings.get("first_chunk", t1) - t0
+        self._emit(SynthesisFinished(t1, utt.id, utt.text, compute, audio_s, rtf, first, record))
+        if utt._item is not None and self._player is not None:
+            self._player.end(utt._item)
+        self._wake.set()
+
+    def _on_synth_failed(self, utt: Utterance, error: BaseException) -> None:
+        if utt.state.terminal:
+            return
+        log.warning("synthesis failed for line #%d: %r", utt.id, error)
+        utt.error = error
+        self._emit(SynthesisFailed(time.monotonic(), utt.id, utt.text, error))
+        if utt._item is not None and self._player is not None:
+            self._player.stop(utt._item)  # a streaming line that broke mid-way fades out; FAILED follows
+        else:
+            self._remove_from_lanes(utt)
+            self._finish(utt, UtteranceState.FAILED)
+
+    # -- internals: ending lines -------------------------------------------------------------------
+
+    def _remove_from_lanes(self, utt: Utterance) -> None:
+        with contextlib.suppress(ValueError):
+            self._lanes[utt.priority].remove(utt)
+
+    def _cancel(self, utt: Utterance, reason: str) -> None:
+        if utt.state.terminal:
+            return
+        utt._token.cancel(reason)
+        utt._reason = reason
+        if utt._item is not None and self._player is not None:
+            self._player.stop(utt._item)  # completion arrives through _on_play_finished
+            return
+        self._remove_from_lanes(utt)
+        state = UtteranceState.EXPIRED if reason == "expired" else UtteranceState.CANCELLED
+        self._emit(Skipped(time.monotonic(), utt.id, utt.text, reason))
+        self._finish(utt, state)
+        self._wake.set()
+
+    def _finish(self, utt: Utterance, state: UtteranceState) -> None:
+        if utt.state.terminal:
+            return
+        utt.state = state
+        key = {
+            UtteranceState.PLAYED: "played",
+            UtteranceState.INTERRUPTED: "interrupted",
+            UtteranceState.FAILED: "failed",
+        }.get(state, "skipped")
+        self._counts[key] += 1
+        self._by_uid.pop(utt.id, None)
+        # after this step's event callbacks (also scheduled with call_soon): an awaiting
+        # caller sees every event of the line delivered
+        asyncio.get_running_loop().call_soon(utt._done.set)
+        self._wake.set()
+
+    def _heard(self, item: PlayItem) -> tuple[float, str]:
+        utt = self._by_uid.get(item.uid)
+        if utt is None:
+            return (0.0, "")
+        received = sum(len(c.audio) for c in utt._chunks)
+        total = total_seconds_estimate(utt.record, received, self.sample_rate)
+        fraction = min(1.0, item.played_s / total) if total and total > 0 else 0.0
+        norm = utt.record.text if utt.record is not None and utt.record.text else utt.text
+        return (fraction, norm[: round(fraction * len(norm))])
+
+    def _on_play_started(self, item: PlayItem) -> None:
+        utt = self._by_uid.get(item.uid)
+        if utt is None or item.started_at is None:
+            return
+        utt.state = UtteranceState.PLAYING
+        utt.timings["playback_started"] = item.started_at
+        item.latency = item.started_at - utt.timings["enqueued"]
+        self._series["ttfa"].add(item.latency)
+        prev = self._last_finished
+        if (
+            prev is not None
+            and "playback_finished" in prev.timings
+            and utt.timings["enqueued"] < prev.timings["playback_finished"]
+        ):
+            self._series["gap"].add(
+                max(0.0, item.started_at - prev.timings["playback_finished"] - self.pause_s)
+            )
+
+    def _on_play_finished(self, item: PlayItem) -> None:
+        utt = self._by_uid.get(item.uid)
+        if utt is None:
+            return
+        utt._item = None
+        t = item.finished_at if item.finished_at is not None else time.monotonic()
+        if item.outcome == "played":
+            utt.played_fraction = 1.0
+            utt.heard_text = utt.record.text if utt.record is not None and utt.record.text else utt.text
+            utt.timings["playback_finished"] = t
+            self._last_finished = utt
+            self._finish(utt, UtteranceState.FAILED if utt.error is not None else UtteranceState.PLAYED)
+        elif item.outcome == "interrupted":
+            utt.played_fraction, utt.heard_text = self._heard(item)
+            item.played_fraction, item.heard_text = utt.played_fraction, utt.heard_text
+            utt.timings["playback_finished"] = t
+            self._last_finished = utt
+            utt._token.cancel("interrupted")
+            self._finish(utt, UtteranceState.FAILED if utt.error is not None else UtteranceState.INTERRUPTED)
+        else:  # dropped before a sample was heard
+            utt._token.cancel(utt._reason)
+            if utt.error is not None:
+                self._finish(utt, UtteranceState.FAILED)
+                return
+            self._emit(Skipped(t, utt.id, utt.text, utt._reason))
+            state = UtteranceState.EXPIRED if utt._reason == "expired" else UtteranceState.CANCELLED
+            self._finish(utt, state)
+
+
+def _takes_rescan(o: Output) -> bool:
+    try:
+        return "rescan" in inspect.signature(o.open).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # arrays and the like: only identity counts
+        return False
