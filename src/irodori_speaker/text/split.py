@@ -1,0 +1,386 @@
+"""Splitting long text into utterances the model can speak well (<= ~15 s each).
+
+The character classes and boundary rules here are the single definition shared with the
+stream segmenter (`irodori_speaker.text.segment`):
+
+- a *sentence* boundary is a character of `SENTENCE_END_CHARS` (or a newline); the run
+  of enders, closing brackets/quotes, emoji and whitespace after it stays with the
+  sentence ("！？」😊 " all belong to the sentence before);
+- a *clause* boundary is a character of `CLAUSE_CHARS`;
+- "." / "．" / "," / "，" between two digits ("3.14", "1,000") is part of a number, an
+  ASCII "." followed by an ASCII letter or digit ("Node.js", "v1.2") is not an ender,
+  and nothing inside a URL (``http(s)://`` up to whitespace or a non-ASCII character;
+  trailing ASCII punctuation is not part of it) is a boundary;
+- a hard cut (last resort) never falls inside a run of ASCII non-space characters (words,
+  numbers, URLs), between digits, inside an emoji sequence, before punctuation, a closing
+  bracket, small kana or "ー", or after an opening bracket.
+
+The functions take ``final``: with ``final=False`` (a stream whose end is unknown) they
+return `WAIT` when the answer depends on characters that have not arrived yet, so a
+decision, once made, never changes as more text arrives.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Final, Literal
+
+from irodori_speaker.errors import InputError
+
+__all__ = [
+    "CLAUSE_CHARS",
+    "CLOSING_CHARS",
+    "DEFAULT_MAX_CHARS",
+    "NUMBER_SEPARATORS",
+    "OPENING_CHARS",
+    "SENTENCE_END_CHARS",
+    "is_emoji_part",
+    "is_speakable",
+    "measure",
+    "split_for_synthesis",
+]
+
+# Sentence enders ("." and "．" only when not inside a number; ASCII "." also not before an
+# ASCII letter/digit). Ellipses end a sentence too; runs like "！？" or "……" stay together.
+SENTENCE_END_CHARS: Final[frozenset[str]] = frozenset("。．.!?！？…‥\n")
+CLAUSE_CHARS: Final[frozenset[str]] = frozenset("、，,､；;")
+CLOSING_CHARS: Final[frozenset[str]] = frozenset("」』）)】］]｝}〉》〕〗〙〛〟\"'”’»›")
+OPENING_CHARS: Final[frozenset[str]] = frozenset("「『（(【［[｛{〈《〔〖〘〚〝“‘«‹")
+NUMBER_SEPARATORS: Final[frozenset[str]] = frozenset(".．,，")
+
+# ~15 s of speech per utterance (Irodori garbles past ~20 s; the model's cap is 30 s).
+# Measured with benchmarks/duration_estimate.py (docs/text.md): sentences of 30+ characters
+# run at ~6.0 non-whitespace chars/s of speech, so 15 s holds ~90 characters, and the
+# default length estimate reaches 15 s at ~88 characters.
+DEFAULT_MAX_CHARS: Final[int] = 90
+
+_SMALL_KANA: Final[frozenset[str]] = frozenset("ぁぃぅぇぉっゃゅょゎァィゥェォッャュョヮヵヶーｰ")
+_URL_RE: Final[re.Pattern[str]] = re.compile(r"https?://[!-~]*", re.IGNORECASE)
+_URL_TRAILING: Final[frozenset[str]] = frozenset(".,!?:;)]}'\"")
+# Bracketed tags such as "[happy]": no spaces or boundary characters inside.
+_TAG_BODY = r"[^\[\]\s、。，,.!?！？…‥]{1,32}"
+_LEADING_TAGS_RE: Final[re.Pattern[str]] = re.compile(r"^\s*(?:\[" + _TAG_BODY + r"\]\s*)+")
+_TAG_RE: Final[re.Pattern[str]] = re.compile(r"\s*\[" + _TAG_BODY + r"\]")
+
+
+class _Wait:
+    """Sentinel: the decision needs characters that have not arrived yet."""
+
+    def __repr__(self) -> str:
+        return "WAIT"
+
+
+WAIT: Final = _Wait()
+
+Kind = Literal["sentence", "clause"]
+
+
+def is_emoji_part(ch: str) -> bool:
+    """True for emoji and the characters that glue emoji sequences (ZWJ, VS16, skin tones...)."""
+    o = ord(ch)
+    return (
+        0x1F000 <= o <= 0x1FAFF  # pictographs, emoticons, flags, skin tones
+        or 0x2600 <= o <= 0x27BF  # misc symbols and dingbats (incl. ♡ ♪ ★ ✨ ❤)
+        or 0x2B00 <= o <= 0x2BFF  # arrows/stars (⭐ ⬆)
+        or 0x2300 <= o <= 0x23FF  # technical (⌚ ⏰ ⏩)
+        or 0xE0020 <= o <= 0xE007F  # tag sequences
+        or o in (0x200D, 0xFE0E, 0xFE0F, 0x20E3, 0x00A9, 0x00AE, 0x203C, 0x2049, 0x2122, 0x3030, 0x303D)
+    )
+
+
+def _is_glue(ch: str) -> bool:
+    """Characters that can never start a piece: joiners, variation selectors, combining marks."""
+    o = ord(ch)
+    return (
+        o in (0x200D, 0xFE0E, 0xFE0F, 0x20E3, 0x3099, 0x309A)
+        or 0x1F3FB <= o <= 0x1F3FF
+        or 0xE0020 <= o <= 0xE007F
+        or unicodedata.combining(ch) != 0
+    )
+
+
+def is_speakable(text: str) -> bool:
+    """True when `text` has something to say (a letter, kana, kanji or digit), tags aside."""
+    return any(ch.isalnum() for ch in strip_leading_tags(text))
+
+
+def strip_leading_tags(text: str) -> str:
+    """`text` without the bracketed tags (e.g. ``[happy]``) at its start."""
+    return _LEADING_TAGS_RE.sub("", text, count=1)
+
+
+def leading_tag_ends(s: str) -> list[int]:
+    """Index just after each of the consecutive bracketed tags at the start of `s`."""
+    ends = []
+    pos = 0
+    while (m := _TAG_RE.match(s, pos)) is not None:
+        pos = m.end()
+        ends.append(pos)
+    return ends
+
+
+def url_mask(s: str, final: bool) -> list[bool | None]:
+    """Per character: inside a URL (True), not (False), or not known yet (None).
+
+    Trailing ASCII punctuation is not part of a URL, so while a URL runs to the end of
+    an unfinished stream, the punctuation at its end is undecided.
+    """
+    mask: list[bool | None] = [False] * len(s)
+    for m in _URL_RE.finditer(s):
+        start, end = m.span()
+        t = end
+        while t > start and s[t - 1] in _URL_TRAILING:
+            t -= 1
+        for k in range(start, t):
+            mask[k] = True
+        if end == len(s) and not final:
+            for k in range(t, end):
+                mask[k] = None
+    return mask
+
+
+def classify(s: str, i: int, final: bool, mask: list[bool | None]) -> Kind | _Wait | None:
+    """Is ``s[i]`` a sentence or clause boundary? `WAIT` if that depends on what follows."""
+    c = s[i]
+    if mask[i] is None:
+        return WAIT
+    if mask[i]:
+        return None
+    known_next = i + 1 < len(s)
+    if c in NUMBER_SEPARATORS and i > 0 and s[i - 1].isdecimal():
+        if not known_next:
+            if not final:
+                return WAIT
+        elif s[i + 1].isdecimal():
+            return None
+    if c == ".":
+        if not known_next:
+            if not final:
+                return WAIT
+        elif s[i + 1].isascii() and s[i + 1].isalnum():
+            return None
+    if c in SENTENCE_END_CHARS:
+        return "sentence"
+    if c in CLAUSE_CHARS:
+        return "clause"
+    return None
+
+
+def run_end(s: str, i: int, kind: Kind, final: bool) -> int | _Wait:
+    """End of the boundary run that starts at ``s[i]`` (enders, closers, emoji, spaces)."""
+    j = i + 1
+    n = len(s)
+    while j < n:
+        c = s[j]
+        if kind == "sentence":
+            ok = c in SENTENCE_END_CHARS or c in CLOSING_CHARS or is_emoji_part(c) or c.isspace()
+        else:
+            ok = c in CLAUSE_CHARS or c in CLOSING_CHARS or c.isspace() or _is_glue(c)
+        if not ok:
+            break
+        j += 1
+    if j >= n and not final:
+        return WAIT
+    return j
+
+
+def _ascii_word(ch: str) -> bool:
+    return ch.isascii() and not ch.isspace()
+
+
+def cut_allowed(s: str, p: int, final: bool) -> bool | _Wait:
+    """May a hard cut fall between ``s[p-1]`` and ``s[p]``? (0 < p < len(s))"""
+    a, b = s[p - 1], s[p]
+    if _ascii_word(a) and _ascii_word(b):
+        return False
+    if a.isdecimal() and b.isdecimal():
+        return False
+    if is_emoji_part(a) and is_emoji_part(b):
+        return False
+    if _is_glue(b) or b in CLOSING_CHARS or b in _SMALL_KANA or a in OPENING_CHARS:
+        return False
+    if b in SENTENCE_END_CHARS or b in CLAUSE_CHARS:  # punctuation belongs to the text before it
+        return False
+    # "3．" + "5" / "3" + "，5": separators between digits belong to the number.
+    if a in NUMBER_SEPARATORS and b.isdecimal() and p >= 2 and s[p - 2].isdecimal():
+        return False
+    if a.isdecimal() and b in NUMBER_SEPARATORS:
+        if p + 1 >= len(s):
+            return True if final else WAIT
+        if s[p + 1].isdecimal():
+            return False
+    return True
+
+
+def _script(ch: str) -> str:
+    o = ord(ch)
+    if 0x3041 <= o <= 0x309F:
+        return "hiragana"
+    if 0x30A0 <= o <= 0x30FF:
+        return "katakana"
+    if 0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF:
+        return "kanji"
+    return "other"
+
+
+def hard_cut(s: str, i: int, final: bool) -> int | _Wait | None:
+    """Best hard-cut position ``p`` in ``(0, i]`` (the piece is ``s[:p]``), or None if none.
+
+    Preference, looking back from `i` over the second half of the piece: after whitespace
+    or punctuation, then where hiragana meets kanji/katakana (a likely word start), else
+    the last allowed position.
+    """
+    best = script_change = None
+    for p in range(min(i, len(s) - 1), 0, -1):
+        ok = cut_allowed(s, p, final)
+        if isinstance(ok, _Wait):
+            return WAIT
+        if not ok:
+            continue
+        if best is None:
+            best = p
+        if p * 2 < i:
+            break
+        prev = s[p - 1]
+        if prev.isspace() or unicodedata.category(prev).startswith("P"):
+            return p
+        if script_change is None and _script(prev) == "hiragana" and _script(s[p]) in ("kanji", "katakana"):
+            script_change = p
+    return script_change if script_change is not None else best
+
+
+def _sentence_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each sentence of `text`, boundary runs included."""
+    spans = []
+    mask = url_mask(text, True)
+    start = 0
+    i = 0
+    n = len(text)
+    while i < n:
+        kind = classify(text, i, True, mask)
+        if kind == "sentence":
+            end = run_end(text, i, "sentence", True)
+            assert isinstance(end, int)
+            spans.append((start, end))
+            start = i = end
+            continue
+        i += 1
+    if start < n:
+        spans.append((start, n))
+    return spans
+
+
+def _clause_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    s = text[start:end]
+    mask = url_mask(s, True)
+    spans = []
+    a = 0
+    i = 0
+    while i < len(s):
+        if classify(s, i, True, mask) == "clause":
+            e = run_end(s, i, "clause", True)
+            assert isinstance(e, int)
+            spans.append((start + a, start + e))
+            a = i = e
+            continue
+        i += 1
+    if a < len(s):
+        spans.append((start + a, end))
+    return spans
+
+
+def measure(text: str) -> int:
+    """The length budgets count non-whitespace characters."""
+    return sum(1 for ch in text if not ch.isspace())
+
+
+def _measure(text: str, span: tuple[int, int]) -> int:
+    return measure(text[span[0] : span[1]])
+
+
+def _hard_spans(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, int]]:
+    spans = []
+    while _measure(text, (start, end)) > max_chars:
+        s = text[start:end]
+        count = 0
+        p = None
+        for i, ch in enumerate(s):
+            count += not ch.isspace()
+            if count <= max_chars:
+                continue
+            cut = hard_cut(s, i, True)
+            if isinstance(cut, int):
+                p = cut
+                break
+        if p is None:
+            break  # one unbreakable run (a long URL, say): keep it whole
+        spans.append((start, start + p))
+        start += p
+    spans.append((start, end))
+    return spans
+
+
+def _pack(text: str, spans: list[tuple[int, int]], max_chars: int) -> list[tuple[int, int]]:
+    """Merge consecutive spans while the merged text stays within `max_chars`."""
+    out: list[tuple[int, int]] = []
+    for span in spans:
+        if out and _measure(text, (out[-1][0], span[1])) <= max_chars:
+            out[-1] = (out[-1][0], span[1])
+        else:
+            out.append(span)
+    return out
+
+
+def _attach_unspeakable(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Fold pieces with nothing to say ("……", "！", an emoji) into a neighbour."""
+    out: list[tuple[int, int]] = []
+    pending_start = None
+    for a, b in spans:
+        if pending_start is not None:
+            a, pending_start = pending_start, None
+        if is_speakable(text[a:b]):
+            out.append((a, b))
+        elif out:
+            out[-1] = (out[-1][0], b)
+        else:
+            pending_start = a
+    if pending_start is not None:
+        out.append((pending_start, len(text)))
+    return out
+
+
+def split_for_synthesis(text: str, *, max_chars: int = DEFAULT_MAX_CHARS, merge: bool = True) -> list[str]:
+    """Split `text` into pieces of at most `max_chars` non-whitespace characters.
+
+    Sentence boundaries first; a sentence still too long is split at clause boundaries;
+    a clause still too long is hard-cut (see the module doc for where cuts may fall; an
+    unbreakable run such as a long URL is kept whole and may exceed the limit, and so may
+    a piece that absorbed a neighbour with nothing to say, such as "……" or an emoji). With
+    `merge`, consecutive pieces are joined back while they fit, so each utterance is as
+    long as the budget allows (fewer model calls, steadier prosody). Text that fits is
+    returned as one piece; empty text gives ``[]``.
+    """
+    if not isinstance(text, str):
+        raise InputError(f"text must be a str, got {type(text).__name__}")
+    if max_chars < 8:
+        raise InputError(f"max_chars must be >= 8, got {max_chars}")
+    if not text.strip():
+        return []
+    if measure(text) <= max_chars:
+        return [text.strip()]
+    pieces: list[tuple[int, int]] = []
+    for span in _sentence_spans(text):
+        if _measure(text, span) <= max_chars:
+            pieces.append(span)
+            continue
+        for clause in _pack(text, _clause_spans(text, *span), max_chars):
+            if _measure(text, clause) <= max_chars:
+                pieces.append(clause)
+            else:
+                pieces.extend(_hard_spans(text, *clause, max_chars))
+    # Punctuation or emoji left on their own join a neighbour, even past the budget.
+    pieces = _attach_unspeakable(text, pieces)
+    if merge:
+        pieces = _pack(text, pieces, max_chars)
+    return [t for t in (text[a:b].strip() for a, b in pieces) if t]
