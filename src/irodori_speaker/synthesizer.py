@@ -248,6 +248,40 @@ class Synthesizer:
         self.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
         return time.perf_counter() - t0
 
+    def render_identity(self, text: str, voice: Any = None, options: SynthesisOptions | None = None) -> dict:
+        """Everything that changes the sound of `text` rendered with `voice` and `options`.
+
+        JSON-serialisable; the phrase cache hashes it into its key. `options.seed` must be set
+        (a random seed is not reproducible, so such a line cannot be cached).
+        """
+        import dataclasses
+
+        from .text.normalize import normalize_or_raise
+        from .voices import Voice
+
+        opts = options or SynthesisOptions()
+        if opts.seed is None:
+            raise InputError("a cacheable line needs a fixed seed (options.seed)")
+        if isinstance(voice, (str, os.PathLike)):
+            voice = Voice.from_wav(voice)
+        sampler = dataclasses.asdict(self._sampler_config(opts))
+        rendering = {
+            k: v
+            for k, v in dataclasses.asdict(opts).items()
+            if k not in sampler and not k.startswith("cfg_") and k not in ("steps", "schedule", "guidance")
+        }
+        rendering.pop("chunk_frames", None)  # chunked decode is exact: it does not change the sound
+        return {
+            "text": normalize_or_raise(text),
+            "voice": None if voice is None else voice.content_key(),
+            "caption": getattr(voice, "caption", None),
+            "sampler": sampler,
+            "rendering": rendering,
+            "model": self.fingerprints.get("model"),
+            "codec": self.fingerprints.get("codec"),
+            "precision": [str(self.preset.dtype), str(self.preset.codec_dtype), self.preset.name],
+        }
+
     def reference_latent(self, voice: Any, record: SynthesisRecord | None = None) -> Any:
         """The voice's reference latent (1, T, C) on the model's device, or None; encoded once, cached."""
         from .voices import Voice, load_latent
