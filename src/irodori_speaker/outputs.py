@@ -243,7 +243,7 @@ class Output:
                     if tr is not None:
                         if tr.stop:
                             self._finish(tr, base + i, stopped=True)
-                        elif not self._starving:
+                        elif not self._starving and self.realtime:  # a file has no clock to miss
                             self._starving = True
                             self.underruns += 1
                             self.underrun_uid = tr.uid

@@ -223,7 +223,11 @@ class _Feeder:
         if self.speaker._closing:
             return
         try:
-            self._enqueue(self.segmenter.flush())
+            try:  # StreamSegmenter: final=False keeps the turn's state (first-segment rule, open code)
+                segments = self.segmenter.flush(final=False)
+            except TypeError:
+                segments = self.segmenter.flush()
+            self._enqueue(segments)
         except Exception:
             log.exception("stall flush failed")
 
