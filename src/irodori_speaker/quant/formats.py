@@ -232,6 +232,7 @@ def pack_gptq(
     group_size: int = 32,
     checkpoint_format: str = "gptq",
     bias: torch.Tensor | None = None,
+    name: str = "layer",
 ) -> GPTQPacked:
     """Pack codes (N, K) [nn.Linear layout], zeros (N, G) and scales (N, G) into a `GPTQPacked`.
 
@@ -258,6 +259,7 @@ def pack_gptq(
         group_size=group_size,
         checkpoint_format=checkpoint_format,
         bias=bias,
+        name=name,
     )
 
 

@@ -1,0 +1,664 @@
+"""Quantise a float DiT checkpoint to the release's int4 format: GPTQ (Hessian-aware, calibrated on real
+activations) or RTN, with the release's layer selection, and a per-layer output-error report.
+
+GPTQ here: H = 2 X^T X / n from each target Linear's captured inputs (forward pre-hooks while a callable
+runs the float model on calibration items), damping ``damp * mean(diag H)``, the upper Cholesky factor of
+H^-1, then column by column: quantise (group parameters taken from the current, error-updated weights at
+each group's first column), push the scaled error onto the remaining columns, in lazy blocks of 128.
+Group size 32, no act-order, symmetric by default like the producer (z = 8, scale = 2 max|w| / 15).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import QuantError
+from .checkpoint import Int4Checkpoint, save_int4_checkpoint
+from .formats import gptq_group_params, gptq_is_packable, pack_gptq, quantize_codes, rtn_quantize
+
+__all__ = [
+    "DEFAULT_CALIBRATION_TEXTS",
+    "DEFAULT_HELDOUT_TEXTS",
+    "RELEASE_SELECTION",
+    "CalibrationItem",
+    "LayerError",
+    "LayerPlan",
+    "LayerSelection",
+    "QuantizeReport",
+    "capture_hessians",
+    "capture_inputs",
+    "format_error_table",
+    "gptq_quantize_weight",
+    "layer_error_table",
+    "make_sampler_runner",
+    "plan_layers",
+    "quantize_checkpoint",
+    "quantize_state",
+    "rtn_quantize_weight",
+]
+
+# ---------------------------------------------------------------------------------------- selection
+
+
+@dataclass(frozen=True)
+class LayerSelection:
+    """Which tensors to quantise, as regular expressions matched (fullmatch) against module names.
+
+    `gptq`: Linears packed GPTQ (calibrated with method="gptq", round-to-nearest with "rtn");
+    `embed`: Embeddings packed as RTN nibbles; `extra`: Linears packed as RTN nibbles ("extra" layers);
+    `exclude`: never quantised. Layers whose shape does not fit the packing stay float (reported).
+    """
+
+    gptq: tuple[str, ...] = ()
+    embed: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    embed_group_size: int = 32
+
+
+RELEASE_SELECTION = LayerSelection(
+    gptq=(
+        r"blocks\.\d+\.attention\.(wq|wk|wv|gate|wo)",
+        r"blocks\.\d+\.attention\.(wk|wv)_(text|speaker|caption)",
+        r"blocks\.\d+\.mlp\.(w1|w2|w3)",
+        r"(text|speaker|caption)_encoder\.blocks\.\d+\.attention\.(wq|wk|wv|wo|gate)",
+    ),
+    embed=(r"(text|caption)_encoder\.text_embedding",),
+)
+
+
+@dataclass
+class LayerPlan:
+    gptq: list[str] = field(default_factory=list)
+    embed: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)  # selected but not packable -> why
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(re.fullmatch(p, name) for p in patterns)
+
+
+def plan_layers(
+    weight_shapes: dict[str, tuple[int, ...]],
+    selection: LayerSelection = RELEASE_SELECTION,
+    *,
+    group_size: int = 32,
+) -> LayerPlan:
+    """Decide per module (name -> its `.weight` shape) what is packed; unpackable shapes stay float."""
+    plan = LayerPlan()
+    for name, shape in sorted(weight_shapes.items()):
+        if _matches(name, selection.exclude):
+            continue
+        if _matches(name, selection.gptq) or _matches(name, selection.extra):
+            if len(shape) != 2:
+                plan.kept[name] = f"weight is {len(shape)}-D"
+                continue
+            n, k = shape
+            if _matches(name, selection.gptq):
+                if gptq_is_packable(k, n, group_size):
+                    plan.gptq.append(name)
+                else:
+                    plan.kept[name] = f"{k}->{n} does not fit GPTQ (in % {group_size}, out % 8)"
+            elif k % group_size == 0:
+                plan.extra.append(name)
+            else:
+                plan.kept[name] = f"{k} inputs are not a multiple of the group size {group_size}"
+        elif _matches(name, selection.embed):
+            if len(shape) == 2 and shape[1] % selection.embed_group_size == 0:
+                plan.embed.append(name)
+            else:
+                plan.kept[name] = (
+                    f"embedding dim {shape[-1]} is not a multiple of {selection.embed_group_size}"
+                )
+    return plan
+
+
+# ----------------------------------------------------------------------------------------- GPTQ core
+
+
+def rtn_quantize_weight(
+    w: torch.Tensor, *, group_size: int = 32, symmetric: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Round-to-nearest in the GPTQ layout: (codes (N, K), zeros (N, G), scales (N, G)), fp16-exact scales."""
+    n, k = w.shape
+    wg = w.to(torch.float32).reshape(n, k // group_size, group_size)
+    s, z = gptq_group_params(wg, symmetric=symmetric)
+    q = quantize_codes(wg, s[..., None], z[..., None]).reshape(n, k)
+    return q, z, s
+
+
+def gptq_quantize_weight(
+    w: torch.Tensor,
+    hessian: torch.Tensor,
+    *,
+    group_size: int = 32,
+    symmetric: bool = True,
+    damp: float = 0.01,
+    block_size: int = 128,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GPTQ (no act-order) of `w` (N, K) given H (K, K): (codes (N, K), zeros (N, G), scales (N, G))."""
+    n, k = w.shape
+    if hessian.shape != (k, k):
+        raise QuantError(f"gptq: Hessian is {tuple(hessian.shape)}, weight has {k} inputs")
+    if k % group_size:
+        raise QuantError(f"gptq: in_features {k} is not a multiple of group_size {group_size}")
+    block_size = max(group_size, block_size // group_size * group_size)
+    W = w.detach().to(torch.float32).clone()
+    H = hessian.detach().to(torch.float64).clone()
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    U = None
+    lam = damp * float(torch.diag(H).mean())
+    eye = torch.eye(k, dtype=H.dtype, device=H.device)
+    for _ in range(6):  # increase damping until H is numerically positive definite
+        try:
+            L = torch.linalg.cholesky(H + lam * eye)
+            U = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
+            break
+        except RuntimeError:
+            lam *= 10.0
+    if U is None or not bool(torch.isfinite(U).all()):
+        raise QuantError("gptq: the Hessian is not positive definite even after damping")
+    U = U.to(torch.float32)
+    g = k // group_size
+    codes = torch.zeros(n, k, dtype=torch.float32, device=W.device)
+    scales = torch.zeros(n, g, dtype=torch.float32, device=W.device)
+    zeros = torch.zeros(n, g, dtype=torch.float32, device=W.device)
+    for i1 in range(0, k, block_size):
+        i2 = min(i1 + block_size, k)
+        W1 = W[:, i1:i2].clone()
+        E1 = torch.zeros_like(W1)
+        U1 = U[i1:i2, i1:i2]
+        s = z = None
+        for i in range(i2 - i1):
+            col = i1 + i
+            if col % group_size == 0:  # params from the group's current (error-updated) weights
+                s, z = gptq_group_params(W1[:, i : i + group_size], symmetric=symmetric)
+                scales[:, col // group_size], zeros[:, col // group_size] = s, z
+            wcol = W1[:, i]
+            q = quantize_codes(wcol, s, z)
+            codes[:, col] = q
+            err = (wcol - s * (q - z)) / U1[i, i]
+            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
+            E1[:, i] = err
+        W[:, i2:] -= E1 @ U[i1:i2, i2:]
+    return codes, zeros, scales
+
+
+# ---------------------------------------------------------------------------------------- capture
+
+
+@dataclass
+class CalibrationItem:
+    """One calibration utterance: text; optional reference latent (T, latent_dim), caption, seconds."""
+
+    text: str
+    ref_latent: torch.Tensor | None = None
+    caption: str | None = None
+    seconds: float | None = None
+
+
+RunItem = Callable[[object], object]
+
+
+def _linear_input(args: tuple) -> torch.Tensor:
+    x = args[0]
+    return x.detach().reshape(-1, x.shape[-1])
+
+
+def capture_hessians(
+    model: nn.Module,
+    names: Iterable[str],
+    items: Iterable[object],
+    run_item: RunItem,
+    *,
+    device: torch.device | str | None = None,
+) -> dict[str, tuple[torch.Tensor, int]]:
+    """H = 2 X^T X / rows (fp32) and the row count per named Linear, from inputs seen while `run_item`
+    runs the model on each calibration item (under no_grad)."""
+    acc: dict[str, list] = {}
+    hooks = []
+    for name in names:
+        mod = model.get_submodule(name)
+
+        def hook(_m, args, name=name):
+            x = _linear_input(args).to(torch.float32)
+            if device is not None:
+                x = x.to(device)
+            slot = acc.get(name)
+            if slot is None:
+                slot = acc[name] = [torch.zeros(x.shape[1], x.shape[1], device=x.device), 0]
+            slot[0].addmm_(x.t(), x)
+            slot[1] += x.shape[0]
+
+        hooks.append(mod.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            for item in items:
+                run_item(item)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {name: (2.0 * h / max(rows, 1), rows) for name, (h, rows) in acc.items()}
+
+
+def capture_inputs(
+    model: nn.Module,
+    names: Iterable[str],
+    items: Iterable[object],
+    run_item: RunItem,
+    *,
+    rows_per_call: int = 64,
+    max_rows: int = 1024,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """A seeded random sample of each named module's input rows (fp32, CPU), for held-out error checks."""
+    gen = torch.Generator().manual_seed(seed)
+    got: dict[str, list[torch.Tensor]] = {}
+    count: dict[str, int] = {}
+    hooks = []
+    for name in names:
+
+        def hook(_m, args, name=name):
+            if count.get(name, 0) >= max_rows:
+                return
+            x = _linear_input(args).to(torch.float32).cpu()
+            take = min(rows_per_call, x.shape[0], max_rows - count.get(name, 0))
+            idx = torch.randperm(x.shape[0], generator=gen)[:take]
+            got.setdefault(name, []).append(x[idx])
+            count[name] = count.get(name, 0) + take
+
+        hooks.append(model.get_submodule(name).register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            for item in items:
+                run_item(item)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {name: torch.cat(parts) for name, parts in got.items()}
+
+
+def make_sampler_runner(
+    model: nn.Module,
+    tokenizer,
+    *,
+    caption_tokenizer=None,
+    num_steps: int = 8,
+    schedule: str = "sway",
+    seed: int = 0,
+    max_seconds: float = 12.0,
+) -> RunItem:
+    """A `run_item` that synthesises one `CalibrationItem` (or str) with the engine's sampler: text and
+    optional reference/caption conditions, duration from the v3 predictor or the text-length estimate,
+    `num_steps` steps with the default CFG, so activations at every t and every CFG branch are seen."""
+    from ..engine.sampler import SamplerConfig, draw_noise, sample
+    from ..text.length import estimate_seconds
+    from ..text.normalize import normalize_or_raise
+
+    cfg = model.cfg
+    dev = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    sampler = SamplerConfig(num_steps=num_steps, schedule=schedule)
+
+    def run(item) -> torch.Tensor:
+        it = item if isinstance(item, CalibrationItem) else CalibrationItem(str(item))
+        text = normalize_or_raise(it.text)
+        ids, mask = tokenizer.batch([text], max_len=getattr(cfg, "max_text_len", None) or 256)
+        ref = mask_r = None
+        if it.ref_latent is not None:
+            ref = it.ref_latent.to(dev, dtype)[None]
+            mask_r = torch.ones(ref.shape[:2], dtype=torch.bool, device=dev)
+        cap = cap_mask = None
+        if it.caption is not None and caption_tokenizer is not None:
+            cap, cap_mask = caption_tokenizer.batch([normalize_or_raise(it.caption)])
+            cap, cap_mask = cap.to(dev), cap_mask.to(dev)
+        conds = model.encode_conditions(ids.to(dev), mask.to(dev), ref, mask_r, cap, cap_mask)
+        if it.seconds is not None:
+            seconds = it.seconds
+        elif getattr(cfg, "use_duration_predictor", False):
+            seconds = float(torch.expm1(model.predict_log_frames(conds).float())[0]) / 25.0
+        else:
+            seconds = estimate_seconds(text)
+        frames = int(min(max(round(seconds * 25), 13), round(max_seconds * 25)))
+        noise = draw_noise(seed, 1, frames, cfg.latent_dim, device=dev)
+        return sample(model, conds, noise, sampler)
+
+    return run
+
+
+# -------------------------------------------------------------------------------------------- report
+
+
+@dataclass
+class LayerError:
+    """Relative output error ||X (W_q - W)^T|| / ||X W^T|| of one layer on held-out inputs."""
+
+    name: str
+    in_features: int
+    out_features: int
+    rtn: float
+    gptq: float | None
+    used: str  # what went into the file: "gptq", "rtn", "kept (...)"
+
+
+def _rel_out_err(x: torch.Tensor, w: torch.Tensor, wq: torch.Tensor) -> float:
+    y = x @ w.t()
+    return float((x @ (wq - w).t()).norm() / y.norm().clamp(min=1e-30))
+
+
+def layer_error_table(
+    weights: dict[str, torch.Tensor],
+    quantised: dict[str, dict[str, torch.Tensor]],
+    heldout: dict[str, torch.Tensor],
+    used: dict[str, str] | None = None,
+) -> list[LayerError]:
+    """Per layer: held-out relative output error of each method's dequantised weight.
+
+    `quantised[method][name]` is that method's dequantised weight (N, K); `heldout[name]` inputs (rows, K).
+    """
+    rows = []
+    for name in sorted(heldout):
+        if name not in weights:
+            continue
+        w = weights[name].float()
+        x = heldout[name].float()
+        rtn = quantised.get("rtn", {}).get(name)
+        gq = quantised.get("gptq", {}).get(name)
+        rows.append(
+            LayerError(
+                name,
+                w.shape[1],
+                w.shape[0],
+                _rel_out_err(x, w, rtn.float()) if rtn is not None else float("nan"),
+                _rel_out_err(x, w, gq.float()) if gq is not None else None,
+                (used or {}).get(name, "gptq" if gq is not None else "rtn"),
+            )
+        )
+    return rows
+
+
+def format_error_table(rows: Sequence[LayerError]) -> str:
+    """A fixed-width text table of `layer_error_table` rows."""
+    head = f"{'layer':48s} {'in':>5s} {'out':>5s} {'rtn err':>9s} {'gptq err':>9s} {'gptq/rtn':>8s}  used"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        g = "-" if r.gptq is None else f"{r.gptq:9.5f}"
+        ratio = "-" if r.gptq is None or not r.rtn else f"{r.gptq / r.rtn:8.3f}"
+        lines.append(
+            f"{r.name:48s} {r.in_features:5d} {r.out_features:5d} {r.rtn:9.5f} {g:>9s} {ratio:>8s}  {r.used}"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ drivers
+
+
+@dataclass
+class QuantizeReport:
+    checkpoint: Int4Checkpoint
+    plan: LayerPlan
+    used: dict[str, str]  # packed-GPTQ layer -> "gptq" | "rtn" | "kept (...)"
+    dequantised: dict[str, torch.Tensor]  # what the quantiser's own dequant of each packed layer is
+    rtn_dequantised: dict[str, torch.Tensor] = field(default_factory=dict)  # RTN of each GPTQ target
+    errors: list[LayerError] = field(default_factory=list)
+    path: Path | None = None
+
+    def table(self) -> str:
+        return format_error_table(self.errors)
+
+
+def _fits_calibration(h: torch.Tensor, rows: int, k: int, min_rank_frac: float) -> tuple[bool, str]:
+    if rows < k:
+        return False, f"{rows} calibration rows < {k} inputs"
+    # rank of the correlation matrix: per-channel scale (outlier channels) does not matter, only
+    # whether the calibration inputs span the input space
+    h = h.double()
+    d = torch.diag(h)
+    live = d > 0
+    inv = torch.where(live, d.clamp(min=1e-300).rsqrt(), torch.zeros_like(d))
+    ev = torch.linalg.eigvalsh(h * inv[:, None] * inv[None, :])
+    rank = int((ev > ev.max() * 1e-4).sum())
+    if rank < min_rank_frac * k:
+        return False, f"calibration inputs span rank {rank} of {k}"
+    return True, ""
+
+
+def quantize_state(
+    state: dict[str, torch.Tensor],
+    config: dict,
+    *,
+    method: str = "gptq",
+    plan: LayerPlan,
+    hessians: dict[str, tuple[torch.Tensor, int]] | None = None,
+    group_size: int = 32,
+    symmetric: bool = True,
+    damp: float = 0.01,
+    checkpoint_format: str = "gptq",
+    fallback: str = "keep",
+    min_rank_frac: float = 0.5,
+    device: torch.device | str = "cpu",
+    keep_rtn: bool = False,
+) -> QuantizeReport:
+    """Quantise a float state dict per `plan`. With method "gptq", a layer whose calibration is missing or
+    degenerate (fewer rows than inputs, or inputs spanning < `min_rank_frac` of the input space) is kept
+    float (`fallback="keep"`, the default: blind rounding is what broke the encoders) or RTN ("rtn")."""
+    if method not in ("gptq", "rtn"):
+        raise QuantError(f"unknown quantisation method {method!r} (gptq, rtn)")
+    if fallback not in ("keep", "rtn"):
+        raise QuantError(f"unknown fallback {fallback!r} (keep, rtn)")
+    ckpt = Int4Checkpoint(config=dict(config), checkpoint_format=checkpoint_format)
+    tensors = {k: v for k, v in state.items()}
+    used: dict[str, str] = {}
+    deq: dict[str, torch.Tensor] = {}
+    rtn_deq: dict[str, torch.Tensor] = {}
+    for name in plan.gptq:
+        w = tensors[f"{name}.weight"].to(device=device, dtype=torch.float32)
+        q, z, s = rtn_quantize_weight(w, group_size=group_size, symmetric=symmetric)
+        if keep_rtn:
+            rtn_deq[name] = (
+                s.repeat_interleave(group_size, 1) * (q - z.repeat_interleave(group_size, 1))
+            ).cpu()
+        choice = "rtn"
+        if method == "gptq":
+            h = (hessians or {}).get(name)
+            ok, why = (
+                (False, "no calibration inputs")
+                if h is None
+                else _fits_calibration(h[0], h[1], w.shape[1], min_rank_frac)
+            )
+            if ok:
+                q, z, s = gptq_quantize_weight(
+                    w, h[0].to(device), group_size=group_size, symmetric=symmetric, damp=damp
+                )
+                choice = "gptq"
+            elif fallback == "keep":
+                used[name] = f"kept ({why})"
+                continue
+            else:
+                choice = f"rtn ({why})"
+        bias = tensors.get(f"{name}.bias")
+        packed = pack_gptq(
+            q.cpu(),
+            z.cpu(),
+            s.cpu(),
+            group_size=group_size,
+            checkpoint_format=checkpoint_format,
+            bias=bias,
+            name=name,
+        )
+        ckpt.gptq[name] = packed
+        deq[name] = (s.repeat_interleave(group_size, 1) * (q - z.repeat_interleave(group_size, 1))).cpu()
+        used[name] = choice
+        del tensors[f"{name}.weight"]
+    for name in plan.embed:
+        p = rtn_quantize(tensors.pop(f"{name}.weight"), group_size=RELEASE_SELECTION.embed_group_size)
+        ckpt.embed[name] = p
+        deq[name] = p.dequantize()
+        used[name] = "rtn"
+    for name in plan.extra:
+        p = rtn_quantize(tensors.pop(f"{name}.weight"), group_size=group_size)
+        ckpt.extra[name] = p
+        deq[name] = p.dequantize()
+        used[name] = "rtn"
+    ckpt.tensors = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in tensors.items()}
+    return QuantizeReport(ckpt, plan, used, deq, rtn_deq)
+
+
+DEFAULT_CALIBRATION_TEXTS: tuple[str, ...] = (
+    "今日はいい天気ですね。散歩に行きませんか？",
+    "本日の東京の最高気温は三十二度の予想です。熱中症に十分注意してください。",
+    "えっ、本当に？それはびっくりだよ！",
+    "配信を見てくれてありがとう！また明日も遊びに来てね。",
+    "次のニュースです。政府は新しい経済対策を発表しました。",
+    "うーん、ちょっと難しいけど、がんばってみるね。",
+    "この商品は三千九百八十円、送料は無料です。",
+    "ごめんなさい、聞き取れませんでした。もう一度お願いできますか？",
+    "わあ、すごい！初めて見た！",
+    "電車が遅れております。ご迷惑をおかけして申し訳ございません。",
+    "私の名前はアイリです。よろしくお願いします。",
+    "明日の会議は午前十時から、第二会議室で行います。",
+    "ふふっ、それは秘密だよ。",
+    "桜の花が満開になり、公園は多くの花見客でにぎわっています。",
+    "えーと、次はどのゲームをやろうかな。みんなはどれがいい？",
+    "このボタンを押すと、設定画面が開きます。",
+    "静かな夜ですね。星がとてもきれいです。",
+    "よっしゃー！ついにクリアしたぞ！",
+    "お問い合わせは、平日の午前九時から午後五時までとなっております。",
+    "それでは、今日のゲストをお呼びしましょう。どうぞ！",
+    "ちょっと待って、今の話もう少し詳しく教えて。",
+    "台風十号は、今夜遅くに九州南部に接近する見込みです。",
+    "いただきます！このラーメン、めっちゃおいしい！",
+    "残念ですが、本日の受付は終了いたしました。",
+    "ねえねえ、聞いて聞いて！今日いいことがあったんだ。",
+    "二〇二五年の売上高は、前年比で十二パーセント増加しました。",
+    "大丈夫、ゆっくりでいいからね。",
+    "右に曲がって、二つ目の信号を左です。",
+    "みなさん、こんばんは。今夜も始まりました、深夜のラジオです。",
+    "うそでしょ……信じられない。",
+    "コメントありがとう！その質問、あとで答えるね。",
+    "吾輩は猫である。名前はまだ無い。",
+)
+
+DEFAULT_HELDOUT_TEXTS: tuple[str, ...] = (
+    "おはようございます。今日も一日がんばりましょう。",
+    "この件については、改めてご連絡いたします。",
+    "やったー！プレゼントありがとう！",
+    "次の駅は新宿、新宿です。お出口は右側です。",
+)
+
+
+def quantize_checkpoint(
+    src: str | Path,
+    dst: str | Path | None,
+    *,
+    method: str = "gptq",
+    calibration_texts: Sequence[str | CalibrationItem] | None = None,
+    heldout_texts: Sequence[str | CalibrationItem] | None = None,
+    layers: LayerSelection | None = None,
+    group_size: int = 32,
+    symmetric: bool = True,
+    damp: float = 0.01,
+    checkpoint_format: str = "gptq",
+    fallback: str = "keep",
+    tokenizer=None,
+    caption_tokenizer=None,
+    run_item: RunItem | None = None,
+    model: nn.Module | None = None,
+    device: torch.device | str = "cpu",
+    report_errors: bool = True,
+    num_steps: int = 8,
+) -> QuantizeReport:
+    """Quantise the float checkpoint `src` and write the int4 file `dst` (None: do not write).
+
+    method "gptq" calibrates on real activations: `run_item(item)` must run the float `model` on one item
+    (default: the engine's sampler on `calibration_texts`, which needs `tokenizer`, a `TextTokenizer` or a
+    tokenizer.json path). "rtn" needs no calibration. `layers` defaults to the release's selection.
+    When `report_errors`, each packed Linear's output error on held-out items (`heldout_texts`) is
+    measured for RTN and (with "gptq") GPTQ; the table is `report.table()`.
+    """
+    from safetensors import safe_open
+
+    src = Path(src)
+    if not src.is_file():
+        raise QuantError(f"checkpoint not found: {src}")
+    with safe_open(str(src), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+        if "quant_method" in meta:
+            raise QuantError(f"{src} is already quantised ({meta['quant_method']})")
+        state = {k: f.get_tensor(k).to(torch.float32) for k in f.keys()}  # noqa: SIM118
+    try:
+        config = json.loads(meta["config_json"])
+    except (KeyError, ValueError) as e:
+        raise QuantError(f"{src}: no readable config_json metadata") from e
+    shapes = {k[: -len(".weight")]: tuple(v.shape) for k, v in state.items() if k.endswith(".weight")}
+    plan = plan_layers(shapes, layers or RELEASE_SELECTION, group_size=group_size)
+
+    hessians = None
+    heldout: dict[str, torch.Tensor] = {}
+    need_model = method == "gptq" or report_errors
+    if need_model and (
+        method == "gptq" or run_item is not None or tokenizer is not None or model is not None
+    ):
+        if model is None:
+            from ..engine.checkpoint import load_checkpoint
+
+            model = load_checkpoint(src, dtype=torch.float32, device=device).model
+        if run_item is None:
+            if tokenizer is None:
+                raise QuantError(
+                    "GPTQ calibration runs the model on real sentences and needs the text tokenizer",
+                    hint="pass tokenizer= (tokenizer.json of llm-jp/llm-jp-3-150m), or run_item=",
+                )
+            if not hasattr(tokenizer, "batch"):
+                from ..text.tokenizer import TextTokenizer
+
+                tokenizer = TextTokenizer.from_file(
+                    tokenizer,
+                    add_bos=config.get("text_add_bos", True),
+                    expected_vocab_size=config.get("text_vocab_size"),
+                )
+            run_item = make_sampler_runner(
+                model, tokenizer, caption_tokenizer=caption_tokenizer, num_steps=num_steps
+            )
+        items = list(calibration_texts or DEFAULT_CALIBRATION_TEXTS)
+        if method == "gptq":
+            hessians = capture_hessians(model, plan.gptq, items, run_item, device=device)
+        if report_errors:
+            held = list(heldout_texts or DEFAULT_HELDOUT_TEXTS)
+            heldout = capture_inputs(model, plan.gptq, held, run_item)
+    report = quantize_state(
+        state,
+        config,
+        method=method,
+        plan=plan,
+        hessians=hessians,
+        group_size=group_size,
+        symmetric=symmetric,
+        damp=damp,
+        checkpoint_format=checkpoint_format,
+        fallback=fallback,
+        device=device,
+        keep_rtn=report_errors,
+    )
+    report.checkpoint.metadata = {k: v for k, v in meta.items() if k not in ("config_json", "format")}
+    report.checkpoint.metadata["quantized_by"] = "irodori-speaker"
+    if heldout:
+        weights = {n: state[f"{n}.weight"] for n in plan.gptq}
+        qd = {"rtn": report.rtn_dequantised}
+        if method == "gptq":
+            qd["gptq"] = {n: report.dequantised[n] for n, u in report.used.items() if u == "gptq"}
+        report.errors = layer_error_table(weights, qd, heldout, report.used)
+    if dst is not None:
+        save_int4_checkpoint(dst, report.checkpoint)
+        report.path = Path(dst)
+    return report
