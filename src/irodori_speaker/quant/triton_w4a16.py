@@ -132,7 +132,7 @@ if HAS_TRITON:
         # bf16: multiply in fp32 so the weight is rounded once
         return _round_to(qz.to(tl.float32) * s.to(tl.float32), OUT_DTYPE, INTERP_BF16)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])
     def _w4a16_gemm_kernel(
         x_ptr,
         qw_ptr,
@@ -152,7 +152,7 @@ if HAS_TRITON:
         BM: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
-        SPLIT_K: tl.constexpr,
+        SPLIT: tl.constexpr,
         SWAP: tl.constexpr,
         EVEN_K: tl.constexpr,
         INTERP_BF16: tl.constexpr,
@@ -236,22 +236,22 @@ if HAS_TRITON:
             out_mask = m_mask[:, None] & n_mask[None, :]
             bias_offs = offs_n[None, :]
             bias_mask = n_mask[None, :]
-        if SPLIT_K == 1:
+        if not SPLIT:
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + bias_offs, mask=bias_mask, other=0.0).to(tl.float32)
             tl.store(y_ptr + out_offs, _round_to(acc, y_ptr.dtype.element_ty, INTERP_BF16), mask=out_mask)
         else:
-            # fp32 partials into the workspace [SPLIT_K, M, N] (stride_ym == N)
+            # fp32 partials into the workspace [split, M, N] (stride_ym == N)
             tl.store(y_ptr + pid_k * M * N + out_offs, acc, mask=out_mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M", "SPLIT_K"])
     def _splitk_reduce_kernel(
         ws_ptr,
         bias_ptr,
         y_ptr,
         M,
         N,
-        SPLIT_K: tl.constexpr,
+        SPLIT_K,
         HAS_BIAS: tl.constexpr,
         BLOCK: tl.constexpr,
         INTERP_BF16: tl.constexpr,
@@ -416,7 +416,7 @@ def w4a16_kernel(
     _w4a16_gemm_kernel[grid](
         x, qweight, scales, zb, bias_t, target, m, n, k, x.stride(0), n, k_per_split,
         HAS_BIAS=has_bias, SYM=zero_bias is None, GS=group_size, BM=cfg.bm, BN=cfg.bn, BK=cfg.bk,
-        SPLIT_K=split, SWAP=cfg.swap, EVEN_K=even_k,
+        SPLIT=split > 1, SWAP=cfg.swap, EVEN_K=even_k,
         INTERP_BF16=interp_bf16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -570,7 +570,8 @@ def _load_tune_file() -> None:
         rows = json.loads(Path(path).read_text())
         for row in rows:
             cfg = KernelConfig(**row["config"]) if row.get("config") else None
-            _CHOICES.setdefault(tuple(row["key"]), Choice(row["impl"], cfg, row.get("time_ms")))
+            timings = tuple((str(a), float(b)) for a, b in row.get("timings", []))
+            _CHOICES.setdefault(tuple(row["key"]), Choice(row["impl"], cfg, row.get("time_ms"), timings))
     except (OSError, ValueError, KeyError, TypeError):
         pass  # a stale or broken cache only costs a re-measurement
 
@@ -622,11 +623,10 @@ def choose_impl(
         return hit
     if x.device.type != "cuda" or not measure or torch.cuda.is_current_stream_capturing():
         return Choice("kernel", default_config(m, n, k))
-    best = Choice(
-        "scratch",
-        None,
-        _bench_ms(lambda: w4a16_scratch(x, qweight, scales, zero_bias, bias, group_size=group_size)),
-    )
+    timings: list[tuple[str, float]] = []
+    t = _bench_ms(lambda: w4a16_scratch(x, qweight, scales, zero_bias, bias, group_size=group_size))
+    timings.append(("scratch", t))
+    best_impl, best_cfg, best_t = "scratch", None, t
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     for cfg in candidate_configs(m, n, k, _num_sms(x.device)):
         try:
@@ -637,8 +637,10 @@ def choose_impl(
             )
         except Exception:  # a tile that does not compile or fit (shared memory) on this GPU is skipped
             continue
-        if best.time_ms is None or t < best.time_ms:
-            best = Choice("kernel", cfg, t)
+        timings.append((cfg.name(), t))
+        if t < best_t:
+            best_impl, best_cfg, best_t = "kernel", cfg, t
+    best = Choice(best_impl, best_cfg, best_t, tuple(timings))
     with _CHOICES_LOCK:
         _CHOICES[key] = best
         _save_tune_file()

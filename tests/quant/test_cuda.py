@@ -1,0 +1,88 @@
+"""W4A16 kernels on a real GPU: every tile the chooser may pick, at the DiT shapes (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.cuda
+
+if not torch.cuda.is_available():
+    pytest.skip("needs an NVIDIA GPU", allow_module_level=True)
+triton = pytest.importorskip("triton", reason="triton is not installed")
+
+from irodori_speaker.quant import triton_w4a16 as tw  # noqa: E402
+from irodori_speaker.quant.formats import pack_gptq  # noqa: E402
+from irodori_speaker.quant.layers import Int4Linear  # noqa: E402
+
+DEV = torch.device("cuda")
+TOL = {torch.float16: 1e-3, torch.bfloat16: 4e-3}
+
+
+def _layer(n: int, k: int, *, sym: bool, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g)
+    z = torch.full((n, k // 32), 8) if sym else torch.randint(0, 16, (n, k // 32), generator=g)
+    s = torch.rand(n, k // 32, generator=g) * 0.02 + 0.002
+    return pack_gptq(q, z, s)
+
+
+def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("k", "n"), [(1280, 1280), (3680, 1280), (1280, 7360)])
+@pytest.mark.parametrize("m", [25, 150, 750, 2250])
+def test_every_candidate_tile_is_correct(dtype, k, n, m) -> None:
+    p = _layer(n, k, sym=(m % 2 == 0), seed=k + n)
+    qw, sc = p.qweight.to(DEV), p.scales.to(DEV)
+    zb = None if m % 2 == 0 else tw.zero_bias_from_zeros(p.zeros()).to(DEV)
+    x = torch.randn(m, k, device=DEV).to(dtype)
+    bias = torch.randn(n, device=DEV).to(dtype)
+    ref = x.double() @ p.dequantize().to(DEV).double().t() + bias.double()
+    ran = 0
+    for cfg in tw.candidate_configs(m, n, k):
+        try:
+            y = tw.w4a16_kernel(x, qw, sc, zb, bias, config=cfg)
+        except Exception as e:  # only resource limits may stop a tile from running
+            assert "resources" in str(e).lower() or "shared memory" in str(e).lower(), (cfg, e)
+            continue
+        ran += 1
+        assert _rel(y, ref) < TOL[dtype], (cfg.name(), _rel(y, ref))
+    assert ran >= 3
+    assert _rel(tw.w4a16_scratch(x, qw, sc, zb, bias), ref) < TOL[dtype]
+
+
+def test_chooser_measures_caches_and_layer_runs() -> None:
+    tw.clear_choices()
+    p = _layer(1280, 1280, sym=True, seed=1)
+    layer = Int4Linear(p).to(DEV)
+    x = torch.randn(2, 75, 1280, device=DEV, dtype=torch.bfloat16)
+    y = layer(x)
+    ref = x.double() @ p.dequantize().to(DEV).double().t()
+    assert y.shape == (2, 75, 1280) and _rel(y, ref) < TOL[torch.bfloat16]
+    c = tw.choose_impl(x.reshape(-1, 1280), layer.qweight, layer.scales, None)
+    assert c.time_ms is not None and len(c.timings) >= 4
+    assert tw.choose_impl(x.reshape(-1, 1280), layer.qweight, layer.scales, None) is c
+    y32 = layer(x.float())  # fp32 activations: dequant + fp32 GEMM
+    assert _rel(y32, ref) < 1e-5
+
+
+def test_cuda_graph_replay_matches_eager() -> None:
+    p = _layer(3680, 1280, sym=False, seed=2)
+    layer = Int4Linear(p).to(DEV)
+    x = torch.randn(450, 1280, device=DEV, dtype=torch.float16)
+    eager = layer(x)  # measures and caches the choice before capture
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        layer(x)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(graph):
+        out = layer(x)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.testing.assert_close(out, layer(x), rtol=0, atol=0)
+    assert not torch.equal(out, eager)
