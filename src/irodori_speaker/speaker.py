@@ -14,6 +14,7 @@ ready-made blocks on their own threads (see outputs.py). See docs/speaker.md.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import enum
 import inspect
@@ -22,7 +23,6 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -181,7 +181,7 @@ class _Feeder:
 
     def __init__(self, speaker: Speaker, line_kwargs: dict[str, Any]) -> None:
         self.speaker = speaker
-        self.kwargs = line_kwargs
+        self.kwargs = _check_line_kwargs(line_kwargs)
         self.segmenter = speaker._new_segmenter()
         self.handles: list[Utterance] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -189,8 +189,8 @@ class _Feeder:
     def feed(self, chunk: str, line_kwargs: dict[str, Any] | None = None) -> list[Utterance]:
         if not isinstance(chunk, str):
             raise InputError(f"feed() takes text, got {type(chunk).__name__}")
-        if line_kwargs is not None:
-            self.kwargs = line_kwargs
+        if line_kwargs:  # options given mid-turn apply from here on; none given: keep the turn's
+            self.kwargs = _check_line_kwargs(line_kwargs)
         out = self._enqueue(self.segmenter.feed(chunk))
         self._arm()
         return out
@@ -203,7 +203,11 @@ class _Feeder:
         self._disarm()
 
     def _enqueue(self, segments: Iterable[str]) -> list[Utterance]:
-        out = [self.speaker.enqueue(s, **self.kwargs) for s in segments if s and s.strip()]
+        out = []
+        for seg in segments:
+            if seg and seg.strip():
+                out.append(self.speaker.enqueue(seg, **self.kwargs))
+                self.kwargs.pop("interrupt", None)  # only the turn's first segment cuts in
         self.handles.extend(out)
         return out
 
@@ -316,7 +320,7 @@ class Speaker:
         self._by_uid: dict[int, Utterance] = {}
         self._next_id = 1
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._player: Player | None = None
         self._task: asyncio.Task[None] | None = None
         self._synth_task: asyncio.Task[None] | None = None
@@ -364,7 +368,7 @@ class Speaker:
             raise InputError("this Speaker is already open (or closed); make a new one")
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="irodori-speaker")
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="irodori-speaker")
         opened: list[Output] = []
         try:
             for spec in self._output_specs:
@@ -439,12 +443,16 @@ class Speaker:
 
     async def _shutdown(self) -> None:
         self._closing = True
-        player = self._player
-        assert player is not None and self._loop is not None
         if self._feeder is not None:
             self._feeder.close()
         for utt in list(self._by_uid.values()):
             self._cancel(utt, "closed")
+        # the rest runs to the end even if the closing task is cancelled meanwhile
+        await asyncio.shield(self._release())
+
+    async def _release(self) -> None:
+        player = self._player
+        assert player is not None and self._loop is not None
         # let the fades be heard: bounded by the output latency, never forever
         limit = time.monotonic() + 0.2 + max((o.latency for o in self.outputs), default=0.0)
         while player.items and time.monotonic() < limit:
@@ -462,8 +470,8 @@ class Speaker:
             except asyncio.TimeoutError:
                 stuck = True
                 log.warning("synthesis did not stop within 10 s of cancellation; leaving its thread")
-            except BaseException:
-                pass
+            except Exception:
+                pass  # its failure was reported on its line
         for o in self.outputs:
             try:
                 if stuck:
@@ -548,6 +556,16 @@ class Speaker:
             self.skip()
         self._wake.set()
         return utt
+
+    def enqueue_threadsafe(self, text: str, **line_kwargs: Any) -> concurrent.futures.Future[Utterance]:
+        """`enqueue()` from another thread (a chat reader, a GUI): a future of the handle."""
+        if self._loop is None:
+            raise InputError("the Speaker is not open", hint="use `async with Speaker(...) as s:`")
+
+        async def go() -> Utterance:
+            return self.enqueue(text, **line_kwargs)
+
+        return asyncio.run_coroutine_threadsafe(go(), self._loop)
 
     async def say(self, text: str, **line_kwargs: Any) -> Utterance:
         """Queue a line and return once it has been played (or ended otherwise).
@@ -802,7 +820,7 @@ class Speaker:
         now = time.monotonic()
         for utt in [u for u in self._play_order() if u.deadline is not None and now > u.deadline]:
             self._cancel(utt, "expired")
-        for item in player.poll():  # every output failed: lines not yet heard go back to the front
+        for item in reversed(player.poll()):  # every output failed: lines not yet heard go back in front
             utt = self._by_uid.get(item.uid)
             if utt is not None and not utt.state.terminal:
                 utt._item = None
@@ -1086,3 +1104,12 @@ def _same(a: Any, b: Any) -> bool:
         return type(a) is type(b) and bool(a == b)
     except Exception:  # arrays and the like: only identity counts
         return False
+
+
+def _check_line_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Reject misspelt line options when a stream starts, not when its first segment completes."""
+    allowed = {"priority", "voice", "options", "ttl", "interrupt"}
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        raise InputError(f"unknown line option(s) {unknown}", hint=f"one of {sorted(allowed)}")
+    return dict(kwargs)

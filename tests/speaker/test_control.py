@@ -342,3 +342,19 @@ def test_bad_arguments_raise_input_error(run):
     run(body())
     with pytest.raises(InputError):
         Speaker(FakeSynth(), output="null").enqueue("not open")
+
+
+def test_enqueue_threadsafe_from_a_chat_reader_thread(run):
+    async def body():
+        async with Speaker(FakeSynth(), output=NullOutput(speed=float("inf"))) as s:
+            got = []
+            t = threading.Thread(target=lambda: got.append(s.enqueue_threadsafe("別スレッドから").result(5)))
+            t.start()
+            while not got:
+                await asyncio.sleep(0.01)
+            t.join()
+            with pytest.raises(InputError, match="event loop"):
+                await asyncio.to_thread(s.enqueue, "直接は呼べない")
+            return await got[0]
+
+    assert run(body()).state == UtteranceState.PLAYED

@@ -188,3 +188,29 @@ def test_sample_positions_not_ticks_time_the_events(run):
     log, a, b = run(body())
     gap = log.one("playback_started", b.id).time - log.one("playback_finished", a.id).time
     assert abs(gap - 0.123) < 2 * 480 / SR
+
+
+def test_mouth_levels_map_loudness_in_db_to_0_1():
+    from irodori_speaker.errors import InputError
+    from irodori_speaker.lipsync import CEIL_DB, FLOOR_DB, Envelope, mouth_levels
+
+    def db(d: float) -> float:
+        return 10 ** (d / 20)
+
+    assert level_from_rms(0.0) == 0.0 and level_from_rms(db(FLOOR_DB)) == 0.0
+    assert abs(level_from_rms(db(CEIL_DB)) - 1.0) < 1e-9 and level_from_rms(1.0) == 1.0
+    assert abs(level_from_rms(db((FLOOR_DB + CEIL_DB) / 2)) - 0.5) < 1e-9
+    x = np.concatenate([np.zeros(960 * 3), np.full(960 * 2, db(-34.0)), np.full(100, 0.5)]).astype(np.float32)
+    levels = mouth_levels(x, SR, hz=50)
+    assert len(levels) == 6  # the last frame is partial
+    np.testing.assert_allclose(levels, [0, 0, 0, 0.5, 0.5, 1.0], atol=1e-5)
+    with np.testing.assert_raises(InputError):
+        mouth_levels(x, SR, hz=0)
+
+    env = Envelope(SR, hz=50, release_s=0.05)
+    env.append(np.full(SR // 2, 0.5, np.float32))
+    env.append(np.zeros(SR // 2, np.float32))  # arrives in chunks, like a stream
+    assert env.samples == SR
+    assert env.level(0.25) == 1.0
+    closing = [env.level(t) for t in (0.52, 0.56, 0.60, 0.70)]
+    assert closing == sorted(closing, reverse=True) and 0 < closing[0] < 1 and closing[-1] < 0.05
