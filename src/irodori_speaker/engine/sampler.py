@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..cancel import CancelToken, check
 from ..errors import InputError
-from .model import Conditions, TextToLatentRFDiT
+from .model import Conditions, ContextKV, TextToLatentRFDiT
 
 GUIDANCE_MODES = ("independent", "joint", "alternating")
 SCHEDULES = ("linear", "sway")
@@ -143,6 +143,87 @@ def rescale_velocity(v: Tensor, x: Tensor, t: float, k: float, sigma: float) -> 
 
 
 ProgressFn = Callable[[int, int], None]
+# velocity(x in model dtype (rows, S, C), step index, context, attention mask) -> model output
+VelocityFn = Callable[[Tensor, int, ContextKV, "Tensor | None"], Tensor]
+
+
+@dataclass
+class LineContext:
+    """Per-line condition keys/values and masks for each branch group (built once, before the loop)."""
+
+    groups: list[ContextKV]
+    group_masks: list[Tensor | None]
+    cond: ContextKV  # rows [0, B) of group 0: the conditional branch alone
+    cond_mask: Tensor | None
+
+    def scale_speaker(self, factor: float, max_layers: int | None) -> None:
+        for c in self.groups:  # cond is a view of groups[0]: scaled with it
+            c.scale_segment("speaker", factor, max_layers)
+
+
+def prepare_context(
+    model: TextToLatentRFDiT, conds: Conditions, plan: Plan, seq_len: int, latent_mask: Tensor | None = None
+) -> LineContext:
+    B = conds.batch_size
+    if plan.groups:
+        groups = [model.context_kv(Conditions.cat([conds.dropped(*b) for b in g])) for g in plan.groups]
+        lms = [None if latent_mask is None else latent_mask.repeat(len(g), 1) for g in plan.groups]
+        masks = [model.attention_mask(c, seq_len, m) for c, m in zip(groups, lms)]
+    else:
+        groups, masks = [model.context_kv(conds)], []
+    cond = groups[0].rows(B)
+    return LineContext(groups, masks, cond, model.attention_mask(cond, seq_len, latent_mask))
+
+
+def euler_loop(
+    plan: Plan,
+    cfg: SamplerConfig,
+    x: Tensor,
+    ctx: LineContext,
+    velocity: VelocityFn,
+    *,
+    dtype: torch.dtype,
+    cancel: CancelToken | None = None,
+    progress: ProgressFn | None = None,
+) -> Tensor:
+    """The sampling loop proper: guidance, rescaling, the Euler update; x is float32 (B, S, C)."""
+    B, S, C = x.shape
+    for i, step in enumerate(plan.steps):
+        check(cancel)
+        if step.group < 0:
+            v = velocity(x.to(dtype), i, ctx.cond, ctx.cond_mask).float()
+        else:
+            n = len(plan.groups[step.group])
+            xb = x.to(dtype).repeat(n, 1, 1)
+            out = velocity(xb, i, ctx.groups[step.group], ctx.group_masks[step.group])
+            out = out.float().view(n, B, S, C)
+            v_c = out[0]
+            v = v_c.clone()
+            for j, w in enumerate(plan.weights[step.group], start=1):
+                v = v + w * (v_c - out[j])
+        if cfg.rescale_k is not None and cfg.rescale_sigma is not None:
+            v = rescale_velocity(v, x, step.t, cfg.rescale_k, cfg.rescale_sigma)
+        x = x + v * (step.t_next - step.t)
+        if step.unscale_speaker_kv:
+            ctx.scale_speaker(1.0 / cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
+        if progress is not None:
+            progress(i + 1, len(plan.steps))
+    return x
+
+
+def check_inputs(model: TextToLatentRFDiT, conds: Conditions, noise: Tensor) -> None:
+    B, S, C = noise.shape
+    if conds.batch_size != B:
+        raise InputError(f"conditions have batch {conds.batch_size} but noise has batch {B}")
+    if model.cfg.latent_dim != C:
+        raise InputError(f"noise has {C} channels, the model expects latent_dim {model.cfg.latent_dim}")
+    if S % model.cfg.latent_patch_size:
+        raise InputError(f"sequence length {S} is not a multiple of latent_patch_size")
+
+
+def initial_x(noise: Tensor, cfg: SamplerConfig, device: torch.device) -> Tensor:
+    x = noise.to(device=device, dtype=torch.float32)
+    return x * cfg.truncation_factor if cfg.truncation_factor is not None else x
 
 
 def sample(
@@ -158,62 +239,22 @@ def sample(
     """Integrate from `noise` (B, S, latent_dim) at t = 0.999 down to t ~ 0; returns the latent.
 
     `conds` has batch B (use `Conditions.repeat` for several candidates of one line).
+    This is the reference path; `engine.fast` runs the same loop with fused weights and CUDA graphs.
     """
-    B, S, C = noise.shape
-    if conds.batch_size != B:
-        raise InputError(f"conditions have batch {conds.batch_size} but noise has batch {B}")
-    if model.cfg.latent_dim != C:
-        raise InputError(f"noise has {C} channels, the model expects latent_dim {model.cfg.latent_dim}")
-    if S % model.cfg.latent_patch_size:
-        raise InputError(f"sequence length {S} is not a multiple of latent_patch_size")
+    check_inputs(model, conds, noise)
     plan = plan_sampling(cfg, enabled_conditions(model, conds, cfg))
-    dtype = model.in_proj.weight.dtype
     device = model.in_proj.weight.device
-
-    # Context K/V (and the attention mask) once per line, per branch group.
-    if plan.groups:
-        group_ctx = [model.context_kv(Conditions.cat([conds.dropped(*b) for b in g])) for g in plan.groups]
-    else:
-        group_ctx = [model.context_kv(conds)]
-    cond_ctx = group_ctx[0].rows(B)  # branch 0 of every group is the conditional one
-    group_lm = [None if latent_mask is None else latent_mask.repeat(len(g), 1) for g in plan.groups]
-    group_mask = [model.attention_mask(c, S, m) for c, m in zip(group_ctx, group_lm)] if plan.groups else []
-    cond_mask = model.attention_mask(cond_ctx, S, latent_mask)
-
+    ctx = prepare_context(model, conds, plan, noise.shape[1], latent_mask)
     if cfg.speaker_kv_scale is not None:
-        for c in group_ctx:
-            c.scale_segment("speaker", cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
-
-    x = noise.to(device=device, dtype=torch.float32)
-    if cfg.truncation_factor is not None:
-        x = x * cfg.truncation_factor
+        ctx.scale_speaker(cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
     ts = torch.tensor([s.t for s in plan.steps], device=device, dtype=torch.float32)
 
-    for i, step in enumerate(plan.steps):
-        check(cancel)
-        if step.group < 0:
-            v = model.velocity(x.to(dtype), ts[i].expand(B), cond_ctx, attn_mask=cond_mask).float()
-        else:
-            branches = plan.groups[step.group]
-            n = len(branches)
-            xb = x.to(dtype).repeat(n, 1, 1)
-            out = model.velocity(
-                xb, ts[i].expand(B * n), group_ctx[step.group], attn_mask=group_mask[step.group]
-            )
-            out = out.float().view(n, B, S, C)
-            v_c = out[0]
-            v = v_c.clone()
-            for j, w in enumerate(plan.weights[step.group], start=1):
-                v = v + w * (v_c - out[j])
-        if cfg.rescale_k is not None and cfg.rescale_sigma is not None:
-            v = rescale_velocity(v, x, step.t, cfg.rescale_k, cfg.rescale_sigma)
-        x = x + v * (step.t_next - step.t)
-        if step.unscale_speaker_kv:
-            for c in group_ctx:
-                c.scale_segment("speaker", 1.0 / cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
-        if progress is not None:
-            progress(i + 1, len(plan.steps))
-    return x
+    def velocity(xb: Tensor, i: int, c: ContextKV, mask: Tensor | None) -> Tensor:
+        return model.velocity(xb, ts[i].expand(xb.shape[0]), c, attn_mask=mask)
+
+    x = initial_x(noise, cfg, device)
+    dtype = model.in_proj.weight.dtype
+    return euler_loop(plan, cfg, x, ctx, velocity, dtype=dtype, cancel=cancel, progress=progress)
 
 
 def draw_noise(

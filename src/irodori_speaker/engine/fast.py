@@ -1,0 +1,314 @@
+"""The fast sampling path: the reference loop with a few deliberate moves.
+
+1. Fused projections: Q/K/V/gate as one GEMM (N = 4D), w1/w3 as one (N = 2 x hidden).
+2. AdaLN modulation precomputed for every step of the schedule: it depends on t only,
+   so the 12 x 2 x 3 low-rank projections leave the loop.
+3. Static shapes: frames and condition lengths are padded up to buckets (padded keys
+   are masked, so valid outputs are unchanged) and on CUDA the whole sampling loop is
+   captured once per bucket as a CUDA graph and replayed: one launch per line.
+
+It computes what `engine.sampler.sample` computes (tests compare the two on the CPU,
+where the same code runs eagerly). Cancellation: eager runs check between steps; a
+graph replay runs the whole loop (a few milliseconds) and is checked before and after.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..cancel import CancelToken, check
+from .model import Conditions, ContextKV, TextToLatentRFDiT, apply_rope, rms_normalize, rope_tables
+from .sampler import (
+    LineContext,
+    Plan,
+    ProgressFn,
+    SamplerConfig,
+    check_inputs,
+    enabled_conditions,
+    euler_loop,
+    initial_x,
+    plan_sampling,
+    prepare_context,
+)
+
+
+def fuse_linears(layers: list[nn.Module]) -> nn.Module:
+    """One module computing `layers` side by side; originals become views into it (no copy kept)."""
+    if all(type(m) is nn.Linear and m.bias is None for m in layers):
+        weight = torch.cat([m.weight.detach() for m in layers], dim=0)
+        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        fused.weight = nn.Parameter(weight, requires_grad=False)
+        start = 0
+        for m in layers:  # re-point the originals so the memory is held once
+            n = m.weight.shape[0]
+            m.weight = nn.Parameter(weight[start : start + n], requires_grad=False)
+            start += n
+        return fused
+    from ..quant.layers import Int4Linear, concat_int4_linears
+
+    if all(isinstance(m, Int4Linear) for m in layers):
+        return concat_int4_linears(layers)
+    raise TypeError("fuse_linears: layers must all be bias-free nn.Linear or all Int4Linear")
+
+
+@dataclass
+class FastBlock:
+    qkvg: nn.Module
+    wo: nn.Module
+    w13: nn.Module
+    w2: nn.Module
+    q_norm: Tensor
+    k_norm: Tensor
+    hidden: int
+
+
+def round_up(n: int, bucket: int) -> int:
+    return max(bucket, int(math.ceil(n / bucket)) * bucket)
+
+
+class FastDiT:
+    """Inference-only view of a TextToLatentRFDiT: fused weights, precomputed modulation."""
+
+    def __init__(self, model: TextToLatentRFDiT) -> None:
+        self.model = model
+        self.cfg = model.cfg
+        self.blocks: list[FastBlock] = []
+        for blk in model.blocks:
+            a = blk.attention
+            self.blocks.append(
+                FastBlock(
+                    qkvg=fuse_linears([a.wq, a.wk, a.wv, a.gate]),
+                    wo=a.wo,
+                    w13=fuse_linears([blk.mlp.w1, blk.mlp.w3]),
+                    w2=blk.mlp.w2,
+                    q_norm=a.q_norm.weight,
+                    k_norm=a.k_norm.weight,
+                    hidden=self.cfg.mlp_hidden,
+                )
+            )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.in_proj.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.in_proj.weight.device
+
+    @torch.inference_mode()
+    def modulation_table(self, ts: list[float]) -> Tensor:
+        """(steps, layers, 6, D): attention shift/1+scale/gate, then mlp shift/1+scale/gate, per step."""
+        t = torch.tensor(ts, device=self.device, dtype=torch.float32)
+        cond = self.model.time_condition(t)  # (steps, 1, 3D)
+        rows = []
+        for blk in self.model.blocks:
+            parts = []
+            for adaln in (blk.attention_adaln, blk.mlp_adaln):
+                shift, scale, gate = adaln.modulation(cond)
+                parts += [shift, 1 + scale, gate]
+            rows.append(torch.cat(parts, dim=1))  # (steps, 6, D)
+        return torch.stack(rows, dim=1).contiguous()
+
+    def velocity(
+        self, x_t: Tensor, mod: Tensor, ctx: ContextKV, attn_mask: Tensor | None, rope: tuple[Tensor, Tensor]
+    ) -> Tensor:
+        """Velocity with the step's modulation `mod` (layers, 6, D); same result as model.velocity."""
+        cfg, m = self.cfg, self.model
+        B, S, _ = x_t.shape
+        H, Dh, D, eps = cfg.num_heads, cfg.head_dim, cfg.model_dim, cfg.norm_eps
+        half = H // 2
+        x = m.in_proj(x_t)
+        for i, fb in enumerate(self.blocks):
+            a_shift, a_scale1, a_gate, f_shift, f_scale1, f_gate = mod[i].unbind(0)
+            h = rms_normalize(x, eps) * a_scale1 + a_shift
+            q, k, v, g = fb.qkvg(h).split(D, dim=-1)
+            q = _head_rms(q.view(B, S, H, Dh), fb.q_norm, eps)
+            k = _head_rms(k.view(B, S, H, Dh), fb.k_norm, eps)
+            q = torch.cat((apply_rope(q[:, :, :half], *rope), q[:, :, half:]), dim=2)
+            k = torch.cat((apply_rope(k[:, :, :half], *rope), k[:, :, half:]), dim=2)
+            keys = torch.cat((k.transpose(1, 2), ctx.keys[i]), dim=2)
+            values = torch.cat((v.view(B, S, H, Dh).transpose(1, 2), ctx.values[i]), dim=2)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=attn_mask)
+            o = o.transpose(1, 2).reshape(B, S, D)
+            x = x + a_gate * fb.wo(o * torch.sigmoid(g))
+            h = rms_normalize(x, eps) * f_scale1 + f_shift
+            u1, u3 = fb.w13(h).split(fb.hidden, dim=-1)
+            x = x + f_gate * fb.w2(F.silu(u1) * u3)
+        return m.out_proj(m.out_norm(x))
+
+
+def _head_rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(x.dtype)
+
+
+def pad_conditions(conds: Conditions, bucket: int) -> Conditions:
+    """Pad every condition's length up to a multiple of `bucket` with masked zeros (exact)."""
+
+    def pad(state: Tensor | None, mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        if state is None:
+            return None, None
+        n = state.shape[1]
+        extra = round_up(n, bucket) - n
+        if extra == 0:
+            return state, mask
+        return F.pad(state, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)
+
+    ts, tm = pad(conds.text_state, conds.text_mask)
+    ss, sm = pad(conds.speaker_state, conds.speaker_mask)
+    cs, cm = pad(conds.caption_state, conds.caption_mask)
+    return Conditions(ts, tm, ss, sm, cs, cm)
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    x_in: Tensor
+    ctx: LineContext
+    x_out: Tensor
+
+
+class FastSampler:
+    """Runs `sample()`'s loop on a FastDiT, padded to static buckets; CUDA-graphed on CUDA."""
+
+    def __init__(
+        self,
+        model: TextToLatentRFDiT | FastDiT,
+        *,
+        frame_bucket: int = 16,
+        context_bucket: int = 32,
+        use_graphs: bool | None = None,
+        max_graphs: int = 32,
+    ) -> None:
+        self.fast = model if isinstance(model, FastDiT) else FastDiT(model)
+        self.frame_bucket = frame_bucket
+        self.context_bucket = context_bucket
+        self.use_graphs = self.fast.device.type == "cuda" if use_graphs is None else use_graphs
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        self._tables: dict[tuple, Tensor] = {}
+        self._pool = None
+        self.captures = 0  # graphs captured so far (prewarm reports it)
+
+    # ---- per-line preparation ------------------------------------------------------------------
+    def _table(self, plan: Plan) -> Tensor:
+        key = tuple(s.t for s in plan.steps)
+        if key not in self._tables:
+            self._tables[key] = self.fast.modulation_table(list(key))
+        return self._tables[key]
+
+    def sample(
+        self,
+        conds: Conditions,
+        noise: Tensor,
+        cfg: SamplerConfig = SamplerConfig(),
+        *,
+        cancel: CancelToken | None = None,
+        progress: ProgressFn | None = None,
+    ) -> Tensor:
+        model = self.fast.model
+        check_inputs(model, conds, noise)
+        plan = plan_sampling(cfg, enabled_conditions(model, conds, cfg))
+        B, S, C = noise.shape
+        S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
+        padded = pad_conditions(conds, self.context_bucket)
+        latent_mask = None
+        if S_pad != S:
+            latent_mask = torch.zeros(B, S_pad, dtype=torch.bool, device=self.fast.device)
+            latent_mask[:, :S] = True
+            noise = F.pad(noise, (0, 0, 0, S_pad - S))
+        ctx = prepare_context(model, padded, plan, S_pad, latent_mask)
+        x0 = initial_x(noise, cfg, self.fast.device)
+        table = self._table(plan)
+        check(cancel)
+        if not self.use_graphs:
+            x = self._loop(plan, cfg, x0, ctx, table, cancel, progress)
+            return x[:, :S]
+        key = (
+            plan,
+            cfg.rescale_k,
+            cfg.rescale_sigma,
+            cfg.speaker_kv_scale,
+            cfg.speaker_kv_max_layers,
+            tuple(x0.shape),
+            tuple(tuple(k.shape) for k in (c.keys[0] for c in ctx.groups)),
+            tuple(None if m is None else tuple(m.shape) for m in [ctx.cond_mask, *ctx.group_masks]),
+        )
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._capture(key, plan, cfg, x0, ctx, table)
+        else:
+            self._graphs.move_to_end(key)
+        _copy_context(g.ctx, ctx)
+        g.x_in.copy_(x0)
+        g.graph.replay()
+        out = g.x_out[:, :S].clone()
+        check(cancel)
+        if progress is not None:
+            progress(len(plan.steps), len(plan.steps))
+        return out
+
+    def _loop(self, plan, cfg, x0, ctx, table, cancel=None, progress=None) -> Tensor:
+        rope = rope_tables(x0.shape[1] // self.fast.cfg.latent_patch_size, self.fast.cfg.head_dim, x0.device)
+        fast = self.fast
+
+        def velocity(xb: Tensor, i: int, c: ContextKV, mask: Tensor | None) -> Tensor:
+            return fast.velocity(xb, table[i], c, mask, rope)
+
+        if cfg.speaker_kv_scale is not None:
+            ctx.scale_speaker(cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
+        return euler_loop(plan, cfg, x0, ctx, velocity, dtype=fast.dtype, cancel=cancel, progress=progress)
+
+    # ---- CUDA graphs -------------------------------------------------------------------------------
+    def _capture(self, key, plan, cfg, x0, ctx, table) -> _Graph:
+        if len(self._graphs) >= self.max_graphs:
+            self._graphs.popitem(last=False)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        static_x = x0.clone()
+        static_ctx = _clone_context(ctx)
+        # Warm up on a side stream (cuBLAS handles, Triton autotune, the kernel chooser) before capture.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._loop(plan, cfg, static_x.clone(), _clone_context(ctx), table)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._loop(plan, cfg, static_x, static_ctx, table)
+        g = _Graph(graph, static_x, static_ctx, out)
+        self._graphs[key] = g
+        self.captures += 1
+        return g
+
+
+def _clone_context(ctx: LineContext) -> LineContext:
+    groups = [
+        ContextKV([k.clone() for k in c.keys], [v.clone() for v in c.values], c.mask.clone(), c.segments)
+        for c in ctx.groups
+    ]
+    B = ctx.cond.mask.shape[0]
+    masks = [None if m is None else m.clone() for m in ctx.group_masks]
+    cond_mask = None if ctx.cond_mask is None else ctx.cond_mask.clone()
+    return LineContext(groups, masks, groups[0].rows(B), cond_mask)
+
+
+def _copy_context(dst: LineContext, src: LineContext) -> None:
+    for d, s in zip(dst.groups, src.groups):
+        for a, b in zip(d.keys, s.keys):
+            a.copy_(b)
+        for a, b in zip(d.values, s.values):
+            a.copy_(b)
+        d.mask.copy_(s.mask)
+    for a, b in zip(dst.group_masks, src.group_masks):
+        if a is not None:
+            a.copy_(b)
+    if dst.cond_mask is not None:
+        dst.cond_mask.copy_(src.cond_mask)
