@@ -69,7 +69,7 @@ class FastBlock:
 
 
 def round_up(n: int, bucket: int) -> int:
-    return max(bucket, int(math.ceil(n / bucket)) * bucket)
+    return max(bucket, math.ceil(n / bucket) * bucket)
 
 
 class FastDiT:
@@ -208,15 +208,17 @@ class FastSampler:
         self,
         conds: Conditions,
         noise: Tensor,
-        cfg: SamplerConfig = SamplerConfig(),
+        cfg: SamplerConfig | None = None,
         *,
         cancel: CancelToken | None = None,
         progress: ProgressFn | None = None,
     ) -> Tensor:
+        """Same contract as `engine.sampler.sample` (no latent_mask: padding is handled here)."""
+        cfg = cfg or SamplerConfig()
         model = self.fast.model
         check_inputs(model, conds, noise)
         plan = plan_sampling(cfg, enabled_conditions(model, conds, cfg))
-        B, S, C = noise.shape
+        B, S, _ = noise.shape
         S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
         padded = pad_conditions(conds, self.context_bucket)
         latent_mask = None
