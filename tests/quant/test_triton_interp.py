@@ -139,3 +139,17 @@ def test_kernel_rejects_bad_operands(tw) -> None:
         tw.w4a16_kernel(torch.zeros(2, 64), p.qweight, p.scales, None)
     with pytest.raises(QuantError, match="qweight"):
         tw.w4a16_kernel(torch.zeros(2, 32, dtype=torch.float16), p.qweight, p.scales, None)
+
+
+@pytest.mark.parametrize(("gs", "bk"), [(64, 32), (64, 128), (128, 64), (32, 32)])
+def test_other_group_sizes(tw, gs, bk) -> None:
+    p = _layer(64, 256, sym=False, seed=gs + bk, gs=gs)
+    zb = tw.zero_bias_from_zeros(p.zeros())
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(1)).half()
+    cfg = tw.KernelConfig(bm=16, bn=64, bk=bk, swap=bk == 128)
+    y = tw.w4a16_kernel(x, p.qweight, p.scales, zb, group_size=gs, config=cfg)
+    ref = x.double() @ p.dequantize().double().t()
+    assert float((y.double() - ref).norm() / ref.norm()) < 1e-3
+    out = torch.empty(256, 64, dtype=torch.float16)
+    tw.dequantize_into(p.qweight, p.scales, zb, out, group_size=gs)
+    assert torch.equal(out, p.dequantize().t().half())

@@ -103,30 +103,62 @@ if HAS_TRITON:
         return x.to(DTYPE)
 
     @triton.jit
+    def _expand_k(t, ROWS: tl.constexpr, REP: tl.constexpr, BN: tl.constexpr, KLAST: tl.constexpr):
+        """Repeat each K-row of a compact tile REP times along K: [ROWS, BN] -> [ROWS*REP, BN]
+        (or [BN, ROWS] -> [BN, ROWS*REP] when KLAST), keeping order, so every loaded word/scale is
+        fetched once and fanned out in registers."""
+        if REP == 1:
+            return t
+        if KLAST:
+            return tl.reshape(tl.broadcast_to(t[:, :, None], (BN, ROWS, REP)), (BN, ROWS * REP))
+        return tl.reshape(tl.broadcast_to(t[:, None, :], (ROWS, REP, BN)), (ROWS * REP, BN))
+
+    @triton.jit
     def _dequant_tile(
         qw_ptr,
         s_ptr,
         zb_ptr,
-        offs_k,
+        k0,
         offs_n,
+        n_mask,
         N,
-        mask,
+        K,
         SYM: tl.constexpr,
         GS: tl.constexpr,
+        BK: tl.constexpr,
+        BN: tl.constexpr,
+        KLAST: tl.constexpr,
+        EVEN_K: tl.constexpr,
         OUT_DTYPE: tl.constexpr,
         INTERP_BF16: tl.constexpr,
     ):
-        """Dequantised weight tile W^T[offs_k, offs_n] in OUT_DTYPE (offs_k / offs_n broadcast to 2-D)."""
-        packed = tl.load(qw_ptr + (offs_k // 8) * N + offs_n, mask=mask, other=0)
-        q = (packed >> ((offs_k % 8) * 4)) & 0xF
+        """Dequantised weight tile for K rows k0..k0+BK: W^T [BK, BN], or W [BN, BK] when KLAST.
+
+        Loads BK/8 packed words and BK/GS scales (and zeros) per column, once, then expands them."""
+        kw = k0 // 8 + tl.arange(0, BK // 8)  # packed qweight rows
+        GPT: tl.constexpr = BK // GS if BK >= GS else 1  # groups per tile (GS >= BK: one group)
+        g = k0 // GS + tl.arange(0, GPT)
+        shift = (tl.arange(0, BK) % 8) * 4
+        if KLAST:
+            wmask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (kw[None, :] < K // 8)
+            gmask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (g[None, :] < K // GS)
+            packed = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=wmask, other=0)
+            q = (_expand_k(packed, BK // 8, 8, BN, True) >> shift[None, :]) & 0xF
+            s_off = g[None, :] * N + offs_n[:, None]
+        else:
+            wmask = n_mask[None, :] if EVEN_K else n_mask[None, :] & (kw[:, None] < K // 8)
+            gmask = n_mask[None, :] if EVEN_K else n_mask[None, :] & (g[:, None] < K // GS)
+            packed = tl.load(qw_ptr + kw[:, None] * N + offs_n[None, :], mask=wmask, other=0)
+            q = (_expand_k(packed, BK // 8, 8, BN, False) >> shift[:, None]) & 0xF
+            s_off = g[:, None] * N + offs_n[None, :]
         # (q | 0x6400) as fp16 is 1024 + q exactly (exponent 2^10, q in the low mantissa bits)
         wq = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
-        g = offs_k // GS
-        s = tl.load(s_ptr + g * N + offs_n, mask=mask, other=0.0)
+        s = _expand_k(tl.load(s_ptr + s_off, mask=gmask, other=0.0), GPT, BK // GPT, BN, KLAST)
         if SYM:
             qz = wq - 1032.0  # q - 8, exact in fp16
         else:
-            qz = wq - tl.load(zb_ptr + g * N + offs_n, mask=mask, other=1024.0)  # q - z, exact
+            zb = tl.load(zb_ptr + s_off, mask=gmask, other=1024.0)
+            qz = wq - _expand_k(zb, GPT, BK // GPT, BN, KLAST)  # q - z, exact
         if tl.float16 == OUT_DTYPE:
             return qz * s  # the one rounding, in fp16
         # bf16: multiply in fp32 so the weight is rounded once
@@ -177,51 +209,23 @@ if HAS_TRITON:
             offs_k = k0 + tl.arange(0, BK)
             if SWAP:
                 # dequantised weight [BN, BK] is the left operand, x^T [BK, BM] the right one
-                if EVEN_K:
-                    w_mask = n_mask[:, None]
-                    x_mask = m_mask[None, :]
-                else:
-                    w_mask = n_mask[:, None] & (offs_k[None, :] < K)
-                    x_mask = m_mask[None, :] & (offs_k[:, None] < K)
+                x_mask = m_mask[None, :] if EVEN_K else m_mask[None, :] & (offs_k[:, None] < K)
                 w = _dequant_tile(
-                    qw_ptr,
-                    s_ptr,
-                    zb_ptr,
-                    offs_k[None, :],
-                    offs_n[:, None],
-                    N,
-                    w_mask,
-                    SYM,
-                    GS,
-                    x_ptr.dtype.element_ty,
-                    INTERP_BF16,
-                )
+                    qw_ptr, s_ptr, zb_ptr, k0, offs_n, n_mask, N, K, SYM, GS, BK, BN, True, EVEN_K,
+                    x_ptr.dtype.element_ty, INTERP_BF16,
+                )  # fmt: skip
                 xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None], mask=x_mask, other=0.0)
                 if INTERP_BF16:
                     acc = tl.dot(w.to(tl.float32), xt.to(tl.float32), acc)
                 else:
                     acc = tl.dot(w.to(xt.dtype), xt, acc)
             else:
-                if EVEN_K:
-                    w_mask = n_mask[None, :]
-                    x_mask = m_mask[:, None]
-                else:
-                    w_mask = n_mask[None, :] & (offs_k[:, None] < K)
-                    x_mask = m_mask[:, None] & (offs_k[None, :] < K)
+                x_mask = m_mask[:, None] if EVEN_K else m_mask[:, None] & (offs_k[None, :] < K)
                 x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask, other=0.0)
                 w = _dequant_tile(
-                    qw_ptr,
-                    s_ptr,
-                    zb_ptr,
-                    offs_k[:, None],
-                    offs_n[None, :],
-                    N,
-                    w_mask,
-                    SYM,
-                    GS,
-                    x_ptr.dtype.element_ty,
-                    INTERP_BF16,
-                )
+                    qw_ptr, s_ptr, zb_ptr, k0, offs_n, n_mask, N, K, SYM, GS, BK, BN, False, EVEN_K,
+                    x_ptr.dtype.element_ty, INTERP_BF16,
+                )  # fmt: skip
                 if INTERP_BF16:
                     acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc)
                 else:
@@ -279,22 +283,15 @@ if HAS_TRITON:
         BN: tl.constexpr,
         INTERP_BF16: tl.constexpr,
     ):
-        offs_k = tl.program_id(0) * BK + tl.arange(0, BK)
+        k0 = tl.program_id(0) * BK
+        offs_k = k0 + tl.arange(0, BK)
         offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
-        mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
+        n_mask = offs_n < N
         w = _dequant_tile(
-            qw_ptr,
-            s_ptr,
-            zb_ptr,
-            offs_k[:, None],
-            offs_n[None, :],
-            N,
-            mask,
-            SYM,
-            GS,
-            out_ptr.dtype.element_ty,
-            INTERP_BF16,
-        )
+            qw_ptr, s_ptr, zb_ptr, k0, offs_n, n_mask, N, K, SYM, GS, BK, BN, False, False,
+            out_ptr.dtype.element_ty, INTERP_BF16,
+        )  # fmt: skip
+        mask = (offs_k[:, None] < K) & n_mask[None, :]
         tl.store(out_ptr + offs_k[:, None] * N + offs_n[None, :], w, mask=mask)
 
 
@@ -400,6 +397,10 @@ def w4a16_kernel(
     if x.stride(1) != 1:
         x = x.contiguous()
     cfg = config or default_config(m, n, k)
+    if group_size % 8 or not (cfg.bk % group_size == 0 or group_size % cfg.bk == 0):
+        raise QuantError(
+            f"w4a16_kernel: group size {group_size} and tile BK {cfg.bk} must nest (and gs % 8 == 0)"
+        )
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
@@ -550,6 +551,7 @@ class Choice:
     impl: str  # "kernel" | "scratch"
     config: KernelConfig | None = None
     time_ms: float | None = None
+    timings: tuple[tuple[str, float], ...] = ()  # every candidate measured: (name, ms)
 
 
 _CHOICES: dict[tuple, Choice] = {}
