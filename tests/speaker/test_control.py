@@ -61,8 +61,9 @@ def test_interrupt_stops_within_a_few_blocks_with_a_fade(run):
     assert h.state == UtteranceState.INTERRUPTED
     assert queued.state == UtteranceState.CANCELLED  # interrupt() also drops what was queued
     ev = log.one("playback_interrupted", h.id)
-    assert 0.05 < ev.played_fraction < 0.6
-    assert h.played_fraction == ev.played_fraction
+    # the fraction is what reached the output (fade included) over the line's length
+    assert abs(ev.played_fraction - len(line) / fake.samples_for(LONG)) < 1e-3
+    assert 0 < ev.played_fraction < 1 and h.played_fraction == ev.played_fraction
     assert LONG.startswith(ev.heard_text) and len(ev.heard_text) == round(ev.played_fraction * len(LONG))
     assert log.of("mouth")[-1].level == 0.0  # lip sync reset
 
@@ -155,7 +156,7 @@ def test_pause_holds_the_line_and_resume_continues_it(run):
     rec = out.recorded()[:, 0]
     loud = np.flatnonzero(rec > 1e-6)
     inner_gaps = np.diff(loud) - 1
-    assert inner_gaps.max() >= 0.2 * SR  # a held silence inside the line
+    assert inner_gaps.max() >= 0.1 * SR  # a held silence inside the line
     # nothing was lost: the line's energy is its full length minus what the two fades removed
     n = fake.samples_for(LONG)
     assert abs(rec.sum() / amp - n) <= 480 + 2

@@ -96,8 +96,10 @@ def test_lip_sync_is_timed_to_when_the_sound_card_plays_it(run):
     log, h = run(body())
     start = log.one("playback_started", h.id).time
     end = log.one("playback_finished", h.id).time
-    assert start >= out.handed + 0.25 - 0.02  # heard a DAC latency after it was handed over
-    assert abs((end - start) - 1.0) < 0.05  # stream-clock duration, derived from samples
+    # heard a DAC latency after it was handed over (a late output thread eats into it; an
+    # implementation timing events at hand-over would give ~0)
+    assert 0.125 <= start - out.handed <= 0.3
+    assert abs((end - start) - 1.0) < 0.1  # stream-clock duration, derived from samples
     mouths = [e for _, e in received]
     assert len(mouths) >= 0.5 * 50 * 1.0  # ~50 Hz (generous for a loaded machine)
     assert all(start - 0.001 <= e.time <= end + 0.05 for e in mouths)
