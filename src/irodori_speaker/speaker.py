@@ -17,7 +17,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import enum
-import inspect
 import logging
 import math
 import time
@@ -47,7 +46,7 @@ from .events import (
     Underrun,
 )
 from .lipsync import Envelope
-from .outputs import Output, OutputSpec, make_output
+from .outputs import Output, OutputSpec, SoundDeviceOutput, make_output
 from .playback import Chunk, Player, PlayItem, resample, total_seconds_estimate
 from .synthesizer import SynthesisOptions, SynthesisRecord, SynthesizerLike
 
@@ -324,7 +323,6 @@ class Speaker:
         self._player: Player | None = None
         self._task: asyncio.Task[None] | None = None
         self._synth_task: asyncio.Task[None] | None = None
-        self._synth_utt: Utterance | None = None
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -515,7 +513,6 @@ class Speaker:
         `interrupt=True`: stop the line now playing so this one (and its lane's order) goes next.
         """
         self._require_open()
-        self._require_loop()
         if not isinstance(text, str):
             raise InputError(f"text must be a str, got {type(text).__name__}")
         lane = Priority.parse(priority)
@@ -696,7 +693,7 @@ class Speaker:
             if id(o) not in player.failed:
                 continue
             await self._loop.run_in_executor(self._executor, o.close)
-            opener = (lambda o=o: o.open(rescan=rescan)) if _takes_rescan(o) else o.open
+            opener = (lambda o=o: o.open(rescan=rescan)) if isinstance(o, SoundDeviceOutput) else o.open
             await self._loop.run_in_executor(self._executor, opener)
             player.reset_output(o)
             reopened.append(o)
@@ -758,6 +755,7 @@ class Speaker:
     def _require_open(self) -> None:
         if not self._open or self._closing:
             raise InputError("the Speaker is not open", hint="use `async with Speaker(...) as s:`")
+        self._require_loop()
 
     def _require_loop(self) -> None:
         try:
@@ -767,7 +765,7 @@ class Speaker:
         if loop is not self._loop:
             raise InputError(
                 "Speaker methods must be called on the event loop that opened it",
-                hint="from another thread use loop.call_soon_threadsafe(speaker.enqueue, text)",
+                hint="from another thread use speaker.enqueue_threadsafe(text)",
             )
 
     def _lanes_of(self, priority: Any) -> list[Priority]:
@@ -870,7 +868,6 @@ class Speaker:
         if full and not idle:
             return
         candidate.state = UtteranceState.SYNTHESIZING
-        self._synth_utt = candidate
         self._synth_task = self._loop.create_task(self._synthesize(candidate))
 
     def _enforce_max_queue(self, newest: Utterance) -> None:
@@ -902,7 +899,6 @@ class Speaker:
             self._on_synth_failed(utt, e)
         finally:
             self._synth_task = None
-            self._synth_utt = None
             self._wake.set()
 
     def _synth_blocking(self, loop: asyncio.AbstractEventLoop, utt: Utterance, rates: list[int]) -> None:
@@ -1088,13 +1084,6 @@ class Speaker:
             self._emit(Skipped(t, utt.id, utt.text, utt._reason))
             state = UtteranceState.EXPIRED if utt._reason == "expired" else UtteranceState.CANCELLED
             self._finish(utt, state)
-
-
-def _takes_rescan(o: Output) -> bool:
-    try:
-        return "rescan" in inspect.signature(o.open).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _same(a: Any, b: Any) -> bool:
