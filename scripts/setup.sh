@@ -3,37 +3,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# PortAudio (sounddevice), and a virtual ALSA output so the real playback path runs without a sound
-# card. "irodori_virtual" is ALSA's file plugin over its null device: it discards the audio, or writes
-# the raw stream to the file or FIFO named by $IRODORI_ALSA_TAP (tests read a FIFO at real-time pace,
-# which also gives the device a real-time clock). It goes to /etc/alsa/conf.d, leaving asound.conf alone.
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  if ! ldconfig -p 2>/dev/null | grep -q 'libportaudio\.so\.2'; then
+# PortAudio for sounddevice (sound output).
+if ! ldconfig -p 2>/dev/null | grep -q 'libportaudio\.so\.2'; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libportaudio2 >/dev/null
+  else
+    echo "note: PortAudio is missing; install libportaudio2 for sound output (the real-playback test skips)" >&2
   fi
-  mkdir -p /etc/alsa/conf.d
-  cat > /etc/alsa/conf.d/60-irodori-virtual.conf <<'ALSA'
-# Written by irodori-speaker's scripts/setup.sh: a virtual output for tests and headless servers.
-pcm.irodori_virtual {
-    type plug
-    slave.pcm {
-        type file
-        slave.pcm "null"
-        file {
-            @func getenv
-            vars [ IRODORI_ALSA_TAP ]
-            default "/dev/null"
-        }
-        format "raw"
-    }
-    hint {
-        show on
-        description "irodori-speaker virtual output (null; IRODORI_ALSA_TAP=path records)"
-    }
-}
-ALSA
-elif ! ldconfig -p 2>/dev/null | grep -q libportaudio; then
-  echo "note: PortAudio is missing; install libportaudio2 for sound output (the real-playback test skips)" >&2
 fi
 
 python3 -m venv .venv

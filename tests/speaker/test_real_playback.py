@@ -1,11 +1,11 @@
-"""The real playback path: sounddevice -> PortAudio -> ALSA, on the virtual device of scripts/setup.sh.
+"""The real playback path: sounddevice -> PortAudio -> ALSA, on the virtual device of .ci/virtual-audio.sh.
 
 "irodori_virtual" is ALSA's file plugin over its null device, writing the raw
 stream to the FIFO named by IRODORI_ALSA_TAP. A reader thread here drains that
 FIFO at the stream's real-time rate, which both gives the device a clock (the
 writes block when the FIFO is full, as a sound card would) and lets the test
 check what PortAudio actually played. Skips where PortAudio or the device is
-missing, but fails under CI (CI runs scripts/setup.sh first, so it must be there).
+missing, but fails under CI (CI runs .ci/virtual-audio.sh first, so it must be there).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ F_SETPIPE_SZ = 1031
 
 def _unavailable(reason: str) -> None:
     if os.environ.get("CI"):
-        pytest.fail(f"{reason}; CI runs scripts/setup.sh, which must provide it")
+        pytest.fail(f"{reason}; CI runs .ci/virtual-audio.sh, which must provide it")
     pytest.skip(reason)
 
 
@@ -39,11 +39,11 @@ def virtual_device() -> dict:
     try:
         import sounddevice  # noqa: F401
     except (ImportError, OSError) as e:
-        _unavailable(f"PortAudio is unavailable ({e}); run scripts/setup.sh as root")
+        _unavailable(f"PortAudio is unavailable ({e}); run scripts/setup.sh as root (it installs libportaudio2)")
     try:
         return find_output_device(DEVICE, hostapi="ALSA")
     except Exception as e:
-        _unavailable(f"the ALSA device {DEVICE!r} is not configured ({e}); run scripts/setup.sh as root")
+        _unavailable(f"the ALSA device {DEVICE!r} is not configured ({e}); run .ci/virtual-audio.sh as root (it installs libportaudio2)")
     raise AssertionError("unreachable")
 
 

@@ -18,7 +18,7 @@ from .checkpoint import build_model, save_checkpoint
 from .config import InferenceConfig, ModelConfig
 
 TINY_VOCAB = 512
-FORMAT_VERSION = "1"  # bump when the tiny files change, so stale caches are rebuilt
+FORMAT_VERSION = "2"  # bump when the tiny files change, so stale caches are rebuilt
 
 _BASE = dict(
     latent_dim=32,
