@@ -1,4 +1,15 @@
-"""irodori-speaker: Japanese speech for livestream bots, on our own PyTorch Irodori-TTS engine."""
+"""irodori-speaker: Japanese speech for livestream bots, on our own PyTorch Irodori-TTS engine.
+
+    async with Speaker() as s:
+        await s.say("こんにちは！")
+
+Heavy modules (torch, the engine) load on first use of a name that needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from .errors import (
     AudioError,
@@ -14,6 +25,39 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Speaker": "speaker",
+    "Utterance": "speaker",
+    "Priority": "speaker",
+    "UtteranceState": "speaker",
+    "Synthesizer": "synthesizer",
+    "SynthesisOptions": "synthesizer",
+    "SynthesisRecord": "synthesizer",
+    "SynthesisResult": "synthesizer",
+    "load_synthesizer": "synthesizer",
+    "Voice": "voices",
+    "CancelToken": "cancel",
+    "SoundDeviceOutput": "outputs",
+    "FileOutput": "outputs",
+    "NullOutput": "outputs",
+    "list_output_devices": "outputs",
+    "PhraseCache": "cache",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'irodori_speaker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
 __all__ = [
     "AudioError",
     "BackendError",
@@ -25,4 +69,5 @@ __all__ = [
     "ModelSourceError",
     "QuantError",
     "__version__",
+    *_LAZY,
 ]
