@@ -349,15 +349,10 @@ class Synthesizer:
             wave, warns = prepare_reference(voice._audio, voice._audio_rate)
         if record is not None:
             record.warnings.extend(warns)
-        codec_dtype = next(self.codec.parameters()).dtype
-        x = torch.from_numpy(np.ascontiguousarray(wave))[None, None].to(self.codec_device, codec_dtype)
+        x = torch.from_numpy(np.ascontiguousarray(wave))[None, None].to(self.codec.device, self.codec.dtype)
         with torch.inference_mode():
             latent = self.codec.encode(x)[0].float()
         return latent.cpu()
-
-    @property
-    def codec_device(self):
-        return next(self.codec.parameters()).device
 
     def _caption(self, voice: Any) -> tuple[Any, Any]:
         caption = getattr(voice, "caption", None)
@@ -456,7 +451,7 @@ class Synthesizer:
         """Yield float32 numpy chunks of one rendered piece, cut to its sample count."""
         import torch
 
-        latent = rendered.latent[:, : rendered.decode_frames].to(self.codec_device, self._codec_dtype)
+        latent = rendered.latent[:, : rendered.decode_frames].to(self.codec.device, self.codec.dtype)
         chunk = opts.chunk_frames or (
             self.preset.decode_chunk_frames if whole else self.preset.stream_chunk_frames
         )
@@ -476,10 +471,6 @@ class Synthesizer:
                     out = part[0, 0, :remaining].float().cpu().numpy()
                 remaining -= len(out)
                 yield out
-
-    @property
-    def _codec_dtype(self):
-        return next(self.codec.parameters()).dtype
 
     def _run(self, pieces, voice, opts, record, cancel, progress, *, whole: bool):
         if self.note:
