@@ -10,7 +10,6 @@ import soundfile as sf
 import torch
 
 from irodori_speaker.cancel import CancelToken
-from irodori_speaker.engine import sampler as sampler_mod
 from irodori_speaker.engine.duration import HOP, tail_trim_frames
 from irodori_speaker.errors import AudioError, Cancelled, InputError
 from irodori_speaker.synthesizer import EDGE_FADE_S, PIECE_GAP_S, SynthesisOptions, load_synthesizer
@@ -89,14 +88,14 @@ def test_tail_trim_rule_on_latents():
 
 
 def test_tail_trim_cuts_audio_where_the_latent_goes_quiet(synth, monkeypatch):
-    real_sample = sampler_mod.sample
+    real_sample = synth.sample_latent
 
-    def quiet_tail(model, conds, noise, cfg, **kw):
-        out = real_sample(model, conds, noise, cfg, **kw)
+    def quiet_tail(conds, noise, cfg, **kw):
+        out = real_sample(conds, noise, cfg, **kw)
         out[:, 20:] = 0.0
         return out
 
-    monkeypatch.setattr(sampler_mod, "sample", quiet_tail)
+    monkeypatch.setattr(synth, "sample_latent", quiet_tail)
     trimmed = synth.synthesize("しっぽを切ります。", options=opts(seconds=2.0))
     assert len(trimmed.audio) == 20 * HOP
     full = synth.synthesize("しっぽを切ります。", options=opts(seconds=2.0, tail_trim=False))
@@ -236,3 +235,13 @@ def test_bad_voice(synth, tmp_path):
         synth.synthesize("こんにちは。", Voice.from_wav(junk))
     with pytest.raises(InputError):
         synth.synthesize("こんにちは。", voice=123)
+
+
+def test_fast_path_and_reference_loop_give_the_same_audio(synth, tiny_cache):
+    reference = load_synthesizer(tiny_random="v2", backend="cpu", fast_path=False, voice_cache_dir=False)
+    assert synth.fast_sampler is not None and reference.fast_sampler is None
+    text = "速い道でも同じ音になります。"
+    a = synth.synthesize(text, options=opts(seed=21)).audio
+    b = reference.synthesize(text, options=opts(seed=21)).audio
+    assert len(a) == len(b)
+    np.testing.assert_allclose(a, b, atol=1e-4)

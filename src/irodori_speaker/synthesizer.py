@@ -202,6 +202,18 @@ class Synthesizer:
         self.fingerprints = dict(fingerprints or {})
         self.note = note  # e.g. "tiny-random model: the output is noise"
         self.device = next(model.parameters()).device
+        self._fast = None  # engine.fast.FastSampler, built on first use when the preset asks for it
+
+    @property
+    def fast_sampler(self):
+        """The preset's fast sampling path (None when the preset uses the reference loop)."""
+        if self._fast is None and self.preset.fast_path:
+            from .engine.fast import FastSampler
+
+            self._fast = FastSampler(
+                self.model, use_graphs=self.preset.cuda_graphs and self.device.type == "cuda"
+            )
+        return self._fast
 
     # ---- public API -------------------------------------------------------------------------
     @property
@@ -412,12 +424,21 @@ class Synthesizer:
             speaker_kv_max_layers=opts.speaker_kv_max_layers,
         )
 
+    def sample_latent(self, conds: Any, noise: Any, cfg: Any, *, cancel=None, progress=None) -> Any:
+        """Run the sampler (the preset's fast path, or the reference loop)."""
+        from .engine.sampler import sample
+
+        fast = self.fast_sampler
+        if fast is not None:
+            return fast.sample(conds, noise, cfg, cancel=cancel, progress=progress)
+        return sample(self.model, conds, noise, cfg, cancel=cancel, progress=progress)
+
     def _render(self, piece, ref, caption, seed, opts, record, cancel, progress) -> _Rendered:
         """Encode conditions, choose the length, sample; all under the model lock."""
         import torch
 
         from .engine.duration import HOP, tail_trim_frames
-        from .engine.sampler import draw_noise, sample
+        from .engine.sampler import draw_noise
 
         cfg = self._sampler_config(opts)
         t0 = time.perf_counter()
@@ -429,7 +450,7 @@ class Synthesizer:
         t1 = time.perf_counter()
         record.timings["duration"] = record.timings.get("duration", 0.0) + (t1 - t0)
         noise = draw_noise(seed, 1, frames, self.config.latent_dim, device=self.device)
-        latent = sample(self.model, conds, noise, cfg, cancel=cancel, progress=progress)
+        latent = self.sample_latent(conds, noise, cfg, cancel=cancel, progress=progress)
         self._sync()
         record.timings["sampling"] = record.timings.get("sampling", 0.0) + (time.perf_counter() - t1)
         record.frames += frames

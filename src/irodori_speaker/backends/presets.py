@@ -27,6 +27,8 @@ class Preset:
     decode_chunk_frames: int | None = None  # None: decode a line in one pass
     stream_chunk_frames: int = 25  # streaming decode: 1 s of audio per chunk
     threads: int | None = None  # CPU threads for torch (None: leave torch's default)
+    fast_path: bool = True  # engine.fast: fused projections, precomputed AdaLN, buckets
+    cuda_graphs: bool = False  # capture the whole sampling loop per bucket (CUDA only)
 
     def with_overrides(self, **overrides) -> Preset:
         names = {f.name for f in dataclasses.fields(self)}
@@ -47,7 +49,9 @@ def mps_available() -> bool:
 
 def base_preset(name: str) -> Preset:
     if name == "cuda":
-        return Preset("cuda", "cuda", dtype=torch.bfloat16, codec_dtype=torch.float16, steps=8)
+        return Preset(
+            "cuda", "cuda", dtype=torch.bfloat16, codec_dtype=torch.float16, steps=8, cuda_graphs=True
+        )
     if name == "mps":
         # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision
         # crashed in MPS matmul; 6 steps left tail noise there, so 8.
