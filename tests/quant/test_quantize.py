@@ -205,7 +205,7 @@ def test_degenerate_calibration_falls_back(dit_fixtures: Path) -> None:
     state = load_file(str(src))
     plan = plan_layers({name: (64, 64)}, LayerSelection(gptq=(name,)))
     kept = quantize_state(state, {}, method="gptq", plan=plan, hessians=h)
-    assert kept.used[name].startswith("kept (calibration inputs span rank 1 of 64")
+    assert kept.used[name] == "kept (calibration inputs are nearly constant (rank 1 of 64))"
     assert f"{name}.weight" in kept.checkpoint.tensors and not kept.checkpoint.gptq
     rtn = quantize_state(state, {}, method="gptq", plan=plan, hessians=h, fallback="rtn")
     assert rtn.used[name].startswith("rtn (") and name in rtn.checkpoint.gptq
@@ -228,3 +228,39 @@ def test_gptq_needs_a_calibration_source(dit_fixtures: Path, tmp_path: Path) -> 
         rep = tmp_path / "r.safetensors"
         quantize_checkpoint(src, rep, method="rtn", report_errors=False)
         quantize_checkpoint(rep, None, method="rtn")
+
+
+def test_default_sampler_calibration_end_to_end(tmp_path: Path) -> None:
+    """The default calibration path: engine sampler + tokenizer on Japanese sentences (tiny random v3)."""
+    from irodori_speaker.engine.checkpoint import save_checkpoint
+    from irodori_speaker.engine.tiny import TINY_VOCAB, random_model
+    from irodori_speaker.text.tokenizer import build_tiny_tokenizer
+
+    src, tok = tmp_path / "dit.safetensors", tmp_path / "tokenizer.json"
+    save_checkpoint(random_model("v3"), src)
+    build_tiny_tokenizer(TINY_VOCAB, tok)
+    texts = ["今日はいい天気ですね。", "えっ、本当に？", "次のニュースです。"]
+    rep = quantize_checkpoint(
+        src, tmp_path / "q.safetensors", method="gptq", tokenizer=tok, calibration_texts=texts,
+        heldout_texts=["おはようございます。"], num_steps=2,
+    )  # fmt: skip
+    assert rep.used["blocks.1.attention.wq"] == "gptq"
+    assert (
+        rep.used["blocks.0.attention.wq"] == "gptq"
+    )  # rank ~ latent_dim + 1 of 64: low, and legitimately so
+    assert rep.errors and all(r.gptq is None or r.gptq < 1.0 for r in rep.errors)
+    assert isinstance(load_checkpoint(rep.path).model.blocks[0].attention.wq, Int4Linear)
+
+
+def test_unexercised_condition_branches_are_not_calibrated() -> None:
+    from irodori_speaker.quant.quantize import CalibrationItem, _uncovered_branches
+
+    names = ["blocks.0.attention.wq", "blocks.0.attention.wk_speaker", "speaker_encoder.blocks.0.attention.wq",
+             "blocks.3.attention.wv_caption", "caption_encoder.blocks.1.attention.gate"]  # fmt: skip
+    plain = _uncovered_branches(names, ["テスト"], {})
+    assert set(plain) == set(names[1:])
+    with_ref = _uncovered_branches(names, [CalibrationItem("テスト", ref_latent=torch.zeros(10, 32))], {})
+    assert set(with_ref) == set(names[3:])
+    both = _uncovered_branches(names, [CalibrationItem("a", ref_latent=torch.zeros(1, 32), caption="b")], {})
+    assert both == {}
+    assert _uncovered_branches(names, [(0, 0.5)], {}) == {}  # a caller's own items: trusted

@@ -417,19 +417,24 @@ class QuantizeReport:
         return format_error_table(self.errors)
 
 
-def _fits_calibration(h: torch.Tensor, rows: int, k: int, min_rank_frac: float) -> tuple[bool, str]:
+def _fits_calibration(h: torch.Tensor, rows: int, k: int, min_rank: int) -> tuple[bool, str]:
+    """Enough rows, and inputs that are not (nearly) constant.
+
+    Low rank as such is not a defect: the first DiT block sees in_proj of a 32-dim latent, so its inputs
+    span ~33 of 1280 dimensions at inference too, and GPTQ is right to use that. What must not be
+    calibrated is a branch the items never exercised (e.g. the speaker encoder on the zero "no
+    reference" latent: rank 1-2); `quantize_checkpoint` also names those branches explicitly."""
     if rows < k:
         return False, f"{rows} calibration rows < {k} inputs"
-    # rank of the correlation matrix: per-channel scale (outlier channels) does not matter, only
-    # whether the calibration inputs span the input space
+    # rank of the correlation matrix, so per-channel scale (outlier channels) does not matter
     h = h.double()
     d = torch.diag(h)
     live = d > 0
     inv = torch.where(live, d.clamp(min=1e-300).rsqrt(), torch.zeros_like(d))
     ev = torch.linalg.eigvalsh(h * inv[:, None] * inv[None, :])
     rank = int((ev > ev.max() * 1e-4).sum())
-    if rank < min_rank_frac * k:
-        return False, f"calibration inputs span rank {rank} of {k}"
+    if rank < min_rank:
+        return False, f"calibration inputs are nearly constant (rank {rank} of {k})"
     return True, ""
 
 
@@ -445,13 +450,15 @@ def quantize_state(
     damp: float = 0.01,
     checkpoint_format: str = "gptq",
     fallback: str = "keep",
-    min_rank_frac: float = 0.5,
+    min_rank: int = 4,
+    uncovered: dict[str, str] | None = None,
     device: torch.device | str = "cpu",
     keep_rtn: bool = False,
 ) -> QuantizeReport:
-    """Quantise a float state dict per `plan`. With method "gptq", a layer whose calibration is missing or
-    degenerate (fewer rows than inputs, or inputs spanning < `min_rank_frac` of the input space) is kept
-    float (`fallback="keep"`, the default: blind rounding is what broke the encoders) or RTN ("rtn")."""
+    """Quantise a float state dict per `plan`. With method "gptq", a layer whose calibration is missing,
+    degenerate (fewer rows than inputs, or correlation rank < `min_rank`) or named in `uncovered`
+    (name -> why) is kept float (`fallback="keep"`, the default: blind rounding is what broke the encoders
+    upstream) or rounded to nearest (`fallback="rtn"`)."""
     if method not in ("gptq", "rtn"):
         raise QuantError(f"unknown quantisation method {method!r} (gptq, rtn)")
     if fallback not in ("keep", "rtn"):
@@ -471,11 +478,12 @@ def quantize_state(
         choice = "rtn"
         if method == "gptq":
             h = (hessians or {}).get(name)
-            ok, why = (
-                (False, "no calibration inputs")
-                if h is None
-                else _fits_calibration(h[0], h[1], w.shape[1], min_rank_frac)
-            )
+            if name in (uncovered or {}):
+                ok, why = False, (uncovered or {})[name]
+            elif h is None:
+                ok, why = False, "no calibration inputs"
+            else:
+                ok, why = _fits_calibration(h[0], h[1], w.shape[1], min_rank)
             if ok:
                 q, z, s = gptq_quantize_weight(
                     w, h[0].to(device), group_size=group_size, symmetric=symmetric, damp=damp
@@ -512,6 +520,26 @@ def quantize_state(
         used[name] = "rtn"
     ckpt.tensors = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in tensors.items()}
     return QuantizeReport(ckpt, plan, used, deq, rtn_deq)
+
+
+_SPEAKER_BRANCH = (r"speaker_encoder\..*", r"blocks\.\d+\.attention\.w[kv]_speaker")
+_CAPTION_BRANCH = (r"caption_encoder\..*", r"blocks\.\d+\.attention\.w[kv]_caption")
+
+
+def _uncovered_branches(names: Sequence[str], items: Sequence[object], config: dict) -> dict[str, str]:
+    """Condition branches that text / `CalibrationItem` calibration never feeds real inputs: the speaker
+    branch when no item has a reference latent, the caption branch when none has a caption. (Other item
+    types come with a caller's own `run_item`, which is trusted.)"""
+    if not items or not all(isinstance(it, (str, CalibrationItem)) for it in items):
+        return {}
+    out: dict[str, str] = {}
+    if not any(isinstance(it, CalibrationItem) and it.ref_latent is not None for it in items):
+        out.update(
+            {n: "no calibration item has a reference latent" for n in names if _matches(n, _SPEAKER_BRANCH)}
+        )
+    if not any(isinstance(it, CalibrationItem) and it.caption is not None for it in items):
+        out.update({n: "no calibration item has a caption" for n in names if _matches(n, _CAPTION_BRANCH)})
+    return out
 
 
 DEFAULT_CALIBRATION_TEXTS: tuple[str, ...] = (
@@ -604,6 +632,7 @@ def quantize_checkpoint(
     plan = plan_layers(shapes, layers or RELEASE_SELECTION, group_size=group_size)
 
     hessians = None
+    uncovered: dict[str, str] = {}
     heldout: dict[str, torch.Tensor] = {}
     need_model = method == "gptq" or report_errors
     if need_model and (
@@ -631,8 +660,10 @@ def quantize_checkpoint(
                 model, tokenizer, caption_tokenizer=caption_tokenizer, num_steps=num_steps
             )
         items = list(calibration_texts or DEFAULT_CALIBRATION_TEXTS)
+        uncovered = _uncovered_branches(plan.gptq, items, config)
         if method == "gptq":
-            hessians = capture_hessians(model, plan.gptq, items, run_item, device=device)
+            names = [n for n in plan.gptq if n not in uncovered]
+            hessians = capture_hessians(model, names, items, run_item, device=device)
         if report_errors:
             held = list(heldout_texts or DEFAULT_HELDOUT_TEXTS)
             heldout = capture_inputs(model, plan.gptq, held, run_item)
@@ -647,6 +678,7 @@ def quantize_checkpoint(
         damp=damp,
         checkpoint_format=checkpoint_format,
         fallback=fallback,
+        uncovered=uncovered,
         device=device,
         keep_rtn=report_errors,
     )
