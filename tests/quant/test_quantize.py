@@ -255,8 +255,13 @@ def test_default_sampler_calibration_end_to_end(tmp_path: Path) -> None:
 def test_unexercised_condition_branches_are_not_calibrated() -> None:
     from irodori_speaker.quant.quantize import CalibrationItem, _uncovered_branches
 
-    names = ["blocks.0.attention.wq", "blocks.0.attention.wk_speaker", "speaker_encoder.blocks.0.attention.wq",
-             "blocks.3.attention.wv_caption", "caption_encoder.blocks.1.attention.gate"]  # fmt: skip
+    names = [
+        "blocks.0.attention.wq",
+        "blocks.0.attention.wk_speaker",
+        "speaker_encoder.blocks.0.attention.wq",
+        "blocks.3.attention.wv_caption",
+        "caption_encoder.blocks.1.attention.gate",
+    ]
     plain = _uncovered_branches(names, ["テスト"], {})
     assert set(plain) == set(names[1:])
     with_ref = _uncovered_branches(names, [CalibrationItem("テスト", ref_latent=torch.zeros(10, 32))], {})
