@@ -559,9 +559,21 @@ _CHOICES_LOCK = threading.Lock()
 _TUNE_FILE_ENV = "IRODORI_INT4_TUNE_CACHE"
 
 
+_DEVICE_NAMES: dict[int, str] = {}
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type != "cuda":
+        return device.type
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    name = _DEVICE_NAMES.get(idx)
+    if name is None:
+        name = _DEVICE_NAMES[idx] = torch.cuda.get_device_name(idx)
+    return name
+
+
 def _choice_key(x: torch.Tensor, n: int, k: int, sym: bool, group_size: int) -> tuple:
-    dev = torch.cuda.get_device_name(x.device) if x.device.type == "cuda" else x.device.type
-    return (dev, str(x.dtype), n, k, sym, group_size, m_bucket(x.shape[0]))
+    return (_device_name(x.device), str(x.dtype), n, k, sym, group_size, m_bucket(x.shape[0]))
 
 
 def _load_tune_file() -> None:
