@@ -57,6 +57,34 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module:
     raise TypeError("fuse_linears: layers must all be bias-free nn.Linear or all Int4Linear")
 
 
+class SliceOf(nn.Module):
+    """Columns [start, end) of a fused projection: what an int4 original becomes after fusing.
+
+    Packed int4 weights cannot be viewed per original, so the originals are dropped (no duplicate
+    memory) and the reference path computes the fused projection and slices it.
+    """
+
+    def __init__(self, fused: nn.Module, start: int, end: int) -> None:
+        super().__init__()
+        self.fused = [fused]  # a list: not registered as a submodule (no duplicate in state_dict)
+        self.start, self.end = start, end
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fused[0](x)[..., self.start : self.end]
+
+
+def fuse_into(parent_names: list[tuple[nn.Module, str]]) -> nn.Module:
+    """Fuse the named Linear attributes; int4 originals are replaced by `SliceOf` views."""
+    layers = [getattr(parent, name) for parent, name in parent_names]
+    fused = fuse_linears(layers)
+    if type(layers[0]) is not nn.Linear:
+        start = 0
+        for (parent, name), layer in zip(parent_names, layers):
+            setattr(parent, name, SliceOf(fused, start, start + layer.out_features))
+            start += layer.out_features
+    return fused
+
+
 @dataclass
 class FastBlock:
     qkvg: nn.Module
@@ -83,9 +111,9 @@ class FastDiT:
             a = blk.attention
             self.blocks.append(
                 FastBlock(
-                    qkvg=fuse_linears([a.wq, a.wk, a.wv, a.gate]),
+                    qkvg=fuse_into([(a, "wq"), (a, "wk"), (a, "wv"), (a, "gate")]),
                     wo=a.wo,
-                    w13=fuse_linears([blk.mlp.w1, blk.mlp.w3]),
+                    w13=fuse_into([(blk.mlp, "w1"), (blk.mlp, "w3")]),
                     w2=blk.mlp.w2,
                     q_norm=a.q_norm.weight,
                     k_norm=a.k_norm.weight,
