@@ -78,16 +78,22 @@ def main() -> None:
     rows = run("tiny", tiny_config(), args.frames, cases)
     if not args.tiny:
         rows += run("v2 500M", full_v2_config(), args.frames, cases)
-    print(f"# engine_cpu  {platform.processor() or platform.machine()}  threads={torch.get_num_threads()}  "
-          f"torch {torch.__version__}  {time.strftime('%Y-%m-%d')}")
-    print("| model | frames | steps | text | guided steps | encode s | sample s | per step s | vs 40 linear/256 |")
+    machine = platform.processor() or platform.machine()
+    print(
+        f"# engine_cpu  {machine}  threads={torch.get_num_threads()}  torch {torch.__version__}  "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
+    cols = ["model", "frames", "steps", "text", "guided steps", "encode s", "sample s", "per step s"]
+    print("| " + " | ".join([*cols, "vs 40 linear/256"]) + " |")
     print("|---|---|---|---|---|---|---|---|---|")
     base = {}
     for label, frames, steps, text, r in rows:
         base.setdefault(label, r["encode_s"] + r["sample_s"])
         ratio = base[label] / (r["encode_s"] + r["sample_s"])
-        print(f"| {label} | {frames} | {steps} | {text} | {r['guided']} | {r['encode_s']:.3f} | "
-              f"{r['sample_s']:.3f} | {r['per_step_s']:.4f} | {ratio:.2f}x |")
+        print(
+            f"| {label} | {frames} | {steps} | {text} | {r['guided']} | {r['encode_s']:.3f} | "
+            f"{r['sample_s']:.3f} | {r['per_step_s']:.4f} | {ratio:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -73,6 +73,10 @@ def test_stream_equals_whole(synth):
     chunks = list(synth.stream("ストリーミングでも同じ音です。", options=o))
     assert len(chunks) > 1
     np.testing.assert_allclose(np.concatenate(chunks), whole, atol=1e-5)
+    # the preset's streaming: a short first chunk (8 frames), then 25-frame chunks
+    default = list(synth.stream("ストリーミングでも同じ音です。", options=opts(seed=3, seconds=3.0)))
+    assert [len(c) for c in default] == [8 * HOP, 25 * HOP, 25 * HOP, 17 * HOP]
+    np.testing.assert_allclose(np.concatenate(default), whole, atol=1e-5)
 
 
 def test_tail_trim_rule_on_latents():

@@ -310,8 +310,12 @@ class Synthesizer:
             if record is not None:
                 record.warnings.append("this model has no speaker branch: the reference voice is ignored")
             return None
-        if voice.latent is not None:
-            latent = load_latent(voice.latent, self.config.latent_dim)
+        if voice.latent is not None:  # a saved latent: read once, kept in memory
+            key = voice.content_key()
+            latent = self.voice_cache.get(key, disk=False)
+            if latent is None:
+                latent = load_latent(voice.latent, self.config.latent_dim)
+                self.voice_cache.put(key, latent, disk=False)
         else:
             key = f"{voice.content_key()}|codec:{self.fingerprints.get('codec', id(self.codec))}"
             latent = self.voice_cache.get(key)
@@ -473,17 +477,21 @@ class Synthesizer:
         import torch
 
         latent = rendered.latent[:, : rendered.decode_frames].to(self.codec.device, self.codec.dtype)
-        chunk = opts.chunk_frames or (
-            self.preset.decode_chunk_frames if whole else self.preset.stream_chunk_frames
-        )
+        first = None
+        if opts.chunk_frames is not None:
+            chunk = opts.chunk_frames
+        elif whole:
+            chunk = self.preset.decode_chunk_frames
+        else:
+            chunk, first = self.preset.stream_chunk_frames, self.preset.stream_first_chunk_frames
         remaining = rendered.samples
         with torch.inference_mode():
-            if chunk is None or chunk >= rendered.decode_frames:
+            if chunk is None or (chunk >= rendered.decode_frames and first is None):
                 with hold_model_lock(cancel):
                     audio = self.codec.decode(latent)
                 yield audio[0, 0, :remaining].float().cpu().numpy()
                 return
-            it = self.codec.decode_stream(latent, chunk, cancel=cancel)
+            it = self.codec.decode_stream(latent, chunk, cancel=cancel, first_chunk_frames=first)
             while remaining > 0:
                 with hold_model_lock(cancel):
                     part = next(it, None)

@@ -123,11 +123,11 @@ class VoiceCache:
             return None
         return self.directory / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".safetensors")
 
-    def get(self, key: str) -> torch.Tensor | None:
+    def get(self, key: str, *, disk: bool = True) -> torch.Tensor | None:
         with self._lock:
             if key in self._memory:
                 return self._memory[key]
-        path = self._path(key)
+        path = self._path(key) if disk else None
         if path is not None and path.is_file():
             try:
                 latent = load_file(str(path))["latent"]
@@ -139,11 +139,11 @@ class VoiceCache:
             return latent
         return None
 
-    def put(self, key: str, latent: torch.Tensor) -> None:
+    def put(self, key: str, latent: torch.Tensor, *, disk: bool = True) -> None:
         latent = latent.detach().float().cpu().contiguous()
         with self._lock:
             self._memory[key] = latent
-        path = self._path(key)
+        path = self._path(key) if disk else None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")

@@ -366,6 +366,19 @@ def test_stream_yields_in_order_and_equals_full(tiny: DACVAE, frames: int, chunk
     torch.testing.assert_close(torch.cat(pieces, dim=-1), tiny.decode(lat), atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize(("frames", "first", "chunk"), [(23, 2, 8), (23, 8, 5), (5, 8, 3), (30, 1, 30)])
+def test_stream_with_a_shorter_first_chunk(tiny: DACVAE, frames: int, first: int, chunk: int) -> None:
+    lat = _latent(frames, seed=3)
+    pieces = list(tiny.decode_stream(lat, chunk, first_chunk_frames=first))
+    sizes, start = [], 0
+    while start < frames:
+        n = min(first if start == 0 else chunk, frames - start)
+        sizes.append(n * HOP)
+        start += n
+    assert [p.shape[-1] for p in pieces] == sizes
+    torch.testing.assert_close(torch.cat(pieces, dim=-1), tiny.decode(lat), atol=ATOL, rtol=0)
+
+
 def test_too_little_context_is_not_exact(tiny: DACVAE) -> None:
     """The check above can fail: with 4 frames of context the chunk edges show."""
     lat = _latent(24, seed=2)

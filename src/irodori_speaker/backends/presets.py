@@ -25,7 +25,8 @@ class Preset:
     schedule: str = "sway"
     sway_coeff: float = -1.0
     decode_chunk_frames: int | None = None  # None: decode a line in one pass
-    stream_chunk_frames: int = 25  # streaming decode: 1 s of audio per chunk
+    stream_chunk_frames: int = 25  # streaming decode: 1 s of audio per chunk ...
+    stream_first_chunk_frames: int | None = 8  # ... after a short first chunk (first audio sooner)
     threads: int | None = None  # CPU threads for torch (None: leave torch's default)
     fast_path: bool = True  # engine.fast: fused projections, precomputed AdaLN, buckets
     cuda_graphs: bool = False  # capture the whole sampling loop per bucket (CUDA only)

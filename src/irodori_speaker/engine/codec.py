@@ -449,17 +449,20 @@ class DACVAE(nn.Module):
         chunk_frames: int,
         context_frames: int = RECEPTIVE_FIELD_FRAMES,
         cancel: CancelToken | None = None,
+        first_chunk_frames: int | None = None,
     ) -> Iterator[Tensor]:
         """Yield (B, 1, hop*n) audio chunks of `chunk_frames` latent frames each, in order.
 
         Each chunk is decoded with up to `context_frames` extra frames on both
         sides and the context's audio discarded; with the default 8 (the
-        receptive field) the concatenation equals `decode`. `cancel` is checked
+        receptive field) the concatenation equals `decode`. `first_chunk_frames`
+        makes the first chunk shorter (first audio sooner) without paying the
+        context overhead of small chunks for the rest. `cancel` is checked
         before each chunk (`Cancelled`). Arguments are checked on the call, not
         on the first `next()`.
         """
         z = self._check_latent(latent)
-        windows = _chunk_windows(z.shape[-1], chunk_frames, context_frames)
+        windows = _chunk_windows(z.shape[-1], chunk_frames, context_frames, first_chunk_frames)
         return self._stream(z, windows, cancel)
 
     def _stream(
@@ -520,15 +523,24 @@ class DACVAE(nn.Module):
         return mean.transpose(1, 2).float()
 
 
-def _chunk_windows(frames: int, chunk_frames: int, context_frames: int) -> list[tuple[int, int, int, int]]:
+def _chunk_windows(
+    frames: int, chunk_frames: int, context_frames: int, first_chunk_frames: int | None = None
+) -> list[tuple[int, int, int, int]]:
     """(lo, start, end, hi) per chunk: emit frames [start, end), decode [lo, hi)."""
-    for name, value, least in (("chunk_frames", chunk_frames, 1), ("context_frames", context_frames, 0)):
+    first = chunk_frames if first_chunk_frames is None else first_chunk_frames
+    checks = (
+        ("chunk_frames", chunk_frames, 1),
+        ("context_frames", context_frames, 0),
+        ("first_chunk_frames", first, 1),
+    )
+    for name, value, least in checks:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise InputError(f"{name} must be an integer >= {least}, got {value!r}")
-    windows = []
-    for start in range(0, frames, chunk_frames):
-        end = min(start + chunk_frames, frames)
+    windows, start = [], 0
+    while start < frames:
+        end = min(start + (first if start == 0 else chunk_frames), frames)
         windows.append((max(0, start - context_frames), start, end, min(frames, end + context_frames)))
+        start = end
     return windows
 
 

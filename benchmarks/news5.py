@@ -1,0 +1,418 @@
+"""news5 end to end, side by side in ONE run: the reference-equivalent path vs our presets.
+
+Full 500M v2 configuration with random weights plus the full-size codec (random), the five
+sentences of ../shared/bench/news5.json, a 10 s reference voice, the engine's seconds
+estimate for every mode, warm-up before timing. Per sentence and in total: generation
+time (DiT + codec), audio length, RTF, time to first audio, peak GPU memory.
+
+Modes (a)-(e) need CUDA; (f) runs our CPU preset on the machine's CPU. On Apple
+Silicon, `--device mps` runs the reference and our MPS preset (not run here: no Mac).
+
+    python benchmarks/news5.py                      # all modes on CUDA, then (f) on the CPU
+    python benchmarks/news5.py --modes a,b,d,e      # a subset
+    python benchmarks/news5.py --device mps         # Apple Silicon (fp32, sway 8)
+
+Weights are random, so the audio is noise: this measures speed and memory, not quality.
+The text tokenizer is approximated (the real llm-jp-3 tokenizer.json is not available on
+the benchmark machines): one token per 1.25 characters plus BOS, the ratio of llm-jp-3 on
+Japanese news text, so the text lengths the model sees are realistic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from irodori_speaker.backends.presets import Preset  # noqa: E402
+from irodori_speaker.engine.checkpoint import build_model, load_checkpoint, save_checkpoint  # noqa: E402
+from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, load_codec  # noqa: E402
+from irodori_speaker.engine.config import InferenceConfig, ModelConfig  # noqa: E402
+from irodori_speaker.synthesizer import SynthesisOptions, Synthesizer  # noqa: E402
+from irodori_speaker.voices import Voice, VoiceCache, save_latent  # noqa: E402
+
+SHARED = Path(os.environ.get("IRODORI_SHARED_DIR", REPO.parent / "shared"))
+WORK = Path(os.environ.get("BENCH_WORK", "/tmp/irodori-news5"))
+
+
+class ApproxTokenizer:
+    """Token ids of llm-jp-3-like length (1 per 1.25 chars + BOS), deterministic per text."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def encode(self, text: str) -> list[int]:
+        n = max(1, round(len(text) / 1.25))
+        g = np.random.default_rng(abs(hash(text)) % (2**32))
+        return [1, *g.integers(8, self.vocab, n).tolist()]
+
+    def batch(self, texts, max_len=None, pad_to=None):
+        rows = [self.encode(t)[: max_len or None] for t in texts]
+        L = pad_to or max(map(len, rows))
+        ids = torch.full((len(rows), L), 4, dtype=torch.long)
+        mask = torch.zeros(len(rows), L, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r[:L])
+            mask[i, : len(r)] = True
+        return ids, mask
+
+
+@dataclass
+class Mode:
+    key: str
+    desc: str
+    device: str
+    dtype: torch.dtype
+    codec_dtype: torch.dtype
+    steps: int
+    schedule: str
+    fast: bool
+    graphs: bool
+    pad_text: int | None
+    stream_chunk: int | None  # None: decode the whole line (first audio = end of generation);
+    #  else streamed: a first chunk of this many frames, then the preset's 25-frame chunks
+    int4: bool = False
+    rows: list[dict] = field(default_factory=list)
+    peak_mb: float = float("nan")
+    load_s: float = float("nan")
+    warm_s: float = float("nan")
+
+
+def modes_for(device: str) -> dict[str, Mode]:
+    f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+    if device == "mps":
+        return {
+            "a": Mode(
+                "a",
+                "reference: fp32, 40 linear, eager, text padded 256, codec fp32",
+                "mps",
+                f32,
+                f32,
+                40,
+                "linear",
+                False,
+                False,
+                256,
+                None,
+            ),
+            "b": Mode("b", "(a) at 8 sway steps", "mps", f32, f32, 8, "sway", False, False, 256, None),
+            "d": Mode(
+                "d",
+                "our MPS preset: fp32, 8 sway, fused, trimmed text, streamed decode",
+                "mps",
+                f32,
+                f32,
+                8,
+                "sway",
+                True,
+                False,
+                None,
+                8,
+            ),
+        }
+    return {
+        "a": Mode(
+            "a",
+            "reference: fp32, 40 linear, eager, text padded 256, codec fp32",
+            "cuda",
+            f32,
+            f32,
+            40,
+            "linear",
+            False,
+            False,
+            256,
+            None,
+        ),
+        "b": Mode("b", "(a) at 8 sway steps", "cuda", f32, f32, 8, "sway", False, False, 256, None),
+        "c": Mode(
+            "c",
+            "(b) in bf16 (DiT bf16, codec bf16), eager",
+            "cuda",
+            bf16,
+            bf16,
+            8,
+            "sway",
+            False,
+            False,
+            256,
+            None,
+        ),
+        "d": Mode(
+            "d",
+            "our CUDA preset, bf16 weights: fused, AdaLN precomputed, CUDA graphs, trimmed "
+            "text, codec fp16 streamed",
+            "cuda",
+            bf16,
+            f16,
+            8,
+            "sway",
+            True,
+            True,
+            None,
+            8,
+        ),
+        "e": Mode(
+            "e",
+            "our CUDA preset, int4 weights (W4A16, bf16 activations)",
+            "cuda",
+            bf16,
+            f16,
+            8,
+            "sway",
+            True,
+            True,
+            None,
+            8,
+            int4=True,
+        ),
+        "f": Mode(
+            "f",
+            "our CPU preset: fp32, 8 sway, fused, trimmed text, codec fp32 streamed",
+            "cpu",
+            f32,
+            f32,
+            8,
+            "sway",
+            True,
+            False,
+            None,
+            8,
+        ),
+    }
+
+
+def prepare_files(int4: bool, smoke: bool = False) -> dict[str, Path]:
+    """Random full-size DiT (fp32) and codec files, made once; the int4 file by our RTN quantiser.
+
+    `smoke`: the tiny-random configuration instead (a quick check of this script on any CPU).
+    """
+    work = WORK / ("smoke" if smoke else "full")
+    work.mkdir(parents=True, exist_ok=True)
+    files = {
+        "dit": work / "v2_random.safetensors",
+        "codec": work / "codec_random.safetensors",
+        "int4": work / "v2_random_int4.safetensors",
+        "ref": work / "ref10s.safetensors",
+    }
+    codec_kwargs = FULL_CODEC_KWARGS
+    if smoke:
+        from irodori_speaker.engine.codec import TINY_CODEC_KWARGS
+        from irodori_speaker.engine.tiny import TINY_CONFIGS
+
+        codec_kwargs = TINY_CODEC_KWARGS
+    if not files["dit"].exists():
+        if smoke:
+            cfg = ModelConfig.from_dict(dict(TINY_CONFIGS["v2"], model_dim=128, num_heads=4))
+        else:
+            manifest = json.loads((SHARED / "fixtures/dit/v2_500m_keys.json").read_text())
+            cfg = ModelConfig.from_dict(manifest["config"])
+        torch.manual_seed(0)
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        model = build_model(cfg, device=dev)
+        save_checkpoint(model, files["dit"], inference=InferenceConfig(max_text_len=256))
+        del model
+    if not files["codec"].exists():
+        from irodori_speaker.engine.codec import convert_codec, save_random_codec_pth
+
+        pth = work / "codec_random.pth"
+        save_random_codec_pth(pth, codec_kwargs, seed=0, watermark=False)
+        convert_codec(pth, files["codec"])
+        pth.unlink()
+    if int4 and not files["int4"].exists():
+        from irodori_speaker.quant.quantize import quantize_checkpoint
+
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        quantize_checkpoint(files["dit"], files["int4"], method="rtn", report_errors=False, device=dev)
+    if not files["ref"].exists():  # a 10 s voice-like signal, encoded once with the fp32 codec
+        t = np.arange(10 * 48_000) / 48_000
+        f0 = 180 + 30 * np.sin(2 * np.pi * 0.7 * t)
+        phase = 2 * np.pi * np.cumsum(f0) / 48_000
+        wave = sum(np.sin(k * phase) / k for k in range(1, 12)) * (
+            0.5 + 0.5 * np.sin(2 * np.pi * 2.5 * t) ** 2
+        )
+        wave = (0.1 * wave / np.sqrt(np.mean(wave**2))).astype(np.float32)
+        codec = load_codec(files["codec"], device="cuda" if torch.cuda.is_available() else "cpu")
+        with torch.inference_mode():
+            x = torch.from_numpy(wave)[None, None].to(codec.device)
+            save_latent(codec.encode(x)[0], files["ref"])
+        del codec
+    return files
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elif device == "mps":
+        torch.mps.synchronize()
+
+
+def run_mode(mode: Mode, files: dict[str, Path], sentences: list[str], seed: int) -> None:
+    gc.collect()
+    if mode.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    dit = files["int4"] if mode.int4 else files["dit"]
+    loaded = load_checkpoint(dit, dtype=mode.dtype, device=mode.device)
+    codec = load_codec(files["codec"], device=mode.device, dtype=mode.codec_dtype)
+    preset = Preset(
+        mode.key,
+        mode.device,
+        mode.dtype,
+        mode.codec_dtype,
+        steps=mode.steps,
+        schedule=mode.schedule,
+        stream_first_chunk_frames=mode.stream_chunk,
+        fast_path=mode.fast,
+        cuda_graphs=mode.graphs,
+    )
+    synth = Synthesizer(
+        loaded.model,
+        codec,
+        ApproxTokenizer(loaded.config.text_vocab_size),
+        inference=loaded.inference,
+        preset=preset,
+        voice_cache=VoiceCache(),
+        fingerprints={"codec": "random"},
+    )
+    voice = Voice.from_latent(files["ref"])
+    sync(mode.device)
+    mode.load_s = time.perf_counter() - t0
+    opts = SynthesisOptions(seed=seed, pad_text_to=mode.pad_text)
+
+    def one(text: str) -> dict:
+        sync(mode.device)
+        t_start = time.perf_counter()
+        if mode.stream_chunk is None:
+            res = synth.synthesize(text, voice, opts)
+            sync(mode.device)
+            t_end = time.perf_counter()
+            ttfa, samples, rec = t_end - t_start, len(res.audio), res.record
+        else:
+            stream = synth.stream(text, voice, opts)
+            first = None
+            samples = 0
+            for chunk in stream:
+                if first is None:
+                    sync(mode.device)
+                    first = time.perf_counter() - t_start
+                samples += len(chunk)
+            sync(mode.device)
+            t_end = time.perf_counter()
+            ttfa, rec = first, stream.record
+        gen = t_end - t_start
+        audio = samples / 48_000
+        return {
+            "gen_s": gen,
+            "audio_s": audio,
+            "rtf": gen / audio,
+            "ttfa_s": ttfa,
+            "frames": rec.frames,
+            "sampling_s": rec.timings.get("sampling", 0.0),
+            "decode_s": rec.timings.get("decode", 0.0),
+        }
+
+    t0 = time.perf_counter()
+    warm = sentences if mode.key != "a" else sentences[:1]
+    for text in warm:  # warm-up: kernel selection, autotune, graph capture for these buckets
+        one(text)
+    mode.warm_s = time.perf_counter() - t0
+    mode.rows = [one(text) for text in sentences]
+    if mode.device == "cuda":
+        mode.peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
+    ref = next((m for m in modes if m.key == "a"), None)
+    ref_total = sum(r["gen_s"] for r in ref.rows) if ref else None
+    print("\n| mode | sentence | chars | audio s | gen ms | sampling ms | decode ms | RTF | TTFA ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for m in modes:
+        for i, r in enumerate(m.rows):
+            print(
+                f"| {m.key} | {i + 1} | {len(sentences[i])} | {r['audio_s']:.2f} | {1e3 * r['gen_s']:.1f} | "
+                f"{1e3 * r['sampling_s']:.1f} | {1e3 * r['decode_s']:.1f} | {r['rtf']:.4f} | "
+                f"{1e3 * r['ttfa_s']:.1f} |"
+            )
+    print("\n| mode | what | total gen s | audio s | RTF | TTFA 1st ms | peak MiB | x faster than (a) |")
+    print("|---|---|---|---|---|---|---|---|")
+    summary = {}
+    for m in modes:
+        total = sum(r["gen_s"] for r in m.rows)
+        audio = sum(r["audio_s"] for r in m.rows)
+        ratio = ref_total / total if ref_total else float("nan")
+        summary[m.key] = {
+            "desc": m.desc,
+            "total_gen_s": total,
+            "audio_s": audio,
+            "rtf": total / audio,
+            "ttfa_first_s": m.rows[0]["ttfa_s"],
+            "peak_mb": m.peak_mb,
+            "vs_a": ratio,
+            "load_s": m.load_s,
+            "warm_s": m.warm_s,
+            "rows": m.rows,
+        }
+        print(
+            f"| {m.key} | {m.desc} | {total:.3f} | {audio:.2f} | {total / audio:.4f} | "
+            f"{1e3 * m.rows[0]['ttfa_s']:.1f} | {m.peak_mb:.0f} | {ratio:.1f} |"
+        )
+    if "b" in summary:
+        for k in ("d", "e"):
+            if k in summary:
+                print(f"({k}) vs (b): {summary['b']['total_gen_s'] / summary[k]['total_gen_s']:.1f}x")
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default="a,b,c,d,e,f")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "mps"])
+    ap.add_argument("--cpu-sentences", type=int, default=5, help="sentences for mode (f) on the CPU")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny random model, every mode on the CPU (checks the script, times nothing useful)",
+    )
+    args = ap.parse_args()
+    if args.device == "mps":
+        os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
+    sentences = json.loads((SHARED / "bench/news5.json").read_text())["sentences"]
+    table = modes_for(args.device)
+    chosen = [table[k] for k in args.modes.split(",") if k in table]
+    if args.smoke:
+        for m in chosen:
+            m.device, m.graphs = "cpu", False
+            if m.dtype != torch.float32 and not m.int4:
+                m.dtype = m.codec_dtype = torch.bfloat16
+            if m.int4:
+                m.dtype, m.codec_dtype = torch.float32, torch.float32
+    files = prepare_files(int4=any(m.int4 for m in chosen), smoke=args.smoke)
+    for m in chosen:
+        print(f"running ({m.key}) {m.desc}", flush=True)
+        run_mode(m, files, sentences if m.device != "cpu" else sentences[: args.cpu_sentences], args.seed)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
+    print(f"\n# news5  {gpu}  torch {torch.__version__}  {time.strftime('%Y-%m-%d %H:%M')}")
+    summary = print_tables(chosen, sentences)
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "news5.json").write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
