@@ -556,3 +556,44 @@ def test_speaker_cache_hit_plays_with_zero_synthesizer_calls_and_the_same_events
 
     asyncio.run(marked())
     assert len(spy.calls) == 1 and pc.lookup(spy.inner, "覚えておく行", None, FAST) is not None
+
+
+class SlowSpy(Spy):
+    """Model work takes `delay` seconds before the first audio."""
+
+    delay = 1.0
+
+    def stream(self, text, voice=None, options=None, cancel=None, **kw):
+        self.calls.append(("stream", text))
+        inner = self.inner.stream(text, voice, options, cancel, **kw)
+
+        def chunks():
+            time.sleep(self.delay)
+            yield from inner
+
+        from irodori_speaker.synthesizer import AudioStream
+
+        return AudioStream(chunks(), inner.record)
+
+
+@pytest.mark.skipif(not _speaker_takes_cache(), reason="Speaker(cache=...) is not integrated yet")
+def test_speaker_cache_hit_does_not_wait_for_the_model_worker(synth, pc):
+    from irodori_speaker.outputs import NullOutput
+    from irodori_speaker.speaker import Speaker
+
+    pc.render(synth, "スパチャありがとう！", None, FAST)
+    slow = SlowSpy(synth)
+
+    async def body():
+        async with Speaker(slow, output=NullOutput(speed=4.0), prewarm=False, options=FAST, cache=pc) as s:
+            log: list[tuple[str, int]] = []
+            s.on(["synthesis_finished", "playback_started"], lambda e: log.append((e.kind, e.utterance_id)))
+            miss = s.enqueue("長く考える普通の行です。")  # the model worker is busy with it for 1 s
+            await asyncio.sleep(0.1)
+            hit = s.enqueue("スパチャありがとう！", priority="high")
+            await asyncio.gather(miss, hit)
+            return log, miss.id, hit.id
+
+    log, miss_id, hit_id = asyncio.run(body())
+    assert slow.calls == [("stream", "長く考える普通の行です。")]
+    assert log.index(("playback_started", hit_id)) < log.index(("synthesis_finished", miss_id))
