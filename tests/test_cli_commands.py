@@ -169,8 +169,8 @@ def test_devices_lists_outputs_by_name_or_explains_why_not(home):
 def test_devices_tone_plays_on_a_named_device(home):
     if _virtual_device() is None:
         if os.environ.get("CI"):
-            pytest.fail("CI runs scripts/setup.sh, which provides the irodori_virtual ALSA device")
-        pytest.skip("no irodori_virtual ALSA device (run scripts/setup.sh as root)")
+            pytest.fail("CI runs .ci/virtual-audio.sh, which provides the irodori_virtual ALSA device")
+        pytest.skip("no irodori_virtual ALSA device (.ci/virtual-audio.sh sets one up, as root)")
     r = run(["devices", "--tone", "irodori_virtual", "--seconds", "0.3"], home)
     assert r.returncode == 0, r.stderr
     assert "played a 0.3 s 440 Hz tone on irodori_virtual (ALSA)" in r.stdout
