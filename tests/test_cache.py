@@ -383,6 +383,8 @@ def test_eviction_keeps_the_limit_and_drops_least_recently_used(synth, tmp_path)
             c.store(synth, "長すぎる", None, FAST, tone(4 * 4800))
     with PhraseCache(tmp_path / "c") as c:
         assert c.max_bytes == 3 * entry + entry // 2  # the limit is remembered
+        assert c.evict(entry) == 2 and c.stats().entries == 1  # shrink on demand
+        assert c.max_bytes == 3 * entry + entry // 2
 
 
 # ---- concurrency --------------------------------------------------------------------------------

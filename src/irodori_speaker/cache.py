@@ -795,17 +795,18 @@ class PhraseCache:
                 raise CacheError(f"cannot write {final}: {e}") from e
             raise
 
-    def _evict_locked(self, conn: sqlite3.Connection, keep: str) -> list[str]:
+    def _evict_locked(self, conn: sqlite3.Connection, keep: str, limit: int | None = None) -> list[str]:
+        limit = self.max_bytes if limit is None else limit
         total = conn.execute("SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()[0]
         files: list[str] = []
-        while total > self.max_bytes:
+        while total > limit:
             victims = conn.execute(
                 "SELECT key, file, bytes FROM entries WHERE key != ? ORDER BY last_used ASC LIMIT 64", (keep,)
             ).fetchall()
             if not victims:
                 break
             for key, rel, nbytes in victims:
-                if total <= self.max_bytes:
+                if total <= limit:
                     break
                 conn.execute("DELETE FROM entries WHERE key=?", (key,))
                 conn.execute("UPDATE counters SET value=value+1 WHERE name='evictions'")
@@ -813,17 +814,15 @@ class PhraseCache:
                 total -= nbytes
         return files
 
-    def evict(self, max_bytes: int | None = None) -> int:
+    def evict(self, max_bytes: int | str | None = None) -> int:
         """Evict LRU entries until under `max_bytes` (default: the limit); returns how many."""
-        limit, self.max_bytes = self.max_bytes, self.max_bytes if max_bytes is None else parse_size(max_bytes)
+        limit = self.max_bytes if max_bytes is None else parse_size(max_bytes)
         conn = self._conn()
         try:
             with self._write(conn):
-                files = self._evict_locked(conn, keep="")
+                files = self._evict_locked(conn, keep="", limit=limit)
         except sqlite3.Error as e:
             raise CacheError(f"cannot write the cache index: {e}") from e
-        finally:
-            self.max_bytes = limit
         for f in files:
             with contextlib.suppress(OSError):
                 (self.directory / f).unlink()

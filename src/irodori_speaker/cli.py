@@ -279,6 +279,8 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
     if not phrases:
         raise InputError(f"{args.phrases} has no phrases", hint="one phrase per line; # starts a comment")
     synth = load_from_args(args)
+    if synth.note:
+        print(f"note: {synth.note}", file=sys.stderr)
     voice = build_voice(args)
     with open_cache(args.cache, max_bytes=args.max_bytes, audio_format=args.audio_format) as cache:
         progress = Progress("prebuilding", enabled=False if args.quiet else None)
