@@ -186,7 +186,7 @@ def _compile_tasks(dtypes, shapes, ms) -> list[tuple]:
             for m in ms:
                 for cfg in tw.candidate_configs(m, n, k):
                     key = (str(dtype), k % cfg.bk == 0, cfg.bm, cfg.bn, cfg.bk, cfg.num_warps, cfg.num_stages,
-                           cfg.swap, cfg.split_k > 1)  # fmt: skip
+                           cfg.swap, cfg.gather, cfg.split_k > 1)  # fmt: skip
                     if key not in seen:
                         seen.add(key)
                         tasks.append((str(dtype).split(".")[-1], k, n, m, cfg))

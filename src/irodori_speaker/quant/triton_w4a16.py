@@ -82,15 +82,18 @@ class KernelConfig:
     num_stages: int = 3
     swap: bool = False
     split_k: int = 1
+    gather: bool = False  # per-k loads instead of compact loads + register fan-out
 
     def name(self) -> str:
-        s = "swap" if self.swap else "std"
+        s = ("swap" if self.swap else "std") + ("-g" if self.gather else "")
         return f"{s}-m{self.bm}n{self.bn}k{self.bk}-w{self.num_warps}s{self.num_stages}-sk{self.split_k}"
 
 
 # ------------------------------------------------------------------------------------------ kernels
 
 if HAS_TRITON:
+    # Helpers have a single return at the end: an early `return` under a constexpr `if` that is taken
+    # does not compile (it did in the interpreter).
 
     @triton.jit
     def _round_to(x, DTYPE: tl.constexpr, INTERP_BF16: tl.constexpr):
@@ -99,8 +102,10 @@ if HAS_TRITON:
         if INTERP_BF16 and tl.bfloat16 == DTYPE:
             bits = x.to(tl.uint32, bitcast=True)
             bits = bits + 0x7FFF + ((bits >> 16) & 1)
-            return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        return x.to(DTYPE)
+            y = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            y = x.to(DTYPE)
+        return y
 
     @triton.jit
     def _expand_k(t, ROWS: tl.constexpr, REP: tl.constexpr, BN: tl.constexpr, KLAST: tl.constexpr):
@@ -108,10 +113,12 @@ if HAS_TRITON:
         (or [BN, ROWS] -> [BN, ROWS*REP] when KLAST), keeping order, so every loaded word/scale is
         fetched once and fanned out in registers."""
         if REP == 1:
-            return t
-        if KLAST:
-            return tl.reshape(tl.broadcast_to(t[:, :, None], (BN, ROWS, REP)), (BN, ROWS * REP))
-        return tl.reshape(tl.broadcast_to(t[:, None, :], (ROWS, REP, BN)), (ROWS * REP, BN))
+            out = t
+        elif KLAST:
+            out = tl.reshape(tl.broadcast_to(t[:, :, None], (BN, ROWS, REP)), (BN, ROWS * REP))
+        else:
+            out = tl.reshape(tl.broadcast_to(t[:, None, :], (ROWS, REP, BN)), (ROWS * REP, BN))
+        return out
 
     @triton.jit
     def _dequant_tile(
@@ -125,44 +132,66 @@ if HAS_TRITON:
         K,
         SYM: tl.constexpr,
         GS: tl.constexpr,
+        GPT: tl.constexpr,
         BK: tl.constexpr,
         BN: tl.constexpr,
         KLAST: tl.constexpr,
+        GATHER: tl.constexpr,
         EVEN_K: tl.constexpr,
         OUT_DTYPE: tl.constexpr,
         INTERP_BF16: tl.constexpr,
     ):
         """Dequantised weight tile for K rows k0..k0+BK: W^T [BK, BN], or W [BN, BK] when KLAST.
 
-        Loads BK/8 packed words and BK/GS scales (and zeros) per column, once, then expands them."""
-        kw = k0 // 8 + tl.arange(0, BK // 8)  # packed qweight rows
-        GPT: tl.constexpr = BK // GS if BK >= GS else 1  # groups per tile (GS >= BK: one group)
-        g = k0 // GS + tl.arange(0, GPT)
-        shift = (tl.arange(0, BK) % 8) * 4
-        if KLAST:
-            wmask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (kw[None, :] < K // 8)
-            gmask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (g[None, :] < K // GS)
-            packed = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=wmask, other=0)
-            q = (_expand_k(packed, BK // 8, 8, BN, True) >> shift[None, :]) & 0xF
-            s_off = g[None, :] * N + offs_n[:, None]
+        Compact (GATHER false): BK/8 packed words and GPT = BK/GS scales (and zeros) per column are
+        loaded once and fanned out in registers. Gather: every k loads its own word / scale (the
+        duplicates hit L1); no reshape, but the staged tiles are 8x larger in shared memory."""
+        offs_k = k0 + tl.arange(0, BK)
+        shift = (offs_k % 8) * 4
+        if GATHER:
+            if KLAST:
+                mask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (offs_k[None, :] < K)
+                packed = tl.load(qw_ptr + (offs_k // 8)[None, :] * N + offs_n[:, None], mask=mask, other=0)
+                q = (packed >> shift[None, :]) & 0xF
+                s_off = (offs_k // GS)[None, :] * N + offs_n[:, None]
+            else:
+                mask = n_mask[None, :] if EVEN_K else n_mask[None, :] & (offs_k[:, None] < K)
+                packed = tl.load(qw_ptr + (offs_k // 8)[:, None] * N + offs_n[None, :], mask=mask, other=0)
+                q = (packed >> shift[:, None]) & 0xF
+                s_off = (offs_k // GS)[:, None] * N + offs_n[None, :]
+            s = tl.load(s_ptr + s_off, mask=mask, other=0.0)
+            if SYM:
+                zb = 1032.0
+            else:
+                zb = tl.load(zb_ptr + s_off, mask=mask, other=1024.0)
         else:
-            wmask = n_mask[None, :] if EVEN_K else n_mask[None, :] & (kw[:, None] < K // 8)
-            gmask = n_mask[None, :] if EVEN_K else n_mask[None, :] & (g[:, None] < K // GS)
-            packed = tl.load(qw_ptr + kw[:, None] * N + offs_n[None, :], mask=wmask, other=0)
-            q = (_expand_k(packed, BK // 8, 8, BN, False) >> shift[:, None]) & 0xF
-            s_off = g[:, None] * N + offs_n[None, :]
-        # (q | 0x6400) as fp16 is 1024 + q exactly (exponent 2^10, q in the low mantissa bits)
-        wq = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
-        s = _expand_k(tl.load(s_ptr + s_off, mask=gmask, other=0.0), GPT, BK // GPT, BN, KLAST)
-        if SYM:
-            qz = wq - 1032.0  # q - 8, exact in fp16
-        else:
-            zb = tl.load(zb_ptr + s_off, mask=gmask, other=1024.0)
-            qz = wq - _expand_k(zb, GPT, BK // GPT, BN, KLAST)  # q - z, exact
+            kw = k0 // 8 + tl.arange(0, BK // 8)  # packed qweight rows
+            g = k0 // GS + tl.arange(0, GPT)
+            if KLAST:
+                wmask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (kw[None, :] < K // 8)
+                gmask = n_mask[:, None] if EVEN_K else n_mask[:, None] & (g[None, :] < K // GS)
+                packed = tl.load(qw_ptr + kw[None, :] * N + offs_n[:, None], mask=wmask, other=0)
+                q = (_expand_k(packed, BK // 8, 8, BN, True) >> shift[None, :]) & 0xF
+                s_off = g[None, :] * N + offs_n[:, None]
+            else:
+                wmask = n_mask[None, :] if EVEN_K else n_mask[None, :] & (kw[:, None] < K // 8)
+                gmask = n_mask[None, :] if EVEN_K else n_mask[None, :] & (g[:, None] < K // GS)
+                packed = tl.load(qw_ptr + kw[:, None] * N + offs_n[None, :], mask=wmask, other=0)
+                q = (_expand_k(packed, BK // 8, 8, BN, False) >> shift[:, None]) & 0xF
+                s_off = g[:, None] * N + offs_n[None, :]
+            s = _expand_k(tl.load(s_ptr + s_off, mask=gmask, other=0.0), GPT, BK // GPT, BN, KLAST)
+            if SYM:
+                zb = 1032.0
+            else:
+                zb = _expand_k(tl.load(zb_ptr + s_off, mask=gmask, other=1024.0), GPT, BK // GPT, BN, KLAST)
+        # (q | 0x6400) as fp16 is 1024 + q exactly (exponent 2^10, q in the low mantissa bits);
+        # minus 1024 + z (exact) is q - z; then the one rounding, in the scale multiply
+        qz = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - zb
         if tl.float16 == OUT_DTYPE:
-            return qz * s  # the one rounding, in fp16
-        # bf16: multiply in fp32 so the weight is rounded once
-        return _round_to(qz.to(tl.float32) * s.to(tl.float32), OUT_DTYPE, INTERP_BF16)
+            w = qz * s
+        else:  # bf16: multiply in fp32 so the weight is rounded once
+            w = _round_to(qz.to(tl.float32) * s.to(tl.float32), OUT_DTYPE, INTERP_BF16)
+        return w
 
     @triton.jit(do_not_specialize=["M"])
     def _w4a16_gemm_kernel(
@@ -181,11 +210,13 @@ if HAS_TRITON:
         HAS_BIAS: tl.constexpr,
         SYM: tl.constexpr,
         GS: tl.constexpr,
+        GPT: tl.constexpr,
         BM: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
         SPLIT: tl.constexpr,
         SWAP: tl.constexpr,
+        GATHER: tl.constexpr,
         EVEN_K: tl.constexpr,
         INTERP_BF16: tl.constexpr,
     ):
@@ -211,8 +242,8 @@ if HAS_TRITON:
                 # dequantised weight [BN, BK] is the left operand, x^T [BK, BM] the right one
                 x_mask = m_mask[None, :] if EVEN_K else m_mask[None, :] & (offs_k[:, None] < K)
                 w = _dequant_tile(
-                    qw_ptr, s_ptr, zb_ptr, k0, offs_n, n_mask, N, K, SYM, GS, BK, BN, True, EVEN_K,
-                    x_ptr.dtype.element_ty, INTERP_BF16,
+                    qw_ptr, s_ptr, zb_ptr, k0, offs_n, n_mask, N, K, SYM, GS, GPT, BK, BN, True, GATHER,
+                    EVEN_K, x_ptr.dtype.element_ty, INTERP_BF16,
                 )  # fmt: skip
                 xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None], mask=x_mask, other=0.0)
                 if INTERP_BF16:
@@ -223,8 +254,8 @@ if HAS_TRITON:
                 x_mask = m_mask[:, None] if EVEN_K else m_mask[:, None] & (offs_k[None, :] < K)
                 x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask, other=0.0)
                 w = _dequant_tile(
-                    qw_ptr, s_ptr, zb_ptr, k0, offs_n, n_mask, N, K, SYM, GS, BK, BN, False, EVEN_K,
-                    x_ptr.dtype.element_ty, INTERP_BF16,
+                    qw_ptr, s_ptr, zb_ptr, k0, offs_n, n_mask, N, K, SYM, GS, GPT, BK, BN, False, GATHER,
+                    EVEN_K, x_ptr.dtype.element_ty, INTERP_BF16,
                 )  # fmt: skip
                 if INTERP_BF16:
                     acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc)
@@ -279,6 +310,7 @@ if HAS_TRITON:
         N,
         SYM: tl.constexpr,
         GS: tl.constexpr,
+        GPT: tl.constexpr,
         BK: tl.constexpr,
         BN: tl.constexpr,
         INTERP_BF16: tl.constexpr,
@@ -288,7 +320,7 @@ if HAS_TRITON:
         offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
         n_mask = offs_n < N
         w = _dequant_tile(
-            qw_ptr, s_ptr, zb_ptr, k0, offs_n, n_mask, N, K, SYM, GS, BK, BN, False, False,
+            qw_ptr, s_ptr, zb_ptr, k0, offs_n, n_mask, N, K, SYM, GS, GPT, BK, BN, False, False, False,
             out_ptr.dtype.element_ty, INTERP_BF16,
         )  # fmt: skip
         mask = (offs_k[:, None] < K) & n_mask[None, :]
@@ -416,8 +448,8 @@ def w4a16_kernel(
     grid = (math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn), split)
     _w4a16_gemm_kernel[grid](
         x, qweight, scales, zb, bias_t, target, m, n, k, x.stride(0), n, k_per_split,
-        HAS_BIAS=has_bias, SYM=zero_bias is None, GS=group_size, BM=cfg.bm, BN=cfg.bn, BK=cfg.bk,
-        SPLIT=split > 1, SWAP=cfg.swap, EVEN_K=even_k,
+        HAS_BIAS=has_bias, SYM=zero_bias is None, GS=group_size, GPT=max(1, cfg.bk // group_size),
+        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT=split > 1, SWAP=cfg.swap, GATHER=cfg.gather, EVEN_K=even_k,
         INTERP_BF16=interp_bf16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -468,7 +500,7 @@ def dequantize_into(
         bk, bn = 32, 128
         _dequant_kernel[(math.ceil(k / bk), math.ceil(n / bn))](
             qweight, scales, zero_bias if zero_bias is not None else scales, out, k, n,
-            SYM=zero_bias is None, GS=group_size, BK=bk, BN=bn,
+            SYM=zero_bias is None, GS=group_size, GPT=max(1, bk // group_size), BK=bk, BN=bn,
             INTERP_BF16=interpreter_active() and out.dtype == torch.bfloat16, num_warps=4,
         )  # fmt: skip
     else:
@@ -521,22 +553,27 @@ def default_config(m: int, n: int, k: int) -> KernelConfig:
 def candidate_configs(m: int, n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> list[KernelConfig]:
     """The small tile list tried for M's bucket (BM 16-128, BN 64-256, BK 64/128), plus split-K variants."""
     b = m_bucket(m)
+    # (bm, bn, bk, warps, stages, swap, gather); measured on an H200 (docs/int4.md)
     if b <= 32:
-        tiles = [(16, 64, 128, 4, 4, True), (32, 64, 128, 4, 4, True), (16, 128, 128, 4, 4, True),
-                 (32, 64, 64, 4, 4, False), (16, 64, 128, 4, 3, False)]  # fmt: skip
+        tiles = [(16, 64, 128, 4, 3, False, False), (32, 64, 64, 4, 4, False, False),
+                 (16, 64, 128, 4, 4, True, False), (32, 64, 128, 4, 4, True, False),
+                 (16, 128, 128, 4, 4, True, False), (16, 64, 64, 4, 3, False, True),
+                 (16, 64, 64, 4, 3, True, True)]  # fmt: skip
     elif b <= 128:
-        tiles = [(32, 128, 64, 4, 4, True), (64, 128, 64, 4, 4, True), (64, 64, 128, 4, 3, True),
-                 (64, 64, 64, 4, 4, False), (64, 128, 64, 4, 3, False)]  # fmt: skip
+        tiles = [(64, 64, 64, 4, 4, False, False), (64, 128, 64, 4, 4, False, False),
+                 (32, 128, 64, 4, 4, True, False), (64, 128, 64, 4, 4, True, False),
+                 (64, 64, 128, 4, 3, True, False), (32, 64, 64, 4, 3, True, True)]  # fmt: skip
     elif b <= 256:
-        tiles = [(64, 128, 64, 4, 4, False), (128, 128, 64, 8, 3, False), (128, 64, 64, 4, 4, False),
-                 (64, 128, 64, 4, 4, True), (128, 128, 64, 8, 3, True)]  # fmt: skip
+        tiles = [(64, 128, 64, 4, 4, False, False), (128, 64, 64, 4, 4, False, False),
+                 (128, 128, 64, 8, 3, False, False), (64, 128, 64, 4, 4, True, False),
+                 (128, 128, 64, 8, 3, True, False)]  # fmt: skip
     else:
-        tiles = [(128, 128, 64, 8, 3, False), (128, 256, 64, 8, 3, False), (128, 128, 128, 8, 3, False),
-                 (64, 256, 64, 8, 3, False), (128, 128, 64, 8, 3, True),
-                 (128, 256, 64, 8, 3, True)]  # fmt: skip
+        tiles = [(128, 128, 64, 8, 3, False, False), (128, 256, 64, 8, 3, False, False),
+                 (128, 128, 128, 8, 3, False, False), (64, 256, 64, 8, 3, False, False),
+                 (128, 128, 64, 8, 3, True, False), (128, 256, 64, 8, 3, True, False)]  # fmt: skip
     out: list[KernelConfig] = []
-    for bm, bn, bk, w, s, swap in tiles:
-        cfg = KernelConfig(bm=bm, bn=bn, bk=bk, num_warps=w, num_stages=s, swap=swap)
+    for bm, bn, bk, w, s, swap, gather in tiles:
+        cfg = KernelConfig(bm=bm, bn=bn, bk=bk, num_warps=w, num_stages=s, swap=swap, gather=gather)
         out.append(cfg)
         split = auto_split_k(m, n, k, cfg, num_sms)
         if split > 1:
@@ -607,7 +644,20 @@ def _save_tune_file() -> None:
         Path(path).write_text(json.dumps(rows, indent=1))
 
 
+_TUNE_MODE_ENV = "IRODORI_INT4_TUNE_MODE"
+
+
 def _bench_ms(fn: Callable[[], object]) -> float:
+    """GPU time of `fn` (ms, median). Default: replayed from a CUDA graph, as the sampler runs it, so
+    Python launch overhead does not favour single-launch tiles; IRODORI_INT4_TUNE_MODE=eager measures
+    eager launches instead (for models run without graphs)."""
+    fn()  # compile / allocate outside any capture
+    torch.cuda.synchronize()
+    if os.environ.get(_TUNE_MODE_ENV, "graph") != "eager":
+        try:
+            return float(triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median"))
+        except Exception:  # capture not possible here (e.g. another capture in progress): measure eagerly
+            pass
     return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
 
 
