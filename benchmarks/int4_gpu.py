@@ -162,7 +162,7 @@ def _bench_shape(dtype, label, k, n, ms, args, l2, onecomp) -> list[dict]:
             try:
                 err = _rel(fn(0), ref)
             except Exception as e:
-                row["rel_err"][name] = f"error: {type(e).__name__}: {str(e)[:120]}"
+                row["rel_err"][name] = f"error: {type(e).__name__}: {str(e)[:600]}"
                 continue
             row["rel_err"][name] = err
             if err > TOL[dtype]:
