@@ -439,10 +439,18 @@ def bench_sentences(path: str | None) -> tuple[list[str], str]:
     return sentences, str(name)
 
 
-def run_bench(synth: Any, sentences: Sequence[str], voice: Any, options: Any, repeat: int = 1) -> list[dict]:
+def run_bench(
+    synth: Any,
+    sentences: Sequence[str],
+    voice: Any,
+    options: Any,
+    repeat: int = 1,
+    on_row: Callable[[dict], None] | None = None,
+) -> list[dict]:
     """Per sentence: generation time, audio seconds, RTF and time to first audio (streamed).
 
-    With `repeat` > 1 the times are medians over the repeats.
+    With `repeat` > 1 the times are medians over the repeats. `on_row` sees each row as
+    soon as it is measured.
     """
     rows = []
     for i, text in enumerate(sentences, 1):
@@ -474,6 +482,8 @@ def run_bench(synth: Any, sentences: Sequence[str], voice: Any, options: Any, re
                 "text": text,
             }
         )
+        if on_row is not None:
+            on_row(rows[-1])
     return rows
 
 
@@ -517,8 +527,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         options = dataclasses.replace(options, seed=0)
     for _ in range(args.warmup):
         synth.prewarm(voice)
-    rows = run_bench(synth, sentences, voice, options, args.repeat)
-    totals = bench_totals(rows)
     preset = synth.preset
     steps = options.steps if options.steps is not None else preset.steps
     schedule = options.schedule or preset.schedule
@@ -547,12 +555,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"model {header['model']} [{model_fp}]; {header['date']}"
     )
     print(f"{'#':>3} {'chars':>5} {'audio s':>8} {'gen s':>7} {'RTF':>6} {'TTFA s':>7}  text")
-    for r in rows:
+
+    def show(r: dict) -> None:
         text = r["text"] if len(r["text"]) <= 24 else r["text"][:23] + "…"
         print(
             f"{r['index']:>3} {r['chars']:>5} {r['audio_s']:>8.2f} {r['gen_s']:>7.3f} "
-            f"{r['rtf']:>6.3f} {r['ttfa_s']:>7.3f}  {text}"
+            f"{r['rtf']:>6.3f} {r['ttfa_s']:>7.3f}  {text}",
+            flush=True,
         )
+
+    rows = run_bench(synth, sentences, voice, options, args.repeat, on_row=show)
+    totals = bench_totals(rows)
     t = totals
     print(
         f"{'all':>3} {t['chars']:>5} {t['audio_s']:>8.2f} {t['gen_s']:>7.3f} {t['rtf']:>6.3f} "
