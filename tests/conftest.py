@@ -11,7 +11,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("IRODORI_SHARED_DIR", REPO.parent / "shared"))
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One intra-op thread: the tiny models gain nothing from more, and on a shared 2-core machine
+# OpenMP's spinning threads made them ~100x slower whenever the other core was busy.
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the subprocesses tests start
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ import asyncio
 import copy
 import dataclasses
 import hashlib
-import inspect
 import json
 import os
 import subprocess
@@ -529,13 +528,6 @@ def test_speaker_through_the_cached_synthesizer_plays_a_hit_without_model_work(s
     assert hit.record.extra["cache"]["hit"] and hit.record.samples == fresh.record.samples
 
 
-def _speaker_takes_cache() -> bool:
-    from irodori_speaker.speaker import Speaker
-
-    return "cache" in inspect.signature(Speaker.__init__).parameters
-
-
-@pytest.mark.skipif(not _speaker_takes_cache(), reason="Speaker(cache=...) is not integrated yet")
 def test_speaker_cache_hit_plays_with_zero_synthesizer_calls_and_the_same_events(spy, pc):
     text = "また来てね！"
     _, fresh_kinds, fresh_audio = _speaker_run(spy, text)
@@ -578,7 +570,6 @@ class SlowSpy(Spy):
         return AudioStream(chunks(), inner.record)
 
 
-@pytest.mark.skipif(not _speaker_takes_cache(), reason="Speaker(cache=...) is not integrated yet")
 def test_speaker_cache_hit_does_not_wait_for_the_model_worker(synth, pc):
     from irodori_speaker.outputs import NullOutput
     from irodori_speaker.speaker import Speaker

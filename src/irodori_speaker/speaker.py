@@ -120,6 +120,7 @@ class Utterance:
         options: SynthesisOptions | None,
         deadline: float | None,
         now: float,
+        cache: bool | None = None,
     ) -> None:
         self._speaker = speaker
         self.id = uid
@@ -137,6 +138,8 @@ class Utterance:
         self._token = CancelToken()
         self._chunks: list[Chunk] = []
         self._synth_done = False
+        self.cache = cache  # None: looked up, stored per the Speaker's cache_store; False: neither
+        self._cache_pending = False  # a phrase-cache lookup is in flight
         self._item: PlayItem | None = None
         self._reason = "cancelled"
         self._done = asyncio.Event()
@@ -266,6 +269,8 @@ class Speaker:
         lipsync_hz: float = 50.0,
         schedule_ahead_s: float = 0.5,
         drain_on_exit: bool = True,
+        cache: Any = None,
+        cache_store: str = "marked",
         **load_kwargs: Any,
     ) -> None:
         if synthesizer is not None and load_kwargs:
@@ -309,6 +314,14 @@ class Speaker:
         self.lipsync_hz = lipsync_hz
         self.schedule_ahead_s = float(schedule_ahead_s)
         self.drain_on_exit = drain_on_exit
+        from .cache import STORE_POLICIES, PhraseCache
+
+        if cache_store not in STORE_POLICIES:
+            raise InputError(f"cache_store must be one of {STORE_POLICIES}, got {cache_store!r}")
+        self._own_cache = cache is not None and not isinstance(cache, PhraseCache)
+        self.cache: PhraseCache | None = PhraseCache(cache) if self._own_cache else cache
+        self.cache_store = cache_store
+        self._cache_executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.tick_s = 0.02
         self.sample_rate = 0
         self.outputs: list[Output] = []
@@ -367,6 +380,10 @@ class Speaker:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="irodori-speaker")
+        if self.cache is not None:  # hits are served here, never behind the model worker
+            self._cache_executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="irodori-cache"
+            )
         opened: list[Output] = []
         try:
             for spec in self._output_specs:
@@ -387,6 +404,9 @@ class Speaker:
                     await loop.run_in_executor(self._executor, o.close)
             self._executor.shutdown(wait=False)
             self._executor = None
+            if self._cache_executor is not None:
+                self._cache_executor.shutdown(wait=False)
+                self._cache_executor = None
             raise
         self.outputs = opened
         self._player = Player(
@@ -482,6 +502,11 @@ class Speaker:
             self._finish(utt, UtteranceState.CANCELLED if utt._item is None else UtteranceState.INTERRUPTED)
         if self._executor is not None:
             self._executor.shutdown(wait=not stuck)
+        if self._cache_executor is not None:
+            self._cache_executor.shutdown(wait=True)
+            self._cache_executor = None
+        if self._own_cache and self.cache is not None:
+            self.cache.close()
         self._open = False
         self._emit(Closed(time.monotonic()))
         self._bus.close()
@@ -506,8 +531,13 @@ class Speaker:
         options: SynthesisOptions | None = None,
         ttl: float | None = _UNSET,
         interrupt: bool = False,
+        cache: bool | None = None,
     ) -> Utterance:
         """Queue a line and return its handle at once; synthesis starts as soon as there is room.
+
+        `cache`: with a phrase cache, every line is looked up first (a hit plays without model
+        work); `cache=True` also stores it after rendering (cache_store="marked"), `False` skips
+        the cache for this line.
 
         `ttl`: seconds it may wait to start playing before it is dropped (default: its lane's).
         `interrupt=True`: stop the line now playing so this one (and its lane's order) goes next.
@@ -534,6 +564,7 @@ class Speaker:
             options if options is not None else self.options,
             None if ttl is None else now + ttl,
             now,
+            cache,
         )
         self._counts["queued"] += 1
         if not text.strip():
@@ -547,6 +578,8 @@ class Speaker:
         self._by_uid[uid] = utt
         self._idle.clear()
         self._emit(Queued(now, uid, text, lane.name.lower(), position))
+        if self.cache is not None and cache is not False:
+            self._start_cache_lookup(utt)
         if self.max_queue is not None:
             self._enforce_max_queue(utt)
         if interrupt:
@@ -857,6 +890,8 @@ class Speaker:
         candidate = None
         for utt in self._play_order():
             if utt.state == UtteranceState.QUEUED:
+                if utt._cache_pending:  # a cache hit may make synthesis unnecessary
+                    continue
                 candidate = utt
                 break
             ahead += 1
@@ -911,6 +946,13 @@ class Speaker:
                 loop.call_soon_threadsafe(fn, utt, *args)
 
         src = self.sample_rate
+        options = utt.options
+        store = self._should_store(utt)
+        if store:  # rendered with the cache seed (0 when unset), so the entry is found again
+            from .cache import cache_options
+
+            options = cache_options(options)
+        parts: list[np.ndarray] = []
         with hold_model_lock(token):
             t0 = time.monotonic()
             post(self._on_synth_started, t0)
@@ -918,11 +960,13 @@ class Speaker:
                 import soxr
 
                 streams = {r: soxr.ResampleStream(src, r, 1, dtype="float32") for r in rates}
-                audio_stream = synth.stream(utt.text, utt.voice, utt.options, cancel=token)
+                audio_stream = synth.stream(utt.text, utt.voice, options, cancel=token)
                 try:
                     for x in audio_stream:
                         check(token)
                         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+                        if store:
+                            parts.append(x)
                         by_rate = {r: rs.resample_chunk(x) for r, rs in streams.items()}
                         post(self._on_chunk, Chunk(x, by_rate), time.monotonic())
                     if streams:
@@ -935,13 +979,60 @@ class Speaker:
                 t1 = time.monotonic()
                 x = None
             else:
-                result = synth.synthesize(utt.text, utt.voice, utt.options, cancel=token)
+                result = synth.synthesize(utt.text, utt.voice, options, cancel=token)
                 t1 = time.monotonic()
                 record = result.record
                 x = np.ascontiguousarray(result.audio, dtype=np.float32).reshape(-1)
         if x is not None:  # resample outside the model lock
             post(self._on_chunk, Chunk(x, {r: resample(x, src, r) for r in rates}), t1)
         post(self._on_synth_done, record, t0, t1)
+        if store and not token.cancelled:  # a whole line only, outside the model lock
+            audio = x if x is not None else np.concatenate(parts) if parts else None
+            if audio is not None and len(audio):
+                try:
+                    self.cache.store(synth, utt.text, utt.voice, options, audio, record)
+                except Exception as e:  # a full disk must not cost the line
+                    log.warning("phrase cache: could not store line #%d: %s", utt.id, e)
+
+    # -- internals: the phrase cache --------------------------------------------------------------
+
+    def _should_store(self, utt: Utterance) -> bool:
+        if self.cache is None or utt.cache is False:
+            return False
+        return self.cache_store == "all" or (self.cache_store == "marked" and utt.cache is True)
+
+    def _start_cache_lookup(self, utt: Utterance) -> None:
+        assert self._loop is not None and self._cache_executor is not None and self._player is not None
+        rates = sorted({o.sample_rate for o in self._player.healthy} - {self.sample_rate})
+        utt._cache_pending = True
+        fut = self._loop.run_in_executor(self._cache_executor, self._cache_lookup, utt, rates)
+        fut.add_done_callback(lambda f: self._on_cache_lookup(utt, f))
+
+    def _cache_lookup(self, utt: Utterance, rates: list[int]) -> Any:
+        """Worker (cache thread): the stored line and its audio at the output rates, or None."""
+        t0 = time.monotonic()
+        try:
+            line = self.cache.lookup(self.synthesizer, utt.text, utt.voice, utt.options)
+        except Exception as e:  # a synthesizer without render_identity, an unreadable index
+            log.warning("phrase cache lookup failed for line #%d: %s", utt.id, e)
+            return None
+        if line is None:
+            return None
+        x = np.ascontiguousarray(line.audio, dtype=np.float32)
+        return line, Chunk(x, {r: resample(x, self.sample_rate, r) for r in rates}), t0, time.monotonic()
+
+    def _on_cache_lookup(self, utt: Utterance, fut: Any) -> None:
+        utt._cache_pending = False
+        self._wake.set()
+        if fut.cancelled() or fut.exception() is not None or fut.result() is None:
+            return
+        if utt.state != UtteranceState.QUEUED:  # ended meanwhile
+            return
+        line, chunk, t0, t1 = fut.result()
+        utt.state = UtteranceState.SYNTHESIZING  # the same events as a fresh line, no model work
+        self._on_synth_started(utt, t0)
+        self._on_chunk(utt, chunk, t1)
+        self._on_synth_done(utt, line.record, t0, t1)
 
     def _on_synth_started(self, utt: Utterance, t0: float) -> None:
         if utt.state.terminal:

@@ -291,6 +291,8 @@ class Synthesizer:
             "rendering": rendering,
             "model": self.fingerprints.get("model"),
             "codec": self.fingerprints.get("codec"),
+            "tokenizer": self.fingerprints.get("tokenizer"),
+            "caption_tokenizer": self.fingerprints.get("caption_tokenizer"),
             "precision": [str(self.preset.dtype), str(self.preset.codec_dtype), self.preset.name],
         }
 
@@ -609,7 +611,13 @@ def load_synthesizer(
         cache = VoiceCache()
     else:
         cache = VoiceCache(voice_cache_dir or default_voice_cache_dir())
-    fingerprints = {"model": file_fingerprint(model_path), "codec": file_fingerprint(codec_path)}
+    fingerprints = {
+        "model": file_fingerprint(model_path),
+        "codec": file_fingerprint(codec_path),
+        "tokenizer": file_fingerprint(tok_path),
+    }
+    if caption_tok is not None and cap_path != tok_path:
+        fingerprints["caption_tokenizer"] = file_fingerprint(cap_path)
     return Synthesizer(
         loaded.model,
         codec_model,
