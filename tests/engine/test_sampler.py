@@ -171,3 +171,19 @@ def test_mismatched_batch_and_shapes(v2):
         sample(model, conds, draw_noise(0, 2, 24, 32), SamplerConfig(num_steps=2))
     with pytest.raises(InputError, match="latent_dim"):
         sample(model, conds, torch.zeros(1, 24, 16), SamplerConfig(num_steps=2))
+
+
+def test_bad_model_inputs_are_clear_errors(v2):
+    model, io = v2
+    ids, mask = io["text_input_ids"][:1], io["text_mask"][:1]
+    ref, ref_mask = io["ref_latent"][:1], io["ref_mask"][:1]
+    with pytest.raises(InputError, match=r"token ids must be in \[0, 300\)"):
+        model.encode_conditions(ids + 1000, mask, ref, ref_mask)
+    with pytest.raises(InputError, match="token ids"):
+        model.encode_conditions(ids - 100, mask, ref, ref_mask)
+    with pytest.raises(InputError, match="mask"):
+        model.encode_conditions(ids, mask[:, :3], ref, ref_mask)
+    with pytest.raises(InputError, match="ref_latent must be"):
+        model.encode_conditions(ids, mask, io["ref_latent"], io["ref_mask"])  # batch 2 vs 1
+    with pytest.raises(InputError, match="integer"):
+        model.encode_conditions(ids.float(), mask, ref, ref_mask)

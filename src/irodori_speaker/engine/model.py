@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import InputError
 from .config import ModelConfig
 
 # ---------------------------------------------------------------------------------------------
@@ -482,6 +483,20 @@ class TextToLatentRFDiT(nn.Module):
         caption_mask: Tensor | None = None,
     ) -> Conditions:
         cfg = self.cfg
+        check_ids(text_ids, text_mask, cfg.text_vocab_size, "text")
+        B = text_ids.shape[0]
+        if ref_latent is not None:
+            if ref_latent.ndim != 3 or ref_latent.shape[0] != B or ref_latent.shape[2] != cfg.latent_dim:
+                raise InputError(
+                    f"ref_latent must be (batch {B}, frames, {cfg.latent_dim}), got {tuple(ref_latent.shape)}"
+                )
+            if ref_mask is not None and tuple(ref_mask.shape) != tuple(ref_latent.shape[:2]):
+                raise InputError(f"ref_mask {tuple(ref_mask.shape)} does not match ref_latent")
+        if caption_ids is not None:
+            if caption_ids.shape[0] != B:
+                raise InputError(f"caption batch {caption_ids.shape[0]} differs from text batch {B}")
+            if cfg.caption_enabled:
+                check_ids(caption_ids, caption_mask, cfg.caption("vocab_size"), "caption")
         text_state = self.text_norm(self.text_encoder(text_ids, text_mask))
         conds = Conditions(text_state, text_mask)
         if cfg.speaker_enabled:
@@ -599,6 +614,21 @@ class TextToLatentRFDiT(nn.Module):
                 has_caption = conds.caption_mask.any(dim=1)
         return self.duration_predictor(
             conds.text_state, conds.text_mask, summary, has_speaker, pooled, has_caption
+        )
+
+
+def check_ids(ids: Tensor, mask: Tensor | None, vocab: int, what: str) -> None:
+    """Token ids must be (B, L) integers in [0, vocab) with a matching mask (one host sync per line)."""
+    if ids.ndim != 2 or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        raise InputError(
+            f"{what} ids must be a (batch, length) integer tensor, got {ids.dtype} {tuple(ids.shape)}"
+        )
+    if mask is not None and tuple(mask.shape) != tuple(ids.shape):
+        raise InputError(f"{what} mask {tuple(mask.shape)} does not match ids {tuple(ids.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise InputError(
+            f"{what} token ids must be in [0, {vocab}), got [{int(ids.min())}, {int(ids.max())}]",
+            hint="the tokenizer does not match this model (check its vocab size)",
         )
 
 
