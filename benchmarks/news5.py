@@ -27,6 +27,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -259,7 +260,7 @@ def sync(device: str) -> None:
         torch.mps.synchronize()
 
 
-def run_mode(mode: Mode, files: dict[str, Path], sentences: list[str], seed: int) -> None:
+def run_mode(mode: Mode, files: dict[str, Path], sentences: list[str], seed: int, int4_impl: str) -> None:
     gc.collect()
     if mode.device == "cuda":
         torch.cuda.empty_cache()
@@ -268,6 +269,12 @@ def run_mode(mode: Mode, files: dict[str, Path], sentences: list[str], seed: int
     t0 = time.perf_counter()
     dit = files["int4"] if mode.int4 else files["dit"]
     loaded = load_checkpoint(dit, dtype=mode.dtype, device=mode.device)
+    if mode.int4:
+        from irodori_speaker.quant.layers import Int4Linear
+
+        for m in loaded.model.modules():
+            if isinstance(m, Int4Linear):
+                m.impl = int4_impl
     codec = load_codec(files["codec"], device=mode.device, dtype=mode.codec_dtype)
     preset = Preset(
         mode.key,
@@ -380,7 +387,13 @@ def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="a,b,c,d,e,f")
+    ap.add_argument("--modes", default="a,b,d,e,c,f", help="which modes, in this order")
+    ap.add_argument(
+        "--int4-impl",
+        default="auto",
+        choices=["auto", "kernel", "scratch"],
+        help="Int4Linear path for (e): auto = the measured per-shape choice (tunes on first use)",
+    )
     ap.add_argument("--device", default="cuda", choices=["cuda", "mps"])
     ap.add_argument("--cpu-sentences", type=int, default=5, help="sentences for mode (f) on the CPU")
     ap.add_argument("--seed", type=int, default=1234)
@@ -403,9 +416,16 @@ def main() -> None:
             if m.int4:
                 m.dtype, m.codec_dtype = torch.float32, torch.float32
     files = prepare_files(int4=any(m.int4 for m in chosen), smoke=args.smoke)
+    done = []
     for m in chosen:
         print(f"running ({m.key}) {m.desc}", flush=True)
-        run_mode(m, files, sentences if m.device != "cpu" else sentences[: args.cpu_sentences], args.seed)
+        try:
+            texts = sentences if m.device != "cpu" else sentences[: args.cpu_sentences]
+            run_mode(m, files, texts, args.seed, args.int4_impl)
+            done.append(m)
+        except Exception:  # report and go on: one broken mode must not cost the others' numbers
+            traceback.print_exc()
+    chosen = done
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
     print(f"\n# news5  {gpu}  torch {torch.__version__}  {time.strftime('%Y-%m-%d %H:%M')}")
     summary = print_tables(chosen, sentences)

@@ -443,6 +443,12 @@ class Synthesizer:
         """Encode conditions, choose the length, sample; all under the model lock."""
         import torch
 
+        with torch.inference_mode():
+            return self._render_inner(piece, ref, caption, seed, opts, record, cancel, progress)
+
+    def _render_inner(self, piece, ref, caption, seed, opts, record, cancel, progress) -> _Rendered:
+        import torch
+
         from .engine.duration import HOP, tail_trim_frames
         from .engine.sampler import draw_noise
 

@@ -242,7 +242,10 @@ class FastSampler:
         progress: ProgressFn | None = None,
     ) -> Tensor:
         """Same contract as `engine.sampler.sample` (no latent_mask: padding is handled here)."""
-        cfg = cfg or SamplerConfig()
+        with torch.inference_mode():  # graph buffers are inference tensors: always use them inside it
+            return self._sample(conds, noise, cfg or SamplerConfig(), cancel, progress)
+
+    def _sample(self, conds, noise, cfg, cancel, progress) -> Tensor:
         model = self.fast.model
         check_inputs(model, conds, noise)
         plan = plan_sampling(cfg, enabled_conditions(model, conds, cfg))

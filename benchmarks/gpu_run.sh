@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device-tool call on an H200: GPU correctness tests, the int4 kernel table, news5 end to end.
+#
+#   run(command="bash benchmarks/gpu_run.sh", carry=[".whl", ".device_shared"])
+#
+# .device_shared is a copy of ../shared (the device machine gets only the repo); .whl holds the
+# onecomp-runtime wheel (the seed's int4 kernel, for the comparison column). Logs land in $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 IRODORI_SHARED_DIR="$PWD/.device_shared" IRODORI_CACHE=/tmp/irodori-cache
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+  export PYTHONPATH="$PWD/src:/tmp/site"
+else
+  export PYTHONPATH="$PWD/src"
+fi
+STAGES="${STAGES:-env news5 tests int4}"
+
+stage() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+if stage env; then
+  { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+    nproc; } 2>&1 | tee "$OUT/env.txt"
+fi
+if stage news5; then
+  timeout "${NEWS5_S:-330}" python3 benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 2} 2>&1 | tee "$OUT/news5.txt" | tail -60
+fi
+if stage tests; then
+  timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+    tests/engine/test_fast.py tests/quant/test_cuda.py 2>&1 | tail -40 | tee "$OUT/pytest.txt"
+fi
+if stage int4; then
+  timeout "${INT4_S:-200}" python3 benchmarks/int4_gpu.py ${INT4_ARGS:---quick} 2>&1 | tee "$OUT/int4.txt" | tail -45
+fi
