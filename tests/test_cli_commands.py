@@ -299,3 +299,47 @@ def test_news_reader_reads_the_five_sentences_back_to_back(home, tmp_path):
     audio, sr = sf.read(str(wav), dtype="float32")
     assert sr == 48_000
     assert len(audio) == pytest.approx(5 * 0.5 * sr + 4 * 0.4 * sr, abs=0.05 * sr)  # lines + pauses
+
+
+def test_quantize_writes_an_int4_checkpoint_the_loader_reads(tmp_path, shared_dir):
+    from irodori_speaker.engine.checkpoint import load_checkpoint
+    from irodori_speaker.quant.layers import Int4Linear
+
+    src = shared_dir / "fixtures" / "dit" / "tiny_v2_base.safetensors"
+    dst = tmp_path / "tiny-int4.safetensors"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "irodori_speaker.cli",
+            "quantize",
+            str(src),
+            "-o",
+            str(dst),
+            "--method",
+            "rtn",
+            "--no-report",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "wrote" in r.stdout and "rtn" in r.stdout
+    loaded = load_checkpoint(dst)
+    assert loaded.quantized and isinstance(loaded.model.blocks[0].attention.wq, Int4Linear)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "irodori_speaker.cli",
+            "quantize",
+            str(tmp_path / "none.safetensors"),
+            "-o",
+            str(dst),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1 and r.stderr.startswith("error: ")
