@@ -44,7 +44,7 @@ def make_inputs(cfg: ModelConfig, text_tokens: int, pad_to: int | None, ref_fram
     return ids, mask, ref, torch.ones(1, ref_frames, dtype=torch.bool)
 
 
-def time_utterance(model, cfg, frames, steps, schedule, text_tokens, pad_to, ref_frames=250):
+def time_utterance(model, cfg, frames, steps, schedule, text_tokens, pad_to, ref_frames=250, fast=None):
     ids, mask, ref, ref_mask = make_inputs(cfg, text_tokens, pad_to, ref_frames)
     sc = SamplerConfig(num_steps=steps, schedule=schedule)
     guided = sum(s.group >= 0 for s in plan_sampling(sc, ("text", "speaker")).steps)
@@ -52,7 +52,11 @@ def time_utterance(model, cfg, frames, steps, schedule, text_tokens, pad_to, ref
     with torch.inference_mode():
         conds = model.encode_conditions(ids, mask, ref, ref_mask)
         t1 = time.perf_counter()
-        sample(model, conds, draw_noise(0, 1, frames, cfg.latent_dim), sc)
+        noise = draw_noise(0, 1, frames, cfg.latent_dim)
+        if fast is None:
+            sample(model, conds, noise, sc)
+        else:
+            fast.sample(conds, noise, sc)
     t2 = time.perf_counter()
     return {"encode_s": t1 - t0, "sample_s": t2 - t1, "per_step_s": (t2 - t1) / steps, "guided": guided}
 
@@ -66,6 +70,13 @@ def run(label, cfg, frames, cases):
     for steps, schedule, pad in cases:
         r = time_utterance(model, cfg, frames, steps, schedule, text_tokens=40, pad_to=pad)
         rows.append((label, frames, f"{steps} {schedule}", "256" if pad else "trim", r))
+    # the fast path (fused projections, precomputed AdaLN, padded buckets; no CUDA graphs here)
+    from irodori_speaker.engine.fast import FastSampler
+
+    fast = FastSampler(model, use_graphs=False)
+    time_utterance(model, cfg, min(frames, 25), 2, "sway", 16, None, 25, fast=fast)
+    r = time_utterance(model, cfg, frames, 8, "sway", text_tokens=40, pad_to=None, fast=fast)
+    rows.append((label, frames, "8 sway fast", "trim", r))
     return rows
 
 
