@@ -9,7 +9,14 @@ Heavy modules (torch, the engine) load on first use of a name that needs them.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
+
+if sys.platform == "darwin":
+    # Read when torch starts MPS, so set before torch loads: ops MPS lacks then run on the CPU.
+    # A value the user set wins (backends/presets.py warns when it disables the fallback).
+    os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
 
 from .errors import (
     AudioError,

@@ -203,6 +203,7 @@ class Synthesizer:
         self.note = note  # e.g. "tiny-random model: the output is noise"
         self.device = next(model.parameters()).device
         self._fast = None  # engine.fast.FastSampler, built on first use when the preset asks for it
+        self.prewarm_report: dict[str, Any] = {}
 
     @property
     def fast_sampler(self):
@@ -255,10 +256,45 @@ class Synthesizer:
         return AudioStream(chunks, record)
 
     def prewarm(self, voice: Any = None) -> float:
-        """One short dummy synthesis (absorbs first-call costs); returns its wall time in seconds."""
+        """Absorb first-call costs before the first real line; returns the wall time in seconds.
+
+        One short dummy synthesis (allocator, kernel selection, autotune); with CUDA graphs also
+        the capture of every length bucket up to `preset.prewarm_seconds` for the two shortest
+        text buckets and this voice, so no real line pays a capture. `self.prewarm_report` says
+        what was done.
+        """
         t0 = time.perf_counter()
         self.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
-        return time.perf_counter() - t0
+        fast = self.fast_sampler
+        captured = 0
+        if fast is not None and fast.use_graphs:
+            captured = self._prewarm_graphs(voice, fast)
+        seconds = time.perf_counter() - t0
+        self.prewarm_report = {"seconds": seconds, "graphs_captured": captured, "voice": repr(voice)}
+        return seconds
+
+    def _prewarm_graphs(self, voice: Any, fast: Any) -> int:
+        import torch
+
+        from .engine.duration import frames_for_seconds
+
+        before = fast.captures
+        cfg = self._sampler_config(SynthesisOptions())
+        top = frames_for_seconds(self.preset.prewarm_seconds)
+        with hold_model_lock(), torch.inference_mode():
+            ref = self.reference_latent(voice)
+            caption = self._caption(voice)
+            ref_mask = (
+                None if ref is None else torch.ones(ref.shape[:2], dtype=torch.bool, device=self.device)
+            )
+            for tokens in (fast.context_bucket, 2 * fast.context_bucket):
+                ids = torch.full((1, tokens), 5, dtype=torch.long, device=self.device)
+                mask = torch.ones_like(ids, dtype=torch.bool)
+                conds = self.model.encode_conditions(ids, mask, ref, ref_mask, *caption)
+                for frames in range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket):
+                    noise = torch.zeros(1, frames, self.config.latent_dim, device=self.device)
+                    self.sample_latent(conds, noise, cfg)
+        return fast.captures - before
 
     def render_identity(self, text: str, voice: Any = None, options: SynthesisOptions | None = None) -> dict:
         """Everything that changes the sound of `text` rendered with `voice` and `options`.
@@ -549,6 +585,29 @@ class Synthesizer:
             torch.mps.synchronize()
 
 
+def load_dit(path: Any, preset: Any) -> Any:
+    """The DiT for `preset`: as stored, or (preset.int4 and a float file) RTN-quantised at load."""
+    import warnings
+
+    from .engine.checkpoint import load_checkpoint, read_header
+
+    if not preset.int4 or "quant_method" in read_header(path)[0]:
+        return load_checkpoint(path, dtype=preset.dtype, device=preset.device)
+    from .quant.checkpoint import model_from_int4
+    from .quant.quantize import quantize_checkpoint
+
+    warnings.warn(
+        f"{path} holds float weights: quantising them to int4 with RTN at load. A GPTQ file "
+        "(irodori-speaker quantize, or the released int4 checkpoints) keeps more quality.",
+        UserWarning,
+        stacklevel=3,
+    )
+    report = quantize_checkpoint(path, None, method="rtn", report_errors=False, device=preset.device)
+    return model_from_int4(
+        report.checkpoint, f"{path} (int4 RTN at load)", dtype=preset.dtype, device=preset.device
+    )
+
+
 def load_synthesizer(
     model: str | os.PathLike | None = None,
     *,
@@ -570,7 +629,7 @@ def load_synthesizer(
     import torch
 
     from .backends.presets import select_preset
-    from .engine.checkpoint import load_checkpoint, resolve_dtype
+    from .engine.checkpoint import resolve_dtype
     from .engine.codec import load_codec
     from .engine.sources import CODEC_REPO, DEFAULT_MODEL, TOKENIZER_REPO, resolve
     from .fingerprint import file_fingerprint
@@ -596,7 +655,7 @@ def load_synthesizer(
         model_path = resolve(model or DEFAULT_MODEL, "model", cache_dir=cache_dir)
         codec_path = resolve(codec or CODEC_REPO, "codec", cache_dir=cache_dir)
         tok_path = None
-    loaded = load_checkpoint(model_path, dtype=preset.dtype, device=preset.device)
+    loaded = load_dit(model_path, preset)
     cfg = loaded.config
     if tok_path is None:
         tok_source = tokenizer or cfg.text_tokenizer_repo or TOKENIZER_REPO

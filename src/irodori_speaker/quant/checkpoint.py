@@ -450,12 +450,25 @@ def load_int4_model(
     dequantize: DequantizePolicy = None,
 ):
     """Build the DiT from an int4 file's config_json and apply the file (`engine.checkpoint.LoadedModel`)."""
+    return model_from_int4(
+        load_int4_checkpoint(path), str(path), dtype=dtype, device=device, dequantize=dequantize
+    )
+
+
+def model_from_int4(
+    ckpt: Int4Checkpoint,
+    source: str,
+    *,
+    dtype: torch.dtype = torch.float16,
+    device: torch.device | str = "cpu",
+    dequantize: DequantizePolicy = None,
+):
+    """The `LoadedModel` of an in-memory int4 checkpoint (from a file, or quantised at load)."""
     from ..engine.checkpoint import LoadedModel, build_model, config_from_metadata
 
-    ckpt = load_int4_checkpoint(path)
     meta = {"config_json": json.dumps(ckpt.config)}
-    cfg, inference = config_from_metadata(meta, str(path))
+    cfg, inference = config_from_metadata(meta, source)
     model = build_model(cfg, device="meta", dtype=dtype)
     apply_int4(model, ckpt, device=device, act_dtype=dtype, dequantize=dequantize)
     model.eval()
-    return LoadedModel(model, cfg, inference, str(path), quantized=True)
+    return LoadedModel(model, cfg, inference, source, quantized=True)

@@ -1,0 +1,28 @@
+"""The CUDA preset end to end on the tiny-random model (runs on the H200 through the device tool)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+
+def test_prewarm_captures_every_bucket_and_graphs_match_eager(tmp_path, monkeypatch):
+    from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
+
+    monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
+    synth = load_synthesizer(tiny_random="v2", backend="cuda", prewarm_seconds=3.0, voice_cache_dir=False)
+    synth.prewarm()
+    fast = synth.fast_sampler
+    buckets = len(range(fast.frame_bucket, 75 + fast.frame_bucket, fast.frame_bucket))  # 3 s = 75 frames
+    assert synth.prewarm_report["graphs_captured"] == 2 * buckets
+    before = fast.captures
+    opts = SynthesisOptions(seed=3, seconds=2.0, tail_trim=False)
+    graphed = synth.synthesize("グラフで再生します。", options=opts).audio
+    assert fast.captures == before  # the prewarmed bucket was reused, nothing captured
+    fast.use_graphs = False
+    eager = synth.synthesize("グラフで再生します。", options=opts).audio
+    assert np.isfinite(graphed).all() and len(graphed) == len(eager) == 96_000
+    np.testing.assert_allclose(graphed, eager, atol=2e-3)
