@@ -25,12 +25,12 @@ if stage env; then
     nproc; } 2>&1 | tee "$OUT/env.txt"
 fi
 if stage news5; then
-  timeout "${NEWS5_S:-330}" python3 benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 2} 2>&1 | tee "$OUT/news5.txt" | tail -60
+  timeout "${NEWS5_S:-250}" python3 benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 1 --int4-impl scratch} 2>&1 | tee "$OUT/news5.txt" | tail -60
 fi
 if stage tests; then
-  timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/engine/test_fast.py tests/quant/test_cuda.py 2>&1 | tail -40 | tee "$OUT/pytest.txt"
+  timeout "${TESTS_S:-70}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+    tests/engine/test_fast.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py 2>&1 | tail -40 | tee "$OUT/pytest.txt"
 fi
 if stage int4; then
-  timeout "${INT4_S:-200}" python3 benchmarks/int4_gpu.py ${INT4_ARGS:---quick} 2>&1 | tee "$OUT/int4.txt" | tail -45
+  timeout "${INT4_S:-110}" python3 benchmarks/int4_gpu.py ${INT4_ARGS:---quick --graph} 2>&1 | tee "$OUT/int4.txt" | tail -45
 fi
