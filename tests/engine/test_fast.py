@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
+from dit_cases import KINDS, case_settings, encode, load_kind
 
 from irodori_speaker.cancel import CancelToken
 from irodori_speaker.engine.checkpoint import load_checkpoint
@@ -16,36 +13,13 @@ from irodori_speaker.engine.model import rope_tables
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, plan_sampling, sample
 from irodori_speaker.errors import Cancelled
 
-KINDS = ["v2_base", "v2_voicedesign", "v3_base", "v3_voicedesign"]
-CASE_KEYS = {"t_schedule_mode": "schedule", "cfg_guidance_mode": "guidance"}
-
-
-def load(dit_fixtures, kind):
-    model = load_checkpoint(dit_fixtures / f"tiny_{kind}.safetensors").model
-    path = dit_fixtures / f"tiny_{kind}_io.safetensors"
-    with safe_open(str(path), "pt") as f:
-        cases = json.loads(f.metadata()["sampler_cases"])
-    return model, load_file(str(path)), cases
-
-
-def encode(model, io, rows=slice(0, 1)):
-    def get(k):
-        return io[k][rows] if k in io else None
-
-    return model.encode_conditions(
-        get("text_input_ids"),
-        get("text_mask"),
-        get("ref_latent"),
-        get("ref_mask"),
-        get("caption_input_ids"),
-        get("caption_mask"),
-    )
+FIRST = slice(0, 1)  # the sampler cases run on the first item of the batch
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_fast_velocity_equals_reference(dit_fixtures, kind):
-    model, io, _ = load(dit_fixtures, kind)
-    conds = encode(model, io, slice(None))
+    model, io, _ = load_kind(dit_fixtures, kind)
+    conds = encode(model, io)  # both rows
     ref = model.velocity(io["x_t"], io["t"], conds, io["latent_mask"])
     fast = FastDiT(model)
     ctx = model.context_kv(conds)
@@ -69,18 +43,18 @@ def test_fast_velocity_equals_reference(dit_fixtures, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_fast_sampler_matches_golden_cases(dit_fixtures, kind):
     """Padded to frame bucket 16 (24 -> 32) and context bucket 32: the golden outputs still hold."""
-    model, io, cases = load(dit_fixtures, kind)
+    model, io, cases = load_kind(dit_fixtures, kind)
     sampler = FastSampler(model, frame_bucket=16, context_bucket=32, use_graphs=False)
-    conds = encode(model, io)
+    conds = encode(model, io, FIRST)
     for name, settings in cases.items():
-        kw = {CASE_KEYS.get(k, k): v for k, v in settings.items() if k != "sequence_length"}
+        kw = case_settings(settings)
         out = sampler.sample(conds, io[f"sample_{name}_noise"], SamplerConfig(**kw))
         torch.testing.assert_close(out, io[f"sample_{name}_out"], atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_padding_conditions_is_exact(dit_fixtures):
-    model, io, _ = load(dit_fixtures, "v3_voicedesign")
-    conds = encode(model, io)
+    model, io, _ = load_kind(dit_fixtures, "v3_voicedesign")
+    conds = encode(model, io, FIRST)
     padded = pad_conditions(conds, 32)
     assert padded.text_state.shape[1] == 32 and padded.speaker_state.shape[1] == 32
     noise = draw_noise(1, 1, 24, 32)
@@ -91,7 +65,7 @@ def test_padding_conditions_is_exact(dit_fixtures):
 
 
 def test_modulation_table_matches_adaln(dit_fixtures):
-    model, _, _ = load(dit_fixtures, "v2_base")
+    model, _, _ = load_kind(dit_fixtures, "v2_base")
     plan = plan_sampling(SamplerConfig(num_steps=8, schedule="sway"), ("text",))
     table = FastDiT(model).modulation_table([s.t for s in plan.steps])
     assert table.shape == (8, 2, 6, 64)
@@ -103,7 +77,7 @@ def test_modulation_table_matches_adaln(dit_fixtures):
 
 
 def test_eager_fast_path_cancels_between_steps(dit_fixtures):
-    model, io, _ = load(dit_fixtures, "v2_base")
+    model, io, _ = load_kind(dit_fixtures, "v2_base")
     token = CancelToken()
     seen = []
 
@@ -114,7 +88,7 @@ def test_eager_fast_path_cancels_between_steps(dit_fixtures):
 
     with pytest.raises(Cancelled):
         FastSampler(model, use_graphs=False).sample(
-            encode(model, io),
+            encode(model, io, FIRST),
             draw_noise(0, 1, 24, 32),
             SamplerConfig(num_steps=8),
             cancel=token,
@@ -125,13 +99,13 @@ def test_eager_fast_path_cancels_between_steps(dit_fixtures):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need an NVIDIA GPU (run on the H200)")
 def test_cuda_graph_replay_equals_eager(dit_fixtures):
-    model, io, cases = load(dit_fixtures, "v3_base")
+    model, io, cases = load_kind(dit_fixtures, "v3_base")
     model = model.cuda()
-    conds = encode(model, {k: v.cuda() for k, v in io.items()})
+    conds = encode(model, {k: v.cuda() for k, v in io.items()}, FIRST)
     graphed = FastSampler(model, use_graphs=True)
     eager = FastSampler(graphed.fast, use_graphs=False)
     for name in ("independent", "sway8", "speaker_kv"):
-        kw = {CASE_KEYS.get(k, k): v for k, v in cases[name].items() if k != "sequence_length"}
+        kw = case_settings(cases[name])
         noise = io[f"sample_{name}_noise"].cuda()
         a = graphed.sample(conds, noise, SamplerConfig(**kw))
         b = graphed.sample(conds, noise, SamplerConfig(**kw))  # a replay, not a capture
@@ -150,8 +124,8 @@ def test_fast_path_on_an_int4_model(dit_fixtures, tmp_path):
     quantize_checkpoint(dit_fixtures / "tiny_v2_base.safetensors", dst, method="rtn", report_errors=False)
     model = load_checkpoint(dst, dtype="fp32").model
     assert isinstance(model.blocks[0].attention.wq, Int4Linear)
-    _, io, _ = load(dit_fixtures, "v2_base")
-    conds = encode(model, io)
+    _, io, _ = load_kind(dit_fixtures, "v2_base")
+    conds = encode(model, io, FIRST)
     noise = io["sample_sway8_noise"]
     cfg = SamplerConfig(num_steps=8, schedule="sway")
     ref = sample(model, conds, noise, cfg)

@@ -2,42 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
+from dit_cases import KINDS, case_settings, encode, load_kind
 
-from irodori_speaker.engine.checkpoint import load_checkpoint
 from irodori_speaker.engine.sampler import SamplerConfig, sample
 
-KINDS = ["v2_base", "v2_voicedesign", "v3_base", "v3_voicedesign"]
 TOL = dict(atol=1e-4, rtol=1e-4)
-# fixture key -> SamplerConfig field
-CASE_KEYS = {"t_schedule_mode": "schedule", "cfg_guidance_mode": "guidance"}
-
-
-def load_kind(dit_fixtures, kind):
-    model = load_checkpoint(dit_fixtures / f"tiny_{kind}.safetensors").model
-    io_path = dit_fixtures / f"tiny_{kind}_io.safetensors"
-    with safe_open(str(io_path), "pt") as f:
-        cases = json.loads(f.metadata()["sampler_cases"])
-    return model, load_file(str(io_path)), cases
-
-
-def encode(model, io, rows=slice(None)):
-    def get(k):
-        return io[k][rows] if k in io else None
-
-    return model.encode_conditions(
-        get("text_input_ids"),
-        get("text_mask"),
-        get("ref_latent"),
-        get("ref_mask"),
-        get("caption_input_ids"),
-        get("caption_mask"),
-    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -81,7 +52,7 @@ def loaded(dit_fixtures):
 def test_sampler_cases(loaded, kind, case):
     model, io, cases = loaded[kind]
     assert case in cases, f"fixture lacks sampler case {case}"
-    settings = {CASE_KEYS.get(k, k): v for k, v in cases[case].items() if k != "sequence_length"}
+    settings = case_settings(cases[case])
     conds = encode(model, io, slice(0, 1))
     out = sample(model, conds, io[f"sample_{case}_noise"], SamplerConfig(**settings))
     torch.testing.assert_close(out, io[f"sample_{case}_out"], **TOL)
