@@ -85,8 +85,10 @@ class Mode:
     stream_chunk: int | None  # None: decode the whole line (first audio = end of generation);
     #  else streamed: a first chunk of this many frames, then the preset's 25-frame chunks
     int4: bool = False
+    int4_codec: bool = False
     rows: list[dict] = field(default_factory=list)
     peak_mb: float = float("nan")
+    load_peak_mb: float = float("nan")
     load_s: float = float("nan")
     warm_s: float = float("nan")
 
@@ -178,6 +180,21 @@ def modes_for(device: str) -> dict[str, Mode]:
             None,
             8,
             int4=True,
+        ),
+        "g": Mode(
+            "g",
+            "(e) with the int4 codec too (smallest memory)",
+            "cuda",
+            bf16,
+            f16,
+            8,
+            "sway",
+            True,
+            True,
+            None,
+            8,
+            int4=True,
+            int4_codec=True,
         ),
         "f": Mode(
             "f",
@@ -276,6 +293,10 @@ def run_mode(mode: Mode, files: dict[str, Path], sentences: list[str], seed: int
             if isinstance(m, Int4Linear):
                 m.impl = int4_impl
     codec = load_codec(files["codec"], device=mode.device, dtype=mode.codec_dtype)
+    if mode.int4_codec:
+        from irodori_speaker.quant.codec import quantize_codec
+
+        quantize_codec(codec)
     preset = Preset(
         mode.key,
         mode.device,
@@ -299,6 +320,9 @@ def run_mode(mode: Mode, files: dict[str, Path], sentences: list[str], seed: int
     voice = Voice.from_latent(files["ref"])
     sync(mode.device)
     mode.load_s = time.perf_counter() - t0
+    if mode.device == "cuda":  # peak while loading (e.g. the float codec before it is packed) ...
+        mode.load_peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
+        torch.cuda.reset_peak_memory_stats()  # ... then the peak while running (weights included)
     opts = SynthesisOptions(seed=seed, pad_text_to=mode.pad_text)
 
     def one(text: str) -> dict:
@@ -355,7 +379,9 @@ def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
                 f"{1e3 * r['sampling_s']:.1f} | {1e3 * r['decode_s']:.1f} | {r['rtf']:.4f} | "
                 f"{1e3 * r['ttfa_s']:.1f} |"
             )
-    print("\n| mode | what | total gen s | audio s | RTF | TTFA 1st ms | peak MiB | x faster than (a) |")
+    print(
+        "\n| mode | what | total gen s | audio s | RTF | TTFA 1st ms | peak MiB (load) | x faster than (a) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for m in modes:
@@ -369,6 +395,7 @@ def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
             "rtf": total / audio,
             "ttfa_first_s": m.rows[0]["ttfa_s"],
             "peak_mb": m.peak_mb,
+            "load_peak_mb": m.load_peak_mb,
             "vs_a": ratio,
             "load_s": m.load_s,
             "warm_s": m.warm_s,
@@ -376,10 +403,10 @@ def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
         }
         print(
             f"| {m.key} | {m.desc} | {total:.3f} | {audio:.2f} | {total / audio:.4f} | "
-            f"{1e3 * m.rows[0]['ttfa_s']:.1f} | {m.peak_mb:.0f} | {ratio:.1f} |"
+            f"{1e3 * m.rows[0]['ttfa_s']:.1f} | {m.peak_mb:.0f} ({m.load_peak_mb:.0f}) | {ratio:.1f} |"
         )
     if "b" in summary:
-        for k in ("d", "e"):
+        for k in ("d", "e", "g"):
             if k in summary:
                 print(f"({k}) vs (b): {summary['b']['total_gen_s'] / summary[k]['total_gen_s']:.1f}x")
     return summary
@@ -387,7 +414,7 @@ def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="a,b,d,e,c,f", help="which modes, in this order")
+    ap.add_argument("--modes", default="a,b,d,e,g,c,f", help="which modes, in this order")
     ap.add_argument(
         "--int4-impl",
         default="auto",
