@@ -39,11 +39,13 @@ def virtual_device() -> dict:
     try:
         import sounddevice  # noqa: F401
     except (ImportError, OSError) as e:
-        _unavailable(f"PortAudio is unavailable ({e}); run scripts/setup.sh as root (it installs libportaudio2)")
+        _unavailable(
+            f"PortAudio is unavailable ({e}); run scripts/setup.sh as root (it installs libportaudio2)"
+        )
     try:
         return find_output_device(DEVICE, hostapi="ALSA")
     except Exception as e:
-        _unavailable(f"the ALSA device {DEVICE!r} is not configured ({e}); run .ci/virtual-audio.sh as root (it installs libportaudio2)")
+        _unavailable(f"the ALSA device {DEVICE!r} is not configured ({e}); run .ci/virtual-audio.sh as root")
     raise AssertionError("unreachable")
 
 
