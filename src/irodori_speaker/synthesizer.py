@@ -445,26 +445,23 @@ class Synthesizer:
         return max(frames, int(0.5 * FRAMES_PER_SECOND))
 
     def _sampler_config(self, opts: SynthesisOptions):
+        """The SamplerConfig of `opts`: fields of the same name, `None` taking the preset's value."""
+        import dataclasses
+
         from .engine.sampler import SamplerConfig
 
-        p = self.preset
-        return SamplerConfig(
-            num_steps=opts.steps if opts.steps is not None else p.steps,
-            schedule=opts.schedule if opts.schedule is not None else p.schedule,
-            sway_coeff=opts.sway_coeff if opts.sway_coeff is not None else p.sway_coeff,
-            guidance=opts.guidance,
-            cfg_scale_text=opts.cfg_scale_text,
-            cfg_scale_speaker=opts.cfg_scale_speaker,
-            cfg_scale_caption=opts.cfg_scale_caption,
-            cfg_min_t=opts.cfg_min_t,
-            cfg_max_t=opts.cfg_max_t,
-            truncation_factor=opts.truncation_factor,
-            rescale_k=opts.rescale_k,
-            rescale_sigma=opts.rescale_sigma,
-            speaker_kv_scale=opts.speaker_kv_scale,
-            speaker_kv_min_t=opts.speaker_kv_min_t,
-            speaker_kv_max_layers=opts.speaker_kv_max_layers,
-        )
+        given = dataclasses.asdict(opts)
+        shared = {f.name for f in dataclasses.fields(SamplerConfig)} & set(given)
+        kwargs = {k: given[k] for k in shared}
+        kwargs["num_steps"] = opts.steps
+        for name, preset_name in (
+            ("num_steps", "steps"),
+            ("schedule", "schedule"),
+            ("sway_coeff", "sway_coeff"),
+        ):
+            if kwargs[name] is None:
+                kwargs[name] = getattr(self.preset, preset_name)
+        return SamplerConfig(**kwargs)
 
     def sample_latent(self, conds: Any, noise: Any, cfg: Any, *, cancel=None, progress=None) -> Any:
         """Run the sampler (the preset's fast path, or the reference loop)."""

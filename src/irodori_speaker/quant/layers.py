@@ -164,6 +164,12 @@ class _RTNModule(_PackedModule):
         self.register_buffer("scales", packed.scales.to(device).contiguous())
         self.register_buffer("zeros", packed.zeros.to(device).contiguous())
 
+    def _init_bias(self, bias: torch.Tensor | None, device, act_dtype) -> None:
+        if bias is not None:
+            self.register_buffer("bias", bias.to(device=device, dtype=act_dtype or bias.dtype))
+        else:
+            self.bias = None
+
     def packed(self) -> RTNPacked:
         return RTNPacked(
             self.qweight_u8.cpu(), self.scales.cpu(), self.zeros.cpu(), self.rows, self.cols, self.num_groups
@@ -183,10 +189,7 @@ class RTNLinear(_RTNModule):
         super().__init__()
         self._init_packed(packed, device)
         self.in_features, self.out_features = packed.cols, packed.rows
-        if bias is not None:
-            self.register_buffer("bias", bias.to(device=device, dtype=act_dtype or bias.dtype))
-        else:
-            self.bias = None
+        self._init_bias(bias, device, act_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self._dequant(x.dtype)
@@ -225,7 +228,18 @@ def _conv_args(conv: nn.Module) -> dict:
     }
 
 
-class Int4Conv1d(_RTNModule):
+class _Int4Conv(_RTNModule):
+    """What both int4 convolutions share: building from a float conv."""
+
+    @classmethod
+    def from_conv(cls, conv: nn.Module, packed: RTNPacked, *, device=None, act_dtype=None, bias=None):
+        """Same geometry as `conv`; `bias` (default: conv.bias) is copied."""
+        b = conv.bias.detach() if bias is None and conv.bias is not None else bias
+        extra = {"output_padding": conv.output_padding[0]} if isinstance(conv, nn.ConvTranspose1d) else {}
+        return cls(packed, **_conv_args(conv), **extra, bias=b, device=device, act_dtype=act_dtype)
+
+
+class Int4Conv1d(_Int4Conv):
     """nn.Conv1d semantics on an RTN-nibble weight flattened to [out, in/groups * k]."""
 
     def __init__(
@@ -252,24 +266,7 @@ class Int4Conv1d(_RTNModule):
         self._init_packed(packed, device)
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel_size
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
-        if bias is not None:
-            self.register_buffer("bias", bias.to(device=device, dtype=act_dtype or bias.dtype))
-        else:
-            self.bias = None
-
-    @classmethod
-    def from_conv(
-        cls,
-        conv: nn.Conv1d,
-        packed: RTNPacked,
-        *,
-        device=None,
-        act_dtype=None,
-        bias: torch.Tensor | None = None,
-    ) -> Int4Conv1d:
-        """Same geometry as `conv`; `bias` (default: conv.bias) is copied."""
-        b = conv.bias.detach() if bias is None and conv.bias is not None else bias
-        return cls(packed, **_conv_args(conv), bias=b, device=device, act_dtype=act_dtype)
+        self._init_bias(bias, device, act_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self._dequant(x.dtype).view(self.out_channels, self.in_channels // self.groups, self.kernel_size)
@@ -277,7 +274,7 @@ class Int4Conv1d(_RTNModule):
         return F.conv1d(x, w, b, self.stride, self.padding, self.dilation, self.groups)
 
 
-class Int4ConvTranspose1d(_RTNModule):
+class Int4ConvTranspose1d(_Int4Conv):
     """nn.ConvTranspose1d semantics on an RTN-nibble weight flattened to [in, out/groups * k]."""
 
     def __init__(
@@ -306,27 +303,7 @@ class Int4ConvTranspose1d(_RTNModule):
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel_size
         self.stride, self.padding, self.output_padding = stride, padding, output_padding
         self.dilation, self.groups = dilation, groups
-        if bias is not None:
-            self.register_buffer("bias", bias.to(device=device, dtype=act_dtype or bias.dtype))
-        else:
-            self.bias = None
-
-    @classmethod
-    def from_conv(
-        cls,
-        conv: nn.ConvTranspose1d,
-        packed: RTNPacked,
-        *,
-        device=None,
-        act_dtype=None,
-        bias: torch.Tensor | None = None,
-    ) -> Int4ConvTranspose1d:
-        """Same geometry as `conv`; `bias` (default: conv.bias) is copied."""
-        b = conv.bias.detach() if bias is None and conv.bias is not None else bias
-        args = _conv_args(conv)
-        return cls(
-            packed, **args, output_padding=conv.output_padding[0], bias=b, device=device, act_dtype=act_dtype
-        )
+        self._init_bias(bias, device, act_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self._dequant(x.dtype).view(self.in_channels, self.out_channels // self.groups, self.kernel_size)
