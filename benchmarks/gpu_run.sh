@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device-tool call on an H200: GPU correctness tests, the int4 kernel table, news5 end to end.
+# One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
+# the memory table. Pick with STAGES="tests profile news5 int4 memory" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl", ".device_shared"])
 #
@@ -15,7 +16,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH="$PWD/src"
 fi
-STAGES="${STAGES:-env news5 tests int4}"
+STAGES="${STAGES:-env tests profile news5 int4 memory}"
+TESTS="${TESTS:-tests/engine/test_fast.py tests/engine/test_fused.py tests/engine/test_codec_graphs.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py}"
 
 stage() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
@@ -24,13 +26,18 @@ if stage env; then
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
     nproc; } 2>&1 | tee "$OUT/env.txt"
 fi
+if stage tests; then
+  timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts="" $TESTS 2>&1 | tail -40 | tee "$OUT/pytest.txt"
+fi
+if stage profile; then
+  timeout "${PROFILE_S:-200}" python3 benchmarks/profile_line.py ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.txt" | tail -80
+fi
 if stage news5; then
   timeout "${NEWS5_S:-250}" python3 benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 1 --int4-impl scratch} 2>&1 | tee "$OUT/news5.txt" | tail -60
 fi
-if stage tests; then
-  timeout "${TESTS_S:-70}" python3 -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/engine/test_fast.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py 2>&1 | tail -40 | tee "$OUT/pytest.txt"
-fi
 if stage int4; then
   timeout "${INT4_S:-110}" python3 benchmarks/int4_gpu.py ${INT4_ARGS:---quick --graph} 2>&1 | tee "$OUT/int4.txt" | tail -45
+fi
+if stage memory; then
+  timeout "${MEMORY_S:-200}" python3 benchmarks/memory_gpu.py ${MEMORY_ARGS:-} 2>&1 | tee "$OUT/memory.txt" | tail -40
 fi

@@ -137,6 +137,7 @@ class SynthesizerLike(Protocol):
 # The synthesizer
 # ---------------------------------------------------------------------------------------------
 
+VOICE_STATES_KEPT = 8  # voices whose encoded speaker/caption states are kept on the device
 PIECE_GAP_S = 0.12  # silence between the pieces of a split long text
 EDGE_FADE_S = 0.008  # raised-cosine fade at piece edges: no click where a piece was cut
 
@@ -203,6 +204,12 @@ class Synthesizer:
         self.note = note  # e.g. "tiny-random model: the output is noise"
         self.device = next(model.parameters()).device
         self._fast = None  # engine.fast.FastSampler, built on first use when the preset asks for it
+        self._voice_states_cache: dict[tuple, tuple] = {}  # insertion order = least recently used first
+        codec_device = getattr(codec, "device", None)
+        if self.preset.codec_graphs and codec_device is not None and codec_device.type == "cuda":
+            # the stream's first and middle windows replayed from graphs, captured by prewarm; other
+            # lengths (a line's last window) stay eager: a capture mid-stream would cost more
+            codec.use_graphs(True, capture_on_use=None)
         self.prewarm_report: dict[str, Any] = {}
 
     @property
@@ -263,15 +270,38 @@ class Synthesizer:
         text buckets and this voice, so no real line pays a capture. `self.prewarm_report` says
         what was done.
         """
+        from .text.length import estimate_seconds
+
         t0 = time.perf_counter()
-        self.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
         fast = self.fast_sampler
-        captured = 0
+        before = (0, 0) if fast is None else (fast.captures, fast.text_captures)
+        estimate_seconds("こんにちは。")  # loads the reading dictionary (pyopenjtalk) once
+        self.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
         if fast is not None and fast.use_graphs:
-            captured = self._prewarm_graphs(voice, fast)
+            self._prewarm_graphs(voice, fast)
+        codec_graphs = self._prewarm_codec_graphs()
+        captured = (0, 0) if fast is None else (fast.captures - before[0], fast.text_captures - before[1])
         seconds = time.perf_counter() - t0
-        self.prewarm_report = {"seconds": seconds, "graphs_captured": captured, "voice": repr(voice)}
+        self.prewarm_report = {
+            "seconds": seconds,
+            "graphs_captured": captured[0],
+            "text_graphs_captured": captured[1],
+            "codec_graphs_captured": codec_graphs,
+            "voice": repr(voice),
+        }
         return seconds
+
+    def _prewarm_codec_graphs(self) -> int:
+        """Capture the codec's graphs for the stream's window lengths (first and middle windows)."""
+        from .engine.codec import stream_window_lengths
+
+        if not self.preset.codec_graphs or not hasattr(self.codec, "prewarm_graphs"):
+            return 0
+        lengths = stream_window_lengths(
+            self.preset.stream_chunk_frames, first_chunk_frames=self.preset.stream_first_chunk_frames
+        )
+        with hold_model_lock():
+            return self.codec.prewarm_graphs(lengths)
 
     def _prewarm_graphs(self, voice: Any, fast: Any) -> int:
         import torch
@@ -283,14 +313,10 @@ class Synthesizer:
         top = frames_for_seconds(self.preset.prewarm_seconds)
         with hold_model_lock(), torch.inference_mode():
             ref = self.reference_latent(voice)
-            caption = self._caption(voice)
-            ref_mask = (
-                None if ref is None else torch.ones(ref.shape[:2], dtype=torch.bool, device=self.device)
-            )
+            voice_states = self._voice_states(voice, ref, self._caption(voice))
             for tokens in (fast.context_bucket, 2 * fast.context_bucket):
-                ids = torch.full((1, tokens), 5, dtype=torch.long, device=self.device)
-                mask = torch.ones_like(ids, dtype=torch.bool)
-                conds = self.model.encode_conditions(ids, mask, ref, ref_mask, *caption)
+                ids = torch.full((1, tokens), 5, dtype=torch.long)
+                conds = self._conditions(ids, torch.ones_like(ids, dtype=torch.bool), voice_states)
                 for frames in range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket):
                     noise = torch.zeros(1, frames, self.config.latent_dim, device=self.device)
                     self.sample_latent(conds, noise, cfg)
@@ -472,25 +498,61 @@ class Synthesizer:
             return fast.sample(conds, noise, cfg, cancel=cancel, progress=progress)
         return sample(self.model, conds, noise, cfg, cancel=cancel, progress=progress)
 
-    def _render(self, piece, ref, caption, seed, opts, record, cancel, progress) -> _Rendered:
-        """Encode conditions, choose the length, sample; all under the model lock."""
+    def _voice_states(self, voice: Any, ref: Any, caption: tuple[Any, Any]) -> tuple:
+        """(has_reference, speaker/caption states) of a voice: they do not depend on the text, so
+        they are encoded once per voice and kept (a few voices, least recently used dropped)."""
+        import torch
+
+        from .voices import Voice
+
+        cap_ids = caption[0]
+        key = (
+            None
+            if ref is None
+            else (voice if isinstance(voice, Voice) else Voice.from_wav(voice)).content_key(),
+            None if cap_ids is None else tuple(cap_ids[0].tolist()),
+            str(self.model.in_proj.weight.dtype),
+        )
+        hit = self._voice_states_cache.pop(key, None)
+        if hit is None:
+            ref_mask = (
+                None if ref is None else torch.ones(ref.shape[:2], dtype=torch.bool, device=self.device)
+            )
+            with torch.inference_mode():
+                hit = (ref is not None, self.model.encode_voice(1, ref, ref_mask, *caption))
+        self._voice_states_cache[key] = hit
+        while len(self._voice_states_cache) > VOICE_STATES_KEPT:
+            self._voice_states_cache.pop(next(iter(self._voice_states_cache)))
+        return hit
+
+    def _conditions(self, ids: Any, mask: Any, voice_states: tuple) -> Any:
+        """Conditions of one piece: the text encoded now (graph-replayed on the fast path)."""
+        from .engine.model import Conditions, check_ids
+
+        check_ids(ids, mask, self.config.text_vocab_size, "text")
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        fast = self.fast_sampler
+        if fast is not None:
+            text_state, mask = fast.encode_text(ids, mask)
+        else:
+            text_state = self.model.encode_text(ids, mask)
+        return Conditions(text_state, mask, *voice_states[1])
+
+    def _render(self, piece, voice_states, seed, opts, record, cancel, progress) -> _Rendered:
+        """Encode the text, choose the length, sample; all under the model lock."""
         import torch
 
         with torch.inference_mode():
-            return self._render_inner(piece, ref, caption, seed, opts, record, cancel, progress)
+            return self._render_inner(piece, voice_states, seed, opts, record, cancel, progress)
 
-    def _render_inner(self, piece, ref, caption, seed, opts, record, cancel, progress) -> _Rendered:
-        import torch
-
+    def _render_inner(self, piece, voice_states, seed, opts, record, cancel, progress) -> _Rendered:
         from .engine.duration import HOP, tail_trim_frames
         from .engine.sampler import draw_noise
 
         cfg = self._sampler_config(opts)
         t0 = time.perf_counter()
-        ids, mask = piece.ids.to(self.device), piece.mask.to(self.device)
-        ref_mask = None if ref is None else torch.ones(ref.shape[:2], dtype=torch.bool, device=self.device)
-        conds = self.model.encode_conditions(ids, mask, ref, ref_mask, *caption)
-        frames = self._frames(piece, conds, ref is not None, opts, record)
+        conds = self._conditions(piece.ids, piece.mask, voice_states)
+        frames = self._frames(piece, conds, voice_states[0], opts, record)
         self._sync()
         t1 = time.perf_counter()
         record.timings["duration"] = record.timings.get("duration", 0.0) + (t1 - t0)
@@ -550,12 +612,12 @@ class Synthesizer:
         t0 = time.perf_counter()
         with hold_model_lock(cancel):
             ref = self.reference_latent(voice, record)
-            caption = self._caption(voice)
+            voice_states = self._voice_states(voice, ref, self._caption(voice))
         record.timings["reference"] = time.perf_counter() - t0
         for i, piece in enumerate(pieces):
             first, last = i == 0, i == len(pieces) - 1
             with hold_model_lock(cancel):
-                rendered = self._render(piece, ref, caption, record.seed, opts, record, cancel, progress)
+                rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, progress)
             t_dec = time.perf_counter()
             pending = None  # hold one chunk back so the piece's last chunk can be faded out
             head = True

@@ -17,7 +17,14 @@ def test_prewarm_captures_every_bucket_and_graphs_match_eager(tmp_path, monkeypa
     synth.prewarm()
     fast = synth.fast_sampler
     buckets = len(range(fast.frame_bucket, 75 + fast.frame_bucket, fast.frame_bucket))  # 3 s = 75 frames
+    # every frame bucket for the two shortest text buckets (the dummy line's graph included)
     assert synth.prewarm_report["graphs_captured"] == 2 * buckets
+    assert synth.prewarm_report["text_graphs_captured"] == 2
+    from irodori_speaker.engine.codec import stream_window_lengths
+
+    windows = stream_window_lengths(25, first_chunk_frames=8)
+    assert synth.prewarm_report["codec_graphs_captured"] == len(windows)
+    assert sorted(n for _, n in synth.codec.graph_shapes) == sorted(windows)
     before = fast.captures
     opts = SynthesisOptions(seed=3, seconds=2.0, tail_trim=False)
     graphed = synth.synthesize("グラフで再生します。", options=opts).audio

@@ -549,3 +549,20 @@ def test_codec_from_random_state_dict_in_memory() -> None:
     model = codec_from_state_dict(state, TINY_CODEC_KWARGS)
     assert not any(p.requires_grad for p in model.parameters()) and not model.training
     assert model.decode(_latent(1)).shape == (2, 1, HOP)
+
+
+def test_one_channel_conv_as_gemm_and_shifted_sum():
+    """The output head's conv (C -> 1, kernel 7) on CUDA: same sums as conv1d."""
+    from irodori_speaker.engine.codec import conv_to_one_channel
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(24, 1, 7, padding=3)
+    x = torch.randn(2, 24, 501)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            conv_to_one_channel(x, conv.weight, conv.bias, 3), conv(x), atol=1e-5, rtol=1e-5
+        )
+        y = conv_to_one_channel(x.bfloat16(), conv.weight, None, 3)
+        ref = torch.nn.functional.conv1d(x.bfloat16().float(), conv.weight, None, padding=3)
+    assert y.dtype == torch.bfloat16 and y.shape == (2, 1, 501)
+    torch.testing.assert_close(y.float(), ref, atol=3e-2, rtol=2e-2)

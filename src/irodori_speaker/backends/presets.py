@@ -35,6 +35,7 @@ class Preset:
     threads: int | None = None  # CPU threads for torch (None: leave torch's default)
     fast_path: bool = True  # engine.fast: fused projections, precomputed AdaLN, buckets
     cuda_graphs: bool = False  # capture the whole sampling loop per bucket (CUDA only)
+    codec_graphs: bool = False  # replay the stream's decode windows from CUDA graphs (CUDA only)
     int4: bool = False  # run the DiT on int4 weights; a float file is quantised at load (RTN)
     prewarm_seconds: float = 12.0  # CUDA graphs: capture every length bucket up to this at prewarm
 
@@ -58,7 +59,13 @@ def mps_available() -> bool:
 def base_preset(name: str) -> Preset:
     if name == "cuda":
         return Preset(
-            "cuda", "cuda", dtype=torch.bfloat16, codec_dtype=torch.float16, steps=8, cuda_graphs=True
+            "cuda",
+            "cuda",
+            dtype=torch.bfloat16,
+            codec_dtype=torch.float16,
+            steps=8,
+            cuda_graphs=True,
+            codec_graphs=True,
         )
     if name == "mps":
         # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision

@@ -17,7 +17,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from torch import Tensor, nn
 
 from ..cancel import CancelToken, check
 from ..errors import CheckpointError, InputError
+from .fused import fused_available, run_or_fall_back
+from .fused import snake as fused_snake
 
 __all__ = [
     "DACVAE",
@@ -48,6 +51,7 @@ __all__ = [
     "load_codec",
     "random_codec_state_dict",
     "save_random_codec_pth",
+    "stream_window_lengths",
 ]
 
 #: The released codec's hyper-parameters (`metadata.kwargs` of its weights.pth).
@@ -209,6 +213,13 @@ class Snake(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: Tensor) -> Tensor:
+        grad = torch.is_grad_enabled() and (x.requires_grad or self.alpha.requires_grad)
+        if x.dim() == 3 and not grad and fused_available(x.device):
+            # one kernel instead of seven (the codec's biggest cost on a GPU)
+            return run_or_fall_back(lambda: fused_snake(x, self.alpha), lambda: self._eager(x))
+        return self._eager(x)
+
+    def _eager(self, x: Tensor) -> Tensor:
         compute = torch.promote_types(x.dtype, torch.float32)
         alpha = self.alpha.to(compute)
         xc = x.to(compute)
@@ -336,7 +347,31 @@ class OutputHead(nn.Module):
         self.pre = nn.Sequential(Snake(channels), _conv(channels, 1, 7))
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.tanh(self.pre(x))
+        snake, conv = self.pre[0], self.pre[1]
+        h = snake(x)
+        if h.is_cuda and type(conv) is nn.Conv1d:
+            # cuDNN has no good kernel for a single output channel (its legacy implicit GEMM took
+            # ~0.45 ms a window on an H200): a (7, C) GEMM and a shifted sum do the same sums
+            return torch.tanh(conv_to_one_channel(h, conv.weight, conv.bias, conv.padding[0]))
+        return torch.tanh(conv(h))
+
+
+def conv_to_one_channel(x: Tensor, weight: Tensor, bias: Tensor | None, padding: int) -> Tensor:
+    """conv1d(x, weight, bias, padding) for weight (1, C, K), stride 1: (B, 1, T_out) in x's dtype.
+
+    z[b, k, t] = sum_c weight[0, c, k] x[b, c, t] (one GEMM in x's dtype, fp32 accumulation), then
+    y[b, t] = sum_k z[b, k, t + k] over the zero-padded z (one strided sum in fp32). No copy of x
+    is made (a whole 30 s line at 48 kHz is large)."""
+    B, _, T = x.shape
+    K = weight.shape[-1]
+    z = torch.matmul(weight[0].t().to(x.dtype), x)  # (B, K, T)
+    z = nn.functional.pad(z, (padding, padding)).contiguous()
+    T_out = T + 2 * padding - K + 1
+    diag = z.as_strided((B, T_out, K), (z.stride(0), 1, z.stride(1) + 1))
+    y = diag.sum(-1, keepdim=True, dtype=torch.float32).transpose(1, 2)
+    if bias is not None:
+        y = y + bias.float().view(1, 1, 1)
+    return y.to(x.dtype)
 
 
 class _WatermarkModelSlot(nn.Module):
@@ -376,7 +411,8 @@ class DACVAE(nn.Module):
 
     Latents are (B, T, codebook_dim) as Irodori uses them; audio is (B, 1, samples)
     at `sample_rate`. Inputs are moved to the codec's device and dtype; audio and
-    latents come back as float32 on that device.
+    latents come back as float32 on that device. On CUDA, `use_graphs` makes the
+    decodes replay CUDA graphs (opt-in).
     """
 
     def __init__(self, cfg: CodecConfig) -> None:
@@ -385,6 +421,8 @@ class DACVAE(nn.Module):
         self.encoder = Encoder(cfg)
         self.quantizer = VAEBottleneck(cfg.latent_dim, cfg.codebook_dim)
         self.decoder = Decoder(cfg)
+        self._graphs: _GraphCache | None = None  # set by use_graphs
+        self._graph_pool: Any = None  # the one CUDA memory pool all of this codec's graphs share
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], *, device: str | torch.device | None = None) -> DACVAE:
@@ -437,11 +475,19 @@ class DACVAE(nn.Module):
         """(B, codebook_dim, T) in the codec dtype -> (B, 1, hop*T) float32."""
         return self.decoder(self.quantizer.out_proj(z)).float()
 
+    def _decode_window(self, z: Tensor, a: int, b: int) -> Tensor:
+        """Samples [a, b) of window `z`'s decode as a tensor of its own (a graph replay where one applies)."""
+        run = None if self._graphs is None else self._graphs.runner(z)
+        if run is None:
+            return self._decode_frames(z)[:, :, a:b].contiguous()
+        # the graph's output buffer is overwritten by the next replay: hand out a copy
+        return run(z)[:, :, a:b].clone(memory_format=torch.contiguous_format)
+
     def decode(self, latent: Tensor) -> Tensor:
         """Decode (B, T, 32) latents to (B, 1, hop*T) audio in one pass (memory grows with T)."""
         z = self._check_latent(latent)
         with torch.no_grad():
-            return self._decode_frames(z)
+            return self._decode_window(z, 0, z.shape[-1] * self.hop_length)
 
     def decode_stream(
         self,
@@ -459,7 +505,8 @@ class DACVAE(nn.Module):
         makes the first chunk shorter (first audio sooner) without paying the
         context overhead of small chunks for the rest. `cancel` is checked
         before each chunk (`Cancelled`). Arguments are checked on the call, not
-        on the first `next()`.
+        on the first `next()`. With `use_graphs`, `stream_window_lengths` gives
+        the window lengths to pass to `prewarm_graphs`.
         """
         z = self._check_latent(latent)
         windows = _chunk_windows(z.shape[-1], chunk_frames, context_frames, first_chunk_frames)
@@ -474,9 +521,7 @@ class DACVAE(nn.Module):
             # no_grad is entered and left around each chunk: a mode held across `yield`
             # would leak into the consumer's code.
             with torch.no_grad():
-                audio = self._decode_frames(z[:, :, lo:hi])
-                piece = audio[:, :, (start - lo) * hop : (end - lo) * hop].contiguous()
-            del audio
+                piece = self._decode_window(z[:, :, lo:hi], (start - lo) * hop, (end - lo) * hop)
             yield piece
 
     def decode_chunked(
@@ -491,6 +536,89 @@ class DACVAE(nn.Module):
             out[:, :, pos : pos + piece.shape[-1]] = piece
             pos += piece.shape[-1]
         return out
+
+    # ---- CUDA graphs
+
+    def use_graphs(
+        self,
+        enabled: bool = True,
+        max_graphs: int = 8,
+        *,
+        capture_on_use: int | None = 2,
+        max_frames: int = 128,
+    ) -> None:
+        """Decode windows by replaying CUDA graphs, one per (batch, window frames); a no-op off CUDA.
+
+        Shapes given to `prewarm_graphs` are captured there and kept. Any other
+        shape of at most `max_frames` frames is captured the `capture_on_use`-th
+        time it is decoded (None: never), evicting the least recently used
+        graph that was not prewarmed once `max_graphs` are held; until then, and
+        for longer windows, decodes run eagerly. A replay gives the eager
+        result bit for bit. Captured graphs are dropped by this call and when
+        the codec is moved or cast; call it again after replacing modules (as
+        `quantize_codec` does). Not thread-safe: callers hold `MODEL_LOCK`, as
+        for all model work (a capture must not overlap other CUDA work).
+        """
+        _check_int("max_graphs", max_graphs, 1)
+        _check_int("max_frames", max_frames, 1)
+        if capture_on_use is not None:
+            _check_int("capture_on_use", capture_on_use, 1)
+        self._drop_graphs()
+        self._graphs = None
+        if enabled:
+            self._graphs = _GraphCache(
+                self._capture_window, max_graphs, capture_on_use=capture_on_use, max_frames=max_frames
+            )
+
+    def prewarm_graphs(self, lengths: Iterable[int], batch: int = 1) -> int:
+        """Capture graphs for windows of these frame counts now and keep them; returns how many are new.
+
+        Returns 0 without capturing when graphs are off or the codec is not on CUDA.
+        Raises `InputError` if more shapes would be kept than `max_graphs`.
+        """
+        lengths = list(lengths)
+        _check_int("batch", batch, 1)
+        for n in lengths:
+            _check_int("window length", n, 1)
+        if self._graphs is None or not self._graphs.applies_to(self.device):
+            return 0
+        return self._graphs.prewarm([(batch, n) for n in lengths])
+
+    @property
+    def graph_shapes(self) -> list[tuple[int, int]]:
+        """(batch, frames) of the graphs held now, least recently used first."""
+        return [] if self._graphs is None else self._graphs.keys()
+
+    def _drop_graphs(self) -> None:
+        if self._graphs is not None:
+            self._graphs.clear()
+        self._graph_pool = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> DACVAE:
+        self._drop_graphs()  # the graphs would read the old tensors
+        return super()._apply(fn, recurse)
+
+    def _capture_window(self, key: tuple[int, int]) -> _WindowGraph:
+        """Capture the decode of a (batch, codebook_dim, frames) window on CUDA."""
+        batch, frames = key
+        device = self.device
+        # Under no_grad with inference mode off: the static buffers are normal tensors, which replays
+        # may fill in either mode, and Snake takes the in-place branch the eager no_grad decode takes.
+        with torch.cuda.device(device), torch.inference_mode(False), torch.no_grad():
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            static_in = torch.zeros(batch, self.latent_channels, frames, device=device, dtype=self.dtype)
+            # Warm up on a side stream first (cuDNN algorithm choice, cuBLAS handles) so none of
+            # that setup lands in the capture.
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._decode_frames(static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                static_out = self._decode_frames(static_in)
+        return _WindowGraph(graph, static_in, static_out, (*self.parameters(), *self.buffers()))
 
     # ---- encode
 
@@ -523,25 +651,162 @@ class DACVAE(nn.Module):
         return mean.transpose(1, 2).float()
 
 
+def _check_int(name: str, value: Any, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise InputError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
+def _stream_args(chunk_frames: int, context_frames: int, first_chunk_frames: int | None) -> int:
+    """Check a stream's arguments; returns the first chunk's frames."""
+    first = chunk_frames if first_chunk_frames is None else first_chunk_frames
+    _check_int("chunk_frames", chunk_frames, 1)
+    _check_int("context_frames", context_frames, 0)
+    _check_int("first_chunk_frames", first, 1)
+    return first
+
+
 def _chunk_windows(
     frames: int, chunk_frames: int, context_frames: int, first_chunk_frames: int | None = None
 ) -> list[tuple[int, int, int, int]]:
     """(lo, start, end, hi) per chunk: emit frames [start, end), decode [lo, hi)."""
-    first = chunk_frames if first_chunk_frames is None else first_chunk_frames
-    checks = (
-        ("chunk_frames", chunk_frames, 1),
-        ("context_frames", context_frames, 0),
-        ("first_chunk_frames", first, 1),
-    )
-    for name, value, least in checks:
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise InputError(f"{name} must be an integer >= {least}, got {value!r}")
+    first = _stream_args(chunk_frames, context_frames, first_chunk_frames)
     windows, start = [], 0
     while start < frames:
         end = min(start + (first if start == 0 else chunk_frames), frames)
         windows.append((max(0, start - context_frames), start, end, min(frames, end + context_frames)))
         start = end
     return windows
+
+
+def stream_window_lengths(
+    chunk_frames: int, context_frames: int = RECEPTIVE_FIELD_FRAMES, first_chunk_frames: int | None = None
+) -> list[int]:
+    """The window lengths (frames) `decode_stream` decodes with these arguments, for `prewarm_graphs`.
+
+    In order, without repeats: the first window, any next ones still cut short
+    by the line's start, and the middle windows (`chunk_frames + 2 * context_frames`).
+    Left out: the last window of a line, whose length depends on the line's
+    frames, and lines too short to have the others. `decode_chunked(latent, n)`
+    uses the windows of `decode_stream(latent, n)`.
+    """
+    first = _stream_args(chunk_frames, context_frames, first_chunk_frames)
+    # long enough to reach the middle windows with the line's end still out of reach
+    frames = first + chunk_frames * (context_frames + 2) + context_frames
+    windows = _chunk_windows(frames, chunk_frames, context_frames, first_chunk_frames)
+    return list(dict.fromkeys(hi - lo for lo, _, end, hi in windows if end + context_frames <= frames))
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+
+_GraphKey = tuple[int, int]  # (batch, window frames)
+_MAX_TRACKED_SHAPES = 64  # ungraphed shapes whose uses are counted (the oldest are forgotten)
+
+
+class _WindowGraph:
+    """One captured window decode; its output buffer is overwritten by its next replay."""
+
+    def __init__(self, graph: Any, static_in: Tensor, static_out: Tensor, keep: tuple[Tensor, ...]) -> None:
+        self.graph = graph
+        self.static_in = static_in
+        self.static_out = static_out
+        self._keep = keep  # the weights a replay reads: alive as long as the graph, even if modules change
+
+    def __call__(self, z: Tensor) -> Tensor:
+        self.static_in.copy_(z)
+        self.graph.replay()
+        return self.static_out
+
+
+class _GraphCache:
+    """Which window shapes get a graph, and the graphs (LRU); CUDA lives only in `capture`.
+
+    `capture(key)` returns a runner `run(z) -> audio` whose result stays valid
+    until the next replay (the caller copies it out). All graphs share one
+    memory pool: they replay one at a time and each output is copied out before
+    the next replay, so the pool holds about one window decode's activations.
+    Prewarmed keys are pinned: lazily captured graphs never evict them.
+    """
+
+    def __init__(
+        self,
+        capture: Callable[[_GraphKey], Callable[[Tensor], Tensor]],
+        max_graphs: int,
+        *,
+        capture_on_use: int | None = 2,
+        max_frames: int = 128,
+        device_types: tuple[str, ...] = ("cuda",),
+    ) -> None:
+        self.capture = capture
+        self.max_graphs = max_graphs
+        self.capture_on_use = capture_on_use
+        self.max_frames = max_frames
+        self.device_types = device_types
+        self.captures = 0  # graphs captured so far, evicted ones included
+        self._graphs: OrderedDict[_GraphKey, Callable[[Tensor], Tensor]] = OrderedDict()
+        self._pinned: set[_GraphKey] = set()
+        self._uses: OrderedDict[_GraphKey, int] = OrderedDict()  # eager decodes of ungraphed shapes
+
+    def applies_to(self, device: torch.device) -> bool:
+        return device.type in self.device_types
+
+    def keys(self) -> list[_GraphKey]:
+        return list(self._graphs)
+
+    def clear(self) -> None:
+        self._graphs.clear()
+        self._pinned.clear()
+        self._uses.clear()
+
+    def prewarm(self, keys: Iterable[_GraphKey]) -> int:
+        """Capture (if missing) and pin these keys; returns how many were captured."""
+        new = [k for k in dict.fromkeys(keys) if k not in self._pinned]
+        if len(self._pinned) + len(new) > self.max_graphs:
+            raise InputError(
+                f"prewarming {len(self._pinned) + len(new)} window shapes, more than "
+                f"max_graphs={self.max_graphs} (see use_graphs)"
+            )
+        captured = 0
+        for key in new:
+            self._pinned.add(key)
+            if key in self._graphs:
+                self._graphs.move_to_end(key)
+            else:
+                self._add(key)
+                captured += 1
+        return captured
+
+    def runner(self, z: Tensor) -> Callable[[Tensor], Tensor] | None:
+        """The graph for `z`'s shape, captured now if the policy says so; None: decode eagerly."""
+        if not self.applies_to(z.device):
+            return None
+        key = (z.shape[0], z.shape[-1])
+        run = self._graphs.get(key)
+        if run is not None:
+            self._graphs.move_to_end(key)
+            return run
+        if self.capture_on_use is None or key[1] > self.max_frames:
+            return None
+        uses = self._uses.pop(key, 0) + 1
+        if uses < self.capture_on_use:
+            self._uses[key] = uses
+            if len(self._uses) > _MAX_TRACKED_SHAPES:
+                self._uses.popitem(last=False)
+            return None
+        if len(self._graphs) >= self.max_graphs and self._victim() is None:
+            return None  # every slot holds a prewarmed graph
+        return self._add(key)
+
+    def _victim(self) -> _GraphKey | None:
+        return next((k for k in self._graphs if k not in self._pinned), None)
+
+    def _add(self, key: _GraphKey) -> Callable[[Tensor], Tensor]:
+        # capture before evicting, so the shared pool always has a live graph (torch releases a pool
+        # whose graphs are all gone; capturing into its id again is not something to rely on)
+        run = self._graphs[key] = self.capture(key)
+        self.captures += 1
+        while len(self._graphs) > self.max_graphs:
+            del self._graphs[self._victim()]
+        return run
 
 
 # --------------------------------------------------------------------------- checkpoints

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cancel import CancelToken, check
+from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
 from .model import Conditions, ContextKV, TextToLatentRFDiT, apply_rope, rms_normalize, rope_tables
 from .sampler import (
     LineContext,
@@ -103,9 +104,12 @@ def round_up(n: int, bucket: int) -> int:
 class FastDiT:
     """Inference-only view of a TextToLatentRFDiT: fused weights, precomputed modulation."""
 
-    def __init__(self, model: TextToLatentRFDiT) -> None:
+    def __init__(self, model: TextToLatentRFDiT, *, fused: bool | None = None) -> None:
         self.model = model
         self.cfg = model.cfg
+        Dh = self.cfg.head_dim
+        # the Triton kernels of engine.fused where they run (CUDA); head_dim a power of two (tl.arange)
+        self.fused = fused_available(self.device) and Dh & (Dh - 1) == 0 if fused is None else fused
         self.blocks: list[FastBlock] = []
         for blk in model.blocks:
             a = blk.attention
@@ -147,6 +151,16 @@ class FastDiT:
         self, x_t: Tensor, mod: Tensor, ctx: ContextKV, attn_mask: Tensor | None, rope: tuple[Tensor, Tensor]
     ) -> Tensor:
         """Velocity with the step's modulation `mod` (layers, 6, D); same result as model.velocity."""
+        if self.fused and fused_available(self.device):
+            return run_or_fall_back(
+                lambda: self._velocity_fused(x_t, mod, ctx, attn_mask, rope),
+                lambda: self._velocity_eager(x_t, mod, ctx, attn_mask, rope),
+            )
+        return self._velocity_eager(x_t, mod, ctx, attn_mask, rope)
+
+    def _velocity_eager(
+        self, x_t: Tensor, mod: Tensor, ctx: ContextKV, attn_mask: Tensor | None, rope: tuple[Tensor, Tensor]
+    ) -> Tensor:
         cfg, m = self.cfg, self.model
         B, S, _ = x_t.shape
         H, Dh, D, eps = cfg.num_heads, cfg.head_dim, cfg.model_dim, cfg.norm_eps
@@ -169,6 +183,27 @@ class FastDiT:
             u1, u3 = fb.w13(h).split(fb.hidden, dim=-1)
             x = x + f_gate * fb.w2(F.silu(u1) * u3)
         return m.out_proj(m.out_norm(x))
+
+    def _velocity_fused(
+        self, x_t: Tensor, mod: Tensor, ctx: ContextKV, attn_mask: Tensor | None, rope: tuple[Tensor, Tensor]
+    ) -> Tensor:
+        """`velocity` with the block's elementwise work in five Triton kernels (engine.fused).
+
+        Each residual add is folded into the next norm: x += gate * y happens in the
+        add_rms_modulate that starts the next sub-block (or the final norm)."""
+        m, H, eps = self.model, self.cfg.num_heads, self.cfg.norm_eps
+        x = m.in_proj(x_t)
+        y = gate = None
+        for i, fb in enumerate(self.blocks):
+            a_shift, a_scale1, a_gate, f_shift, f_scale1, f_gate = mod[i].unbind(0)
+            x, h = add_rms_modulate(x, y, gate, a_scale1, a_shift, eps)
+            p = fb.qkvg(h)
+            q, keys, values = qkv_joint(p, fb.q_norm, fb.k_norm, *rope, ctx.keys[i], ctx.values[i], H, eps)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)
+            x, h = add_rms_modulate(x, fb.wo(gate_heads(o, p)), a_gate, f_scale1, f_shift, eps)
+            y, gate = fb.w2(swiglu(fb.w13(h), fb.hidden)), f_gate
+        _, h = add_rms_modulate(x, y, gate, m.out_norm.weight, None, eps)
+        return m.out_proj(h)
 
 
 def _head_rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -198,13 +233,30 @@ def pad_conditions(conds: Conditions, bucket: int) -> Conditions:
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    x_in: Tensor
-    ctx: LineContext
-    x_out: Tensor
+    inputs: list[Tensor | None]  # static input buffers, refilled before each replay
+    out: Tensor
+
+
+def additive_masks(ctx: LineContext, dtype: torch.dtype) -> LineContext:
+    """The context's boolean key masks as additive 0 / -inf masks in `dtype`, made once per line
+    (SDPA would convert a boolean mask on every call: 2 extra kernels per layer and step)."""
+
+    def add(m: Tensor | None) -> Tensor | None:
+        if m is None or m.dtype != torch.bool:
+            return m
+        return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
+
+    return LineContext(ctx.groups, [add(m) for m in ctx.group_masks], ctx.cond, add(ctx.cond_mask))
 
 
 class FastSampler:
-    """Runs `sample()`'s loop on a FastDiT, padded to static buckets; CUDA-graphed on CUDA."""
+    """Runs `sample()`'s loop on a FastDiT, padded to static buckets; CUDA-graphed on CUDA.
+
+    A graph covers the whole line after the encoders: the condition keys/values of every guidance
+    group (`prepare_context`), then every step. Its inputs are the padded conditions and the
+    initial noise, copied into static buffers before each replay. `encode_text` replays a second,
+    small graph per text-length bucket for the text encoder.
+    """
 
     def __init__(
         self,
@@ -221,12 +273,11 @@ class FastSampler:
         self.use_graphs = self.fast.device.type == "cuda" if use_graphs is None else use_graphs
         self.max_graphs = max_graphs
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
-        # Static condition K/V buffers, shared by every graph with the same context shapes
-        # (replays are sequential and refill them first): one copy per shape, not per graph.
-        self._static_ctx: dict[tuple, LineContext] = {}
+        self._text_graphs: dict[tuple, _Graph] = {}
         self._tables: dict[tuple, Tensor] = {}
-        self._pool = None
-        self.captures = 0  # graphs captured so far (prewarm reports it)
+        self._pool = None  # one memory pool for every graph: replays are sequential
+        self.captures = 0  # sampling graphs captured so far (prewarm reports it)
+        self.text_captures = 0  # text-encoder graphs captured so far
 
     # ---- per-line preparation ------------------------------------------------------------------
     def _table(self, plan: Plan) -> Tensor:
@@ -234,6 +285,29 @@ class FastSampler:
         if key not in self._tables:
             self._tables[key] = self.fast.modulation_table(list(key))
         return self._tables[key]
+
+    def encode_text(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """`model.encode_text`, padded to the context bucket: (states, mask), both padded.
+
+        Padded positions are masked (their states are zero), so `sample` gives what it gives on
+        the unpadded states. On CUDA with graphs, one graph per (batch, padded length).
+        """
+        model = self.fast.model
+        L = ids.shape[1]
+        pad = round_up(L, self.context_bucket) - L
+        ids, mask = F.pad(ids, (0, pad), value=0), F.pad(mask, (0, pad), value=False)
+        with torch.inference_mode():
+            if not self.use_graphs:
+                return model.encode_text(ids, mask), mask
+            key = tuple(ids.shape)
+            g = self._text_graphs.get(key)
+            if g is None:
+                g = self._text_graphs[key] = self._capture(lambda a, b: model.encode_text(a, b), [ids, mask])
+                self.text_captures += 1
+            g.inputs[0].copy_(ids)
+            g.inputs[1].copy_(mask)
+            g.graph.replay()
+            return g.out.clone(), mask
 
     def sample(
         self,
@@ -260,36 +334,47 @@ class FastSampler:
             latent_mask = torch.zeros(B, S_pad, dtype=torch.bool, device=self.fast.device)
             latent_mask[:, :S] = True
             noise = F.pad(noise, (0, 0, 0, S_pad - S))
-        ctx = prepare_context(model, padded, plan, S_pad, latent_mask)
         x0 = initial_x(noise, cfg, self.fast.device)
         table = self._table(plan)
         check(cancel)
+
+        inputs = [x0, *_fields(padded), latent_mask]
         if not self.use_graphs:
-            x = self._loop(plan, cfg, x0, ctx, table, cancel, progress)
-            return x[:, :S]
+            return self._loop_line(plan, cfg, table, S_pad, *inputs, cancel=cancel, progress=progress)[:, :S]
         key = (
             plan,
             cfg.rescale_k,
             cfg.rescale_sigma,
             cfg.speaker_kv_scale,
             cfg.speaker_kv_max_layers,
-            tuple(x0.shape),
-            tuple(tuple(k.shape) for k in (c.keys[0] for c in ctx.groups)),
-            tuple(None if m is None else tuple(m.shape) for m in [ctx.cond_mask, *ctx.group_masks]),
+            tuple(None if t is None else (tuple(t.shape), t.dtype) for t in inputs),
         )
         g = self._graphs.get(key)
         if g is None:
-            g = self._capture(key, plan, cfg, x0, ctx, table)
+            if len(self._graphs) >= self.max_graphs:
+                self._graphs.popitem(last=False)
+            # captured without cancel/progress: a replay runs the whole line at once
+            g = self._graphs[key] = self._capture(
+                lambda *xs: self._loop_line(plan, cfg, table, S_pad, *xs), inputs
+            )
+            self.captures += 1
         else:
             self._graphs.move_to_end(key)
-        _copy_context(g.ctx, ctx)
-        g.x_in.copy_(x0)
+        for dst, src in zip(g.inputs, inputs):
+            if dst is not None:
+                dst.copy_(src)
         g.graph.replay()
-        out = g.x_out[:, :S].clone()
+        out = g.out[:, :S].clone()
         check(cancel)
         if progress is not None:
             progress(len(plan.steps), len(plan.steps))
         return out
+
+    def _loop_line(self, plan, cfg, table, S_pad, x0, *cond_and_mask, cancel=None, progress=None) -> Tensor:
+        """One line from its padded inputs: condition K/V of every group, then the loop."""
+        *states, lm = cond_and_mask
+        ctx = prepare_context(self.fast.model, Conditions(*states), plan, S_pad, lm)
+        return self._loop(plan, cfg, x0, additive_masks(ctx, self.fast.dtype), table, cancel, progress)
 
     def _loop(self, plan, cfg, x0, ctx, table, cancel=None, progress=None) -> Tensor:
         rope = rope_tables(x0.shape[1] // self.fast.cfg.latent_patch_size, self.fast.cfg.head_dim, x0.device)
@@ -303,59 +388,22 @@ class FastSampler:
         return euler_loop(plan, cfg, x0, ctx, velocity, dtype=fast.dtype, cancel=cancel, progress=progress)
 
     # ---- CUDA graphs -------------------------------------------------------------------------------
-    def _capture(self, key, plan, cfg, x0, ctx, table) -> _Graph:
-        if len(self._graphs) >= self.max_graphs:
-            self._graphs.popitem(last=False)
+    def _capture(self, fn, inputs: list[Tensor | None]) -> _Graph:
+        """Capture `fn(*static_inputs)` as a CUDA graph after a warm-up run on a side stream."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        static_x = x0.clone()
-        shared = self._static_ctx.get(key[-2])  # keyed by the context K/V shapes
-        if shared is None:
-            shared = self._static_ctx[key[-2]] = _clone_context(ctx)
-        static_ctx = _with_own_masks(shared, ctx)  # K/V shared; masks (they depend on frames) per graph
-        _copy_context(static_ctx, ctx)
-        # Warm up on a side stream (cuBLAS handles, Triton autotune, the kernel chooser) before capture.
+        static = [None if t is None else t.clone() for t in inputs]
+        # Warm-up (cuBLAS handles, Triton autotune, the int4 kernel chooser) before capture.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._loop(plan, cfg, static_x.clone(), _clone_context(ctx), table)
+            fn(*[None if t is None else t.clone() for t in static])
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._loop(plan, cfg, static_x, static_ctx, table)
-        g = _Graph(graph, static_x, static_ctx, out)
-        self._graphs[key] = g
-        self.captures += 1
-        return g
+            out = fn(*static)
+        return _Graph(graph, static, out)
 
 
-def _clone_context(ctx: LineContext) -> LineContext:
-    groups = [
-        ContextKV([k.clone() for k in c.keys], [v.clone() for v in c.values], c.mask.clone(), c.segments)
-        for c in ctx.groups
-    ]
-    B = ctx.cond.mask.shape[0]
-    masks = [None if m is None else m.clone() for m in ctx.group_masks]
-    cond_mask = None if ctx.cond_mask is None else ctx.cond_mask.clone()
-    return LineContext(groups, masks, groups[0].rows(B), cond_mask)
-
-
-def _with_own_masks(shared: LineContext, like: LineContext) -> LineContext:
-    """A LineContext over `shared`'s K/V buffers with fresh attention-mask buffers shaped like `like`'s."""
-    masks = [None if m is None else m.clone() for m in like.group_masks]
-    cond_mask = None if like.cond_mask is None else like.cond_mask.clone()
-    return LineContext(shared.groups, masks, shared.cond, cond_mask)
-
-
-def _copy_context(dst: LineContext, src: LineContext) -> None:
-    for d, s in zip(dst.groups, src.groups):
-        for a, b in zip(d.keys, s.keys):
-            a.copy_(b)
-        for a, b in zip(d.values, s.values):
-            a.copy_(b)
-        d.mask.copy_(s.mask)
-    for a, b in zip(dst.group_masks, src.group_masks):
-        if a is not None:
-            a.copy_(b)
-    if dst.cond_mask is not None:
-        dst.cond_mask.copy_(src.cond_mask)
+def _fields(c: Conditions) -> list[Tensor | None]:
+    return [c.text_state, c.text_mask, c.speaker_state, c.speaker_mask, c.caption_state, c.caption_mask]

@@ -82,9 +82,17 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+def capturing() -> bool:
+    """True while a CUDA graph is being captured: code must not sync the host then."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def key_mask(mask: Tensor | None) -> Tensor | None:
-    """(B, S) bool key mask -> (B, 1, 1, S) for SDPA; None when every key is valid."""
-    if mask is None or bool(mask.all()):
+    """(B, S) bool key mask -> (B, 1, 1, S) for SDPA; None when every key is valid.
+
+    Deciding None syncs the host; under CUDA-graph capture the mask is always kept (same result).
+    """
+    if mask is None or (not capturing() and bool(mask.all())):
         return None
     return mask[:, None, None, :]
 
@@ -97,7 +105,7 @@ def attend_safe(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v)
     empty = ~mask.any(dim=-1, keepdim=True)  # (B, 1, 1, 1)
-    if bool(empty.any()):
+    if capturing() or bool(empty.any()):  # under capture: no sync, always the safe form
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty)
         return out.masked_fill(empty, 0.0)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -482,9 +490,37 @@ class TextToLatentRFDiT(nn.Module):
         caption_ids: Tensor | None = None,
         caption_mask: Tensor | None = None,
     ) -> Conditions:
+        """Text, speaker and caption states: `encode_text` plus `encode_voice`."""
+        check_ids(text_ids, text_mask, self.cfg.text_vocab_size, "text")
+        text_state = self.encode_text(text_ids, text_mask)
+        voice = self.encode_voice(
+            text_ids.shape[0], ref_latent, ref_mask, caption_ids, caption_mask, like=text_state
+        )
+        return Conditions(text_state, text_mask, *voice)
+
+    def encode_text(self, text_ids: Tensor, text_mask: Tensor) -> Tensor:
+        """The text encoder's states (B, L, text_dim); ids are checked by `encode_conditions`."""
+        return self.text_norm(self.text_encoder(text_ids, text_mask))
+
+    def encode_voice(
+        self,
+        batch: int,
+        ref_latent: Tensor | None = None,
+        ref_mask: Tensor | None = None,
+        caption_ids: Tensor | None = None,
+        caption_mask: Tensor | None = None,
+        *,
+        like: Tensor | None = None,
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+        """(speaker_state, speaker_mask, caption_state, caption_mask) of a voice, for `batch` rows.
+
+        They do not depend on the text, so a caller may compute them once per voice. `like`
+        gives the dtype/device when there is no reference (the model's otherwise).
+        """
         cfg = self.cfg
-        check_ids(text_ids, text_mask, cfg.text_vocab_size, "text")
-        B = text_ids.shape[0]
+        B = batch
+        dtype = like.dtype if like is not None else self.in_proj.weight.dtype
+        device = like.device if like is not None else self.in_proj.weight.device
         if ref_latent is not None:
             if ref_latent.ndim != 3 or ref_latent.shape[0] != B or ref_latent.shape[2] != cfg.latent_dim:
                 raise InputError(
@@ -497,30 +533,29 @@ class TextToLatentRFDiT(nn.Module):
                 raise InputError(f"caption batch {caption_ids.shape[0]} differs from text batch {B}")
             if cfg.caption_enabled:
                 check_ids(caption_ids, caption_mask, cfg.caption("vocab_size"), "caption")
-        text_state = self.text_norm(self.text_encoder(text_ids, text_mask))
-        conds = Conditions(text_state, text_mask)
+        speaker_state = speaker_mask = caption_state = caption_mask_out = None
         if cfg.speaker_enabled:
-            B = text_ids.shape[0]
             if ref_latent is None:  # no reference: a zero latent with an all-false mask
-                ref_latent = text_state.new_zeros(B, cfg.speaker_patch_size, cfg.latent_dim)
-                ref_mask = torch.zeros(B, cfg.speaker_patch_size, dtype=torch.bool, device=text_ids.device)
+                shape = (B, cfg.speaker_patch_size, cfg.latent_dim)
+                ref_latent = torch.zeros(shape, dtype=dtype, device=device)
+                ref_mask = torch.zeros(B, cfg.speaker_patch_size, dtype=torch.bool, device=device)
             elif ref_mask is None:
                 ref_mask = torch.ones(ref_latent.shape[:2], dtype=torch.bool, device=ref_latent.device)
-            latent, mask = patch_reference(ref_latent.to(text_state.dtype), ref_mask, cfg.speaker_patch_size)
+            latent, mask = patch_reference(ref_latent.to(dtype), ref_mask, cfg.speaker_patch_size)
             state = self.speaker_norm(self.speaker_encoder(latent, mask))
             m = mask[..., None].to(state.dtype)
             summary = (state * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)
-            conds.speaker_state = torch.cat((summary, state), dim=1)
-            conds.speaker_mask = torch.cat((mask.any(dim=1, keepdim=True), mask), dim=1)
+            speaker_state = torch.cat((summary, state), dim=1)
+            speaker_mask = torch.cat((mask.any(dim=1, keepdim=True), mask), dim=1)
         if cfg.caption_enabled and caption_ids is not None:
             if caption_mask is None:
                 caption_mask = torch.ones_like(caption_ids, dtype=torch.bool)
-            conds.caption_state = self.caption_norm(self.caption_encoder(caption_ids, caption_mask))
-            conds.caption_mask = caption_mask
+            caption_state = self.caption_norm(self.caption_encoder(caption_ids, caption_mask))
+            caption_mask_out = caption_mask
         elif cfg.caption_enabled:  # no caption given: one masked zero token
-            conds.caption_state = text_state.new_zeros(text_ids.shape[0], 1, cfg.caption("dim"))
-            conds.caption_mask = torch.zeros(text_ids.shape[0], 1, dtype=torch.bool, device=text_ids.device)
-        return conds
+            caption_state = torch.zeros(B, 1, cfg.caption("dim"), dtype=dtype, device=device)
+            caption_mask_out = torch.zeros(B, 1, dtype=torch.bool, device=device)
+        return speaker_state, speaker_mask, caption_state, caption_mask_out
 
     def context_kv(self, conds: Conditions) -> ContextKV:
         """Keys/values of every condition for every layer, in the order [text, speaker, caption]."""

@@ -1,0 +1,359 @@
+"""Fused elementwise kernels for the fast path's DiT block (Triton), with plain-torch twins.
+
+A DiT block in eager PyTorch launches ~65 small kernels (norms, modulation, RoPE, concatenations,
+gating); inside a CUDA graph each still costs a few microseconds, so a sampling loop of 8 steps
+spends more time between GEMMs than in them. These five kernels cut a block to five elementwise
+launches around its four GEMMs and the attention:
+
+- `add_rms_modulate`: ``x += gate * y`` (the previous residual branch), then
+  ``h = rms_norm(x) * scale1 + shift`` (AdaLN), one pass over each token row.
+- `qkv_joint`: from the fused Q/K/V/gate projection, per-head RMS norm of q and k, RoPE on the
+  first half of the heads, and the joint keys/values ``[self ; context]`` written in one pass
+  (this replaces two `torch.cat` of the context per layer and step).
+- `gate_heads`: attention output (B, H, S, Dh) back to (B, S, D) times ``sigmoid(gate)``.
+- `swiglu`: ``silu(u1) * u3`` of the fused w1/w3 projection.
+
+Arithmetic is fp32 inside a kernel with one rounding at each store, so results differ from the
+eager composition (which rounds after every op in bf16) by that rounding only; tests compare both
+against fp32. The twins (`*_torch`) are what runs where Triton does not (CPU, MPS).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+from torch import Tensor
+
+from ..quant.triton_w4a16 import HAS_TRITON, interpreter_active
+from .model import capturing
+
+T = TypeVar("T")
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    from ..quant.triton_w4a16 import _round_to
+else:  # pragma: no cover - depends on the install
+    triton = tl = None
+
+
+_FAILED: list[str] = []  # a kernel that failed to compile or launch switches them all off
+
+
+def fused_available(device: torch.device) -> bool:
+    """True where the Triton kernels run: CUDA with triton, or the CPU under TRITON_INTERPRET=1."""
+    if _FAILED or not HAS_TRITON:
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and interpreter_active())
+
+
+def run_or_fall_back(fused: Callable[[], T], fallback: Callable[[], T]) -> T:
+    """`fused()`; if a kernel fails to compile or launch (a Triton or driver quirk), warn once,
+    switch the fused kernels off for this process and return `fallback()` (the same result, eager
+    ops). Not while a CUDA graph is being captured: first calls happen in the warm-up before it."""
+    try:
+        return fused()
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as e:
+        if capturing():
+            raise
+        _FAILED.append(f"{type(e).__name__}: {e}")
+        warnings.warn(f"fused Triton kernels switched off, eager ops instead: {_FAILED[0]}", stacklevel=2)
+        return fallback()
+
+
+def _interp_bf16(t: Tensor) -> bool:
+    return interpreter_active() and t.dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------- torch
+
+
+def add_rms_modulate_torch(
+    x: Tensor, y: Tensor | None, gate: Tensor | None, scale1: Tensor, shift: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor]:
+    if y is not None:
+        x = x + gate * y
+    x32 = x.float()
+    h = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * scale1.float()
+    if shift is not None:
+        h = h + shift.float()
+    return x, h.to(x.dtype)
+
+
+def qkv_joint_torch(
+    p: Tensor,
+    q_norm: Tensor,
+    k_norm: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    ctx_k: Tensor,
+    ctx_v: Tensor,
+    heads: int,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    B, S, _ = p.shape
+    D = p.shape[-1] // 4
+    Dh = D // heads
+    half = heads // 2
+    q, k, v, _g = p.view(B, S, 4, heads, Dh).unbind(2)
+
+    def norm_rope(t: Tensor, w: Tensor) -> Tensor:
+        t = t.float()
+        t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+        even, odd = t[:, :, :half, 0::2], t[:, :, :half, 1::2]
+        c, s = cos[None, :, None, :], sin[None, :, None, :]
+        rot = torch.stack((even * c - odd * s, even * s + odd * c), dim=-1).flatten(-2)
+        return torch.cat((rot, t[:, :, half:]), dim=2).to(p.dtype).transpose(1, 2)
+
+    keys = torch.cat((norm_rope(k, k_norm), ctx_k), dim=2)
+    values = torch.cat((v.transpose(1, 2), ctx_v), dim=2)
+    return norm_rope(q, q_norm).contiguous(), keys, values
+
+
+def gate_heads_torch(o: Tensor, p: Tensor) -> Tensor:
+    B, H, S, Dh = o.shape
+    g = p[..., 3 * H * Dh :]
+    return (o.transpose(1, 2).reshape(B, S, H * Dh).float() * torch.sigmoid(g.float())).to(o.dtype)
+
+
+def swiglu_torch(u: Tensor, hidden: int) -> Tensor:
+    u1, u3 = u.float().split(hidden, dim=-1)
+    return (torch.nn.functional.silu(u1) * u3).to(u.dtype)
+
+
+# ------------------------------------------------------------------------------------------ triton
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _add_rms_modulate_kernel(
+        x_ptr, y_ptr, g_ptr, s_ptr, b_ptr, xo_ptr, h_ptr, D, eps,
+        HAS_Y: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr, INTERP_BF16: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        m = offs < D
+        x = tl.load(x_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
+        if HAS_Y:
+            y = tl.load(y_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            xr = _round_to(x + g * y, xo_ptr.dtype.element_ty, INTERP_BF16)
+            tl.store(xo_ptr + row * D + offs, xr, mask=m)
+            x = xr.to(tl.float32)  # normalise the residual as stored, as the eager path does
+        r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        h = x * r * tl.load(s_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        if HAS_SHIFT:
+            h += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(h_ptr + row * D + offs, _round_to(h, h_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+
+    @triton.jit
+    def _norm_rope(t_e, t_o, w_ptr, cos_ptr, sin_ptr, pos, offs_h, offs_j, HALF, HEADS, ROPE_HEADS, Dh, eps):
+        """Per-head RMS norm (weight (H, Dh)) then RoPE on heads < ROPE_HEADS; even/odd lanes."""
+        r = 1.0 / tl.sqrt((tl.sum(t_e * t_e, axis=1) + tl.sum(t_o * t_o, axis=1)) / Dh + eps)
+        w = w_ptr + offs_h[:, None] * Dh + 2 * offs_j[None, :]
+        hmask = (offs_h < HEADS)[:, None]
+        t_e = t_e * r[:, None] * tl.load(w, mask=hmask, other=0.0).to(tl.float32)
+        t_o = t_o * r[:, None] * tl.load(w + 1, mask=hmask, other=0.0).to(tl.float32)
+        c = tl.load(cos_ptr + pos * HALF + offs_j)[None, :]
+        s = tl.load(sin_ptr + pos * HALF + offs_j)[None, :]
+        rope = (offs_h < ROPE_HEADS)[:, None]
+        return tl.where(rope, t_e * c - t_o * s, t_e), tl.where(rope, t_e * s + t_o * c, t_o)
+
+    @triton.jit
+    def _qkv_joint_kernel(
+        p_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, ck_ptr, cv_ptr, q_ptr, k_ptr, v_ptr,
+        S, L, H, ROPE_HEADS, eps,
+        sck_b, sck_h, sck_s, scv_b, scv_h, scv_s,
+        HALF: tl.constexpr, BH: tl.constexpr, INTERP_BF16: tl.constexpr,
+    ):  # fmt: skip
+        pid = tl.program_id(0).to(tl.int64)
+        b = pid // (S + L)
+        pos = pid % (S + L)
+        Dh = 2 * HALF
+        D = H * Dh
+        offs_h = tl.arange(0, BH)
+        offs_j = tl.arange(0, HALF)
+        offs_d = tl.arange(0, 2 * HALF)
+        hmask = (offs_h < H)[:, None]
+        out_row = (b * H + offs_h[:, None]) * (S + L) + pos  # joint (B, H, S + L, Dh)
+        if pos < S:
+            # whole head rows (contiguous, vectorised loads), split into RoPE's even/odd lanes
+            base = p_ptr + (b * S + pos) * 4 * D + offs_h[:, None] * Dh + offs_d[None, :]
+            q_e, q_o = tl.split(
+                tl.reshape(tl.load(base, mask=hmask, other=0.0).to(tl.float32), (BH, HALF, 2))
+            )
+            k_e, k_o = tl.split(
+                tl.reshape(tl.load(base + D, mask=hmask, other=0.0).to(tl.float32), (BH, HALF, 2))
+            )
+            v = tl.load(base + 2 * D, mask=hmask, other=0.0)
+            q_e, q_o = _norm_rope(
+                q_e, q_o, qn_ptr, cos_ptr, sin_ptr, pos, offs_h, offs_j, HALF, H, ROPE_HEADS, Dh, eps
+            )
+            k_e, k_o = _norm_rope(
+                k_e, k_o, kn_ptr, cos_ptr, sin_ptr, pos, offs_h, offs_j, HALF, H, ROPE_HEADS, Dh, eps
+            )
+            dt = q_ptr.dtype.element_ty
+            q = _round_to(tl.reshape(tl.join(q_e, q_o), (BH, 2 * HALF)), dt, INTERP_BF16)
+            k = _round_to(tl.reshape(tl.join(k_e, k_o), (BH, 2 * HALF)), dt, INTERP_BF16)
+            q_row = ((b * H + offs_h[:, None]) * S + pos) * Dh  # q (B, H, S, Dh)
+            tl.store(q_ptr + q_row + offs_d[None, :], q, mask=hmask)
+            tl.store(k_ptr + out_row * Dh + offs_d[None, :], k, mask=hmask)
+            tl.store(v_ptr + out_row * Dh + offs_d[None, :], v, mask=hmask)
+        else:
+            c = pos - S
+            ck = tl.load(
+                ck_ptr + b * sck_b + offs_h[:, None] * sck_h + c * sck_s + offs_d[None, :], mask=hmask
+            )
+            cv = tl.load(
+                cv_ptr + b * scv_b + offs_h[:, None] * scv_h + c * scv_s + offs_d[None, :], mask=hmask
+            )
+            tl.store(k_ptr + out_row * Dh + offs_d[None, :], ck, mask=hmask)
+            tl.store(v_ptr + out_row * Dh + offs_d[None, :], cv, mask=hmask)
+
+    @triton.jit
+    def _gate_heads_kernel(
+        o_ptr, p_ptr, out_ptr, S, H, so_b, so_h, so_s,
+        DH: tl.constexpr, BH: tl.constexpr, INTERP_BF16: tl.constexpr,
+    ):  # fmt: skip
+        pid = tl.program_id(0).to(tl.int64)
+        b = pid // S
+        s = pid % S
+        offs_h = tl.arange(0, BH)[:, None]
+        offs_d = tl.arange(0, DH)[None, :]
+        m = offs_h < H
+        D = H * DH
+        o = tl.load(o_ptr + b * so_b + offs_h * so_h + s * so_s + offs_d, mask=m, other=0.0).to(tl.float32)
+        g = tl.load(p_ptr + pid * 4 * D + 3 * D + offs_h * DH + offs_d, mask=m, other=0.0).to(tl.float32)
+        y = o * (1.0 / (1.0 + tl.exp(-g)))
+        y = _round_to(y, out_ptr.dtype.element_ty, INTERP_BF16)
+        tl.store(out_ptr + pid * D + offs_h * DH + offs_d, y, mask=m)
+
+    @triton.jit
+    def _swiglu_kernel(u_ptr, out_ptr, HID, BLOCK: tl.constexpr, INTERP_BF16: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < HID
+        u1 = tl.load(u_ptr + row * 2 * HID + offs, mask=m, other=0.0).to(tl.float32)
+        u3 = tl.load(u_ptr + row * 2 * HID + HID + offs, mask=m, other=0.0).to(tl.float32)
+        y = u1 / (1.0 + tl.exp(-u1)) * u3
+        tl.store(out_ptr + row * HID + offs, _round_to(y, out_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+
+
+# ----------------------------------------------------------------------------------------- wrappers
+
+
+def add_rms_modulate(
+    x: Tensor, y: Tensor | None, gate: Tensor | None, scale1: Tensor, shift: Tensor | None, eps: float
+) -> tuple[Tensor, Tensor]:
+    """(x + gate * y, rms_norm(x + gate * y) * scale1 + shift); y None skips the residual add."""
+    D = x.shape[-1]
+    x = x.contiguous()
+    if y is not None:
+        y = y.contiguous()
+    xo = torch.empty_like(x) if y is not None else x
+    h = torch.empty_like(x)
+    _add_rms_modulate_kernel[(x.numel() // D,)](
+        x, y if y is not None else x, gate if gate is not None else scale1, scale1,
+        shift if shift is not None else scale1, xo, h, D, eps,
+        HAS_Y=y is not None, HAS_SHIFT=shift is not None, BLOCK=triton.next_power_of_2(D),
+        INTERP_BF16=_interp_bf16(x), num_warps=4,
+    )  # fmt: skip
+    return xo, h
+
+
+def qkv_joint(
+    p: Tensor,
+    q_norm: Tensor,
+    k_norm: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    ctx_k: Tensor,
+    ctx_v: Tensor,
+    heads: int,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """q (B, H, S, Dh) normed and rotated; keys/values (B, H, S + L, Dh) = [self ; context]."""
+    B, S, D4 = p.shape
+    Dh = D4 // 4 // heads
+    L = ctx_k.shape[2]
+    p = p.contiguous()
+    q = torch.empty(B, heads, S, Dh, dtype=p.dtype, device=p.device)
+    k = torch.empty(B, heads, S + L, Dh, dtype=p.dtype, device=p.device)
+    v = torch.empty_like(k)
+    if ctx_k.stride(-1) != 1:
+        ctx_k = ctx_k.contiguous()
+    if ctx_v.stride(-1) != 1:
+        ctx_v = ctx_v.contiguous()
+    _qkv_joint_kernel[(B * (S + L),)](
+        p, q_norm, k_norm, cos, sin, ctx_k, ctx_v, q, k, v, S, L, heads, heads // 2, eps,
+        ctx_k.stride(0), ctx_k.stride(1), ctx_k.stride(2), ctx_v.stride(0), ctx_v.stride(1), ctx_v.stride(2),
+        HALF=Dh // 2, BH=triton.next_power_of_2(heads), INTERP_BF16=_interp_bf16(p), num_warps=4,
+    )  # fmt: skip
+    return q, k, v
+
+
+def gate_heads(o: Tensor, p: Tensor) -> Tensor:
+    """o (B, H, S, Dh), any strides (last one 1) -> (B, S, H*Dh) * sigmoid(p's gate quarter)."""
+    B, H, S, Dh = o.shape
+    if o.stride(-1) != 1:
+        o = o.contiguous()
+    p = p.contiguous()
+    out = torch.empty(B, S, H * Dh, dtype=o.dtype, device=o.device)
+    _gate_heads_kernel[(B * S,)](
+        o, p, out, S, H, o.stride(0), o.stride(1), o.stride(2),
+        DH=Dh, BH=triton.next_power_of_2(H), INTERP_BF16=_interp_bf16(o), num_warps=2,
+    )  # fmt: skip
+    return out
+
+
+def swiglu(u: Tensor, hidden: int) -> Tensor:
+    """silu(u[..., :hidden]) * u[..., hidden:]."""
+    u = u.contiguous()
+    rows = u.numel() // (2 * hidden)
+    out = torch.empty(*u.shape[:-1], hidden, dtype=u.dtype, device=u.device)
+    block = 1024
+    _swiglu_kernel[(rows, triton.cdiv(hidden, block))](
+        u, out, hidden, BLOCK=block, INTERP_BF16=_interp_bf16(u), num_warps=4
+    )
+    return out
+
+
+# ------------------------------------------------------------------------------------- codec Snake
+
+
+def snake_torch(x: Tensor, alpha: Tensor) -> Tensor:
+    """x + sin(alpha x)^2 / (alpha + 1e-9) in fp32 (alpha (1, C, 1)), returned in x's dtype."""
+    xc = x.float()
+    a = alpha.float()
+    return (xc + torch.sin(a * xc).pow(2) / (a + 1e-9)).to(x.dtype)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _snake_kernel(x_ptr, a_ptr, y_ptr, C, T, BLOCK: tl.constexpr, INTERP_BF16: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)  # (batch, channel) row of a contiguous (B, C, T)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < T
+        a = tl.load(a_ptr + row % C)
+        x = tl.load(x_ptr + row * T + offs, mask=m, other=0.0).to(tl.float32)
+        s = tl.sin(a * x)
+        y = x + s * s * (1.0 / (a + 1e-9))
+        tl.store(y_ptr + row * T + offs, _round_to(y, y_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+
+
+def snake(x: Tensor, alpha: Tensor) -> Tensor:
+    """Snake in one pass (the eager form is seven: casts, mul, sin, square, mul, add)."""
+    B, C, T = x.shape
+    x = x.contiguous()
+    a = alpha.reshape(C).float().contiguous()
+    y = torch.empty_like(x)
+    block = 2048
+    _snake_kernel[(B * C, triton.cdiv(T, block))](x, a, y, C, T, BLOCK=block, INTERP_BF16=_interp_bf16(x))
+    return y

@@ -1,0 +1,124 @@
+"""The fused DiT-block kernels (engine/fused.py) against their torch twins and the reference model.
+
+Runs natively on CUDA; on the CPU `test_fused_interp.py` runs this module again in a subprocess
+with TRITON_INTERPRET=1 (Triton picks interpretation when a kernel is defined, so the variable has
+to be set before import). Without either, every test here skips.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dit_cases import KINDS, case_settings, encode, load_kind
+
+from irodori_speaker.engine import fused as fu
+from irodori_speaker.engine.fast import FastDiT, FastSampler
+from irodori_speaker.engine.model import rope_tables
+from irodori_speaker.engine.sampler import SamplerConfig
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = pytest.mark.skipif(
+    not fu.fused_available(DEV), reason="needs CUDA + triton, or TRITON_INTERPRET=1 (test_fused_interp.py)"
+)
+# fp32: one rounding order against another; bf16: the fused kernels round once where the twins
+# round after each op, so they may differ by an ulp or two of bf16
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=6e-2, rtol=3e-2)}
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _close(a, b, dtype):
+    torch.testing.assert_close(a.float(), b.float(), **TOL[dtype])
+
+
+def _randn(*shape, dtype):
+    return torch.randn(*shape, device=DEV).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("residual", [True, False])
+def test_add_rms_modulate(dtype, residual):
+    torch.manual_seed(0)
+    D = 80  # not a power of two: the row block is masked
+    x = _randn(2, 3, D, dtype=dtype)
+    y, gate = (_randn(2, 3, D, dtype=dtype), _randn(D, dtype=dtype)) if residual else (None, None)
+    scale1, shift = _randn(D, dtype=dtype), (_randn(D, dtype=dtype) if residual else None)
+    got = fu.add_rms_modulate(x, y, gate, scale1, shift, 1e-5)
+    want = fu.add_rms_modulate_torch(x, y, gate, scale1, shift, 1e-5)
+    for a, b in zip(got, want):
+        _close(a, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qkv_joint(dtype):
+    torch.manual_seed(1)
+    B, S, L, H, Dh = 2, 5, 7, 5, 16  # odd heads (RoPE on the first 2), masked head block
+    p = _randn(B, S, 4 * H * Dh, dtype=dtype)
+    qn, kn = _randn(H, Dh, dtype=dtype), _randn(H, Dh, dtype=dtype)
+    cos, sin = rope_tables(S, Dh, DEV)
+    ctx_k = _randn(B, L, H, Dh, dtype=dtype).transpose(1, 2)  # strided, as context_kv makes them
+    ctx_v = _randn(B, H, L, Dh, dtype=dtype)
+    got = fu.qkv_joint(p, qn, kn, cos, sin, ctx_k, ctx_v, H, 1e-5)
+    want = fu.qkv_joint_torch(p, qn, kn, cos, sin, ctx_k, ctx_v, H, 1e-5)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        _close(a, b, dtype)
+    assert torch.equal(got[1][:, :, S:], ctx_k) and torch.equal(got[2][:, :, S:], ctx_v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gate_heads_and_swiglu(dtype):
+    torch.manual_seed(2)
+    B, S, H, Dh = 2, 3, 5, 16
+    o = _randn(B, S, H, Dh, dtype=dtype).transpose(1, 2)  # the layout SDPA returns
+    p = _randn(B, S, 4 * H * Dh, dtype=dtype)
+    _close(fu.gate_heads(o, p), fu.gate_heads_torch(o, p), dtype)
+    u = _randn(B, S, 2 * 1100, dtype=dtype)  # hidden over one block, not a multiple of it
+    _close(fu.swiglu(u, 1100), fu.swiglu_torch(u, 1100), dtype)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_velocity_equals_reference(dit_fixtures, kind):
+    model, io, _ = load_kind(dit_fixtures, kind)
+    model = model.to(DEV)
+    io = {k: v.to(DEV) for k, v in io.items()}
+    conds = encode(model, io, slice(0, 1))
+    ctx = model.context_kv(conds)
+    mask = model.attention_mask(ctx, 24, io["latent_mask"][:1])
+    t = float(io["t"][0])
+    ref = model.velocity(io["x_t"][:1], io["t"][:1], conds, io["latent_mask"][:1])
+    fast = FastDiT(model, fused=True)
+    table = fast.modulation_table([t])
+    got = fast.velocity(io["x_t"][:1], table[0], ctx, mask, rope_tables(24, model.cfg.head_dim, DEV))
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_sampler_matches_a_golden_case(dit_fixtures):
+    model, io, cases = load_kind(dit_fixtures, "v3_base")
+    model = model.to(DEV)
+    io = {k: v.to(DEV) for k, v in io.items()}
+    sampler = FastSampler(FastDiT(model, fused=True), use_graphs=False)
+    assert sampler.fast.fused
+    name = "sway8" if "sway8" in cases else next(iter(cases))
+    out = sampler.sample(
+        encode(model, io, slice(0, 1)),
+        io[f"sample_{name}_noise"],
+        SamplerConfig(**case_settings(cases[name])),
+    )
+    torch.testing.assert_close(out, io[f"sample_{name}_out"], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_snake_matches_the_codec_snake(dtype):
+    from irodori_speaker.engine.codec import Snake
+
+    torch.manual_seed(3)
+    C, T = 6, 3000  # T over one block, not a multiple of it
+    module = Snake(C).to(DEV)
+    module.alpha.data = torch.rand(1, C, 1, device=DEV) * 3 + 1e-3  # fp32, as a half codec keeps it
+    x = _randn(2, C, T, dtype=dtype)
+    y = fu.snake(x, module.alpha)
+    assert y.dtype == dtype and y.shape == x.shape
+    _close(y, fu.snake_torch(x, module.alpha), dtype if dtype != torch.float16 else torch.float32)
+    _close(module._eager(x), y, dtype if dtype != torch.float16 else torch.float32)
+    with torch.no_grad():  # the codec decodes without grad: there its Snake is the fused kernel
+        assert torch.equal(module(x), y)

@@ -1,0 +1,44 @@
+"""test_fused.py under Triton's CPU interpreter (in a subprocess), and the fused path's fall-back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed (the 'cuda' / 'dev' extra)")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU test_fused.py runs natively")
+def test_fused_kernels_in_the_interpreter():
+    here = Path(__file__).parent
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    args = ["-q", "-o", "addopts=", "-p", "no:cacheprovider", str(here / "test_fused.py")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *args],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, tail
+
+
+def test_a_failing_kernel_switches_the_fused_path_off(monkeypatch):
+    from irodori_speaker.engine import fused
+
+    monkeypatch.setattr(fused, "_FAILED", [])
+    monkeypatch.setattr(fused, "HAS_TRITON", True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert fused.fused_available(torch.device("cpu"))
+
+    def broken():
+        raise RuntimeError("PTX assembly aborted")
+
+    with pytest.warns(UserWarning, match="switched off.*PTX assembly aborted"):
+        assert fused.run_or_fall_back(broken, lambda: 42) == 42
+    assert not fused.fused_available(torch.device("cpu"))
+    assert fused.run_or_fall_back(lambda: 7, lambda: 42) == 7  # a later call may still run it
