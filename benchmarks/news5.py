@@ -37,7 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from irodori_speaker.backends.presets import Preset  # noqa: E402
+from irodori_speaker.backends.presets import Preset, select_preset  # noqa: E402
 from irodori_speaker.engine.checkpoint import build_model, load_checkpoint, save_checkpoint  # noqa: E402
 from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, load_codec  # noqa: E402
 from irodori_speaker.engine.config import InferenceConfig, ModelConfig  # noqa: E402
@@ -301,6 +301,8 @@ def build(mode: Mode, files: dict[str, Path], int4_impl: str = "auto") -> tuple[
         steps=mode.steps,
         schedule=mode.schedule,
         stream_first_chunk_frames=mode.stream_chunk,
+        # the product preset's middle chunk (2 s on CUDA: fewer windows, less context overhead)
+        stream_chunk_frames=select_preset(mode.device).stream_chunk_frames,
         fast_path=mode.fast,
         cuda_graphs=mode.graphs,
         codec_graphs=mode.graphs,

@@ -9,7 +9,7 @@
 - stages: news5 modes (d) and (e), per-sentence stage timings from the synthesizer's record.
 - kernels: one line of (d) and (e) under torch.profiler: GPU kernels launched, GPU busy time
   against wall time, the top kernels.
-- codec: decode of the full line and of one stream window (16 and 41 frames) per dtype, eager,
+- codec: decode of the full line and of one stream window (16 and 66 frames) per dtype, eager,
   with cudnn.benchmark, and CUDA-graphed when the codec offers it.
 Writes `$OUT/profile_line.json` when OUT is set. GPU only (weights random: speed and error only).
 """
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import news5
 
 from irodori_speaker.engine.checkpoint import load_checkpoint
-from irodori_speaker.engine.codec import load_codec
+from irodori_speaker.engine.codec import load_codec, stream_window_lengths
 from irodori_speaker.engine.fast import FastDiT, FastSampler
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
 from irodori_speaker.synthesizer import SynthesisOptions
@@ -177,7 +177,7 @@ def section_kernels(files) -> dict:
 
 def codec_times(codec, latent: torch.Tensor, stream_only: bool = False) -> dict:
     def stream():
-        return list(codec.decode_stream(latent, 25, first_chunk_frames=8))
+        return list(codec.decode_stream(latent, 50, first_chunk_frames=8))
 
     with torch.inference_mode():
         row = (
@@ -186,11 +186,33 @@ def codec_times(codec, latent: torch.Tensor, stream_only: bool = False) -> dict:
             else {
                 "full 190": gpu_ms(lambda: codec.decode(latent)),
                 "window 16": gpu_ms(lambda: codec.decode(latent[:, :16])),
-                "window 41": gpu_ms(lambda: codec.decode(latent[:, :41])),
+                "window 66": gpu_ms(lambda: codec.decode(latent[:, :66])),
             }
         )
-        row["stream 190 (8 then 25)"] = gpu_ms(stream, reps=5)
+        row["stream 190 (8 then 50)"] = gpu_ms(stream, reps=5)
     return row
+
+
+def codec_ops(files, window: torch.Tensor) -> list:
+    """Which codec ops (with their input shapes) take the GPU time of one eager window decode."""
+    from torch.profiler import ProfilerActivity, profile
+
+    codec = load_codec(files["codec"], device=DEV, dtype=torch.float16)
+    with torch.inference_mode():
+        codec.decode(window)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            codec.decode(window)
+            torch.cuda.synchronize()
+    skip = ("aten::conv1d", "aten::convolution", "aten::_convolution", "aten::conv_transpose1d")
+    rows = [e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith("aten::")]
+    top = sorted((e for e in rows if e.key not in skip), key=lambda e: -e.device_time_total)[:12]
+    print("\n  ops of one 66-frame window (fp16, eager): GPU us, calls, op, input shapes")
+    out = []
+    for e in top:
+        print(f"   {e.device_time_total:9.1f} {e.count:4d}  {e.key}  {str(e.input_shapes)[:100]}")
+        out.append((e.key, e.count, e.device_time_total, str(e.input_shapes)))
+    return out
 
 
 def section_codec(files) -> dict:
@@ -203,15 +225,18 @@ def section_codec(files) -> dict:
             out[f"{dtype} cudnn.benchmark={bench}"] = codec_times(codec, latent)
         torch.backends.cudnn.benchmark = False
         if hasattr(codec, "use_graphs"):
-            codec.use_graphs(True)
+            codec.use_graphs(True, capture_on_use=None)  # as the synthesizer: prewarmed windows
+            codec.prewarm_graphs(stream_window_lengths(50, first_chunk_frames=8))
             out[f"{dtype} graphs"] = codec_times(codec, latent, stream_only=True)
         del codec
         torch.cuda.empty_cache()
-    print("\n| codec (full size, random), ms | full 190 | window 16 | window 41 | stream 190 (8 then 25) |")
+    ops = codec_ops(files, latent[:, :66])
+    print("\n| codec (full size, random), ms | full 190 | window 16 | window 66 | stream 190 (8 then 50) |")
     print("|---|---|---|---|---|")
     for k, row in out.items():
-        cells = [row.get(c) for c in ("full 190", "window 16", "window 41", "stream 190 (8 then 25)")]
+        cells = [row.get(c) for c in ("full 190", "window 16", "window 66", "stream 190 (8 then 50)")]
         print(f"| {k} | " + " | ".join("" if v is None else f"{v:.2f}" for v in cells) + " |")
+    out["ops of one 66-frame window, fp16 eager"] = ops
     return out
 
 

@@ -144,7 +144,7 @@ EDGE_FADE_S = 0.008  # raised-cosine fade at piece edges: no click where a piece
 
 def _fade_edges(audio: np.ndarray, fade_in: bool, fade_out: bool) -> np.ndarray:
     n = min(int(EDGE_FADE_S * SAMPLE_RATE), len(audio) // 2)
-    if n <= 0:
+    if n <= 0 or not (fade_in or fade_out):
         return audio
     ramp = (0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, n, dtype=np.float32))).astype(np.float32)
     audio = audio.copy()

@@ -193,9 +193,10 @@ def test_stream_through_graph_runners_equals_eager() -> None:
     want = list(codec.decode_stream(lat, 5, first_chunk_frames=2))
     cap = _with_fake_graphs(codec, max_graphs=3, capture_on_use=1)
     got = list(codec.decode_stream(lat, 5, first_chunk_frames=2))
-    # windows of 10, 15, 20, 19, 14 and 9 frames through 3 slots
-    assert cap.keys == [(2, n) for n in (10, 15, 20, 19, 14, 9)]
-    assert codec.graph_shapes == [(2, 19), (2, 14), (2, 9)]
+    # windows of 10, 15, 20, 19, 14 and 21 frames through 3 slots (the last one reaches back to
+    # the middle length, 5 + 2 * 8)
+    assert cap.keys == [(2, n) for n in (10, 15, 20, 19, 14, 21)]
+    assert codec.graph_shapes == [(2, 19), (2, 14), (2, 21)]
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         assert a.is_contiguous() and torch.equal(a, b)  # copies: later replays did not overwrite them
@@ -319,3 +320,12 @@ def test_graph_stream_equals_decode_and_stays_within_max_graphs() -> None:
             assert len(codec.graph_shapes) <= 6
     assert codec._graphs.captures > 6  # lazily captured shapes were evicted, the prewarmed ones kept
     assert {(2, n) for n in stream_window_lengths(5, first_chunk_frames=2)} <= set(codec.graph_shapes)
+
+
+def test_a_long_lines_windows_after_the_first_all_have_the_middle_length() -> None:
+    """So a stream of any long line replays two graphs (first and middle) and decodes nothing eagerly."""
+    for frames in (66, 67, 100, 190, 751):
+        windows = codec_mod._chunk_windows(frames, 50, 8, 8)
+        assert [hi - lo for lo, _, _, hi in windows[1:]] == [66] * (len(windows) - 1)
+        assert all(start - lo >= 8 and (hi - end >= 8 or hi == frames) for lo, start, end, hi in windows[1:])
+        assert sorted(set(hi - lo for lo, _, _, hi in windows)) == sorted(stream_window_lengths(50, 8, 8))

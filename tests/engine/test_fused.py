@@ -22,7 +22,11 @@ pytestmark = pytest.mark.skipif(
 )
 # fp32: one rounding order against another; bf16: the fused kernels round once where the twins
 # round after each op, so they may differ by an ulp or two of bf16
-TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=6e-2, rtol=3e-2)}
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),  # an ulp where tl.sin and torch.sin round apart
+    torch.bfloat16: dict(atol=6e-2, rtol=3e-2),
+}
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -118,7 +122,7 @@ def test_snake_matches_the_codec_snake(dtype):
     x = _randn(2, C, T, dtype=dtype)
     y = fu.snake(x, module.alpha)
     assert y.dtype == dtype and y.shape == x.shape
-    _close(y, fu.snake_torch(x, module.alpha), dtype if dtype != torch.float16 else torch.float32)
-    _close(module._eager(x), y, dtype if dtype != torch.float16 else torch.float32)
+    _close(y, fu.snake_torch(x, module.alpha), dtype)
+    _close(module._eager(x), y, dtype)
     with torch.no_grad():  # the codec decodes without grad: there its Snake is the fused kernel
         assert torch.equal(module(x), y)

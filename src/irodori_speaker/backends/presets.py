@@ -66,6 +66,7 @@ def base_preset(name: str) -> Preset:
             steps=8,
             cuda_graphs=True,
             codec_graphs=True,
+            stream_chunk_frames=50,  # 2 s windows: decoded in ~2 ms, a third less context overhead
         )
     if name == "mps":
         # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision

@@ -668,12 +668,21 @@ def _stream_args(chunk_frames: int, context_frames: int, first_chunk_frames: int
 def _chunk_windows(
     frames: int, chunk_frames: int, context_frames: int, first_chunk_frames: int | None = None
 ) -> list[tuple[int, int, int, int]]:
-    """(lo, start, end, hi) per chunk: emit frames [start, end), decode [lo, hi)."""
+    """(lo, start, end, hi) per chunk: emit frames [start, end), decode [lo, hi).
+
+    The last window of a line reaches back further left when it is shorter than a middle window
+    (more context than needed changes nothing), so it has the middle windows' length and reuses
+    their CUDA graph instead of running eagerly.
+    """
     first = _stream_args(chunk_frames, context_frames, first_chunk_frames)
+    middle = chunk_frames + 2 * context_frames
     windows, start = [], 0
     while start < frames:
         end = min(start + (first if start == 0 else chunk_frames), frames)
-        windows.append((max(0, start - context_frames), start, end, min(frames, end + context_frames)))
+        lo, hi = max(0, start - context_frames), min(frames, end + context_frames)
+        if start > 0 and end == frames and hi - lo < middle:
+            lo = max(0, hi - middle)
+        windows.append((lo, start, end, hi))
         start = end
     return windows
 
@@ -685,8 +694,8 @@ def stream_window_lengths(
 
     In order, without repeats: the first window, any next ones still cut short
     by the line's start, and the middle windows (`chunk_frames + 2 * context_frames`).
-    Left out: the last window of a line, whose length depends on the line's
-    frames, and lines too short to have the others. `decode_chunked(latent, n)`
+    A line's last window is stretched to the middle length when the line is long
+    enough (see `_chunk_windows`); left out: lines too short for that. `decode_chunked(latent, n)`
     uses the windows of `decode_stream(latent, n)`.
     """
     first = _stream_args(chunk_frames, context_frames, first_chunk_frames)

@@ -330,7 +330,7 @@ class FastSampler:
         S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
         padded = pad_conditions(conds, self.context_bucket)
         latent_mask = None
-        if S_pad != S:
+        if S_pad != S or self.use_graphs:  # graphs: always a mask, so one graph serves both cases
             latent_mask = torch.zeros(B, S_pad, dtype=torch.bool, device=self.fast.device)
             latent_mask[:, :S] = True
             noise = F.pad(noise, (0, 0, 0, S_pad - S))
