@@ -249,3 +249,22 @@ def test_fast_path_and_reference_loop_give_the_same_audio(synth, tiny_cache):
     b = reference.synthesize(text, options=opts(seed=21)).audio
     assert len(a) == len(b)
     np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_first_chunk_leaves_before_the_second_window_is_decoded(synth, monkeypatch):
+    """Time to first audio is one window's decode; chunks join to the one-pass audio (no stray fades)."""
+    windows = []
+    real = synth.codec._decode_window
+
+    def counting(z, a, b):
+        windows.append(z.shape[-1])
+        return real(z, a, b)
+
+    monkeypatch.setattr(synth.codec, "_decode_window", counting)
+    stream = synth.stream("最初の音はすぐに出ます。", options=opts(seconds=3.0, tail_trim=False))
+    first = next(iter(stream))
+    assert len(windows) == 1 and len(first) == 8 * 1920  # the 8-frame first chunk, alone
+    rest = list(stream)
+    assert len(windows) == 1 + len(rest) and len(rest) >= 2
+    whole = synth.synthesize("最初の音はすぐに出ます。", options=opts(seconds=3.0, tail_trim=False)).audio
+    np.testing.assert_allclose(np.concatenate([first, *rest]), whole, atol=1e-5)

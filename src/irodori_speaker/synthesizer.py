@@ -576,7 +576,7 @@ class Synthesizer:
         return _Rendered(latent, decode_frames, samples)
 
     def _decode_chunks(self, rendered: _Rendered, opts, cancel, whole: bool):
-        """Yield float32 numpy chunks of one rendered piece, cut to its sample count."""
+        """Yield (float32 numpy chunk, is_last) of one rendered piece, cut to its sample count."""
         import torch
 
         latent = rendered.latent[:, : rendered.decode_frames].to(self.codec.device, self.codec.dtype)
@@ -592,7 +592,7 @@ class Synthesizer:
             if chunk is None or (chunk >= rendered.decode_frames and first is None):
                 with hold_model_lock(cancel):
                     audio = self.codec.decode(latent)
-                yield audio[0, 0, :remaining].float().cpu().numpy()
+                yield audio[0, 0, :remaining].float().cpu().numpy(), True
                 return
             it = self.codec.decode_stream(latent, chunk, cancel=cancel, first_chunk_frames=first)
             while remaining > 0:
@@ -602,7 +602,7 @@ class Synthesizer:
                         return
                     out = part[0, 0, :remaining].float().cpu().numpy()
                 remaining -= len(out)
-                yield out
+                yield out, remaining <= 0
 
     def _run(self, pieces, voice, opts, record, cancel, progress, *, whole: bool):
         if self.note:
@@ -619,15 +619,10 @@ class Synthesizer:
             with hold_model_lock(cancel):
                 rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, progress)
             t_dec = time.perf_counter()
-            pending = None  # hold one chunk back so the piece's last chunk can be faded out
-            head = True
-            for chunk in self._decode_chunks(rendered, opts, cancel, whole):
-                if pending is not None:
-                    yield _fade_edges(pending, fade_in=head and not first, fade_out=False)
-                    head = False
-                pending = chunk
-            if pending is not None:
-                yield _fade_edges(pending, fade_in=head and not first, fade_out=not last)
+            head = True  # each chunk goes out as soon as it is decoded (the first one is first audio)
+            for chunk, chunk_is_last in self._decode_chunks(rendered, opts, cancel, whole):
+                yield _fade_edges(chunk, fade_in=head and not first, fade_out=chunk_is_last and not last)
+                head = False
             record.samples += rendered.samples
             record.timings["decode"] = record.timings.get("decode", 0.0) + (time.perf_counter() - t_dec)
             if not last:
