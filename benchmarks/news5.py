@@ -28,7 +28,7 @@ import platform
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -86,129 +86,51 @@ class Mode:
     #  else streamed: a first chunk of this many frames, then the preset's 25-frame chunks
     int4: bool = False
     int4_codec: bool = False
-    rows: list[dict] = field(default_factory=list)
-    peak_mb: float = float("nan")
-    load_peak_mb: float = float("nan")
-    load_s: float = float("nan")
-    warm_s: float = float("nan")
-    prewarm: dict = field(default_factory=dict)
+    # results (not init fields: `replace` gives each derived mode its own)
+    rows: list[dict] = field(default_factory=list, init=False)
+    peak_mb: float = field(default=float("nan"), init=False)
+    load_peak_mb: float = field(default=float("nan"), init=False)
+    load_s: float = field(default=float("nan"), init=False)
+    warm_s: float = field(default=float("nan"), init=False)
+    prewarm: dict = field(default_factory=dict, init=False)
 
 
 def modes_for(device: str) -> dict[str, Mode]:
+    """The side-by-side modes: the reference-equivalent path and our presets, for `device`."""
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+    ref = Mode(
+        "a", "reference: fp32, 40 linear, eager, text padded 256, codec fp32", device, f32, f32,
+        steps=40, schedule="linear", fast=False, graphs=False, pad_text=256, stream_chunk=None,
+    )  # fmt: skip
+    ours = replace(ref, steps=8, schedule="sway", fast=True, pad_text=None, stream_chunk=8)
+    b = replace(ref, key="b", desc="(a) at 8 sway steps", steps=8, schedule="sway")
     if device == "mps":
-        return {
-            "a": Mode(
-                "a",
-                "reference: fp32, 40 linear, eager, text padded 256, codec fp32",
-                "mps",
-                f32,
-                f32,
-                40,
-                "linear",
-                False,
-                False,
-                256,
-                None,
-            ),
-            "b": Mode("b", "(a) at 8 sway steps", "mps", f32, f32, 8, "sway", False, False, 256, None),
-            "d": Mode(
-                "d",
-                "our MPS preset: fp32, 8 sway, fused, trimmed text, streamed decode",
-                "mps",
-                f32,
-                f32,
-                8,
-                "sway",
-                True,
-                False,
-                None,
-                8,
-            ),
-        }
+        d = replace(ours, key="d", desc="our MPS preset: fp32, 8 sway, fused, trimmed text, streamed decode")
+        return {"a": ref, "b": b, "d": d}
+    cuda = replace(ours, dtype=bf16, codec_dtype=f16, graphs=True)
     return {
-        "a": Mode(
-            "a",
-            "reference: fp32, 40 linear, eager, text padded 256, codec fp32",
-            "cuda",
-            f32,
-            f32,
-            40,
-            "linear",
-            False,
-            False,
-            256,
-            None,
+        "a": ref,
+        "b": b,
+        "c": replace(
+            b, key="c", desc="(b) in bf16 (DiT bf16, codec bf16), eager", dtype=bf16, codec_dtype=bf16
         ),
-        "b": Mode("b", "(a) at 8 sway steps", "cuda", f32, f32, 8, "sway", False, False, 256, None),
-        "c": Mode(
-            "c",
-            "(b) in bf16 (DiT bf16, codec bf16), eager",
-            "cuda",
-            bf16,
-            bf16,
-            8,
-            "sway",
-            False,
-            False,
-            256,
-            None,
+        "d": replace(
+            cuda,
+            key="d",
+            desc="our CUDA preset, bf16 weights: fused, AdaLN precomputed, CUDA graphs, trimmed text, "
+            "codec fp16 streamed",
         ),
-        "d": Mode(
-            "d",
-            "our CUDA preset, bf16 weights: fused, AdaLN precomputed, CUDA graphs, trimmed "
-            "text, codec fp16 streamed",
-            "cuda",
-            bf16,
-            f16,
-            8,
-            "sway",
-            True,
-            True,
-            None,
-            8,
+        "e": replace(
+            cuda, key="e", desc="our CUDA preset, int4 weights (W4A16, bf16 activations)", int4=True
         ),
-        "e": Mode(
-            "e",
-            "our CUDA preset, int4 weights (W4A16, bf16 activations)",
-            "cuda",
-            bf16,
-            f16,
-            8,
-            "sway",
-            True,
-            True,
-            None,
-            8,
-            int4=True,
+        "g": replace(
+            cuda, key="g", desc="(e) with the int4 codec too (smallest memory)", int4=True, int4_codec=True
         ),
-        "g": Mode(
-            "g",
-            "(e) with the int4 codec too (smallest memory)",
-            "cuda",
-            bf16,
-            f16,
-            8,
-            "sway",
-            True,
-            True,
-            None,
-            8,
-            int4=True,
-            int4_codec=True,
-        ),
-        "f": Mode(
-            "f",
-            "our CPU preset: fp32, 8 sway, fused, trimmed text, codec fp32 streamed",
-            "cpu",
-            f32,
-            f32,
-            8,
-            "sway",
-            True,
-            False,
-            None,
-            8,
+        "f": replace(
+            ours,
+            key="f",
+            desc="our CPU preset: fp32, 8 sway, fused, trimmed text, codec fp32 streamed",
+            device="cpu",
         ),
     }
 
