@@ -268,3 +268,29 @@ def test_first_chunk_leaves_before_the_second_window_is_decoded(synth, monkeypat
     assert len(windows) == 1 + len(rest) and len(rest) >= 2
     whole = synth.synthesize("最初の音はすぐに出ます。", options=opts(seconds=3.0, tail_trim=False)).audio
     np.testing.assert_allclose(np.concatenate([first, *rest]), whole, atol=1e-5)
+
+
+def test_voice_states_are_encoded_once_per_voice(synth, tmp_path, monkeypatch):
+    """The speaker encoder runs once per voice, not per line; a different voice is encoded anew."""
+    from irodori_speaker.voices import Voice
+
+    calls = []
+    real = synth.model.encode_voice
+
+    def counting(*args, **kwargs):
+        calls.append(args[1] is not None)  # a reference latent was given
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(synth.model, "encode_voice", counting)
+    synth._voice_states_cache.clear()
+    rng = np.random.default_rng(0)
+    a = Voice.from_array(0.1 * rng.standard_normal(24_000).astype(np.float32), 24_000)
+    b = Voice.from_array(0.1 * rng.standard_normal(24_000).astype(np.float32), 24_000)
+    first = synth.synthesize("一行目です。", a, opts(seconds=1.0)).audio
+    again = synth.synthesize("二行目です。", a, opts(seconds=1.0)).audio
+    assert calls == [True] and len(again) > 0
+    synth.synthesize("別の声です。", b, opts(seconds=1.0))
+    synth.synthesize("声なしです。", None, opts(seconds=1.0))
+    assert calls == [True, True, False]
+    synth._voice_states_cache.clear()  # a fresh encode gives what the kept states gave
+    np.testing.assert_array_equal(synth.synthesize("一行目です。", a, opts(seconds=1.0)).audio, first)

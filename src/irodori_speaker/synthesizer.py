@@ -303,24 +303,23 @@ class Synthesizer:
         with hold_model_lock():
             return self.codec.prewarm_graphs(lengths)
 
-    def _prewarm_graphs(self, voice: Any, fast: Any) -> int:
+    def _prewarm_graphs(self, voice: Any, fast: Any) -> None:
+        """Capture every frame bucket up to `preset.prewarm_seconds` for the two shortest text buckets."""
         import torch
 
         from .engine.duration import frames_for_seconds
 
-        before = fast.captures
         cfg = self._sampler_config(SynthesisOptions())
         top = frames_for_seconds(self.preset.prewarm_seconds)
         with hold_model_lock(), torch.inference_mode():
-            ref = self.reference_latent(voice)
-            voice_states = self._voice_states(voice, ref, self._caption(voice))
+            content, ref = self._reference(voice)
+            voice_states = self._voice_states(content, ref, self._caption(voice))
             for tokens in (fast.context_bucket, 2 * fast.context_bucket):
                 ids = torch.full((1, tokens), 5, dtype=torch.long)
                 conds = self._conditions(ids, torch.ones_like(ids, dtype=torch.bool), voice_states)
                 for frames in range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket):
                     noise = torch.zeros(1, frames, self.config.latent_dim, device=self.device)
                     self.sample_latent(conds, noise, cfg)
-        return fast.captures - before
 
     def render_identity(self, text: str, voice: Any = None, options: SynthesisOptions | None = None) -> dict:
         """Everything that changes the sound of `text` rendered with `voice` and `options`.
@@ -360,34 +359,39 @@ class Synthesizer:
 
     def reference_latent(self, voice: Any, record: SynthesisRecord | None = None) -> Any:
         """The voice's reference latent (1, T, C) on the model's device, or None; encoded once, cached."""
+        return self._reference(voice, record)[1]
+
+    def _reference(self, voice: Any, record: SynthesisRecord | None = None) -> tuple[str | None, Any]:
+        """(the voice's content key, its reference latent), or (None, None) when it has none used."""
         from .voices import Voice, load_latent
 
         if voice is None:
-            return None
+            return None, None
         if isinstance(voice, (str, os.PathLike)):
             voice = Voice.from_wav(voice)
         if not isinstance(voice, Voice):
             raise InputError(f"voice must be a Voice, a path or None, got {type(voice).__name__}")
         if not voice.has_reference:
-            return None
+            return None, None
         if not self.config.speaker_enabled:
             if record is not None:
                 record.warnings.append("this model has no speaker branch: the reference voice is ignored")
-            return None
+            return None, None
+        content = voice.content_key()  # hashes in-memory audio: once per line
         if voice.latent is not None:  # a saved latent: read once, kept in memory
-            key = voice.content_key()
+            key = content
             latent = self.voice_cache.get(key, disk=False)
             if latent is None:
                 latent = load_latent(voice.latent, self.config.latent_dim)
                 self.voice_cache.put(key, latent, disk=False)
         else:
-            key = f"{voice.content_key()}|codec:{self.fingerprints.get('codec', id(self.codec))}"
+            key = f"{content}|codec:{self.fingerprints.get('codec', id(self.codec))}"
             latent = self.voice_cache.get(key)
             if latent is None:
                 latent = self._encode_reference(voice, record)
                 self.voice_cache.put(key, latent)
                 self.voice_cache.encodes += 1
-        return latent[None].to(self.device, self.model.in_proj.weight.dtype)
+        return content, latent[None].to(self.device, self.model.in_proj.weight.dtype)
 
     # ---- stages -----------------------------------------------------------------------------
     def _prepare_text(self, text: str, opts: SynthesisOptions, record: SynthesisRecord) -> list[_Piece]:
@@ -498,18 +502,15 @@ class Synthesizer:
             return fast.sample(conds, noise, cfg, cancel=cancel, progress=progress)
         return sample(self.model, conds, noise, cfg, cancel=cancel, progress=progress)
 
-    def _voice_states(self, voice: Any, ref: Any, caption: tuple[Any, Any]) -> tuple:
+    def _voice_states(self, content: str | None, ref: Any, caption: tuple[Any, Any]) -> tuple:
         """(has_reference, speaker/caption states) of a voice: they do not depend on the text, so
-        they are encoded once per voice and kept (a few voices, least recently used dropped)."""
+        they are encoded once per voice and kept (a few voices, least recently used dropped).
+        `content` is the reference's content key (None without a reference)."""
         import torch
-
-        from .voices import Voice
 
         cap_ids = caption[0]
         key = (
-            None
-            if ref is None
-            else (voice if isinstance(voice, Voice) else Voice.from_wav(voice)).content_key(),
+            content,
             None if cap_ids is None else tuple(cap_ids[0].tolist()),
             str(self.model.in_proj.weight.dtype),
         )
@@ -611,8 +612,8 @@ class Synthesizer:
         record.extra["fingerprints"] = self.fingerprints
         t0 = time.perf_counter()
         with hold_model_lock(cancel):
-            ref = self.reference_latent(voice, record)
-            voice_states = self._voice_states(voice, ref, self._caption(voice))
+            content, ref = self._reference(voice, record)
+            voice_states = self._voice_states(content, ref, self._caption(voice))
         record.timings["reference"] = time.perf_counter() - t0
         for i, piece in enumerate(pieces):
             first, last = i == 0, i == len(pieces) - 1

@@ -135,3 +135,17 @@ def test_fast_path_on_an_int4_model(dit_fixtures, tmp_path):
     torch.testing.assert_close(fast.sample(conds, noise, cfg), ref, atol=1e-4, rtol=1e-4)
     # the originals now slice the fused layer: the reference path still gives the same result
     torch.testing.assert_close(sample(model, conds, noise, cfg), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_text_padded_to_the_bucket_encodes_the_same(dit_fixtures):
+    """What the text-encoder graph relies on: padding (masked) changes no valid state, pads are zero."""
+    import torch.nn.functional as F
+
+    model, io, _ = load_kind(dit_fixtures, "v2_base")
+    ids, mask = io["text_input_ids"][:1], io["text_mask"][:1]
+    L = ids.shape[1]
+    with torch.inference_mode():
+        plain = model.encode_text(ids, mask)
+        padded = model.encode_text(F.pad(ids, (0, 32 - L)), F.pad(mask, (0, 32 - L), value=False))
+    torch.testing.assert_close(padded[:, :L][mask], plain[mask], atol=1e-6, rtol=1e-6)
+    assert torch.count_nonzero(padded[:, L:]) == 0

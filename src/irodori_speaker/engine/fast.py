@@ -287,18 +287,18 @@ class FastSampler:
         return self._tables[key]
 
     def encode_text(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """`model.encode_text`, padded to the context bucket: (states, mask), both padded.
+        """`model.encode_text` as (states, mask); with graphs, replayed from one graph per
+        (batch, length padded to the context bucket) and returned padded.
 
         Padded positions are masked (their states are zero), so `sample` gives what it gives on
-        the unpadded states. On CUDA with graphs, one graph per (batch, padded length).
+        the unpadded states (it pads them itself when they are not).
         """
         model = self.fast.model
-        L = ids.shape[1]
-        pad = round_up(L, self.context_bucket) - L
-        ids, mask = F.pad(ids, (0, pad), value=0), F.pad(mask, (0, pad), value=False)
         with torch.inference_mode():
-            if not self.use_graphs:
+            if not self.use_graphs:  # eager: no point encoding padding
                 return model.encode_text(ids, mask), mask
+            pad = round_up(ids.shape[1], self.context_bucket) - ids.shape[1]
+            ids, mask = F.pad(ids, (0, pad), value=0), F.pad(mask, (0, pad), value=False)
             key = tuple(ids.shape)
             g = self._text_graphs.get(key)
             if g is None:

@@ -27,7 +27,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from ..quant.triton_w4a16 import HAS_TRITON, interpreter_active
+from ..quant.triton_w4a16 import HAS_TRITON, interp_bf16, interpreter_active
 from .model import capturing
 
 T = TypeVar("T")
@@ -65,10 +65,6 @@ def run_or_fall_back(fused: Callable[[], T], fallback: Callable[[], T]) -> T:
         _FAILED.append(f"{type(e).__name__}: {e}")
         warnings.warn(f"fused Triton kernels switched off, eager ops instead: {_FAILED[0]}", stacklevel=2)
         return fallback()
-
-
-def _interp_bf16(t: Tensor) -> bool:
-    return interpreter_active() and t.dtype == torch.bfloat16
 
 
 # ------------------------------------------------------------------------------------------- torch
@@ -262,7 +258,7 @@ def add_rms_modulate(
         x, y if y is not None else x, gate if gate is not None else scale1, scale1,
         shift if shift is not None else scale1, xo, h, D, eps,
         HAS_Y=y is not None, HAS_SHIFT=shift is not None, BLOCK=triton.next_power_of_2(D),
-        INTERP_BF16=_interp_bf16(x), num_warps=4,
+        INTERP_BF16=interp_bf16(x), num_warps=4,
     )  # fmt: skip
     return xo, h
 
@@ -293,7 +289,7 @@ def qkv_joint(
     _qkv_joint_kernel[(B * (S + L),)](
         p, q_norm, k_norm, cos, sin, ctx_k, ctx_v, q, k, v, S, L, heads, heads // 2, eps,
         ctx_k.stride(0), ctx_k.stride(1), ctx_k.stride(2), ctx_v.stride(0), ctx_v.stride(1), ctx_v.stride(2),
-        HALF=Dh // 2, BH=triton.next_power_of_2(heads), INTERP_BF16=_interp_bf16(p), num_warps=4,
+        HALF=Dh // 2, BH=triton.next_power_of_2(heads), INTERP_BF16=interp_bf16(p), num_warps=4,
     )  # fmt: skip
     return q, k, v
 
@@ -307,7 +303,7 @@ def gate_heads(o: Tensor, p: Tensor) -> Tensor:
     out = torch.empty(B, S, H * Dh, dtype=o.dtype, device=o.device)
     _gate_heads_kernel[(B * S,)](
         o, p, out, S, H, o.stride(0), o.stride(1), o.stride(2),
-        DH=Dh, BH=triton.next_power_of_2(H), INTERP_BF16=_interp_bf16(o), num_warps=2,
+        DH=Dh, BH=triton.next_power_of_2(H), INTERP_BF16=interp_bf16(o), num_warps=2,
     )  # fmt: skip
     return out
 
@@ -319,7 +315,7 @@ def swiglu(u: Tensor, hidden: int) -> Tensor:
     out = torch.empty(*u.shape[:-1], hidden, dtype=u.dtype, device=u.device)
     block = 1024
     _swiglu_kernel[(rows, triton.cdiv(hidden, block))](
-        u, out, hidden, BLOCK=block, INTERP_BF16=_interp_bf16(u), num_warps=4
+        u, out, hidden, BLOCK=block, INTERP_BF16=interp_bf16(u), num_warps=4
     )
     return out
 
@@ -355,5 +351,5 @@ def snake(x: Tensor, alpha: Tensor) -> Tensor:
     a = alpha.reshape(C).float().contiguous()
     y = torch.empty_like(x)
     block = 2048
-    _snake_kernel[(B * C, triton.cdiv(T, block))](x, a, y, C, T, BLOCK=block, INTERP_BF16=_interp_bf16(x))
+    _snake_kernel[(B * C, triton.cdiv(T, block))](x, a, y, C, T, BLOCK=block, INTERP_BF16=interp_bf16(x))
     return y

@@ -517,8 +517,7 @@ class TextToLatentRFDiT(nn.Module):
         They do not depend on the text, so a caller may compute them once per voice. `like`
         gives the dtype/device when there is no reference (the model's otherwise).
         """
-        cfg = self.cfg
-        B = batch
+        cfg, B = self.cfg, batch
         dtype = like.dtype if like is not None else self.in_proj.weight.dtype
         device = like.device if like is not None else self.in_proj.weight.device
         if ref_latent is not None:

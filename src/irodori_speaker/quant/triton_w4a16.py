@@ -71,6 +71,11 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def interp_bf16(t: torch.Tensor) -> bool:
+    """The INTERP_BF16 flag of a kernel writing `t`: bf16 under the interpreter (see module docstring)."""
+    return interpreter_active() and t.dtype == torch.bfloat16
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """One tile configuration of the fused kernel. BM tiles tokens (M), BN output features (N)."""
@@ -443,20 +448,28 @@ def w4a16_kernel(
     has_bias = bias is not None
     bias_t = bias.contiguous() if has_bias else scales  # dummy pointer when absent
     zb = zero_bias if zero_bias is not None else scales
-    interp_bf16 = interpreter_active() and x.dtype == torch.bfloat16
+    interp_bf16_x = interp_bf16(x)
     target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     grid = (math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn), split)
     _w4a16_gemm_kernel[grid](
         x, qweight, scales, zb, bias_t, target, m, n, k, x.stride(0), n, k_per_split,
         HAS_BIAS=has_bias, SYM=zero_bias is None, GS=group_size, GPT=max(1, cfg.bk // group_size),
         BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT=split > 1, SWAP=cfg.swap, GATHER=cfg.gather, EVEN_K=even_k,
-        INTERP_BF16=interp_bf16,
+        INTERP_BF16=interp_bf16_x,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if split > 1:
         block = 1024
         _splitk_reduce_kernel[(math.ceil(m * n / block),)](
-            target, bias_t, out, m, n, SPLIT_K=split, HAS_BIAS=has_bias, BLOCK=block, INTERP_BF16=interp_bf16
+            target,
+            bias_t,
+            out,
+            m,
+            n,
+            SPLIT_K=split,
+            HAS_BIAS=has_bias,
+            BLOCK=block,
+            INTERP_BF16=interp_bf16_x,
         )
     return out
 
@@ -501,7 +514,7 @@ def dequantize_into(
         _dequant_kernel[(math.ceil(k / bk), math.ceil(n / bn))](
             qweight, scales, zero_bias if zero_bias is not None else scales, out, k, n,
             SYM=zero_bias is None, GS=group_size, GPT=max(1, bk // group_size), BK=bk, BN=bn,
-            INTERP_BF16=interpreter_active() and out.dtype == torch.bfloat16, num_warps=4,
+            INTERP_BF16=interp_bf16(out), num_warps=4,
         )  # fmt: skip
     else:
         out.copy_(_dequant_torch(qweight, scales, zero_bias, group_size))
