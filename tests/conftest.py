@@ -1,4 +1,4 @@
-"""Shared test fixtures: where ../shared lives, and the golden DiT fixtures."""
+"""Shared test fixtures: where ../shared lives, the golden DiT fixtures, a tiny-random synthesizer."""
 
 from __future__ import annotations
 
@@ -27,3 +27,22 @@ def shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def dit_fixtures(shared_dir: Path) -> Path:
     return shared_dir / "fixtures" / "dit"
+
+
+@pytest.fixture(scope="module")
+def irodori_home(tmp_path_factory):
+    """A fresh IRODORI_CACHE for one test module (tiny-random files, voices, phrase caches)."""
+    mp = pytest.MonkeyPatch()
+    home = tmp_path_factory.mktemp("irodori-home")
+    mp.setenv("IRODORI_CACHE", str(home))
+    yield home
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def synth(irodori_home):
+    """The tiny-random v2 synthesizer on the CPU (its output is noise), one per module."""
+    from irodori_speaker.synthesizer import load_synthesizer
+
+    return load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False)
+

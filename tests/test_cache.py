@@ -31,28 +31,6 @@ SR = 48_000
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def irodori_home(tmp_path_factory):
-    import torch
-
-    mp = pytest.MonkeyPatch()
-    home = tmp_path_factory.mktemp("irodori-home")
-    mp.setenv("IRODORI_CACHE", str(home))
-    # One thread: on a shared 2-core machine two OpenMP threads wait on each other (~100x slower).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield home
-    torch.set_num_threads(threads)
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def synth(irodori_home):
-    from irodori_speaker.synthesizer import load_synthesizer
-
-    return load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False)
-
-
 class Spy:
     """A synthesizer that counts the calls that would do model work."""
 

@@ -23,27 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 PHRASES = ["こんにちは！", "いらっしゃい！", "ありがとう！", "またね！", "おやすみ！"]
 
 
-@pytest.fixture(scope="module")
-def irodori_home(tmp_path_factory):
-    import torch
-
-    mp = pytest.MonkeyPatch()
-    home = tmp_path_factory.mktemp("irodori-home")
-    mp.setenv("IRODORI_CACHE", str(home))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two OpenMP threads on a shared 2-core CPU wait on each other
-    yield home
-    torch.set_num_threads(threads)
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def synth(irodori_home):
-    from irodori_speaker.synthesizer import load_synthesizer
-
-    return load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False)
-
-
 class Spy:
     def __init__(self, inner, fail=()) -> None:
         self.inner = inner
