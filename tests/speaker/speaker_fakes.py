@@ -9,6 +9,7 @@ a recording shows which line played when. Every call is recorded, and a
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import zlib
@@ -131,8 +132,7 @@ class FakeSynth:
         cancel: CancelToken | None = None,
     ) -> SynthesisResult:
         call = self._new_call("synthesize", text, voice)
-        t0 = self.recorder.enter()
-        try:
+        with self._tracked(call):
             self._sample(call, cancel)
             for _ in range(self.chunks):
                 check(cancel)
@@ -140,6 +140,13 @@ class FakeSynth:
                 call.chunks_done += 1
             audio = self.audio_for(text)
             return SynthesisResult(audio, self._record(text, len(audio)))
+
+    @contextlib.contextmanager
+    def _tracked(self, call) -> Iterator[None]:
+        """Records the call's overlap with others, how it ended (cancelled / error) and when."""
+        t0 = self.recorder.enter()
+        try:
+            yield
         except Cancelled:
             call.cancelled = True
             raise
@@ -162,8 +169,7 @@ class FakeSynth:
         record = SynthesisRecord(text=self.norm(text), frames=round(len(audio) / SR * 25), steps=self.steps)
 
         def chunks() -> Iterator[np.ndarray]:
-            t0 = self.recorder.enter()
-            try:
+            with self._tracked(call):
                 self._sample(call, cancel)
                 bounds = np.linspace(0, len(audio), self.chunks + 1).round().astype(int)
                 for i in range(self.chunks):
@@ -174,15 +180,6 @@ class FakeSynth:
                     call.chunks_done += 1
                     yield audio[bounds[i] : bounds[i + 1]]
                 record.samples = len(audio)
-            except Cancelled:
-                call.cancelled = True
-                raise
-            except BaseException as e:
-                call.error = e
-                raise
-            finally:
-                call.ended = time.monotonic()
-                self.recorder.leave(self.name, t0)
 
         return AudioStream(chunks(), record)
 
