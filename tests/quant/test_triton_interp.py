@@ -1,8 +1,9 @@
 """The W4A16 Triton kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
 
-Triton decides at ``@triton.jit`` time whether a kernel is interpreted, so this module loads its own copy
-of ``quant/triton_w4a16.py`` with TRITON_INTERPRET=1 set (the package's shared copy, possibly imported
-earlier by other tests, is left untouched) and keeps the variable set while the kernels run.
+Triton decides at ``@triton.jit`` time whether a kernel is interpreted, so this module loads its own copies
+of ``quant/triton_w4a16.py`` and ``kernels/triton_common.py`` with TRITON_INTERPRET=1 set (the package's
+shared copies, possibly imported earlier by other tests, are left as they were) and keeps the variable set
+while the kernels run.
 """
 
 from __future__ import annotations
@@ -17,26 +18,38 @@ import torch
 
 triton = pytest.importorskip("triton", reason="triton is not installed (the 'cuda' / 'dev' extra)")
 
+import irodori_speaker.kernels.triton_common  # noqa: E402, F401  (the shared copy, restored after the tests)
 from irodori_speaker.quant import formats  # noqa: E402
 from irodori_speaker.quant.formats import pack_gptq  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tw():
-    """A private, interpreted copy of irodori_speaker.quant.triton_w4a16."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    src = Path(formats.__file__).with_name("triton_w4a16.py")
-    name = "irodori_speaker.quant._triton_w4a16_interpreted"
-    spec = importlib.util.spec_from_file_location(name, src)
+def _exec_copy(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tw():
+    """A private, interpreted copy of irodori_speaker.quant.triton_w4a16 (and of the shared
+    kernels.triton_common whose jit helper its kernels call: it must be interpreted too)."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    common = "irodori_speaker.kernels.triton_common"
+    shared = sys.modules[common]
+    src = Path(formats.__file__).with_name("triton_w4a16.py")
+    name = "irodori_speaker.quant._triton_w4a16_interpreted"
     try:
-        spec.loader.exec_module(mod)
+        # the copy's `from ..kernels.triton_common import ...` finds the interpreted copy
+        _exec_copy(Path(shared.__file__), common)
+        mod = _exec_copy(src, name)
         if not mod.HAS_TRITON:
             pytest.skip("triton imported but its language module did not")
         yield mod
     finally:
+        sys.modules[common] = shared
         sys.modules.pop(name, None)
         if old is None:
             os.environ.pop("TRITON_INTERPRET", None)

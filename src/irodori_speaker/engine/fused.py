@@ -27,7 +27,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from ..quant.triton_w4a16 import HAS_TRITON, interp_bf16, interpreter_active
+from ..kernels.triton_common import HAS_TRITON, interp_bf16, interpreter_active
 from .model import capturing
 
 T = TypeVar("T")
@@ -36,9 +36,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ..quant.triton_w4a16 import _round_to
-else:  # pragma: no cover - depends on the install
-    triton = tl = None
+    from ..kernels.triton_common import round_to
 
 
 _FAILED: list[str] = []  # a kernel that failed to compile or launch switches them all off
@@ -139,14 +137,14 @@ if HAS_TRITON:
         if HAS_Y:
             y = tl.load(y_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
             g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)
-            xr = _round_to(x + g * y, xo_ptr.dtype.element_ty, INTERP_BF16)
+            xr = round_to(x + g * y, xo_ptr.dtype.element_ty, INTERP_BF16)
             tl.store(xo_ptr + row * D + offs, xr, mask=m)
             x = xr.to(tl.float32)  # normalise the residual as stored, as the eager path does
         r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
         h = x * r * tl.load(s_ptr + offs, mask=m, other=0.0).to(tl.float32)
         if HAS_SHIFT:
             h += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        tl.store(h_ptr + row * D + offs, _round_to(h, h_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+        tl.store(h_ptr + row * D + offs, round_to(h, h_ptr.dtype.element_ty, INTERP_BF16), mask=m)
 
     @triton.jit
     def _norm_rope(t_e, t_o, w_ptr, cos_ptr, sin_ptr, pos, offs_h, offs_j, HALF, HEADS, ROPE_HEADS, Dh, eps):
@@ -195,8 +193,8 @@ if HAS_TRITON:
                 k_e, k_o, kn_ptr, cos_ptr, sin_ptr, pos, offs_h, offs_j, HALF, H, ROPE_HEADS, Dh, eps
             )
             dt = q_ptr.dtype.element_ty
-            q = _round_to(tl.reshape(tl.join(q_e, q_o), (BH, 2 * HALF)), dt, INTERP_BF16)
-            k = _round_to(tl.reshape(tl.join(k_e, k_o), (BH, 2 * HALF)), dt, INTERP_BF16)
+            q = round_to(tl.reshape(tl.join(q_e, q_o), (BH, 2 * HALF)), dt, INTERP_BF16)
+            k = round_to(tl.reshape(tl.join(k_e, k_o), (BH, 2 * HALF)), dt, INTERP_BF16)
             q_row = ((b * H + offs_h[:, None]) * S + pos) * Dh  # q (B, H, S, Dh)
             tl.store(q_ptr + q_row + offs_d[None, :], q, mask=hmask)
             tl.store(k_ptr + out_row * Dh + offs_d[None, :], k, mask=hmask)
@@ -227,7 +225,7 @@ if HAS_TRITON:
         o = tl.load(o_ptr + b * so_b + offs_h * so_h + s * so_s + offs_d, mask=m, other=0.0).to(tl.float32)
         g = tl.load(p_ptr + pid * 4 * D + 3 * D + offs_h * DH + offs_d, mask=m, other=0.0).to(tl.float32)
         y = o * (1.0 / (1.0 + tl.exp(-g)))
-        y = _round_to(y, out_ptr.dtype.element_ty, INTERP_BF16)
+        y = round_to(y, out_ptr.dtype.element_ty, INTERP_BF16)
         tl.store(out_ptr + pid * D + offs_h * DH + offs_d, y, mask=m)
 
     @triton.jit
@@ -238,7 +236,7 @@ if HAS_TRITON:
         u1 = tl.load(u_ptr + row * 2 * HID + offs, mask=m, other=0.0).to(tl.float32)
         u3 = tl.load(u_ptr + row * 2 * HID + HID + offs, mask=m, other=0.0).to(tl.float32)
         y = u1 / (1.0 + tl.exp(-u1)) * u3
-        tl.store(out_ptr + row * HID + offs, _round_to(y, out_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+        tl.store(out_ptr + row * HID + offs, round_to(y, out_ptr.dtype.element_ty, INTERP_BF16), mask=m)
 
 
 # ----------------------------------------------------------------------------------------- wrappers
@@ -341,7 +339,7 @@ if HAS_TRITON:
         x = tl.load(x_ptr + row * T + offs, mask=m, other=0.0).to(tl.float32)
         s = tl.sin(a * x)
         y = x + s * s * (1.0 / (a + 1e-9))
-        tl.store(y_ptr + row * T + offs, _round_to(y, y_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+        tl.store(y_ptr + row * T + offs, round_to(y, y_ptr.dtype.element_ty, INTERP_BF16), mask=m)
 
 
 def snake(x: Tensor, alpha: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ Correctness is checked on the CPU with ``TRITON_INTERPRET=1``. The interpreter's
 raw uint16 storage of bf16 tensors, so under the interpreter bf16 operands are upcast to fp32 before the dot
 (``INTERP_BF16``): bf16 x bf16 products are exact in fp32, so this is the same arithmetic as the GPU's bf16
 MMA with fp32 accumulation. The interpreter also truncates fp32 -> bf16 casts, so there the round-to-nearest
-is done on the bits (`_round_to`); on the GPU the native cast, which already rounds to nearest, is used.
+is done on the bits (`kernels.triton_common.round_to`); on the GPU the native cast (which rounds) is used.
 """
 
 from __future__ import annotations
@@ -37,16 +37,13 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import QuantError
+from ..kernels.triton_common import HAS_TRITON, interp_bf16, interpreter_active
 
-try:  # triton is optional (the "cuda" extra); everything here falls back to the reference path without it
+if HAS_TRITON:  # optional (the "cuda" extra); everything here falls back to the reference path without it
     import triton
     import triton.language as tl
 
-    HAS_TRITON = True
-except Exception:  # pragma: no cover - depends on the install
-    triton = None
-    tl = None
-    HAS_TRITON = False
+    from ..kernels.triton_common import round_to
 
 __all__ = [
     "HAS_TRITON",
@@ -64,16 +61,6 @@ __all__ = [
 ]
 
 NUM_SMS_DEFAULT = 132  # H100 / H200 SXM
-
-
-def interpreter_active() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def interp_bf16(t: torch.Tensor) -> bool:
-    """The INTERP_BF16 flag of a kernel writing `t`: bf16 under the interpreter (see module docstring)."""
-    return interpreter_active() and t.dtype == torch.bfloat16
 
 
 @dataclass(frozen=True)
@@ -99,18 +86,6 @@ class KernelConfig:
 if HAS_TRITON:
     # Helpers have a single return at the end: an early `return` under a constexpr `if` that is taken
     # does not compile (it did in the interpreter).
-
-    @triton.jit
-    def _round_to(x, DTYPE: tl.constexpr, INTERP_BF16: tl.constexpr):
-        """fp32 -> DTYPE, round to nearest even. The interpreter truncates fp32->bf16 casts, so there
-        (INTERP_BF16) the bf16 rounding is done on the bits; on the GPU the native cast already rounds."""
-        if INTERP_BF16 and tl.bfloat16 == DTYPE:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = bits + 0x7FFF + ((bits >> 16) & 1)
-            y = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        else:
-            y = x.to(DTYPE)
-        return y
 
     @triton.jit
     def _expand_k(t, ROWS: tl.constexpr, REP: tl.constexpr, BN: tl.constexpr, KLAST: tl.constexpr):
@@ -195,7 +170,7 @@ if HAS_TRITON:
         if tl.float16 == OUT_DTYPE:
             w = qz * s
         else:  # bf16: multiply in fp32 so the weight is rounded once
-            w = _round_to(qz.to(tl.float32) * s.to(tl.float32), OUT_DTYPE, INTERP_BF16)
+            w = round_to(qz.to(tl.float32) * s.to(tl.float32), OUT_DTYPE, INTERP_BF16)
         return w
 
     @triton.jit(do_not_specialize=["M"])
@@ -279,7 +254,7 @@ if HAS_TRITON:
         if not SPLIT:
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + bias_offs, mask=bias_mask, other=0.0).to(tl.float32)
-            tl.store(y_ptr + out_offs, _round_to(acc, y_ptr.dtype.element_ty, INTERP_BF16), mask=out_mask)
+            tl.store(y_ptr + out_offs, round_to(acc, y_ptr.dtype.element_ty, INTERP_BF16), mask=out_mask)
         else:
             # fp32 partials into the workspace [split, M, N] (stride_ym == N)
             tl.store(y_ptr + pid_k * M * N + out_offs, acc, mask=out_mask)
@@ -303,7 +278,7 @@ if HAS_TRITON:
             acc += tl.load(ws_ptr + i * M * N + offs, mask=mask, other=0.0)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + offs, _round_to(acc, y_ptr.dtype.element_ty, INTERP_BF16), mask=mask)
+        tl.store(y_ptr + offs, round_to(acc, y_ptr.dtype.element_ty, INTERP_BF16), mask=mask)
 
     @triton.jit
     def _dequant_kernel(
