@@ -8,13 +8,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from irodori_speaker.engine import codec as codec_mod
 from irodori_speaker.engine.codec import (
     DACVAE,
     TINY_CODEC_KWARGS,
     codec_from_state_dict,
+    graphs,
     random_codec_state_dict,
     stream_window_lengths,
+    streaming,
 )
 from irodori_speaker.errors import InputError
 
@@ -59,8 +60,8 @@ class FakeCapture:
         return run
 
 
-def _cache(capture: FakeCapture, max_graphs: int = 3, **kw) -> codec_mod._GraphCache:
-    return codec_mod._GraphCache(capture, max_graphs, device_types=("cpu",), **kw)
+def _cache(capture: FakeCapture, max_graphs: int = 3, **kw) -> graphs.GraphCache:
+    return graphs.GraphCache(capture, max_graphs, device_types=("cpu",), **kw)
 
 
 def _z(frames: int, batch: int = 1) -> torch.Tensor:
@@ -90,7 +91,7 @@ def test_stream_window_lengths_cover_every_window_but_the_last(
 ) -> None:
     lengths = set(stream_window_lengths(chunk, context, first))
     for frames in range(1, 120):
-        windows = codec_mod._chunk_windows(frames, chunk, context, first)
+        windows = streaming.chunk_windows(frames, chunk, context, first)
         for lo, _, end, hi in windows[:-1]:
             if end + context <= frames:  # a window the line's end does not cut
                 assert hi - lo in lengths, (frames, lo, hi)
@@ -123,7 +124,7 @@ def test_capture_on_use_max_frames_and_device() -> None:
     assert all(at_once.runner(_z(21)) is None for _ in range(3))  # longer windows stay eager
     never = _cache(cap, capture_on_use=None)
     assert all(never.runner(_z(5)) is None for _ in range(3))
-    cuda_only = codec_mod._GraphCache(cap, 3, capture_on_use=1)
+    cuda_only = graphs.GraphCache(cap, 3, capture_on_use=1)
     assert cuda_only.runner(_z(5)) is None  # a CPU tensor: eager
     assert cap.keys == [(1, 20)]
 
@@ -160,10 +161,10 @@ def test_prewarm_pins_without_capturing_twice_and_refuses_too_many() -> None:
 def test_uses_of_ungraphed_shapes_are_forgotten_oldest_first() -> None:
     cap = FakeCapture()
     cache = _cache(cap, max_graphs=2)
-    n = codec_mod._MAX_TRACKED_SHAPES + 1
+    n = graphs.MAX_TRACKED_SHAPES + 1
     for frames in range(1, n + 1):
         assert cache.runner(_z(frames)) is None
-    assert len(cache._uses) == codec_mod._MAX_TRACKED_SHAPES
+    assert len(cache._uses) == graphs.MAX_TRACKED_SHAPES
     assert cache.runner(_z(n)) is not None  # its first use is remembered
     assert cache.runner(_z(1)) is None  # its first use was forgotten
     assert cap.keys == [(1, n)]
@@ -326,7 +327,7 @@ def test_graph_stream_equals_decode_and_stays_within_max_graphs() -> None:
 def test_a_long_lines_windows_after_the_first_all_have_the_middle_length() -> None:
     """So a stream of any long line replays two graphs (first and middle) and decodes nothing eagerly."""
     for frames in (66, 67, 100, 190, 751):
-        windows = codec_mod._chunk_windows(frames, 50, 8, 8)
+        windows = streaming.chunk_windows(frames, 50, 8, 8)
         assert [hi - lo for lo, _, _, hi in windows[1:]] == [66] * (len(windows) - 1)
         assert all(start - lo >= 8 and (hi - end >= 8 or hi == frames) for lo, start, end, hi in windows[1:])
         assert sorted(set(hi - lo for lo, _, _, hi in windows)) == sorted(stream_window_lengths(50, 8, 8))

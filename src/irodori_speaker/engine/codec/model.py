@@ -1,0 +1,248 @@
+"""The DACVAE codec (Aratako/Semantic-DACVAE-Japanese-32dim): decode, streamed decode, encode.
+
+Only the paths Irodori-TTS uses are built: `decode` (32-dim latents at 25 Hz -> 48 kHz mono audio,
+watermark off) and the deterministic `encode` (audio -> the posterior mean). The layers are in
+`layers`, the stream's windows in `streaming`, the CUDA graphs in `graphs`, files in `files`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ...cancel import CancelToken
+from ...errors import InputError
+from .config import CodecConfig
+from .graphs import GraphCache, WindowGraph, capture_graph
+from .layers import Decoder, Encoder, VAEBottleneck
+from .streaming import RECEPTIVE_FIELD_FRAMES, check_int, chunk_windows, decode_windows
+
+__all__ = ["DACVAE"]
+
+
+class DACVAE(nn.Module):
+    """The codec: `decode`, `decode_chunked`, `decode_stream` and the deterministic `encode`.
+
+    Latents are (B, T, codebook_dim) as Irodori uses them; audio is (B, 1, samples)
+    at `sample_rate`. Inputs are moved to the codec's device and dtype; audio and
+    latents come back as float32 on that device. On CUDA, `use_graphs` makes the
+    decodes replay CUDA graphs (opt-in).
+    """
+
+    def __init__(self, cfg: CodecConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.encoder = Encoder(cfg)
+        self.quantizer = VAEBottleneck(cfg.latent_dim, cfg.codebook_dim)
+        self.decoder = Decoder(cfg)
+        self._graphs: GraphCache | None = None  # set by use_graphs
+        self._graph_pool: Any = None  # the one CUDA memory pool all of this codec's graphs share
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any], *, device: str | torch.device | None = None) -> DACVAE:
+        """Build with default init (e.g. on `device="meta"` to inspect shapes without memory)."""
+        cfg = CodecConfig.from_kwargs(kwargs)
+        with torch.device(device) if device is not None else contextlib.nullcontext():
+            return cls(cfg)
+
+    @property
+    def hop_length(self) -> int:
+        return self.config.hop_length
+
+    @property
+    def sample_rate(self) -> int:
+        return self.config.sample_rate
+
+    @property
+    def latent_channels(self) -> int:
+        return self.config.codebook_dim
+
+    @property
+    def device(self) -> torch.device:
+        return self.quantizer.out_proj.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the conv weights (Snake's alpha stays fp32 under half precision)."""
+        return self.quantizer.out_proj.weight.dtype
+
+    # ---- decode
+
+    def _check_latent(self, latent: Tensor) -> Tensor:
+        if not isinstance(latent, Tensor) or latent.dim() != 3:
+            shape = tuple(latent.shape) if isinstance(latent, Tensor) else type(latent).__name__
+            raise InputError(f"latent must be a (batch, frames, {self.latent_channels}) tensor, got {shape}")
+        if latent.shape[2] != self.latent_channels:
+            raise InputError(
+                f"latent must have {self.latent_channels} channels in its last dim, got shape "
+                f"{tuple(latent.shape)}"
+            )
+        if latent.shape[0] == 0 or latent.shape[1] == 0:
+            raise InputError(f"latent has no frames or no batch: shape {tuple(latent.shape)}")
+        if not latent.is_floating_point():
+            raise InputError(f"latent must be a floating-point tensor, got {latent.dtype}")
+        if not bool(torch.isfinite(latent).all()):
+            raise InputError("latent contains NaN or inf")
+        return latent.to(device=self.device, dtype=self.dtype).transpose(1, 2)
+
+    def _decode_frames(self, z: Tensor) -> Tensor:
+        """(B, codebook_dim, T) in the codec dtype -> (B, 1, hop*T) float32."""
+        return self.decoder(self.quantizer.out_proj(z)).float()
+
+    def _decode_window(self, z: Tensor, a: int, b: int) -> Tensor:
+        """Samples [a, b) of window `z`'s decode as a tensor of its own (a graph replay where one applies)."""
+        run = None if self._graphs is None else self._graphs.runner(z)
+        if run is None:
+            return self._decode_frames(z)[:, :, a:b].contiguous()
+        # the graph's output buffer is overwritten by the next replay: hand out a copy
+        return run(z)[:, :, a:b].clone(memory_format=torch.contiguous_format)
+
+    def decode(self, latent: Tensor) -> Tensor:
+        """Decode (B, T, 32) latents to (B, 1, hop*T) audio in one pass (memory grows with T)."""
+        z = self._check_latent(latent)
+        with torch.no_grad():
+            return self._decode_window(z, 0, z.shape[-1] * self.hop_length)
+
+    def decode_stream(
+        self,
+        latent: Tensor,
+        chunk_frames: int,
+        context_frames: int = RECEPTIVE_FIELD_FRAMES,
+        cancel: CancelToken | None = None,
+        first_chunk_frames: int | None = None,
+    ) -> Iterator[Tensor]:
+        """Yield (B, 1, hop*n) audio chunks of `chunk_frames` latent frames each, in order.
+
+        Each chunk is decoded with up to `context_frames` extra frames on both
+        sides and the context's audio discarded; with the default 8 (the
+        receptive field) the concatenation equals `decode`. `first_chunk_frames`
+        makes the first chunk shorter (first audio sooner) without paying the
+        context overhead of small chunks for the rest. `cancel` is checked
+        before each chunk (`Cancelled`). Arguments are checked on the call, not
+        on the first `next()`. With `use_graphs`, `stream_window_lengths` gives
+        the window lengths to pass to `prewarm_graphs`.
+        """
+        z = self._check_latent(latent)
+        windows = chunk_windows(z.shape[-1], chunk_frames, context_frames, first_chunk_frames)
+        return decode_windows(self._decode_window, z, windows, self.hop_length, cancel)
+
+    def decode_chunked(
+        self, latent: Tensor, chunk_frames: int, context_frames: int = RECEPTIVE_FIELD_FRAMES
+    ) -> Tensor:
+        """`decode` in chunks (bounded peak memory); equal to `decode` with the default context."""
+        z = self._check_latent(latent)
+        windows = chunk_windows(z.shape[-1], chunk_frames, context_frames)
+        out = torch.empty(z.shape[0], 1, z.shape[-1] * self.hop_length, device=z.device)
+        pos = 0
+        for piece in decode_windows(self._decode_window, z, windows, self.hop_length, None):
+            out[:, :, pos : pos + piece.shape[-1]] = piece
+            pos += piece.shape[-1]
+        return out
+
+    # ---- CUDA graphs
+
+    def use_graphs(
+        self,
+        enabled: bool = True,
+        max_graphs: int = 8,
+        *,
+        capture_on_use: int | None = 2,
+        max_frames: int = 128,
+    ) -> None:
+        """Decode windows by replaying CUDA graphs, one per (batch, window frames); a no-op off CUDA.
+
+        Shapes given to `prewarm_graphs` are captured there and kept. Any other
+        shape of at most `max_frames` frames is captured the `capture_on_use`-th
+        time it is decoded (None: never), evicting the least recently used
+        graph that was not prewarmed once `max_graphs` are held; until then, and
+        for longer windows, decodes run eagerly. A replay gives the eager
+        result bit for bit. Captured graphs are dropped by this call and when
+        the codec is moved or cast; call it again after replacing modules (as
+        `quantize_codec` does). Not thread-safe: callers hold `MODEL_LOCK`, as
+        for all model work (a capture must not overlap other CUDA work).
+        """
+        check_int("max_graphs", max_graphs, 1)
+        check_int("max_frames", max_frames, 1)
+        if capture_on_use is not None:
+            check_int("capture_on_use", capture_on_use, 1)
+        self._drop_graphs()
+        self._graphs = None
+        if enabled:
+            self._graphs = GraphCache(
+                self._capture_window, max_graphs, capture_on_use=capture_on_use, max_frames=max_frames
+            )
+
+    def prewarm_graphs(self, lengths: Iterable[int], batch: int = 1) -> int:
+        """Capture graphs for windows of these frame counts now and keep them; returns how many are new.
+
+        Returns 0 without capturing when graphs are off or the codec is not on CUDA.
+        Raises `InputError` if more shapes would be kept than `max_graphs`.
+        """
+        lengths = list(lengths)
+        check_int("batch", batch, 1)
+        for n in lengths:
+            check_int("window length", n, 1)
+        if self._graphs is None or not self._graphs.applies_to(self.device):
+            return 0
+        return self._graphs.prewarm([(batch, n) for n in lengths])
+
+    @property
+    def graph_shapes(self) -> list[tuple[int, int]]:
+        """(batch, frames) of the graphs held now, least recently used first."""
+        return [] if self._graphs is None else self._graphs.keys()
+
+    def _drop_graphs(self) -> None:
+        if self._graphs is not None:
+            self._graphs.clear()
+        self._graph_pool = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> DACVAE:
+        self._drop_graphs()  # the graphs would read the old tensors
+        return super()._apply(fn, recurse)
+
+    def _capture_window(self, key: tuple[int, int]) -> WindowGraph:
+        """Capture the decode of a (batch, codebook_dim, frames) window on CUDA."""
+        batch, frames = key
+        device = self.device
+        # Under no_grad with inference mode off: the static buffers are normal tensors, which replays
+        # may fill in either mode, and Snake takes the in-place branch the eager no_grad decode takes.
+        with torch.cuda.device(device), torch.inference_mode(False), torch.no_grad():
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            static_in = torch.zeros(batch, self.latent_channels, frames, device=device, dtype=self.dtype)
+            keep = (*self.parameters(), *self.buffers())
+            return capture_graph(self._decode_frames, static_in, self._graph_pool, keep)
+
+    # ---- encode
+
+    def encode(self, wave: Tensor) -> Tensor:
+        """Deterministic encode: (B, 1, N) audio at 48 kHz -> (B, ceil(N / hop), 32) posterior means.
+
+        The wave is reflect-padded on the right to a multiple of the hop, as the
+        reference does. Reflect padding needs more samples than it adds, so
+        N <= hop / 2 (960 at 48 kHz) is refused with `InputError`.
+        """
+        if not isinstance(wave, Tensor) or wave.dim() != 3 or wave.shape[1] != 1:
+            shape = tuple(wave.shape) if isinstance(wave, Tensor) else type(wave).__name__
+            raise InputError(f"wave must be a (batch, 1, samples) tensor, got {shape}")
+        if not wave.is_floating_point():
+            raise InputError(f"wave must be a floating-point tensor, got {wave.dtype}")
+        n = wave.shape[-1]
+        pad = (-n) % self.hop_length
+        if wave.shape[0] == 0 or n == 0 or pad >= n:
+            raise InputError(
+                f"wave of {n} samples is too short to encode: at least {self.hop_length // 2 + 1} samples "
+                f"({(self.hop_length // 2 + 1) / self.sample_rate * 1000:.0f} ms) are needed"
+            )
+        if not bool(torch.isfinite(wave).all()):
+            raise InputError("wave contains NaN or inf")
+        x = wave.to(device=self.device, dtype=self.dtype)
+        with torch.no_grad():
+            if pad:
+                x = nn.functional.pad(x, (0, pad), mode="reflect")
+            mean = self.quantizer.mean(self.encoder(x))
+        return mean.transpose(1, 2).float()

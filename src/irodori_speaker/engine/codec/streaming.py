@@ -1,0 +1,95 @@
+"""Chunked and streamed decode: which latent windows to decode so the chunks join exactly.
+
+A chunk of frames [start, end) is decoded from the window [start - context, end + context) and the
+context's audio dropped; with context = `RECEPTIVE_FIELD_FRAMES` (8) the joined chunks equal a
+one-pass decode (docs/codec.md). `DACVAE.decode_stream` / `decode_chunked` walk these windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ...cancel import CancelToken, check
+from ...errors import InputError
+
+__all__ = ["RECEPTIVE_FIELD_FRAMES", "chunk_windows", "decode_windows", "stream_window_lengths"]
+
+#: An output sample of latent frame k depends on latent frames k-8 .. k+8 (see docs/codec.md).
+RECEPTIVE_FIELD_FRAMES = 8
+
+Window = tuple[int, int, int, int]  # (lo, start, end, hi): emit frames [start, end), decode [lo, hi)
+
+
+def check_int(name: str, value: Any, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise InputError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
+def stream_args(chunk_frames: int, context_frames: int, first_chunk_frames: int | None) -> int:
+    """Check a stream's arguments; returns the first chunk's frames."""
+    first = chunk_frames if first_chunk_frames is None else first_chunk_frames
+    check_int("chunk_frames", chunk_frames, 1)
+    check_int("context_frames", context_frames, 0)
+    check_int("first_chunk_frames", first, 1)
+    return first
+
+
+def chunk_windows(
+    frames: int, chunk_frames: int, context_frames: int, first_chunk_frames: int | None = None
+) -> list[Window]:
+    """(lo, start, end, hi) per chunk: emit frames [start, end), decode [lo, hi).
+
+    The last window of a line reaches back further left when it is shorter than a middle window
+    (more context than needed changes nothing), so it has the middle windows' length and reuses
+    their CUDA graph instead of running eagerly.
+    """
+    first = stream_args(chunk_frames, context_frames, first_chunk_frames)
+    middle = chunk_frames + 2 * context_frames
+    windows, start = [], 0
+    while start < frames:
+        end = min(start + (first if start == 0 else chunk_frames), frames)
+        lo, hi = max(0, start - context_frames), min(frames, end + context_frames)
+        if start > 0 and end == frames and hi - lo < middle:
+            lo = max(0, hi - middle)
+        windows.append((lo, start, end, hi))
+        start = end
+    return windows
+
+
+def stream_window_lengths(
+    chunk_frames: int, context_frames: int = RECEPTIVE_FIELD_FRAMES, first_chunk_frames: int | None = None
+) -> list[int]:
+    """The window lengths (frames) `decode_stream` decodes with these arguments, for `prewarm_graphs`.
+
+    In order, without repeats: the first window, any next ones still cut short
+    by the line's start, and the middle windows (`chunk_frames + 2 * context_frames`).
+    A line's last window is stretched to the middle length when the line is long
+    enough (see `chunk_windows`); left out: lines too short for that. `decode_chunked(latent, n)`
+    uses the windows of `decode_stream(latent, n)`.
+    """
+    first = stream_args(chunk_frames, context_frames, first_chunk_frames)
+    # long enough to reach the middle windows with the line's end still out of reach
+    frames = first + chunk_frames * (context_frames + 2) + context_frames
+    windows = chunk_windows(frames, chunk_frames, context_frames, first_chunk_frames)
+    return list(dict.fromkeys(hi - lo for lo, _, end, hi in windows if end + context_frames <= frames))
+
+
+def decode_windows(
+    decode_window: Callable[[Tensor, int, int], Tensor],
+    z: Tensor,
+    windows: list[Window],
+    hop: int,
+    cancel: CancelToken | None,
+) -> Iterator[Tensor]:
+    """Each window's kept samples, in order: `decode_window(z[..., lo:hi], a, b)` gives samples [a, b)."""
+    for lo, start, end, hi in windows:
+        check(cancel)
+        # no_grad is entered and left around each chunk: a mode held across `yield`
+        # would leak into the consumer's code.
+        with torch.no_grad():
+            piece = decode_window(z[:, :, lo:hi], (start - lo) * hop, (end - lo) * hop)
+        yield piece
