@@ -45,4 +45,3 @@ def synth(irodori_home):
     from irodori_speaker.synthesizer import load_synthesizer
 
     return load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False)
-
