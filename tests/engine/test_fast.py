@@ -116,7 +116,9 @@ def test_cuda_graph_replay_equals_eager(dit_fixtures):
 
 
 def test_fast_path_on_an_int4_model(dit_fixtures, tmp_path):
-    """Fused int4 projections (one packed GEMM) give what the unfused int4 layers give."""
+    """Fused int4 projections (one packed GEMM, through Int4Linear.concat) give what the unfused
+    int4 layers give; the originals become slices of the fused layer."""
+    from irodori_speaker.engine.fast import SliceOf
     from irodori_speaker.quant.layers import Int4Linear
     from irodori_speaker.quant.quantize import quantize_checkpoint
 
@@ -129,12 +131,47 @@ def test_fast_path_on_an_int4_model(dit_fixtures, tmp_path):
     noise = io["sample_sway8_noise"]
     cfg = SamplerConfig(num_steps=8, schedule="sway")
     ref = sample(model, conds, noise, cfg)
-    fast = FastSampler(model, use_graphs=False)
+    fast = FastSampler(FastDiT(model, fused=True), use_graphs=False)  # fused projections, model blocks
     assert isinstance(fast.fast.blocks[0].qkvg, Int4Linear)
     assert fast.fast.blocks[0].qkvg.out_features == 4 * 64
+    assert isinstance(model.blocks[0].attention.wq, SliceOf)
     torch.testing.assert_close(fast.sample(conds, noise, cfg), ref, atol=1e-4, rtol=1e-4)
     # the originals now slice the fused layer: the reference path still gives the same result
     torch.testing.assert_close(sample(model, conds, noise, cfg), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_without_the_kernels_the_model_is_left_as_it_is(dit_fixtures):
+    """On the CPU the fast path runs the model's own blocks: no fused layers, no re-pointed weights."""
+    model, _, _ = load_kind(dit_fixtures, "v2_base")
+    wq = model.blocks[0].attention.wq
+    before = wq.weight.data_ptr()
+    fast = FastDiT(model)
+    assert not fast.fused and fast.blocks == []
+    assert model.blocks[0].attention.wq is wq and wq.weight.data_ptr() == before
+
+
+def test_a_failed_kernel_falls_back_to_the_model_blocks(dit_fixtures, monkeypatch):
+    """What runs on a GPU whose Triton kernel failed: the model's blocks on the fused (viewed) weights."""
+    from irodori_speaker.engine import fast as fast_mod
+    from irodori_speaker.engine import fused
+
+    monkeypatch.setattr(fused, "_FAILED", [])
+    monkeypatch.setattr(fast_mod, "fused_available", lambda device: True)
+    model, io, _ = load_kind(dit_fixtures, "v3_base")
+    conds = encode(model, io, FIRST)
+    ctx = model.context_kv(conds)
+    mask = model.attention_mask(ctx, 24, io["latent_mask"][:1])
+    ref = model.velocity(io["x_t"][:1], io["t"][:1], conds, io["latent_mask"][:1])
+    fast = FastDiT(model, fused=True)
+
+    def broken(*args):
+        raise RuntimeError("PTX assembly aborted")
+
+    monkeypatch.setattr(fast, "_velocity_fused", broken)
+    table = fast.modulation_table([float(io["t"][0])])
+    with pytest.warns(UserWarning, match="switched off"):
+        got = fast.velocity(io["x_t"][:1], table[0], ctx, mask, rope_tables(24, 16, "cpu"))
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_text_padded_to_the_bucket_encodes_the_same(dit_fixtures):

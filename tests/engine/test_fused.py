@@ -1,4 +1,4 @@
-"""The fused DiT-block kernels (engine/fused.py) against their torch twins and the reference model.
+"""The fused DiT-block kernels (engine/fused.py) against their torch twins (kernel_twins.py) and the model.
 
 Runs natively on CUDA; on the CPU `test_fused_interp.py` runs this module again in a subprocess
 with TRITON_INTERPRET=1 (Triton picks interpretation when a kernel is defined, so the variable has
@@ -7,6 +7,7 @@ to be set before import). Without either, every test here skips.
 
 from __future__ import annotations
 
+import kernel_twins as twins
 import pytest
 import torch
 from dit_cases import KINDS, case_settings, encode, load_kind
@@ -47,7 +48,7 @@ def test_add_rms_modulate(dtype, residual):
     y, gate = (_randn(2, 3, D, dtype=dtype), _randn(D, dtype=dtype)) if residual else (None, None)
     scale1, shift = _randn(D, dtype=dtype), (_randn(D, dtype=dtype) if residual else None)
     got = fu.add_rms_modulate(x, y, gate, scale1, shift, 1e-5)
-    want = fu.add_rms_modulate_torch(x, y, gate, scale1, shift, 1e-5)
+    want = twins.add_rms_modulate(x, y, gate, scale1, shift, 1e-5)
     for a, b in zip(got, want):
         _close(a, b, dtype)
 
@@ -62,7 +63,7 @@ def test_qkv_joint(dtype):
     ctx_k = _randn(B, L, H, Dh, dtype=dtype).transpose(1, 2)  # strided, as context_kv makes them
     ctx_v = _randn(B, H, L, Dh, dtype=dtype)
     got = fu.qkv_joint(p, qn, kn, cos, sin, ctx_k, ctx_v, H, 1e-5)
-    want = fu.qkv_joint_torch(p, qn, kn, cos, sin, ctx_k, ctx_v, H, 1e-5)
+    want = twins.qkv_joint(p, qn, kn, cos, sin, ctx_k, ctx_v, H, 1e-5)
     for a, b in zip(got, want):
         assert a.shape == b.shape
         _close(a, b, dtype)
@@ -75,9 +76,9 @@ def test_gate_heads_and_swiglu(dtype):
     B, S, H, Dh = 2, 3, 5, 16
     o = _randn(B, S, H, Dh, dtype=dtype).transpose(1, 2)  # the layout SDPA returns
     p = _randn(B, S, 4 * H * Dh, dtype=dtype)
-    _close(fu.gate_heads(o, p), fu.gate_heads_torch(o, p), dtype)
+    _close(fu.gate_heads(o, p), twins.gate_heads(o, p), dtype)
     u = _randn(B, S, 2 * 1100, dtype=dtype)  # hidden over one block, not a multiple of it
-    _close(fu.swiglu(u, 1100), fu.swiglu_torch(u, 1100), dtype)
+    _close(fu.swiglu(u, 1100), twins.swiglu(u, 1100), dtype)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -92,6 +93,28 @@ def test_fused_velocity_equals_reference(dit_fixtures, kind):
     ref = model.velocity(io["x_t"][:1], io["t"][:1], conds, io["latent_mask"][:1])
     fast = FastDiT(model, fused=True)
     table = fast.modulation_table([t])
+    got = fast.velocity(io["x_t"][:1], table[0], ctx, mask, rope_tables(24, model.cfg.head_dim, DEV))
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_velocity_on_an_int4_model(dit_fixtures, tmp_path):
+    """The kernels around fused int4 projections (Int4Linear.concat) give the int4 model's velocity."""
+    from irodori_speaker.engine.checkpoint import load_checkpoint
+    from irodori_speaker.quant.layers import Int4Linear
+    from irodori_speaker.quant.quantize import quantize_checkpoint
+
+    dst = tmp_path / "int4.safetensors"
+    quantize_checkpoint(dit_fixtures / "tiny_v3_base.safetensors", dst, method="rtn", report_errors=False)
+    model = load_checkpoint(dst, dtype="fp32", device=DEV).model
+    _, io, _ = load_kind(dit_fixtures, "v3_base")
+    io = {k: v.to(DEV) for k, v in io.items()}
+    conds = encode(model, io, slice(0, 1))
+    ctx = model.context_kv(conds)
+    mask = model.attention_mask(ctx, 24, io["latent_mask"][:1])
+    ref = model.velocity(io["x_t"][:1], io["t"][:1], conds, io["latent_mask"][:1])
+    fast = FastDiT(model, fused=True)
+    assert isinstance(fast.blocks[0].qkvg, Int4Linear)
+    table = fast.modulation_table([float(io["t"][0])])
     got = fast.velocity(io["x_t"][:1], table[0], ctx, mask, rope_tables(24, model.cfg.head_dim, DEV))
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
 
@@ -122,7 +145,7 @@ def test_snake_matches_the_codec_snake(dtype):
     x = _randn(2, C, T, dtype=dtype)
     y = fu.snake(x, module.alpha)
     assert y.dtype == dtype and y.shape == x.shape
-    _close(y, fu.snake_torch(x, module.alpha), dtype)
+    _close(y, twins.snake(x, module.alpha), dtype)
     _close(module._eager(x), y, dtype)
     with torch.no_grad():  # the codec decodes without grad: there its Snake is the fused kernel
         assert torch.equal(module(x), y)

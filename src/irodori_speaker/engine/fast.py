@@ -1,22 +1,29 @@
 """The fast sampling path: the reference loop with a few deliberate moves.
 
-1. Fused projections: Q/K/V/gate as one GEMM (N = 4D), w1/w3 as one (N = 2 x hidden).
-2. AdaLN modulation precomputed for every step of the schedule: it depends on t only,
+1. AdaLN modulation precomputed for every step of the schedule: it depends on t only,
    so the 12 x 2 x 3 low-rank projections leave the loop.
-3. Static shapes: frames and condition lengths are padded up to buckets (padded keys
+2. Static shapes: frames and condition lengths are padded up to buckets (padded keys
    are masked, so valid outputs are unchanged) and on CUDA the whole sampling loop is
    captured once per bucket as a CUDA graph and replayed: one launch per line.
+3. Where the Triton kernels of `engine.fused` run (CUDA): each block's elementwise work
+   in five kernels, and fused projections, Q/K/V/gate as one GEMM (N = 4D), w1/w3 as one
+   (N = 2 x hidden). Elsewhere (CPU, MPS, or a kernel that failed) the model's own blocks
+   run with the precomputed modulation: the block math exists once for eager use.
 
 It computes what `engine.sampler.sample` computes (tests compare the two on the CPU,
-where the same code runs eagerly). Cancellation: eager runs check between steps; a
-graph replay runs the whole loop (a few milliseconds) and is checked before and after.
+and the kernels in Triton's interpreter). It works on whatever linear layers the model
+holds: plain `nn.Linear`, or any layer class offering `concat` (`FusableLinear`), as
+the int4 layers do. Cancellation: eager runs check between steps; a graph replay runs
+the whole loop (a few milliseconds) and is checked before and after.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +31,7 @@ from torch import Tensor, nn
 
 from ..cancel import CancelToken, check
 from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
-from .model import Conditions, ContextKV, TextToLatentRFDiT, apply_rope, rms_normalize, rope_tables
+from .model import Conditions, ContextKV, DiffusionBlock, TextToLatentRFDiT, rope_tables
 from .sampler import (
     LineContext,
     Plan,
@@ -39,30 +46,49 @@ from .sampler import (
 )
 
 
-def fuse_linears(layers: list[nn.Module]) -> nn.Module:
-    """One module computing `layers` side by side; originals become views into it (no copy kept)."""
+class FusableLinear(Protocol):
+    """A linear layer whose class can fuse several of its kind into one (outputs side by side)."""
+
+    in_features: int
+    out_features: int
+
+    @classmethod
+    def concat(cls, layers: Sequence[Any]) -> nn.Module: ...
+
+
+def fuse_linears(layers: Sequence[nn.Module]) -> nn.Module:
+    """One module computing `layers` side by side (outputs concatenated along the last dim).
+
+    Bias-free `nn.Linear`s: one weight, and the originals are re-pointed at views into it (no
+    copy kept). Any other kind fuses through its class's `concat` (`FusableLinear`).
+    """
     if all(type(m) is nn.Linear and m.bias is None for m in layers):
-        weight = torch.cat([m.weight.detach() for m in layers], dim=0)
+        linears = [m for m in layers if isinstance(m, nn.Linear)]
+        weight = torch.cat([m.weight.detach() for m in linears], dim=0)
         fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
         fused.weight = nn.Parameter(weight, requires_grad=False)
         start = 0
-        for m in layers:  # re-point the originals so the memory is held once
+        for m in linears:  # re-point the originals so the memory is held once
             n = m.weight.shape[0]
             m.weight = nn.Parameter(weight[start : start + n], requires_grad=False)
             start += n
         return fused
-    from ..quant.layers import Int4Linear, concat_int4_linears
-
-    if all(isinstance(m, Int4Linear) for m in layers):
-        return concat_int4_linears(layers)
-    raise TypeError("fuse_linears: layers must all be bias-free nn.Linear or all Int4Linear")
+    kind = type(layers[0])
+    concat: Callable[[Sequence[nn.Module]], nn.Module] | None = getattr(kind, "concat", None)
+    if concat is None or any(type(m) is not kind for m in layers):
+        names = sorted({type(m).__name__ for m in layers})
+        raise TypeError(
+            f"fuse_linears: layers must all be bias-free nn.Linear or all of one class with a "
+            f"`concat` classmethod, got {names}"
+        )
+    return concat(layers)
 
 
 class SliceOf(nn.Module):
-    """Columns [start, end) of a fused projection: what an int4 original becomes after fusing.
+    """Columns [start, end) of a fused projection: what a non-viewable original becomes.
 
-    Packed int4 weights cannot be viewed per original, so the originals are dropped (no duplicate
-    memory) and the reference path computes the fused projection and slices it.
+    Packed weights (int4) cannot be viewed per original, so the originals are dropped (no
+    duplicate memory) and the model's own path computes the fused projection and slices it.
     """
 
     def __init__(self, fused: nn.Module, start: int, end: int) -> None:
@@ -75,19 +101,22 @@ class SliceOf(nn.Module):
 
 
 def fuse_into(parent_names: list[tuple[nn.Module, str]]) -> nn.Module:
-    """Fuse the named Linear attributes; int4 originals are replaced by `SliceOf` views."""
-    layers = [getattr(parent, name) for parent, name in parent_names]
+    """Fuse the named linear attributes; originals that are not plain Linears become `SliceOf`."""
+    layers: list[nn.Module] = [getattr(parent, name) for parent, name in parent_names]
     fused = fuse_linears(layers)
     if type(layers[0]) is not nn.Linear:
         start = 0
         for (parent, name), layer in zip(parent_names, layers):
-            setattr(parent, name, SliceOf(fused, start, start + layer.out_features))
-            start += layer.out_features
+            n = int(getattr(layer, "out_features"))  # noqa: B009 - any FusableLinear
+            setattr(parent, name, SliceOf(fused, start, start + n))
+            start += n
     return fused
 
 
 @dataclass
 class FastBlock:
+    """One DiT block as the fused kernels use it: fused projections and the head norms."""
+
     qkvg: nn.Module
     wo: nn.Module
     w13: nn.Module
@@ -97,12 +126,18 @@ class FastBlock:
     hidden: int
 
 
+def diffusion_blocks(model: TextToLatentRFDiT) -> list[DiffusionBlock]:
+    """The model's DiT blocks, typed (iterating an nn.ModuleList yields plain Modules)."""
+    return [cast(DiffusionBlock, b) for b in model.blocks]
+
+
 def round_up(n: int, bucket: int) -> int:
     return max(bucket, math.ceil(n / bucket) * bucket)
 
 
 class FastDiT:
-    """Inference-only view of a TextToLatentRFDiT: fused weights, precomputed modulation."""
+    """Inference-only view of a TextToLatentRFDiT: precomputed modulation; with the fused
+    kernels (`fused`), fused projections too (built here, modifying the model's layers)."""
 
     def __init__(self, model: TextToLatentRFDiT, *, fused: bool | None = None) -> None:
         self.model = model
@@ -110,8 +145,11 @@ class FastDiT:
         Dh = self.cfg.head_dim
         # the Triton kernels of engine.fused where they run (CUDA); head_dim a power of two (tl.arange)
         self.fused = fused_available(self.device) and Dh & (Dh - 1) == 0 if fused is None else fused
+        self.model_blocks = diffusion_blocks(model)
         self.blocks: list[FastBlock] = []
-        for blk in model.blocks:
+        if not self.fused:  # the model's own blocks: nothing to fuse (on the CPU separate GEMMs are as fast)
+            return
+        for blk in self.model_blocks:
             a = blk.attention
             self.blocks.append(
                 FastBlock(
@@ -138,14 +176,8 @@ class FastDiT:
         """(steps, layers, 6, D): attention shift/1+scale/gate, then mlp shift/1+scale/gate, per step."""
         t = torch.tensor(ts, device=self.device, dtype=torch.float32)
         cond = self.model.time_condition(t)  # (steps, 1, 3D)
-        rows = []
-        for blk in self.model.blocks:
-            parts = []
-            for adaln in (blk.attention_adaln, blk.mlp_adaln):
-                shift, scale, gate = adaln.modulation(cond)
-                parts += [shift, 1 + scale, gate]
-            rows.append(torch.cat(parts, dim=1))  # (steps, 6, D)
-        return torch.stack(rows, dim=1).contiguous()
+        rows = [torch.cat(blk.modulation(cond), dim=1) for blk in self.model_blocks]
+        return torch.stack(rows, dim=1).contiguous()  # each row (steps, 6, D)
 
     def velocity(
         self, x_t: Tensor, mod: Tensor, ctx: ContextKV, attn_mask: Tensor | None, rope: tuple[Tensor, Tensor]
@@ -154,34 +186,18 @@ class FastDiT:
         if self.fused and fused_available(self.device):
             return run_or_fall_back(
                 lambda: self._velocity_fused(x_t, mod, ctx, attn_mask, rope),
-                lambda: self._velocity_eager(x_t, mod, ctx, attn_mask, rope),
+                lambda: self._velocity_model(x_t, mod, ctx, attn_mask, rope),
             )
-        return self._velocity_eager(x_t, mod, ctx, attn_mask, rope)
+        return self._velocity_model(x_t, mod, ctx, attn_mask, rope)
 
-    def _velocity_eager(
+    def _velocity_model(
         self, x_t: Tensor, mod: Tensor, ctx: ContextKV, attn_mask: Tensor | None, rope: tuple[Tensor, Tensor]
     ) -> Tensor:
-        cfg, m = self.cfg, self.model
-        B, S, _ = x_t.shape
-        H, Dh, D, eps = cfg.num_heads, cfg.head_dim, cfg.model_dim, cfg.norm_eps
-        half = H // 2
+        """`velocity` through the model's own blocks, given each block's modulation."""
+        m = self.model
         x = m.in_proj(x_t)
-        for i, fb in enumerate(self.blocks):
-            a_shift, a_scale1, a_gate, f_shift, f_scale1, f_gate = mod[i].unbind(0)
-            h = rms_normalize(x, eps) * a_scale1 + a_shift
-            q, k, v, g = fb.qkvg(h).split(D, dim=-1)
-            q = _head_rms(q.view(B, S, H, Dh), fb.q_norm, eps)
-            k = _head_rms(k.view(B, S, H, Dh), fb.k_norm, eps)
-            q = torch.cat((apply_rope(q[:, :, :half], *rope), q[:, :, half:]), dim=2)
-            k = torch.cat((apply_rope(k[:, :, :half], *rope), k[:, :, half:]), dim=2)
-            keys = torch.cat((k.transpose(1, 2), ctx.keys[i]), dim=2)
-            values = torch.cat((v.view(B, S, H, Dh).transpose(1, 2), ctx.values[i]), dim=2)
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=attn_mask)
-            o = o.transpose(1, 2).reshape(B, S, D)
-            x = x + a_gate * fb.wo(o * torch.sigmoid(g))
-            h = rms_normalize(x, eps) * f_scale1 + f_shift
-            u1, u3 = fb.w13(h).split(fb.hidden, dim=-1)
-            x = x + f_gate * fb.w2(F.silu(u1) * u3)
+        for i, blk in enumerate(self.model_blocks):
+            x = blk.modulated(x, mod[i].unbind(0), ctx.keys[i], ctx.values[i], attn_mask, rope)
         return m.out_proj(m.out_norm(x))
 
     def _velocity_fused(
@@ -204,12 +220,6 @@ class FastDiT:
             y, gate = fb.w2(swiglu(fb.w13(h), fb.hidden)), f_gate
         _, h = add_rms_modulate(x, y, gate, m.out_norm.weight, None, eps)
         return m.out_proj(h)
-
-
-def _head_rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    x32 = x.float()
-    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * weight.float()).to(x.dtype)
 
 
 def pad_conditions(conds: Conditions, bucket: int) -> Conditions:

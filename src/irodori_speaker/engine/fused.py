@@ -14,8 +14,10 @@ launches around its four GEMMs and the attention:
 - `swiglu`: ``silu(u1) * u3`` of the fused w1/w3 projection.
 
 Arithmetic is fp32 inside a kernel with one rounding at each store, so results differ from the
-eager composition (which rounds after every op in bf16) by that rounding only; tests compare both
-against fp32. The twins (`*_torch`) are what runs where Triton does not (CPU, MPS).
+eager composition (which rounds after every op in bf16) by that rounding only. Where Triton does not
+run (CPU, MPS), or a kernel fails (`run_or_fall_back`), the fast path runs the model's own blocks
+instead (`FastDiT._velocity_model`) and the codec its eager Snake. Tests hold each kernel to a
+plain-torch twin (tests/engine/kernel_twins.py) and the whole fused path to the golden outputs.
 """
 
 from __future__ import annotations
@@ -63,62 +65,6 @@ def run_or_fall_back(fused: Callable[[], T], fallback: Callable[[], T]) -> T:
         _FAILED.append(f"{type(e).__name__}: {e}")
         warnings.warn(f"fused Triton kernels switched off, eager ops instead: {_FAILED[0]}", stacklevel=2)
         return fallback()
-
-
-# ------------------------------------------------------------------------------------------- torch
-
-
-def add_rms_modulate_torch(
-    x: Tensor, y: Tensor | None, gate: Tensor | None, scale1: Tensor, shift: Tensor | None, eps: float
-) -> tuple[Tensor, Tensor]:
-    if y is not None:
-        x = x + gate * y
-    x32 = x.float()
-    h = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * scale1.float()
-    if shift is not None:
-        h = h + shift.float()
-    return x, h.to(x.dtype)
-
-
-def qkv_joint_torch(
-    p: Tensor,
-    q_norm: Tensor,
-    k_norm: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    ctx_k: Tensor,
-    ctx_v: Tensor,
-    heads: int,
-    eps: float,
-) -> tuple[Tensor, Tensor, Tensor]:
-    B, S, _ = p.shape
-    D = p.shape[-1] // 4
-    Dh = D // heads
-    half = heads // 2
-    q, k, v, _g = p.view(B, S, 4, heads, Dh).unbind(2)
-
-    def norm_rope(t: Tensor, w: Tensor) -> Tensor:
-        t = t.float()
-        t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w.float()
-        even, odd = t[:, :, :half, 0::2], t[:, :, :half, 1::2]
-        c, s = cos[None, :, None, :], sin[None, :, None, :]
-        rot = torch.stack((even * c - odd * s, even * s + odd * c), dim=-1).flatten(-2)
-        return torch.cat((rot, t[:, :, half:]), dim=2).to(p.dtype).transpose(1, 2)
-
-    keys = torch.cat((norm_rope(k, k_norm), ctx_k), dim=2)
-    values = torch.cat((v.transpose(1, 2), ctx_v), dim=2)
-    return norm_rope(q, q_norm).contiguous(), keys, values
-
-
-def gate_heads_torch(o: Tensor, p: Tensor) -> Tensor:
-    B, H, S, Dh = o.shape
-    g = p[..., 3 * H * Dh :]
-    return (o.transpose(1, 2).reshape(B, S, H * Dh).float() * torch.sigmoid(g.float())).to(o.dtype)
-
-
-def swiglu_torch(u: Tensor, hidden: int) -> Tensor:
-    u1, u3 = u.float().split(hidden, dim=-1)
-    return (torch.nn.functional.silu(u1) * u3).to(u.dtype)
 
 
 # ------------------------------------------------------------------------------------------ triton
@@ -319,13 +265,6 @@ def swiglu(u: Tensor, hidden: int) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------- codec Snake
-
-
-def snake_torch(x: Tensor, alpha: Tensor) -> Tensor:
-    """x + sin(alpha x)^2 / (alpha + 1e-9) in fp32 (alpha (1, C, 1)), returned in x's dtype."""
-    xc = x.float()
-    a = alpha.float()
-    return (xc + torch.sin(a * xc).pow(2) / (a + 1e-9)).to(x.dtype)
 
 
 if HAS_TRITON:

@@ -11,6 +11,7 @@ not depend on t) -> `velocity(x_t, t, ctx)` per sampler step.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -192,7 +193,7 @@ class ReferenceLatentEncoder(TextEncoder):
 
 
 class LowRankAdaLN(nn.Module):
-    """shift/scale/gate = c + up(down(silu(c))) each; x -> rms(x) * (1 + scale) + shift."""
+    """shift/scale/gate = c + up(down(silu(c))) each; the block applies rms(x) * (1 + scale) + shift."""
 
     def __init__(self, dim: int, rank: int, eps: float) -> None:
         super().__init__()
@@ -208,10 +209,6 @@ class LowRankAdaLN(nn.Module):
         scale = scale + self.scale_up(self.scale_down(F.silu(scale)))
         gate = gate + self.gate_up(self.gate_down(F.silu(gate)))
         return shift, scale, torch.tanh(gate)
-
-    def forward(self, x: Tensor, cond: Tensor) -> tuple[Tensor, Tensor]:
-        shift, scale, gate = self.modulation(cond)
-        return rms_normalize(x, self.eps) * (1 + scale) + shift, gate
 
 
 class JointAttention(nn.Module):
@@ -276,10 +273,25 @@ class DiffusionBlock(nn.Module):
     def forward(
         self, x: Tensor, cond: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor | None, rope
     ) -> Tensor:
-        h, g = self.attention_adaln(x, cond)
-        x = x + g * self.attention(h, ctx_k, ctx_v, mask, rope)
-        h, g = self.mlp_adaln(x, cond)
-        return x + g * self.mlp(h)
+        return self.modulated(x, self.modulation(cond), ctx_k, ctx_v, mask, rope)
+
+    def modulation(self, cond: Tensor) -> tuple[Tensor, ...]:
+        """(shift, 1 + scale, gate) of the attention, then of the MLP; depends on t only."""
+        out: list[Tensor] = []
+        for adaln in (self.attention_adaln, self.mlp_adaln):
+            shift, scale, gate = adaln.modulation(cond)
+            out += [shift, 1 + scale, gate]
+        return tuple(out)
+
+    def modulated(
+        self, x: Tensor, mod: Sequence[Tensor], ctx_k: Tensor, ctx_v: Tensor, mask: Tensor | None, rope
+    ) -> Tensor:
+        """The block given its `modulation` (the fast path computes it once per schedule)."""
+        a_shift, a_scale1, a_gate, f_shift, f_scale1, f_gate = mod
+        h = rms_normalize(x, self.attention_adaln.eps) * a_scale1 + a_shift
+        x = x + a_gate * self.attention(h, ctx_k, ctx_v, mask, rope)
+        h = rms_normalize(x, self.mlp_adaln.eps) * f_scale1 + f_shift
+        return x + f_gate * self.mlp(h)
 
 
 # ---------------------------------------------------------------------------------------------

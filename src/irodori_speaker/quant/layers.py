@@ -7,7 +7,7 @@ the bias follows the module dtype.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -97,6 +97,12 @@ class Int4Linear(_PackedModule):
             bias=None if self.bias is None else self.bias.cpu(),
         )
         return p.to_format(checkpoint_format)
+
+    @classmethod
+    def concat(cls, layers: Sequence[Int4Linear]) -> Int4Linear:
+        """One layer computing `layers` side by side: the fusion interface of `engine.fast`
+        (`FusableLinear`), through which the fast path fuses Q/K/V/gate and w1/w3."""
+        return concat_int4_linears(list(layers))
 
     def dequantize_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dequantised weight [out, in] (fp32 arithmetic, then `dtype`)."""
