@@ -50,6 +50,7 @@ from irodori_speaker.engine.checkpoint import load_checkpoint, save_checkpoint  
 from irodori_speaker.engine.codec import load_codec  # noqa: E402
 from irodori_speaker.engine.duration import frames_for_seconds  # noqa: E402
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise  # noqa: E402
+from irodori_speaker.quant.checkpoint import load_int4_model  # noqa: E402
 from irodori_speaker.synthesizer import Synthesizer  # noqa: E402
 from irodori_speaker.voices import Voice, VoiceCache  # noqa: E402
 
@@ -165,7 +166,8 @@ def run_one(name: str, smoke: bool, seconds: float, int4_impl: str, seed: int) -
     out["baseline"] = memory(cuda)
 
     t0 = time.perf_counter()
-    loaded = load_checkpoint(files["int4" if row == "int4" else "dit"], dtype=dtype, device=device)
+    load = load_int4_model if row == "int4" else load_checkpoint
+    loaded = load(files["int4" if row == "int4" else "dit"], dtype=dtype, device=device)
     if row == "int4" and int4_impl != "auto":
         from irodori_speaker.quant.layers import Int4Linear
 

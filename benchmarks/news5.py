@@ -41,6 +41,7 @@ from irodori_speaker.backends.presets import Preset, select_preset  # noqa: E402
 from irodori_speaker.engine.checkpoint import build_model, load_checkpoint, save_checkpoint  # noqa: E402
 from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, load_codec  # noqa: E402
 from irodori_speaker.engine.config import InferenceConfig, ModelConfig  # noqa: E402
+from irodori_speaker.quant.checkpoint import load_int4_model  # noqa: E402
 from irodori_speaker.synthesizer import SynthesisOptions, Synthesizer  # noqa: E402
 from irodori_speaker.voices import Voice, VoiceCache, save_latent  # noqa: E402
 
@@ -203,7 +204,8 @@ def sync(device: str) -> None:
 def build(mode: Mode, files: dict[str, Path], int4_impl: str = "auto") -> tuple[Synthesizer, Voice]:
     """The Synthesizer of `mode` (DiT, codec, approximate tokenizer, preset) and the 10 s voice."""
     dit = files["int4"] if mode.int4 else files["dit"]
-    loaded = load_checkpoint(dit, dtype=mode.dtype, device=mode.device)
+    load = load_int4_model if mode.int4 else load_checkpoint
+    loaded = load(dit, dtype=mode.dtype, device=mode.device)
     if mode.int4:
         from irodori_speaker.quant.layers import Int4Linear
 

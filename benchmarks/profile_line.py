@@ -33,6 +33,7 @@ from irodori_speaker.engine.checkpoint import load_checkpoint
 from irodori_speaker.engine.codec import load_codec, stream_window_lengths
 from irodori_speaker.engine.fast import FastDiT, FastSampler
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
+from irodori_speaker.quant.checkpoint import load_int4_model
 from irodori_speaker.synthesizer import SynthesisOptions
 from irodori_speaker.voices import load_latent
 
@@ -87,7 +88,8 @@ def section_accuracy(files) -> dict:
         ("bf16 fast fused graphs", files["dit"]),
         ("int4 (bf16 act) fast fused graphs", files["int4"]),
     ]:
-        m = load_checkpoint(path, dtype=torch.bfloat16, device=DEV).model
+        load = load_int4_model if path == files["int4"] else load_checkpoint
+        m = load(path, dtype=torch.bfloat16, device=DEV).model
         c, _ = line_inputs(m, files, text, frames)
         out[name] = rel(FastSampler(m).sample(c, noise, cfg), ref)
         del m

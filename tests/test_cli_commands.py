@@ -302,7 +302,7 @@ def test_news_reader_reads_the_five_sentences_back_to_back(home, tmp_path):
 
 
 def test_quantize_writes_an_int4_checkpoint_the_loader_reads(tmp_path, shared_dir):
-    from irodori_speaker.engine.checkpoint import load_checkpoint
+    from irodori_speaker.quant.checkpoint import load_int4_model
     from irodori_speaker.quant.layers import Int4Linear
 
     src = shared_dir / "fixtures" / "dit" / "tiny_v2_base.safetensors"
@@ -326,7 +326,7 @@ def test_quantize_writes_an_int4_checkpoint_the_loader_reads(tmp_path, shared_di
     )
     assert r.returncode == 0, r.stderr
     assert "wrote" in r.stdout and "rtn" in r.stdout
-    loaded = load_checkpoint(dst)
+    loaded = load_int4_model(dst)
     assert loaded.quantized and isinstance(loaded.model.blocks[0].attention.wq, Int4Linear)
     r = subprocess.run(
         [

@@ -641,12 +641,17 @@ class Synthesizer:
 
 
 def load_dit(path: Any, preset: Any) -> Any:
-    """The DiT for `preset`: as stored, or (preset.int4 and a float file) RTN-quantised at load."""
+    """The DiT for `preset`, by the loader its file needs: float files by the engine's, int4 files
+    by quant's; with preset.int4 a float file is RTN-quantised at load."""
     import warnings
 
     from .engine.checkpoint import load_checkpoint, read_header
 
-    if not preset.int4 or "quant_method" in read_header(path)[0]:
+    if "quant_method" in read_header(path)[0]:
+        from .quant.checkpoint import load_int4_model
+
+        return load_int4_model(path, dtype=preset.dtype, device=preset.device)
+    if not preset.int4:
         return load_checkpoint(path, dtype=preset.dtype, device=preset.device)
     from .quant.checkpoint import model_from_int4
     from .quant.quantize import quantize_checkpoint

@@ -126,3 +126,18 @@ def test_stored_half_precision_loads_as_fp32(tiny, tmp_path, stored):
 def test_unknown_dtype(tiny):
     with pytest.raises(CheckpointError, match="unknown dtype"):
         load_checkpoint(tiny, dtype="int8")
+
+
+def test_an_int4_file_is_refused_with_the_loader_that_reads_it(dit_fixtures, tmp_path):
+    """The engine knows no int4: the error names quant's loader, and that loader reads the file."""
+    from irodori_speaker.quant.checkpoint import load_int4_model
+    from irodori_speaker.quant.layers import Int4Linear
+    from irodori_speaker.quant.quantize import quantize_checkpoint
+
+    dst = tmp_path / "int4.safetensors"
+    quantize_checkpoint(dit_fixtures / "tiny_v2_base.safetensors", dst, method="rtn", report_errors=False)
+    with pytest.raises(CheckpointError, match="int4 checkpoint") as info:
+        load_checkpoint(dst)
+    assert "load_int4_model" in (info.value.hint or "")
+    loaded = load_int4_model(dst, dtype="fp32")
+    assert loaded.quantized and isinstance(loaded.model.blocks[0].attention.wq, Int4Linear)

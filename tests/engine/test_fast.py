@@ -7,7 +7,6 @@ import torch
 from dit_cases import KINDS, case_settings, encode, load_kind
 
 from irodori_speaker.cancel import CancelToken
-from irodori_speaker.engine.checkpoint import load_checkpoint
 from irodori_speaker.engine.fast import FastDiT, FastSampler, pad_conditions
 from irodori_speaker.engine.model import rope_tables
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, plan_sampling, sample
@@ -119,12 +118,13 @@ def test_fast_path_on_an_int4_model(dit_fixtures, tmp_path):
     """Fused int4 projections (one packed GEMM, through Int4Linear.concat) give what the unfused
     int4 layers give; the originals become slices of the fused layer."""
     from irodori_speaker.engine.fast import SliceOf
+    from irodori_speaker.quant.checkpoint import load_int4_model
     from irodori_speaker.quant.layers import Int4Linear
     from irodori_speaker.quant.quantize import quantize_checkpoint
 
     dst = tmp_path / "int4.safetensors"
     quantize_checkpoint(dit_fixtures / "tiny_v2_base.safetensors", dst, method="rtn", report_errors=False)
-    model = load_checkpoint(dst, dtype="fp32").model
+    model = load_int4_model(dst, dtype="fp32").model
     assert isinstance(model.blocks[0].attention.wq, Int4Linear)
     _, io, _ = load_kind(dit_fixtures, "v2_base")
     conds = encode(model, io, FIRST)

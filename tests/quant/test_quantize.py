@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from irodori_speaker.engine.checkpoint import build_model, config_from_metadata, load_checkpoint
 from irodori_speaker.errors import QuantError
-from irodori_speaker.quant.checkpoint import apply_int4, load_int4_checkpoint
+from irodori_speaker.quant.checkpoint import apply_int4, load_int4_checkpoint, load_int4_model
 from irodori_speaker.quant.formats import unpack_gptq_qzeros
 from irodori_speaker.quant.layers import Int4Linear, PackedEmbedding
 from irodori_speaker.quant.quantize import (
@@ -149,7 +149,7 @@ def test_int4_tiny_models_track_the_golden_velocity(dit_fixtures: Path, tmp_path
         # the tiny dims decide what packs: K % 32 == 0 and N % 8 == 0 (w2 has K = 184; speaker dim 48)
         assert "blocks.0.mlp.w2" in rep.plan.kept and "blocks.0.mlp.w1" in rep.plan.gptq
         assert set(rep.used.values()) == ({"gptq", "rtn"} if method == "gptq" else {"rtn"})  # rtn: embedding
-        int4 = load_checkpoint(dst).model  # the engine's loader routes int4 files to apply_int4
+        int4 = load_int4_model(dst, dtype=torch.float32).model
         assert isinstance(int4.blocks[1].attention.wq, Int4Linear)
         assert isinstance(int4.text_encoder.text_embedding, PackedEmbedding)
         with torch.no_grad():
@@ -177,7 +177,7 @@ def test_quantiser_file_loads_back_exactly(dit_fixtures: Path, tmp_path: Path, f
     assert torch.equal(
         ckpt.embed["text_encoder.text_embedding"].dequantize(), rep.dequantised["text_encoder.text_embedding"]
     )
-    model2 = load_checkpoint(dst).model
+    model2 = load_int4_model(dst, dtype=torch.float32).model
     layer = model2.get_submodule("blocks.0.mlp.w1")
     assert torch.equal(layer.dequantize_weight(), rep.dequantised["blocks.0.mlp.w1"])
     assert not layer.symmetric  # asymmetric quantisation requested
@@ -249,7 +249,7 @@ def test_default_sampler_calibration_end_to_end(tmp_path: Path) -> None:
         rep.used["blocks.0.attention.wq"] == "gptq"
     )  # rank ~ latent_dim + 1 of 64: low, and legitimately so
     assert rep.errors and all(r.gptq is None or r.gptq < 1.0 for r in rep.errors)
-    assert isinstance(load_checkpoint(rep.path).model.blocks[0].attention.wq, Int4Linear)
+    assert isinstance(load_int4_model(rep.path).model.blocks[0].attention.wq, Int4Linear)
 
 
 def test_unexercised_condition_branches_are_not_calibrated() -> None:

@@ -1,4 +1,7 @@
-"""Load and save DiT checkpoints (`model.safetensors` with `config_json` metadata), strictly."""
+"""Load and save float DiT checkpoints (`model.safetensors` with `config_json` metadata), strictly.
+
+Int4 files are read by `irodori_speaker.quant.checkpoint` (quant imports the engine, never the reverse).
+"""
 
 from __future__ import annotations
 
@@ -98,18 +101,22 @@ def check_tensor_names(
 def load_checkpoint(
     path: str | Path, *, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> LoadedModel:
-    """Load a DiT checkpoint; the stored dtype may be fp32, bf16 or fp16, `dtype` is the one wanted.
+    """Load a float DiT checkpoint; the stored dtype may be fp32, bf16 or fp16, `dtype` is the one wanted.
 
-    Int4 files (metadata `quant_method`) are routed to `irodori_speaker.quant`.
+    The engine knows no int4: an int4 file (metadata `quant_method`) is a `CheckpointError` naming
+    `irodori_speaker.quant.checkpoint.load_int4_model`, which builds this engine's model and swaps
+    in the packed layers (`synthesizer.load_dit` picks the loader by the file).
     """
     path = Path(path)
     dtype = resolve_dtype(dtype)
     source = str(path)
     meta, shapes = read_header(path)
     if "quant_method" in meta:
-        from ..quant.checkpoint import load_int4_model  # local import: the quant path is optional
-
-        return load_int4_model(path, dtype=dtype, device=device)
+        raise CheckpointError(
+            f"{source} is an int4 checkpoint (quant_method {meta['quant_method']!r})",
+            hint="load it with irodori_speaker.quant.checkpoint.load_int4_model(path), or through "
+            "load_synthesizer / synthesizer.load_dit, which pick the loader by the file",
+        )
     cfg, inference = config_from_metadata(meta, source)
     model = build_model(cfg, device="meta", dtype=dtype)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..engine.checkpoint import LoadedModel, build_model, config_from_metadata, resolve_dtype
 from ..errors import QuantError
 from .formats import GPTQ_FORMATS, GPTQPacked, RTNPacked, warn_if_corrupted
 from .layers import Int4Conv1d, Int4ConvTranspose1d, Int4Linear, PackedEmbedding, RTNLinear
@@ -445,11 +446,12 @@ def _load_rest_strict(
 def load_int4_model(
     path: str | Path,
     *,
-    dtype: torch.dtype = torch.float16,
+    dtype: str | torch.dtype = torch.float16,
     device: torch.device | str = "cpu",
     dequantize: DequantizePolicy = None,
-):
-    """Build the DiT from an int4 file's config_json and apply the file (`engine.checkpoint.LoadedModel`)."""
+) -> LoadedModel:
+    """An int4 file as a ready model: the engine's float DiT built from its config_json on the meta
+    device, then `apply_int4` swaps in the packed layers and loads every other tensor strictly."""
     return model_from_int4(
         load_int4_checkpoint(path), str(path), dtype=dtype, device=device, dequantize=dequantize
     )
@@ -459,13 +461,12 @@ def model_from_int4(
     ckpt: Int4Checkpoint,
     source: str,
     *,
-    dtype: torch.dtype = torch.float16,
+    dtype: str | torch.dtype = torch.float16,
     device: torch.device | str = "cpu",
     dequantize: DequantizePolicy = None,
-):
+) -> LoadedModel:
     """The `LoadedModel` of an in-memory int4 checkpoint (from a file, or quantised at load)."""
-    from ..engine.checkpoint import LoadedModel, build_model, config_from_metadata
-
+    dtype = resolve_dtype(dtype)
     meta = {"config_json": json.dumps(ckpt.config)}
     cfg, inference = config_from_metadata(meta, source)
     model = build_model(cfg, device="meta", dtype=dtype)
