@@ -354,7 +354,8 @@ class Synthesizer:
             "codec": self.fingerprints.get("codec"),
             "tokenizer": self.fingerprints.get("tokenizer"),
             "caption_tokenizer": self.fingerprints.get("caption_tokenizer"),
-            "precision": [str(self.preset.dtype), str(self.preset.codec_dtype), self.preset.name],
+            "precision": [str(self.preset.dtype), str(self.preset.codec_dtype), self.preset.name]
+            + [flag for flag in ("int4", "codec_int4") if getattr(self.preset, flag, False)],
         }
 
     def reference_latent(self, voice: Any, record: SynthesisRecord | None = None) -> Any:
@@ -668,6 +669,18 @@ def load_dit(path: Any, preset: Any) -> Any:
     )
 
 
+def load_codec_for(path: Any, preset: Any) -> Any:
+    """The codec for `preset`: float (`engine.codec.load_codec`), or with preset.codec_int4 its
+    decoder packed as RTN int4 (`quant.codec.load_int4_codec`)."""
+    if preset.codec_int4:
+        from .quant.codec import load_int4_codec
+
+        return load_int4_codec(path, device=preset.device, dtype=preset.codec_dtype)
+    from .engine.codec import load_codec
+
+    return load_codec(path, device=preset.device, dtype=preset.codec_dtype)
+
+
 def load_synthesizer(
     model: str | os.PathLike | None = None,
     *,
@@ -690,7 +703,6 @@ def load_synthesizer(
 
     from .backends.presets import select_preset
     from .engine.checkpoint import resolve_dtype
-    from .engine.codec import load_codec
     from .engine.sources import CODEC_REPO, DEFAULT_MODEL, TOKENIZER_REPO, resolve
     from .fingerprint import file_fingerprint
     from .text.tokenizer import TextTokenizer
@@ -731,7 +743,7 @@ def load_synthesizer(
         caption_tok = TextTokenizer.from_file(
             cap_path, add_bos=add_bos, expected_vocab_size=cfg.caption("vocab_size")
         )
-    codec_model = load_codec(codec_path, device=preset.device, dtype=preset.codec_dtype)
+    codec_model = load_codec_for(codec_path, preset)
     if voice_cache_dir is False:
         cache = VoiceCache()
     else:

@@ -49,3 +49,36 @@ def test_int4_decoder_tracks_the_float_decoder():
     # chunked decode stays exact on the int4 codec too (it is still a fixed function)
     torch.testing.assert_close(q.decode_chunked(z, 7), b, atol=1e-5, rtol=0)
     assert isinstance(q, DACVAE)
+
+
+def test_the_codec_int4_preset_option_loads_a_packed_decoder(synth):
+    """load_synthesizer(codec_int4=True): the codec users get is packed, renders the same line (as noise
+    of the same length), and is told apart from the float codec in the phrase-cache key."""
+    from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
+
+    q = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, codec_int4=True)
+    assert q.preset.codec_int4 and not synth.preset.codec_int4
+    decoder = list(q.codec.decoder.modules())
+    assert not any(type(m) in (nn.Conv1d, nn.ConvTranspose1d) for m in decoder)
+    assert any(isinstance(m, Int4ConvTranspose1d) for m in decoder)
+    assert any(type(m) is nn.Conv1d for m in q.codec.encoder.modules())  # the encoder stays float
+    opts = SynthesisOptions(seed=3, seconds=1.0)
+    a, b = synth.synthesize("こんにちは。", options=opts), q.synthesize("こんにちは。", options=opts)
+    assert len(a.audio) == len(b.audio) > 0 and bool(torch.isfinite(torch.from_numpy(b.audio)).all())
+    assert not torch.equal(torch.from_numpy(a.audio), torch.from_numpy(b.audio))
+    ident_a, ident_b = (
+        synth.render_identity("こんにちは。", None, opts),
+        q.render_identity("こんにちは。", None, opts),
+    )
+    assert ident_b["precision"] == [*ident_a["precision"], "codec_int4"]
+
+
+def test_load_int4_codec_packs_on_the_cpu_and_keeps_the_packed_dtypes(tmp_path):
+    from irodori_speaker.engine.codec import save_random_codec_pth
+    from irodori_speaker.quant.codec import load_int4_codec
+
+    path = save_random_codec_pth(tmp_path / "c.pth", TINY_CODEC_KWARGS, seed=2, watermark=False)
+    codec = load_int4_codec(path, dtype=torch.float32)
+    conv = codec.decoder.model[1].block["1"]
+    assert isinstance(conv, Int4ConvTranspose1d) and conv.qweight_u8.dtype == torch.uint8
+    assert conv.scales.dtype == torch.float16 and codec.dtype == torch.float32

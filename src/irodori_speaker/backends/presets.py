@@ -37,6 +37,7 @@ class Preset:
     cuda_graphs: bool = False  # capture the whole sampling loop per bucket (CUDA only)
     codec_graphs: bool = False  # replay the stream's decode windows from CUDA graphs (CUDA only)
     int4: bool = False  # run the DiT on int4 weights; a float file is quantised at load (RTN)
+    codec_int4: bool = False  # the codec's decoder convs as RTN int4: least memory, slower decode
     prewarm_seconds: float = 12.0  # CUDA graphs: capture every length bucket up to this at prewarm
 
     def with_overrides(self, **overrides) -> Preset:

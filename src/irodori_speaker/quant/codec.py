@@ -9,9 +9,12 @@ default. Snake alphas and biases stay as they are.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
+from ..engine.codec import DACVAE, load_codec
 from ..errors import QuantError
 from .formats import rtn_quantize
 from .layers import Int4Conv1d, Int4ConvTranspose1d
@@ -50,3 +53,20 @@ def quantize_codec(
         parent = codec.get_submodule(parent_name) if parent_name else codec
         setattr(parent, attr, new)
     return len(targets)
+
+
+def load_int4_codec(
+    path: str | os.PathLike[str],
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float16,
+    parts: tuple[str, ...] = ("decoder",),
+) -> DACVAE:
+    """`load_codec`, then the convolutions under `parts` packed as RTN int4 (the `codec_int4` preset).
+
+    Packed on the CPU, then moved: `device` never holds the float codec. Snake alphas stay fp32,
+    the packed buffers keep their dtypes under the move (only biases follow `dtype`).
+    """
+    codec = load_codec(path, device="cpu", dtype=dtype)
+    quantize_codec(codec, parts=parts)
+    return codec.to(device)
