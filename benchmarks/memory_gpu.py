@@ -1,8 +1,9 @@
 """GPU memory and disk size of the DiT at fp32 / bf16 / int4, alone and with the codec (issue: int4).
 
-Each configuration runs what our CUDA preset runs (`select_preset("cuda")`: the fast path, CUDA
-graphs on, 8 sway steps, default guidance, streamed codec decode) on one ~10 s line with a 10 s
-reference voice. Each configuration runs in its own Python process, so allocator caches, graph
+Each configuration is loaded by `load_synthesizer` with our CUDA preset (`select_preset("cuda")`: the
+fast path, CUDA graphs on, 8 sway steps, default guidance, streamed codec decode) and streams one 10 s
+line (no tail trim) with a 10 s reference voice through `Synthesizer.stream`, as users run it (the
+text-encoder graph and the voice-state cache included). Each configuration runs in its own Python process, so allocator caches, graph
 pools, Triton modules and cuBLAS workspaces of one configuration cannot leak into the next.
 
     python benchmarks/memory_gpu.py                       # every row and codec column (CUDA)
@@ -13,9 +14,10 @@ Rows: fp32 and bf16 DiT weights, and int4 (our RTN int4 file, W4A16 with bf16 ac
 Columns: the size of the DiT file (bf16: a file saved from the model loaded in bf16); the peak of
 `torch.cuda.max_memory_allocated` from a clean state over loading the DiT (and the codec),
 encoding the conditions, sampling the line and (with a codec) a streamed decode of it, and what
-stays allocated once loading is done. Codec columns: fp16 on the GPU, int4 on the GPU
-(`quant.codec.quantize_codec`, packed on the CPU and then moved, so the peak is not the fp16
-codec's), and fp32 on the CPU. Reserved-memory peaks, the warm footprint (reserved after the line
+stays allocated once loading is done. Codec columns, as preset fields: fp16 on the GPU, int4 on
+the GPU (`codec_int4=True`: packed on the CPU and then moved, so the peak is not the fp16 codec's),
+and fp32 on the CPU (`codec_device="cpu"`); "DiT only" keeps the codec on the CPU and stops after
+the first decoded window. Reserved-memory peaks, the warm footprint (reserved after the line
 with `empty_cache`, graph pools included) and the memory outside the allocator (CUDA context,
 kernel modules) are in the second table and the JSON.
 
@@ -46,13 +48,14 @@ sys.path.insert(0, str(HERE))
 import news5  # noqa: E402  (the random full-size files and the approximate tokenizer)
 
 from irodori_speaker.backends.presets import Preset, base_preset, select_preset  # noqa: E402
-from irodori_speaker.engine.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from irodori_speaker.engine.codec import load_codec  # noqa: E402
-from irodori_speaker.engine.duration import frames_for_seconds  # noqa: E402
-from irodori_speaker.engine.sampler import SamplerConfig, draw_noise  # noqa: E402
-from irodori_speaker.quant.checkpoint import load_int4_model  # noqa: E402
-from irodori_speaker.synthesizer import Synthesizer  # noqa: E402
-from irodori_speaker.voices import Voice, VoiceCache  # noqa: E402
+from irodori_speaker.engine.checkpoint import (  # noqa: E402
+    config_from_metadata,
+    load_checkpoint,
+    read_header,
+    save_checkpoint,
+)
+from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer  # noqa: E402
+from irodori_speaker.voices import Voice  # noqa: E402
 
 ROWS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int4": torch.bfloat16}  # DiT activations
 CODECS = {
@@ -125,20 +128,13 @@ def outside_allocator_mib(cuda: bool) -> float:
     return (total - free - torch.cuda.memory_reserved()) / MiB
 
 
-def load_codec_for(kind: str, path: Path, device: str) -> torch.nn.Module | None:
-    if kind == "none":
-        return None
-    if kind == "fp16":
-        return load_codec(path, device=device, dtype=torch.float16)
-    if kind == "int4":
-        from irodori_speaker.quant.codec import quantize_codec
-
-        codec = load_codec(path, device="cpu", dtype=torch.float16)
-        quantize_codec(codec)  # the decoder's convolutions, packed in place on the CPU ...
-        return codec.to(device)  # ... then moved: the GPU never holds the fp16 codec
-    if kind == "cpu":
-        return load_codec(path, device="cpu", dtype=torch.float32)
-    raise ValueError(f"unknown codec column {kind!r}; use one of {', '.join(CODECS)}")
+# How each codec column is loaded: preset fields of the product (load_synthesizer), nothing by hand.
+CODEC_PRESETS: dict[str, dict] = {
+    "none": {"codec_device": "cpu", "codec_dtype": torch.float32},  # off the GPU, and never decoded
+    "fp16": {},  # the CUDA preset's codec
+    "int4": {"codec_int4": True},  # packed on the CPU, then moved: the GPU never holds the fp16 codec
+    "cpu": {"codec_device": "cpu", "codec_dtype": torch.float32},
+}
 
 
 def line_text() -> str:
@@ -148,13 +144,16 @@ def line_text() -> str:
 
 
 def run_one(name: str, smoke: bool, seconds: float, int4_impl: str, seed: int) -> dict:
-    """Load, encode, sample and (with a codec) stream-decode one line; memory at every stage."""
+    """Load (load_synthesizer), then stream one line as users do; memory at every stage."""
     row, codec_kind = name.split("+")
+    if codec_kind not in CODEC_PRESETS:
+        raise ValueError(f"unknown codec column {codec_kind!r}; use one of {', '.join(CODECS)}")
     dtype = ROWS[row]
     preset = preset_for(dtype, smoke)
     device = preset.device
     cuda = device == "cuda"
     files = news5.prepare_files(int4=row == "int4", smoke=smoke)
+    dit = files["int4" if row == "int4" else "dit"]
     out: dict = {"name": name, "row": row, "codec": codec_kind, "device": device, "dtype": str(dtype)}
     if cuda:  # create the context, read what it costs, then start from a clean allocator
         torch.cuda.init()
@@ -166,56 +165,49 @@ def run_one(name: str, smoke: bool, seconds: float, int4_impl: str, seed: int) -
     out["baseline"] = memory(cuda)
 
     t0 = time.perf_counter()
-    load = load_int4_model if row == "int4" else load_checkpoint
-    loaded = load(files["int4" if row == "int4" else "dit"], dtype=dtype, device=device)
+    cfg, _ = config_from_metadata(read_header(dit)[0], str(dit))
+    tokenizer = news5.ApproxTokenizer(cfg.text_vocab_size)
+    synth = load_synthesizer(
+        dit,
+        codec=files["codec"],
+        tokenizer=tokenizer,
+        preset=preset,
+        voice_cache_dir=False,
+        int4=row == "int4",
+        **CODEC_PRESETS[codec_kind],
+    )
     if row == "int4" and int4_impl != "auto":
         from irodori_speaker.quant.layers import Int4Linear
 
-        for module in loaded.model.modules():
+        for module in synth.model.modules():
             if isinstance(module, Int4Linear):
                 module.impl = int4_impl
-    codec = load_codec_for(codec_kind, files["codec"], device)
-    tokenizer = news5.ApproxTokenizer(loaded.config.text_vocab_size)
-    synth = Synthesizer(
-        loaded.model, codec, tokenizer, inference=loaded.inference, preset=preset, voice_cache=VoiceCache()
-    )
     fast = synth.fast_sampler  # built as the synthesizer builds it: fused projections (resident form)
     out["fast_path"] = fast is not None
     out["cuda_graphs"] = bool(fast is not None and fast.use_graphs)
     out["after_load"] = memory(cuda)  # peaks here: the load's
     out["load_s"] = time.perf_counter() - t0
-    modules = [loaded.model] + ([m for b in fast.fast.blocks for m in (b.qkvg, b.w13)] if fast else [])
+    modules = [synth.model] + ([m for b in fast.fast.blocks for m in (b.qkvg, b.w13)] if fast else [])
     out["dit_weights_mib"] = tensor_mib(modules)
-    out["codec_weights_mib"] = NAN if codec is None else tensor_mib([codec])
+    out["codec_weights_mib"] = NAN if codec_kind == "none" else tensor_mib([synth.codec])
     if cuda:
         torch.cuda.reset_peak_memory_stats()  # from here: the run's peak (resident weights included)
 
     text = line_text()
-    frames = frames_for_seconds(seconds)
-    cfg = SamplerConfig(num_steps=preset.steps, schedule=preset.schedule, sway_coeff=preset.sway_coeff)
-    t0 = time.perf_counter()
-    with torch.inference_mode():  # as Synthesizer._render_inner: conditions, noise, the preset's sampler
-        ref = synth.reference_latent(Voice.from_latent(files["ref"]))
-        ids, mask = tokenizer.batch([text])  # trimmed text (the CUDA preset pads nothing)
-        ids, mask = ids.to(device), mask.to(device)
-        ref_mask = torch.ones(ref.shape[:2], dtype=torch.bool, device=device)
-        conds = loaded.model.encode_conditions(ids, mask, ref, ref_mask)
-        noise = draw_noise(seed, 1, frames, loaded.config.latent_dim, device=device)
-        latent = synth.sample_latent(conds, noise, cfg)  # first line: graph capture + replay
+    voice = Voice.from_latent(files["ref"])
+    # the line as the preset streams it: conditions, the whole sampling loop (first line: graph capture
+    # + replay), then the decode windows; the whole sampled length is decoded (no tail trim)
+    opts = SynthesisOptions(seed=seed, seconds=seconds, tail_trim=False)
+    stream = synth.stream(text, voice, opts)
+    samples = len(next(stream))  # the first chunk: sampling done, one window decoded
     out["after_sampling"] = memory(cuda)
-    out["sampling_s"] = time.perf_counter() - t0
-
-    samples = 0
-    t0 = time.perf_counter()
-    if codec is not None:  # streamed as the preset streams: a short first chunk, then 1 s chunks
-        with torch.inference_mode():
-            chunks = codec.decode_stream(
-                latent, preset.stream_chunk_frames, first_chunk_frames=preset.stream_first_chunk_frames
-            )
-            for part in chunks:
-                samples += part[0, 0].float().cpu().numpy().size  # handed over as the synthesizer does
+    if codec_kind != "none":  # DiT only: the codec (on the CPU) decodes no more
+        samples += sum(len(part) for part in stream)  # handed over as numpy, as users get them
+    stream.close()
+    record = stream.record
     out["after_decode"] = memory(cuda)
-    out["decode_s"] = time.perf_counter() - t0
+    out["sampling_s"] = record.timings.get("sampling", NAN)
+    out["decode_s"] = record.timings.get("decode", NAN) if codec_kind != "none" else NAN
     out["outside_allocator_end_mib"] = outside_allocator_mib(cuda)
     if cuda:  # what a warm synthesizer keeps: weights, graphs and their pools, static buffers
         torch.cuda.empty_cache()
@@ -224,12 +216,12 @@ def run_one(name: str, smoke: bool, seconds: float, int4_impl: str, seed: int) -
         out["warm_reserved_mib"] = NAN
     out.update(
         text_chars=len(text),
-        text_tokens=int(mask.sum()),
-        ref_frames=int(ref.shape[1]),
-        frames=frames,
-        steps=cfg.num_steps,
-        schedule=cfg.schedule,
-        guidance=cfg.guidance,
+        text_tokens=len(tokenizer.encode(text)),
+        ref_frames=int(synth.reference_latent(voice).shape[1]),
+        frames=record.frames,
+        steps=record.steps,
+        schedule=record.schedule,
+        guidance=opts.guidance,
         audio_s=samples / 48_000,
         graphs_captured=0 if fast is None else fast.captures,
     )

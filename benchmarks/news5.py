@@ -28,6 +28,7 @@ import platform
 import sys
 import time
 import traceback
+import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -37,13 +38,16 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from irodori_speaker.backends.presets import Preset, select_preset  # noqa: E402
-from irodori_speaker.engine.checkpoint import build_model, load_checkpoint, save_checkpoint  # noqa: E402
+from irodori_speaker.engine.checkpoint import (  # noqa: E402
+    build_model,
+    config_from_metadata,
+    read_header,
+    save_checkpoint,
+)
 from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, load_codec  # noqa: E402
 from irodori_speaker.engine.config import InferenceConfig, ModelConfig  # noqa: E402
-from irodori_speaker.quant.checkpoint import load_int4_model  # noqa: E402
-from irodori_speaker.synthesizer import SynthesisOptions, Synthesizer  # noqa: E402
-from irodori_speaker.voices import Voice, VoiceCache, save_latent  # noqa: E402
+from irodori_speaker.synthesizer import SynthesisOptions, Synthesizer, load_synthesizer  # noqa: E402
+from irodori_speaker.voices import Voice, save_latent  # noqa: E402
 
 SHARED = Path(os.environ.get("IRODORI_SHARED_DIR", REPO.parent / "shared"))
 WORK = Path(os.environ.get("BENCH_WORK", "/tmp/irodori-news5"))
@@ -52,12 +56,14 @@ WORK = Path(os.environ.get("BENCH_WORK", "/tmp/irodori-news5"))
 class ApproxTokenizer:
     """Token ids of llm-jp-3-like length (1 per 1.25 chars + BOS), deterministic per text."""
 
+    fingerprint = "approx-llm-jp-3: 1 token per 1.25 chars + BOS"
+
     def __init__(self, vocab: int) -> None:
         self.vocab = vocab
 
     def encode(self, text: str) -> list[int]:
         n = max(1, round(len(text) / 1.25))
-        g = np.random.default_rng(abs(hash(text)) % (2**32))
+        g = np.random.default_rng(zlib.crc32(text.encode()))  # str hash() differs per process
         return [1, *g.integers(8, self.vocab, n).tolist()]
 
     def batch(self, texts, max_len=None, pad_to=None):
@@ -106,7 +112,9 @@ def modes_for(device: str) -> dict[str, Mode]:
     ours = replace(ref, steps=8, schedule="sway", fast=True, pad_text=None, stream_chunk=8)
     b = replace(ref, key="b", desc="(a) at 8 sway steps", steps=8, schedule="sway")
     if device == "mps":
-        d = replace(ours, key="d", desc="our MPS preset: fp32, 8 sway, fused, trimmed text, streamed decode")
+        d = replace(
+            ours, key="d", desc="our MPS preset: fp32, 8 sway, fast path, trimmed text, streamed decode"
+        )
         return {"a": ref, "b": b, "d": d}
     cuda = replace(ours, dtype=bf16, codec_dtype=f16, graphs=True)
     return {
@@ -130,7 +138,7 @@ def modes_for(device: str) -> dict[str, Mode]:
         "f": replace(
             ours,
             key="f",
-            desc="our CPU preset: fp32, 8 sway, fused, trimmed text, codec fp32 streamed",
+            desc="our CPU preset: fp32, 8 sway, fast path, trimmed text, codec fp32 streamed",
             device="cpu",
         ),
     }
@@ -202,46 +210,38 @@ def sync(device: str) -> None:
 
 
 def build(mode: Mode, files: dict[str, Path], int4_impl: str = "auto") -> tuple[Synthesizer, Voice]:
-    """The Synthesizer of `mode` (DiT, codec, approximate tokenizer, preset) and the 10 s voice."""
+    """The Synthesizer of `mode` as users get it (`load_synthesizer`: the product's DiT and codec
+    loaders, its preset with the mode's overrides), with the approximate tokenizer, and the voice."""
     dit = files["int4"] if mode.int4 else files["dit"]
-    load = load_int4_model if mode.int4 else load_checkpoint
-    loaded = load(dit, dtype=mode.dtype, device=mode.device)
-    if mode.int4:
+    cfg, _ = config_from_metadata(read_header(dit)[0], str(dit))
+    overrides = {
+        "steps": mode.steps,
+        "schedule": mode.schedule,
+        "fast_path": mode.fast,
+        "cuda_graphs": mode.graphs,
+        "codec_graphs": mode.graphs,
+        "int4": mode.int4,
+        "codec_int4": mode.int4_codec,
+    }
+    if mode.stream_chunk is not None:
+        overrides["stream_first_chunk_frames"] = mode.stream_chunk
+    synth = load_synthesizer(
+        dit,
+        codec=files["codec"],
+        tokenizer=ApproxTokenizer(cfg.text_vocab_size),
+        backend=mode.device,
+        dtype=mode.dtype,
+        codec_dtype=mode.codec_dtype,
+        voice_cache_dir=False,
+        **overrides,
+    )
+    if mode.int4 and int4_impl != "auto":  # a measurement knob of the int4 kernel's chooser
         from irodori_speaker.quant.layers import Int4Linear
 
-        for m in loaded.model.modules():
+        for m in synth.model.modules():
             if isinstance(m, Int4Linear):
                 m.impl = int4_impl
-    codec = load_codec(files["codec"], device=mode.device, dtype=mode.codec_dtype)
-    if mode.int4_codec:
-        from irodori_speaker.quant.codec import quantize_codec
-
-        quantize_codec(codec)
-    preset = Preset(
-        mode.key,
-        mode.device,
-        mode.dtype,
-        mode.codec_dtype,
-        steps=mode.steps,
-        schedule=mode.schedule,
-        stream_first_chunk_frames=mode.stream_chunk,
-        # the product preset's middle chunk (2 s on CUDA: fewer windows, less context overhead)
-        stream_chunk_frames=select_preset(mode.device).stream_chunk_frames,
-        fast_path=mode.fast,
-        cuda_graphs=mode.graphs,
-        codec_graphs=mode.graphs,
-    )
-    synth = Synthesizer(
-        loaded.model,
-        codec,
-        ApproxTokenizer(loaded.config.text_vocab_size),
-        inference=loaded.inference,
-        preset=preset,
-        voice_cache=VoiceCache(),
-        fingerprints={"codec": "random"},
-    )
-    voice = Voice.from_latent(files["ref"])
-    return synth, voice
+    return synth, Voice.from_latent(files["ref"])
 
 
 def run_mode(mode: Mode, files: dict[str, Path], sentences: list[str], seed: int, int4_impl: str) -> None:

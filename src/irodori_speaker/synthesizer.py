@@ -670,34 +670,40 @@ def load_dit(path: Any, preset: Any) -> Any:
 
 
 def load_codec_for(path: Any, preset: Any) -> Any:
-    """The codec for `preset`: float (`engine.codec.load_codec`), or with preset.codec_int4 its
-    decoder packed as RTN int4 (`quant.codec.load_int4_codec`)."""
+    """The codec for `preset` on `preset.codec_device` (default: the DiT's device): float
+    (`engine.codec.load_codec`), or with preset.codec_int4 its decoder packed as RTN int4
+    (`quant.codec.load_int4_codec`)."""
+    device = preset.codec_device or preset.device
     if preset.codec_int4:
         from .quant.codec import load_int4_codec
 
-        return load_int4_codec(path, device=preset.device, dtype=preset.codec_dtype)
+        return load_int4_codec(path, device=device, dtype=preset.codec_dtype)
     from .engine.codec import load_codec
 
-    return load_codec(path, device=preset.device, dtype=preset.codec_dtype)
+    return load_codec(path, device=device, dtype=preset.codec_dtype)
 
 
 def load_synthesizer(
     model: str | os.PathLike | None = None,
     *,
     codec: str | os.PathLike | None = None,
-    tokenizer: str | os.PathLike | None = None,
+    tokenizer: Any = None,
     backend: str = "auto",
     device: str | None = None,
     dtype: str | None = None,
     tiny_random: bool | str = False,
     voice_cache_dir: str | os.PathLike | bool | None = None,
     cache_dir: str | os.PathLike | None = None,
+    preset: Any = None,
     **preset_overrides: Any,
 ) -> Synthesizer:
     """Load model, codec and tokenizer from sources (local paths, hf:// URIs, repo ids).
 
     `tiny_random=True` (or "v2"/"v3") builds a small random model in the real formats: the
-    whole pipeline runs offline, and its output is noise.
+    whole pipeline runs offline, and its output is noise. Two seams for benchmarks and tests:
+    `tokenizer` may be a tokenizer object (with `encode` and `batch`, as `TextTokenizer`; its
+    `fingerprint` attribute, else its class name, goes into cache keys), and `preset` a
+    `Preset` used instead of the backend's (`device`, `dtype` and overrides still apply).
     """
     import torch
 
@@ -708,12 +714,18 @@ def load_synthesizer(
     from .text.tokenizer import TextTokenizer
     from .voices import VoiceCache, default_voice_cache_dir
 
+    given_tok = tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike))
+    if given_tok and not all(callable(getattr(tokenizer, m, None)) for m in ("encode", "batch")):
+        raise InputError(
+            f"tokenizer must be a path, a source or a tokenizer object, got {type(tokenizer).__name__}",
+            hint="a tokenizer object needs encode(text) and batch(texts, max_len=, pad_to=)",
+        )
     overrides = dict(preset_overrides)
     if device is not None:
         overrides["device"] = device
     if dtype is not None:
         overrides["dtype"] = resolve_dtype(dtype)
-    preset = select_preset(backend, **overrides)
+    preset = preset.with_overrides(**overrides) if preset is not None else select_preset(backend, **overrides)
     if preset.threads:
         torch.set_num_threads(preset.threads)
     note = None
@@ -729,14 +741,19 @@ def load_synthesizer(
         tok_path = None
     loaded = load_dit(model_path, preset)
     cfg = loaded.config
-    if tok_path is None:
-        tok_source = tokenizer or cfg.text_tokenizer_repo or TOKENIZER_REPO
-        tok_path = resolve(tok_source, "tokenizer", cache_dir=cache_dir)
-    text_tok = TextTokenizer.from_file(
-        tok_path, add_bos=cfg.text_add_bos, expected_vocab_size=cfg.text_vocab_size
-    )
+    if given_tok:
+        text_tok = tokenizer
+    else:
+        if tok_path is None:
+            tok_source = tokenizer or cfg.text_tokenizer_repo or TOKENIZER_REPO
+            tok_path = resolve(tok_source, "tokenizer", cache_dir=cache_dir)
+        text_tok = TextTokenizer.from_file(
+            tok_path, add_bos=cfg.text_add_bos, expected_vocab_size=cfg.text_vocab_size
+        )
     caption_tok = None
-    if cfg.caption_enabled:
+    if cfg.caption_enabled and given_tok:
+        caption_tok = text_tok
+    elif cfg.caption_enabled:
         same = cfg.caption_tokenizer_repo in (None, cfg.text_tokenizer_repo) and tokenizer is None
         cap_path = tok_path if same or tiny_random else resolve(cfg.caption_tokenizer_repo, "tokenizer")
         add_bos = cfg.caption_add_bos if cfg.caption_add_bos is not None else cfg.text_add_bos
@@ -751,9 +768,13 @@ def load_synthesizer(
     fingerprints = {
         "model": file_fingerprint(model_path),
         "codec": file_fingerprint(codec_path),
-        "tokenizer": file_fingerprint(tok_path),
+        "tokenizer": (
+            str(getattr(text_tok, "fingerprint", None) or f"object:{type(text_tok).__qualname__}")
+            if given_tok
+            else file_fingerprint(tok_path)
+        ),
     }
-    if caption_tok is not None and cap_path != tok_path:
+    if caption_tok is not None and not given_tok and cap_path != tok_path:
         fingerprints["caption_tokenizer"] = file_fingerprint(cap_path)
     return Synthesizer(
         loaded.model,

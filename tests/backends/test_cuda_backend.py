@@ -33,3 +33,30 @@ def test_prewarm_captures_every_bucket_and_graphs_match_eager(tmp_path, monkeypa
     eager = synth.synthesize("グラフで再生します。", options=opts).audio
     assert np.isfinite(graphed).all() and len(graphed) == len(eager) == 96_000
     np.testing.assert_allclose(graphed, eager, atol=2e-3)
+
+
+def test_the_codec_can_run_on_the_cpu_and_as_int4(tmp_path, monkeypatch):
+    """codec_device="cpu" keeps the DiT on the GPU and the codec off it; codec_int4 packs its decoder
+    on the CPU before moving it. Both render the same line as the plain CUDA preset (as noise)."""
+    from irodori_speaker.quant.layers import Int4ConvTranspose1d
+    from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
+
+    monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
+    opts = SynthesisOptions(seed=4, seconds=1.0, tail_trim=False)
+    plain = load_synthesizer(tiny_random="v2", backend="cuda", voice_cache_dir=False)
+    on_cpu = load_synthesizer(
+        tiny_random="v2", backend="cuda", voice_cache_dir=False, codec_device="cpu", codec_dtype=torch.float32
+    )
+    assert on_cpu.device.type == "cuda" and on_cpu.codec.device.type == "cpu"
+    assert on_cpu.codec.graph_shapes == []  # no CUDA graphs for a CPU codec
+    packed = load_synthesizer(tiny_random="v2", backend="cuda", voice_cache_dir=False, codec_int4=True)
+    conv = packed.codec.decoder.model[1].block["1"]
+    assert isinstance(conv, Int4ConvTranspose1d) and conv.qweight_u8.is_cuda
+    ref = plain.synthesize("コーデックの置き場所。", options=opts).audio
+    for synth in (on_cpu, packed):
+        audio = synth.synthesize("コーデックの置き場所。", options=opts).audio
+        assert len(audio) == len(ref) == 48_000 and np.isfinite(audio).all()
+    # fp32 codec on the CPU against the fp16 one on the GPU: the same latent, the same decode up to the
+    # fp16 rounding (relative L2 7.5e-4 on the tiny codec, tests/engine/test_codec.py)
+    cpu_audio = on_cpu.synthesize("コーデックの置き場所。", options=opts).audio
+    assert np.linalg.norm(cpu_audio - ref) / np.linalg.norm(ref) < 1e-2

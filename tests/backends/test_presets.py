@@ -101,3 +101,11 @@ def test_int4_preset_quantises_a_float_file_at_load_with_a_warning(dit_fixtures)
     with pytest.warns(UserWarning, match="RTN at load"):
         loaded = load_dit(dit_fixtures / "tiny_v2_base.safetensors", preset)
     assert loaded.quantized and isinstance(loaded.model.blocks[0].attention.wq, Int4Linear)
+
+
+def test_a_device_that_is_not_a_torch_device_is_a_backend_error():
+    with pytest.raises(BackendError, match="device 'gpu' is not a torch device"):
+        select_preset("cpu", device="gpu")
+    with pytest.raises(BackendError, match="codec_device 'npu0'"):
+        select_preset("cpu", codec_device="npu0")
+    assert select_preset("cpu", codec_device="cpu").codec_device == "cpu"

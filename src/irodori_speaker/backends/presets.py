@@ -38,6 +38,7 @@ class Preset:
     codec_graphs: bool = False  # replay the stream's decode windows from CUDA graphs (CUDA only)
     int4: bool = False  # run the DiT on int4 weights; a float file is quantised at load (RTN)
     codec_int4: bool = False  # the codec's decoder convs as RTN int4: least memory, slower decode
+    codec_device: str | None = None  # where the codec runs (None: `device`), e.g. "cpu" to spare the GPU
     prewarm_seconds: float = 12.0  # CUDA graphs: capture every length bucket up to this at prewarm
 
     def with_overrides(self, **overrides) -> Preset:
@@ -90,6 +91,17 @@ def ensure_mps_fallback_env() -> bool:
     return True
 
 
+def _check_device(field: str, device: str | None) -> None:
+    if device is None:
+        return
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise BackendError(
+            f"{field} {device!r} is not a torch device", hint="e.g. cuda, cuda:1, mps or cpu"
+        ) from e
+
+
 def select_preset(backend: str = "auto", **overrides) -> Preset:
     """The preset for `backend` ('auto' picks cuda > mps > cpu), with field overrides."""
     if backend not in BACKENDS:
@@ -107,6 +119,8 @@ def select_preset(backend: str = "auto", **overrides) -> Preset:
             hint="MPS needs Apple Silicon and macOS 12.3+; use backend='cpu'",
         )
     preset = base_preset(backend).with_overrides(**overrides)
+    for field in ("device", "codec_device"):
+        _check_device(field, getattr(preset, field))
     if preset.name == "mps":
         if preset.dtype != torch.float32 or preset.codec_dtype != torch.float32:
             raise BackendError(

@@ -1,0 +1,57 @@
+"""load_synthesizer's seams: a tokenizer object and a Preset, as the benchmarks use them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from irodori_speaker.backends.presets import base_preset
+from irodori_speaker.errors import InputError
+from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
+
+
+class CountingTokenizer:
+    """Wraps the synthesizer's own tokenizer and counts the calls (proves the object is the one used)."""
+
+    fingerprint = "counting-v1"
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, 0
+
+    def encode(self, text: str) -> list[int]:
+        self.calls += 1
+        return self.inner.encode(text)
+
+    def batch(self, texts, max_len=None, pad_to=None):
+        self.calls += 1
+        return self.inner.batch(texts, max_len=max_len, pad_to=pad_to)
+
+
+def test_a_tokenizer_object_is_used_as_given(synth):
+    tok = CountingTokenizer(synth.tokenizer)
+    other = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, tokenizer=tok)
+    assert other.tokenizer is tok and other.fingerprints["tokenizer"] == "counting-v1"
+    opts = SynthesisOptions(seed=5, seconds=1.0)
+    got = other.synthesize("こんにちは。", options=opts).audio
+    assert tok.calls > 0
+    np.testing.assert_array_equal(got, synth.synthesize("こんにちは。", options=opts).audio)
+
+
+def test_a_non_tokenizer_object_is_refused_before_loading(monkeypatch):
+    import irodori_speaker.synthesizer as s
+
+    monkeypatch.setattr(s, "load_dit", lambda *a: pytest.fail("loaded the model before checking"))
+    with pytest.raises(InputError, match="tokenizer object"):
+        load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, tokenizer=42)
+
+
+def test_a_preset_object_replaces_the_backend_preset(synth):
+    """The CUDA preset on the CPU (what benchmarks' --smoke runs): its chunking, overrides applied."""
+    preset = base_preset("cuda").with_overrides(
+        device="cpu", dtype=torch.float32, codec_dtype=torch.float32, cuda_graphs=False, codec_graphs=False
+    )
+    other = load_synthesizer(tiny_random=True, voice_cache_dir=False, preset=preset, steps=4)
+    assert other.preset.name == "cuda" and other.preset.stream_chunk_frames == 50
+    assert other.preset.steps == 4 and other.device.type == "cpu"
+    assert other.synthesize("こんにちは。", options=SynthesisOptions(seed=1, seconds=1.0)).record.steps == 4
