@@ -3,8 +3,9 @@
 Each configuration is loaded by `load_synthesizer` with our CUDA preset (`select_preset("cuda")`: the
 fast path, CUDA graphs on, 8 sway steps, default guidance, streamed codec decode) and streams one 10 s
 line (no tail trim) with a 10 s reference voice through `Synthesizer.stream`, as users run it (the
-text-encoder graph and the voice-state cache included). Each configuration runs in its own Python process, so allocator caches, graph
-pools, Triton modules and cuBLAS workspaces of one configuration cannot leak into the next.
+text-encoder graph and the voice-state cache included). Each configuration runs in its own Python
+process, so allocator caches, graph pools, Triton modules and cuBLAS workspaces of one configuration
+cannot leak into the next.
 
     python benchmarks/memory_gpu.py                       # every row and codec column (CUDA)
     python benchmarks/memory_gpu.py --rows int4 --codecs none,int4
