@@ -225,18 +225,18 @@ class FastDiT:
 def pad_conditions(conds: Conditions, bucket: int) -> Conditions:
     """Pad every condition's length up to a multiple of `bucket` with masked zeros (exact)."""
 
-    def pad(state: Tensor | None, mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-        if state is None:
-            return None, None
-        n = state.shape[1]
-        extra = round_up(n, bucket) - n
+    def pad(state: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        extra = round_up(state.shape[1], bucket) - state.shape[1]
         if extra == 0:
             return state, mask
         return F.pad(state, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)
 
+    def pad_voice(state: Tensor | None, mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        return (state, mask) if state is None or mask is None else pad(state, mask)
+
     ts, tm = pad(conds.text_state, conds.text_mask)
-    ss, sm = pad(conds.speaker_state, conds.speaker_mask)
-    cs, cm = pad(conds.caption_state, conds.caption_mask)
+    ss, sm = pad_voice(conds.speaker_state, conds.speaker_mask)
+    cs, cm = pad_voice(conds.caption_state, conds.caption_mask)
     return Conditions(ts, tm, ss, sm, cs, cm)
 
 
@@ -245,6 +245,14 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: list[Tensor | None]  # static input buffers, refilled before each replay
     out: Tensor
+
+    def replay(self, inputs: Sequence[Tensor | None]) -> Tensor:
+        """Copy `inputs` into the static buffers, replay; the output buffer (overwritten next time)."""
+        for dst, src in zip(self.inputs, inputs):
+            if dst is not None and src is not None:
+                dst.copy_(src)
+        self.graph.replay()
+        return self.out
 
 
 def additive_masks(ctx: LineContext, dtype: torch.dtype) -> LineContext:
@@ -285,7 +293,7 @@ class FastSampler:
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._text_graphs: dict[tuple, _Graph] = {}
         self._tables: dict[tuple, Tensor] = {}
-        self._pool = None  # one memory pool for every graph: replays are sequential
+        self._pool: Any = None  # one memory pool for every graph: replays are sequential
         self.captures = 0  # sampling graphs captured so far (prewarm reports it)
         self.text_captures = 0  # text-encoder graphs captured so far
 
@@ -314,10 +322,7 @@ class FastSampler:
             if g is None:
                 g = self._text_graphs[key] = self._capture(lambda a, b: model.encode_text(a, b), [ids, mask])
                 self.text_captures += 1
-            g.inputs[0].copy_(ids)
-            g.inputs[1].copy_(mask)
-            g.graph.replay()
-            return g.out.clone(), mask
+            return g.replay([ids, mask]).clone(), mask
 
     def sample(
         self,
@@ -370,11 +375,7 @@ class FastSampler:
             self.captures += 1
         else:
             self._graphs.move_to_end(key)
-        for dst, src in zip(g.inputs, inputs):
-            if dst is not None:
-                dst.copy_(src)
-        g.graph.replay()
-        out = g.out[:, :S].clone()
+        out = g.replay(inputs)[:, :S].clone()
         check(cancel)
         if progress is not None:
             progress(len(plan.steps), len(plan.steps))

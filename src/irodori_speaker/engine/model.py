@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -198,9 +199,9 @@ class LowRankAdaLN(nn.Module):
     def __init__(self, dim: int, rank: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
-        for name in ("shift", "scale", "gate"):
-            setattr(self, f"{name}_down", nn.Linear(dim, rank, bias=False))
-            setattr(self, f"{name}_up", nn.Linear(rank, dim, bias=True))
+        self.shift_down, self.shift_up = nn.Linear(dim, rank, bias=False), nn.Linear(rank, dim, bias=True)
+        self.scale_down, self.scale_up = nn.Linear(dim, rank, bias=False), nn.Linear(rank, dim, bias=True)
+        self.gate_down, self.gate_up = nn.Linear(dim, rank, bias=False), nn.Linear(rank, dim, bias=True)
 
     def modulation(self, cond: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(shift, scale, tanh(gate)) from cond (B, 1, 3D); depends on t only."""
@@ -409,7 +410,8 @@ class Conditions:
         def rep(x: Tensor | None) -> Tensor | None:
             return None if x is None else x.repeat_interleave(n, dim=0)
 
-        return Conditions(*(rep(getattr(self, f)) for f in self.__dataclass_fields__))
+        text = (self.text_state.repeat_interleave(n, dim=0), self.text_mask.repeat_interleave(n, dim=0))
+        return Conditions(*text, *(rep(getattr(self, f)) for f in _VOICE_FIELDS))
 
     @staticmethod
     def cat(items: list[Conditions]) -> Conditions:
@@ -417,7 +419,11 @@ class Conditions:
             xs = [getattr(it, name) for it in items]
             return None if xs[0] is None else torch.cat(xs, dim=0)
 
-        return Conditions(*(c(f) for f in Conditions.__dataclass_fields__))
+        text = (torch.cat([it.text_state for it in items]), torch.cat([it.text_mask for it in items]))
+        return Conditions(*text, *(c(f) for f in _VOICE_FIELDS))
+
+
+_VOICE_FIELDS = ("speaker_state", "speaker_mask", "caption_state", "caption_mask")
 
 
 @dataclass
@@ -572,16 +578,17 @@ class TextToLatentRFDiT(nn.Module):
         """Keys/values of every condition for every layer, in the order [text, speaker, caption]."""
         parts = [("text", conds.text_state, conds.text_mask)]
         if self.cfg.speaker_enabled and conds.speaker_state is not None:
-            parts.append(("speaker", conds.speaker_state, conds.speaker_mask))
+            parts.append(("speaker", conds.speaker_state, _mask_of(conds, "speaker")))
         if self.cfg.caption_enabled and conds.caption_state is not None:
-            parts.append(("caption", conds.caption_state, conds.caption_mask))
+            parts.append(("caption", conds.caption_state, _mask_of(conds, "caption")))
         segments, start = [], 0
         for name, state, _ in parts:
             segments.append((name, start, start + state.shape[1]))
             start += state.shape[1]
         keys, values = [], []
         for block in self.blocks:
-            kv = [block.attention.context_kv(state, name) for name, state, _ in parts]
+            attention = cast(DiffusionBlock, block).attention
+            kv = [attention.context_kv(state, name) for name, state, _ in parts]
             keys.append(torch.cat([k for k, _ in kv], dim=2))
             values.append(torch.cat([v for _, v in kv], dim=2))
         mask = torch.cat([m for _, _, m in parts], dim=1)
@@ -654,13 +661,22 @@ class TextToLatentRFDiT(nn.Module):
             )
         pooled = None
         if conds.caption_state is not None:
-            m = conds.caption_mask[..., None].to(conds.caption_state.dtype)
+            caption_mask = _mask_of(conds, "caption")
+            m = caption_mask[..., None].to(conds.caption_state.dtype)
             pooled = (conds.caption_state * m).sum(1) / m.sum(1).clamp(min=1.0)
             if has_caption is None:
-                has_caption = conds.caption_mask.any(dim=1)
+                has_caption = caption_mask.any(dim=1)
         return self.duration_predictor(
             conds.text_state, conds.text_mask, summary, has_speaker, pooled, has_caption
         )
+
+
+def _mask_of(conds: Conditions, name: str) -> Tensor:
+    """The mask of a condition whose state is given (it must have one)."""
+    mask = getattr(conds, f"{name}_mask")
+    if mask is None:
+        raise InputError(f"conditions have a {name}_state but no {name}_mask")
+    return mask
 
 
 def check_ids(ids: Tensor, mask: Tensor | None, vocab: int, what: str) -> None:

@@ -204,7 +204,7 @@ def euler_loop(
         if cfg.rescale_k is not None and cfg.rescale_sigma is not None:
             v = rescale_velocity(v, x, step.t, cfg.rescale_k, cfg.rescale_sigma)
         x = x + v * (step.t_next - step.t)
-        if step.unscale_speaker_kv:
+        if step.unscale_speaker_kv and cfg.speaker_kv_scale is not None:  # planned only with a scale
             ctx.scale_speaker(1.0 / cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
         if progress is not None:
             progress(i + 1, len(plan.steps))

@@ -100,9 +100,18 @@ def resolve(
         RevisionNotFoundError,
     )
 
-    kwargs = dict(repo_id=spec.repo_id, filename=spec.filename, revision=spec.revision, cache_dir=cache_dir)
+    repo_id, filename = str(spec.repo_id), str(spec.filename)  # a spec without a path has both
+    cache = None if cache_dir is None else str(cache_dir)
+
+    def download(local_files_only: bool = False) -> Path:
+        return Path(
+            hf_hub_download(
+                repo_id, filename, revision=spec.revision, cache_dir=cache, local_files_only=local_files_only
+            )
+        )
+
     try:
-        return Path(hf_hub_download(**kwargs, local_files_only=True))
+        return download(local_files_only=True)
     except LocalEntryNotFoundError:
         pass
     except HFValidationError as e:
@@ -110,7 +119,7 @@ def resolve(
     if local_only or (local_only is None and _offline()):
         raise _not_available(spec, cache_dir, reason="offline mode is on and it is not in the local cache")
     try:
-        return Path(hf_hub_download(**kwargs))
+        return download()
     except LocalEntryNotFoundError as e:  # the Hub cannot be reached (a subclass of EntryNotFoundError)
         raise _not_available(spec, cache_dir, reason="the Hugging Face Hub cannot be reached") from e
     except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:

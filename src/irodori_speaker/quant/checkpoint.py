@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -208,18 +209,18 @@ def save_int4_checkpoint(path: str | Path, ckpt: Int4Checkpoint) -> None:
             }
         )
     extra_layers = []
-    for name, p in ckpt.extra.items():
+    for name, rp in ckpt.extra.items():
         for part in _RTN_PARTS:
-            out[f"_extra.{name}.{part}"] = getattr(p, part)
+            out[f"_extra.{name}.{part}"] = getattr(rp, part)
         extra_layers.append(
-            {"name": name, "in_features": p.cols, "out_features": p.rows, "num_groups": p.num_groups}
+            {"name": name, "in_features": rp.cols, "out_features": rp.rows, "num_groups": rp.num_groups}
         )
     embed_layers = []
-    for name, p in ckpt.embed.items():
+    for name, ep in ckpt.embed.items():
         for part in _RTN_PARTS:
-            out[f"_embed.{name}.{part}"] = getattr(p, part)
+            out[f"_embed.{name}.{part}"] = getattr(ep, part)
         embed_layers.append(
-            {"name": name, "num_embeddings": p.rows, "embedding_dim": p.cols, "num_groups": p.num_groups}
+            {"name": name, "num_embeddings": ep.rows, "embedding_dim": ep.cols, "num_groups": ep.num_groups}
         )
     meta = dict(ckpt.metadata)
     meta.update(
@@ -260,7 +261,10 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
-def _get(model: nn.Module, name: str, kinds: tuple[type, ...], what: str) -> nn.Module:
+M = TypeVar("M", bound=nn.Module)
+
+
+def _get(model: nn.Module, name: str, kinds: tuple[type[M], ...], what: str) -> M:
     try:
         mod = model.get_submodule(name)
     except AttributeError as e:
@@ -332,7 +336,7 @@ def apply_int4(
         derived_keys.add(f"{name}.weight")
         _set_submodule(model, name, new)
 
-    for name, p in ckpt.extra.items():
+    for name, rp in ckpt.extra.items():
         mod = _get(model, name, (nn.Linear, nn.Conv1d, nn.ConvTranspose1d), "extra layer")
         has_bias = getattr(mod, "bias", None) is not None
         if has_bias != (f"{name}.bias" in ckpt.tensors):
@@ -340,44 +344,49 @@ def apply_int4(
                 f"extra layer {name}: bias {'missing from' if has_bias else 'unexpected in'} checkpoint"
             )
         if isinstance(mod, nn.Linear):
-            if (p.rows, p.cols) != (mod.out_features, mod.in_features):
+            if (rp.rows, rp.cols) != (mod.out_features, mod.in_features):
                 raise QuantError(
-                    f"extra layer {name}: packed {p.rows}x{p.cols}, "
+                    f"extra layer {name}: packed {rp.rows}x{rp.cols}, "
                     f"model {mod.out_features}x{mod.in_features}"
                 )
             if expand(name):
                 new = _dense_linear(
-                    mod.in_features, mod.out_features, p.dequantize(act_dtype).to(device), bias_of(name)
+                    mod.in_features, mod.out_features, rp.dequantize(act_dtype).to(device), bias_of(name)
                 )
             else:
-                new = RTNLinear(p, bias_of(name), device=device, act_dtype=act_dtype)
-        else:
+                new = RTNLinear(rp, bias_of(name), device=device, act_dtype=act_dtype)
+        elif isinstance(mod, (nn.Conv1d, nn.ConvTranspose1d)):
             conv_cls = Int4Conv1d if isinstance(mod, nn.Conv1d) else Int4ConvTranspose1d
             try:
-                new = conv_cls.from_conv(mod, p, device=device, act_dtype=act_dtype, bias=bias_of(name))
+                packed_conv = conv_cls.from_conv(
+                    mod, rp, device=device, act_dtype=act_dtype, bias=bias_of(name)
+                )
             except QuantError as e:
                 raise QuantError(f"extra layer {name}: {e}") from e
+            new = packed_conv
             if expand(name):
                 dense = type(mod)(**_plain_conv_args(mod), bias=has_bias, device="meta")
-                dense.weight = nn.Parameter(new._dequant(act_dtype).view_as(mod.weight), requires_grad=False)
-                if has_bias:
-                    dense.bias = nn.Parameter(bias_of(name), requires_grad=False)
+                weight = packed_conv._dequant(act_dtype).view_as(mod.weight)
+                dense.weight = nn.Parameter(weight, requires_grad=False)
+                bias = bias_of(name)
+                if bias is not None:
+                    dense.bias = nn.Parameter(bias, requires_grad=False)
                 new = dense
         derived_keys.update([f"{name}.weight", *(f"{name}.{b}" for b in _RTN_PARTS)])
         _set_submodule(model, name, new)
 
-    for name, p in ckpt.embed.items():
+    for name, ep in ckpt.embed.items():
         emb = _get(model, name, (nn.Embedding,), "embedding layer")
-        if (p.rows, p.cols) != (emb.num_embeddings, emb.embedding_dim):
+        if (ep.rows, ep.cols) != (emb.num_embeddings, emb.embedding_dim):
             raise QuantError(
-                f"embedding layer {name}: packed {p.rows}x{p.cols}, "
+                f"embedding layer {name}: packed {ep.rows}x{ep.cols}, "
                 f"model {emb.num_embeddings}x{emb.embedding_dim}"
             )
         if expand(name):
-            new = nn.Embedding(p.rows, p.cols, device="meta", padding_idx=emb.padding_idx)
-            new.weight = nn.Parameter(p.dequantize(act_dtype).to(device), requires_grad=False)
+            new = nn.Embedding(ep.rows, ep.cols, device="meta", padding_idx=emb.padding_idx)
+            new.weight = nn.Parameter(ep.dequantize(act_dtype).to(device), requires_grad=False)
         else:
-            new = PackedEmbedding(p, device=device, act_dtype=act_dtype)
+            new = PackedEmbedding(ep, device=device, act_dtype=act_dtype)
         derived_keys.update([f"{name}.weight", *(f"{name}.{b}" for b in _RTN_PARTS)])
         _set_submodule(model, name, new)
 
@@ -385,8 +394,8 @@ def apply_int4(
     return model
 
 
-def _plain_conv_args(conv: nn.Module) -> dict:
-    args = {
+def _plain_conv_args(conv: nn.Conv1d | nn.ConvTranspose1d) -> dict[str, Any]:
+    args: dict[str, Any] = {
         "in_channels": conv.in_channels,
         "out_channels": conv.out_channels,
         "kernel_size": conv.kernel_size,

@@ -22,7 +22,7 @@ from .layers import Int4Conv1d, Int4ConvTranspose1d
 GROUP = 32
 
 
-def _flat(conv: nn.Module) -> torch.Tensor:
+def _flat(conv: nn.Conv1d | nn.ConvTranspose1d) -> torch.Tensor:
     w = conv.weight.detach().float()
     return w.reshape(w.shape[0], -1)  # Conv1d [out, in*k]; ConvTranspose1d [in, out*k]
 

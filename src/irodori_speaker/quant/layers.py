@@ -26,7 +26,12 @@ class _PackedModule(nn.Module):
     _packed_buffers: tuple[str, ...] = ()
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
-        held = {k: self._buffers.pop(k) for k in self._packed_buffers if self._buffers.get(k) is not None}
+        held: dict[str, torch.Tensor] = {}
+        for k in self._packed_buffers:  # a None buffer (no zero tensor) stays registered as None
+            t = self._buffers.get(k)
+            if t is not None:
+                held[k] = t
+                del self._buffers[k]
         try:
             super()._apply(fn, recurse)
         finally:
@@ -52,6 +57,12 @@ class Int4Linear(_PackedModule):
     """
 
     _packed_buffers = ("qweight", "qzeros", "scales", "g_idx", "zero_bias")
+    qweight: torch.Tensor
+    qzeros: torch.Tensor
+    scales: torch.Tensor
+    g_idx: torch.Tensor
+    zero_bias: torch.Tensor | None
+    bias: torch.Tensor | None
 
     def __init__(
         self, packed: GPTQPacked, *, device: torch.device | str | None = None, act_dtype=None
@@ -153,7 +164,7 @@ def concat_int4_linears(layers: list[Int4Linear]) -> Int4Linear:
         out_features=sum(p.out_features for p in parts),
         group_size=gs,
         checkpoint_format="gptq",
-        bias=torch.cat([p.bias for p in parts]) if all(has_bias) else None,
+        bias=torch.cat([p.bias for p in parts if p.bias is not None]) if all(has_bias) else None,
     )
     out = Int4Linear(fused, device=layers[0].qweight.device)
     out.impl = layers[0].impl
@@ -162,6 +173,10 @@ def concat_int4_linears(layers: list[Int4Linear]) -> Int4Linear:
 
 class _RTNModule(_PackedModule):
     _packed_buffers = ("qweight_u8", "scales", "zeros")
+    qweight_u8: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    bias: torch.Tensor | None
 
     def _init_packed(self, packed: RTNPacked, device) -> None:
         packed.validate()
@@ -220,7 +235,10 @@ class PackedEmbedding(_RTNModule):
         return f"{self.num_embeddings}, {self.embedding_dim}, num_groups={self.num_groups}"
 
 
-def _conv_args(conv: nn.Module) -> dict:
+Conv = nn.Conv1d | nn.ConvTranspose1d
+
+
+def _conv_args(conv: Conv) -> dict:
     if getattr(conv, "padding_mode", "zeros") != "zeros":
         raise QuantError(f"int4 conv supports padding_mode='zeros' only, got {conv.padding_mode!r}")
     return {
@@ -238,7 +256,7 @@ class _Int4Conv(_RTNModule):
     """What both int4 convolutions share: building from a float conv."""
 
     @classmethod
-    def from_conv(cls, conv: nn.Module, packed: RTNPacked, *, device=None, act_dtype=None, bias=None):
+    def from_conv(cls, conv: Conv, packed: RTNPacked, *, device=None, act_dtype=None, bias=None):
         """Same geometry as `conv`; `bias` (default: conv.bias) is copied."""
         b = conv.bias.detach() if bias is None and conv.bias is not None else bias
         extra = {"output_padding": conv.output_padding[0]} if isinstance(conv, nn.ConvTranspose1d) else {}

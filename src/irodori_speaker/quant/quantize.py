@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..engine.model import TextToLatentRFDiT
 from ..errors import QuantError
 from .checkpoint import Int4Checkpoint, save_int4_checkpoint
 from .formats import gptq_group_params, gptq_is_packable, pack_gptq, quantize_codes, rtn_quantize
@@ -178,12 +179,12 @@ def gptq_quantize_weight(
         W1 = W[:, i1:i2].clone()
         E1 = torch.zeros_like(W1)
         U1 = U[i1:i2, i1:i2]
-        s = z = None
         for i in range(i2 - i1):
             col = i1 + i
             if col % group_size == 0:  # params from the group's current (error-updated) weights
                 s, z = gptq_group_params(W1[:, i : i + group_size], symmetric=symmetric)
                 scales[:, col // group_size], zeros[:, col // group_size] = s, z
+            s, z = scales[:, col // group_size], zeros[:, col // group_size]
             wcol = W1[:, i]
             q = quantize_codes(wcol, s, z)
             codes[:, col] = q
@@ -289,7 +290,7 @@ def capture_inputs(
 
 
 def make_sampler_runner(
-    model: nn.Module,
+    model: TextToLatentRFDiT,
     tokenizer,
     *,
     caption_tokenizer=None,
@@ -484,7 +485,7 @@ def quantize_state(
                 ok, why = False, "no calibration inputs"
             else:
                 ok, why = _fits_calibration(h[0], h[1], w.shape[1], min_rank)
-            if ok:
+            if ok and h is not None:
                 q, z, s = gptq_quantize_weight(
                     w, h[0].to(device), group_size=group_size, symmetric=symmetric, damp=damp
                 )
@@ -601,7 +602,7 @@ def quantize_checkpoint(
     tokenizer=None,
     caption_tokenizer=None,
     run_item: RunItem | None = None,
-    model: nn.Module | None = None,
+    model: TextToLatentRFDiT | None = None,
     device: torch.device | str = "cpu",
     report_errors: bool = True,
     num_steps: int = 8,

@@ -421,7 +421,7 @@ def w4a16_kernel(
     k_per_split = math.ceil(math.ceil(k / split) / cfg.bk) * cfg.bk
     even_k = k % cfg.bk == 0
     has_bias = bias is not None
-    bias_t = bias.contiguous() if has_bias else scales  # dummy pointer when absent
+    bias_t = bias.contiguous() if bias is not None else scales  # dummy pointer when absent
     zb = zero_bias if zero_bias is not None else scales
     interp_bf16_x = interp_bf16(x)
     target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
@@ -680,12 +680,14 @@ def choose_impl(
     best_impl, best_cfg, best_t = "scratch", None, t
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     for cfg in candidate_configs(m, n, k, _num_sms(x.device)):
-        try:
-            t = _bench_ms(
-                lambda cfg=cfg: w4a16_kernel(
-                    x, qweight, scales, zero_bias, bias, group_size=group_size, config=cfg, out=out
-                )
+
+        def run(cfg: KernelConfig = cfg) -> torch.Tensor:
+            return w4a16_kernel(
+                x, qweight, scales, zero_bias, bias, group_size=group_size, config=cfg, out=out
             )
+
+        try:
+            t = _bench_ms(run)
         except Exception:  # a tile that does not compile or fit (shared memory) on this GPU is skipped
             continue
         timings.append((cfg.name(), t))

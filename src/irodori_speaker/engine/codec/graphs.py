@@ -143,6 +143,6 @@ class GraphCache:
         # whose graphs are all gone; capturing into its id again is not something to rely on)
         run = self._graphs[key] = self.capture(key)
         self.captures += 1
-        while len(self._graphs) > self.max_graphs:
-            del self._graphs[self._victim()]
+        while len(self._graphs) > self.max_graphs and (victim := self._victim()) is not None:
+            del self._graphs[victim]
         return run

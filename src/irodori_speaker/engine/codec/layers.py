@@ -145,8 +145,8 @@ class VAEBottleneck(nn.Module):
 
     def mean(self, z: Tensor) -> Tensor:
         """The posterior mean (the first `codebook_dim` channels of in_proj), computed alone."""
-        n = self.codebook_dim
-        return nn.functional.conv1d(z, self.in_proj.weight[:n], self.in_proj.bias[:n])
+        n, bias = self.codebook_dim, self.in_proj.bias
+        return nn.functional.conv1d(z, self.in_proj.weight[:n], None if bias is None else bias[:n])
 
 
 class DecoderBlock(nn.Module):
@@ -190,7 +190,7 @@ class OutputHead(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         snake, conv = self.pre[0], self.pre[1]
         h = snake(x)
-        if h.is_cuda and type(conv) is nn.Conv1d:
+        if h.is_cuda and type(conv) is nn.Conv1d and isinstance(conv.padding[0], int):
             # cuDNN has no good kernel for a single output channel (its legacy implicit GEMM took
             # ~0.45 ms a window on an H200): a (7, C) GEMM and a shifted sum do the same sums
             return torch.tanh(conv_to_one_channel(h, conv.weight, conv.bias, conv.padding[0]))

@@ -70,7 +70,7 @@ def checkpoint_layout(
         layout[f"{b}.11.bias"] = [cin]
     wm = "decoder.wm_model"
     gates = 4 * _WM_HIDDEN
-    lstm = {}
+    lstm: dict[str, list[int]] = {}
     for layer in (0, 1):
         lstm |= {
             f"weight_ih_l{layer}": [gates, _WM_HIDDEN],
