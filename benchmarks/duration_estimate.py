@@ -2,7 +2,7 @@
 
 Proxy for real speech: pyopenjtalk's own HTS voice (``pyopenjtalk.tts``, offline with
 pyopenjtalk-plus), leading and trailing silence trimmed (-40 dB below the peak, 10 ms
-frames). Estimators compared on ~50 varied sentences (incl. shared/bench/news5.json):
+frames). Estimators compared on ~50 varied sentences (incl. benchmarks/data/news5.json):
 
 - ``baseline``: len/4.5 + 1.0 s clamped to [4, 30] (the heuristic this project replaces)
 - ``chars-fit``: a * chars + b, fitted by least squares, plus a margin = the 95th
@@ -15,7 +15,7 @@ Fitted rows are also scored leave-one-out (fit on the others, predict the one le
 "short" = estimate below the speech (speech would be cut off); "tail" = mean seconds of
 excess where the estimate is longer.
 
-Run: ``python benchmarks/duration_estimate.py [--shared ../shared]``
+Run: ``python benchmarks/duration_estimate.py``
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import contextlib
 import io
 import json
 import platform
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -85,12 +84,11 @@ SENTENCES = [
 ]
 
 
-def _news5(shared: Path) -> list[str]:
-    path = shared / "bench" / "news5.json"
-    if not path.is_file():
-        print(f"note: {path} not found, news5 sentences left out", file=sys.stderr)
-        return []
-    return list(json.loads(path.read_text(encoding="utf-8"))["sentences"])
+NEWS5_JSON = Path(__file__).resolve().parent / "data" / "news5.json"
+
+
+def _news5() -> list[str]:
+    return list(json.loads(NEWS5_JSON.read_text(encoding="utf-8"))["sentences"])
 
 
 def speech_seconds(text: str) -> float:
@@ -142,11 +140,10 @@ def _chars_for(seconds: float, texts: list[str], sel: np.ndarray) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[1] / ".." / "shared")
     ap.add_argument("--floor", type=float, default=1.0, help="floor for the fitted estimators")
     args = ap.parse_args()
 
-    news = _news5(args.shared)
+    news = _news5()
     texts = SENTENCES + news
     y = np.array([speech_seconds(t) for t in texts])
     chars = np.array([measure(t) for t in texts], dtype=float)

@@ -21,11 +21,12 @@ from irodori_speaker.engine.checkpoint import build_model
 from irodori_speaker.engine.config import ModelConfig
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, plan_sampling, sample
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+#: Tensor manifest of the released 500M v2 model (tests/data/README.md).
+V2_MANIFEST = Path(__file__).resolve().parents[1] / "tests" / "data" / "dit" / "v2_500m_keys.json"
 
 
 def full_v2_config() -> ModelConfig:
-    manifest = json.loads((SHARED / "fixtures/dit/v2_500m_keys.json").read_text())
+    manifest = json.loads(V2_MANIFEST.read_text())
     return ModelConfig.from_dict(manifest["config"])
 
 

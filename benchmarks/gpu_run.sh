@@ -2,12 +2,12 @@
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
 # the memory table. Pick with STAGES="tests profile news5 int4 memory" (and the *_S timeouts, *_ARGS).
 #
-#   run(command="bash benchmarks/gpu_run.sh", carry=[".whl", ".device_shared"])
+#   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
-# .device_shared is a copy of ../shared (the device machine gets only the repo); .whl holds the
-# onecomp-runtime wheel (the seed's int4 kernel, for the comparison column). Logs land in $OUT.
+# Test data and the news5 set are in the repository; .whl holds the onecomp-runtime wheel (the
+# seed's int4 kernel, for the comparison column). Logs land in $OUT.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 IRODORI_SHARED_DIR="$PWD/.device_shared" IRODORI_CACHE=/tmp/irodori-cache
+export PYTHONUNBUFFERED=1 IRODORI_CACHE=/tmp/irodori-cache
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then

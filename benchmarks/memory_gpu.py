@@ -68,16 +68,16 @@ CODECS = {
 NAN = float("nan")
 MiB = 2**20
 
-# The seed's published figures (RTX PRO 4000 Blackwell, 6 RF steps), from ../shared/specs/int4-and-gpu.md
-# section 1 "Published figures". MB there are MiB: its FP32 file, 1888 MB, is our fp32 file's 1888 MiB.
+# The seed's published figures (RTX PRO 4000 Blackwell, 6 RF steps), from the README of
+# kizuna-intelligence/Irodori-TTS-Lite. MB there are MiB: its FP32 file, 1888 MB, is our fp32 file's 1888 MiB.
 SEED = {
     "fp32": {"disk": 1888, "none": 1917},
     "bf16": {},
     "int4": {"disk": 279, "none": 552, "fp16": 1513, "int4": 989, "cpu": 989},
 }
 SEED_NOTE = (
-    "seed: RTX PRO 4000 Blackwell, 6 RF steps (source: ../shared/specs/int4-and-gpu.md section 1). Its "
-    "README (kizuna-intelligence/Irodori-TTS-Lite) also lists: disk BF16 944 MB; DiT-only FP16 978.7 MB, "
+    "seed: RTX PRO 4000 Blackwell, 6 RF steps (source: the README of kizuna-intelligence/Irodori-TTS-Lite). "
+    "It also lists: disk BF16 944 MB; DiT-only FP16 978.7 MB, "
     "max_memory_reserved FP32 1992 / FP16 1004 / INT4 568 MB; end to end, codec on the GPU, FP32 "
     "2867.7 / BF16 1990.6 MB. Its tools/measure_peak_memory.py fixes the line at 3 s and its documented "
     "commands pass --no-ref: a shorter line and no reference voice, against our 10 s line, 10 s "
@@ -140,7 +140,7 @@ CODEC_PRESETS: dict[str, dict] = {
 
 def line_text() -> str:
     """The longest news5 sentence (the line is sampled at a fixed length; the text sets the conditions)."""
-    sentences = json.loads((news5.SHARED / "bench/news5.json").read_text())["sentences"]
+    sentences = json.loads(news5.NEWS5_JSON.read_text())["sentences"]
     return max(sentences, key=len)
 
 

@@ -1,7 +1,7 @@
 """news5 end to end, side by side in ONE run: the reference-equivalent path vs our presets.
 
 Full 500M v2 configuration with random weights plus the full-size codec (random), the five
-sentences of ../shared/bench/news5.json, a 10 s reference voice, the engine's seconds
+sentences of benchmarks/data/news5.json, a 10 s reference voice, the engine's seconds
 estimate for every mode, warm-up before timing. Per sentence and in total: generation
 time (DiT + codec), audio length, RTF, time to first audio, peak GPU memory.
 
@@ -49,7 +49,10 @@ from irodori_speaker.engine.config import InferenceConfig, ModelConfig  # noqa: 
 from irodori_speaker.synthesizer import SynthesisOptions, Synthesizer, load_synthesizer  # noqa: E402
 from irodori_speaker.voices import Voice, save_latent  # noqa: E402
 
-SHARED = Path(os.environ.get("IRODORI_SHARED_DIR", REPO.parent / "shared"))
+#: The five news sentences (benchmarks/data/README.md says where they come from).
+NEWS5_JSON = REPO / "benchmarks" / "data" / "news5.json"
+#: Tensor manifest of the released 500M v2 model (its config builds the random full-size file).
+V2_MANIFEST = REPO / "tests" / "data" / "dit" / "v2_500m_keys.json"
 WORK = Path(os.environ.get("BENCH_WORK", "/tmp/irodori-news5"))
 
 
@@ -167,7 +170,7 @@ def prepare_files(int4: bool, smoke: bool = False) -> dict[str, Path]:
         if smoke:
             cfg = ModelConfig.from_dict(dict(TINY_CONFIGS["v2"], model_dim=128, num_heads=4))
         else:
-            manifest = json.loads((SHARED / "fixtures/dit/v2_500m_keys.json").read_text())
+            manifest = json.loads(V2_MANIFEST.read_text())
             cfg = ModelConfig.from_dict(manifest["config"])
         torch.manual_seed(0)
         dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -373,7 +376,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.device == "mps":
         os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
-    sentences = json.loads((SHARED / "bench/news5.json").read_text())["sentences"]
+    sentences = json.loads(NEWS5_JSON.read_text())["sentences"]
     table = modes_for(args.device)
     chosen = [table[k] for k in args.modes.split(",") if k in table]
     if args.smoke:

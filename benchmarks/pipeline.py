@@ -137,7 +137,7 @@ async def one_run(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", default=str(ROOT.parent / "shared" / "bench" / "news5.json"))
+    ap.add_argument("--set", default=str(ROOT / "benchmarks" / "data" / "news5.json"))
     ap.add_argument("--speed", type=float, default=8.0, help="run this many times faster than real time")
     ap.add_argument("--rtf", type=float, nargs="+", default=[0.434, 0.8])
     ap.add_argument("--pause", type=float, default=0.3)

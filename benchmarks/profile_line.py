@@ -38,7 +38,7 @@ from irodori_speaker.synthesizer import SynthesisOptions
 from irodori_speaker.voices import load_latent
 
 DEV = torch.device("cuda")
-SENTENCES = json.loads((news5.SHARED / "bench/news5.json").read_text())["sentences"]
+SENTENCES = json.loads(news5.NEWS5_JSON.read_text())["sentences"]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

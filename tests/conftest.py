@@ -1,7 +1,8 @@
-"""Shared test fixtures: where ../shared lives, the golden DiT fixtures, a tiny-random synthesizer."""
+"""Shared test fixtures: the test data in the repository (golden outputs), a tiny-random synthesizer."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -9,7 +10,10 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("IRODORI_SHARED_DIR", REPO.parent / "shared"))
+#: Golden outputs of the reference implementations and release manifests (tests/data/README.md).
+TEST_DATA = REPO / "tests" / "data"
+#: The five-sentence news benchmark (the benchmarks read it from here too).
+NEWS5_JSON = REPO / "benchmarks" / "data" / "news5.json"
 
 # One intra-op thread: the tiny models gain nothing from more, and on a shared 2-core machine
 # OpenMP's spinning threads made them ~100x slower whenever the other core was busy.
@@ -18,15 +22,24 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the subprocesses tests star
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    if not (SHARED / "README.md").is_file():
-        pytest.skip(f"shared specs/fixtures not found at {SHARED} (set IRODORI_SHARED_DIR)")
-    return SHARED
+def test_data() -> Path:
+    """tests/data: part of the repository, so a missing file is a failure, never a skip."""
+    return TEST_DATA
 
 
 @pytest.fixture(scope="session")
-def dit_fixtures(shared_dir: Path) -> Path:
-    return shared_dir / "fixtures" / "dit"
+def dit_fixtures(test_data: Path) -> Path:
+    return test_data / "dit"
+
+
+@pytest.fixture(scope="session")
+def codec_fixtures(test_data: Path) -> Path:
+    return test_data / "dacvae"
+
+
+@pytest.fixture(scope="session")
+def news5_sentences() -> list[str]:
+    return list(json.loads(NEWS5_JSON.read_text(encoding="utf-8"))["sentences"])
 
 
 @pytest.fixture(scope="module")

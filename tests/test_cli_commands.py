@@ -203,9 +203,8 @@ def test_say_through_the_cache_renders_once(home, tmp_path):
     assert len(a) == 24_000 and np.array_equal(a, b)
 
 
-def test_builtin_news5_is_the_shared_benchmark(shared_dir):
-    doc = json.loads((shared_dir / "bench" / "news5.json").read_text("utf-8"))
-    assert list(cli.NEWS5) == doc["sentences"]
+def test_builtin_news5_is_the_benchmark_set(news5_sentences):
+    assert list(cli.NEWS5) == news5_sentences
     assert [len(s) for s in cli.NEWS5] == [10, 41, 56, 26, 29]
 
 
@@ -301,11 +300,11 @@ def test_news_reader_reads_the_five_sentences_back_to_back(home, tmp_path):
     assert len(audio) == pytest.approx(5 * 0.5 * sr + 4 * 0.4 * sr, abs=0.05 * sr)  # lines + pauses
 
 
-def test_quantize_writes_an_int4_checkpoint_the_loader_reads(tmp_path, shared_dir):
+def test_quantize_writes_an_int4_checkpoint_the_loader_reads(tmp_path, dit_fixtures):
     from irodori_speaker.quant.checkpoint import load_int4_model
     from irodori_speaker.quant.layers import Int4Linear
 
-    src = shared_dir / "fixtures" / "dit" / "tiny_v2_base.safetensors"
+    src = dit_fixtures / "tiny_v2_base.safetensors"
     dst = tmp_path / "tiny-int4.safetensors"
     r = subprocess.run(
         [

@@ -415,7 +415,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 # ---- bench ---------------------------------------------------------------------------------------
 
-# The news5 sentences (shared/bench/news5.json), so the benchmark runs from an installed package.
+# The news5 sentences (benchmarks/data/news5.json), so the benchmark runs from an installed package.
 NEWS5 = (
     "次のニュースだよっ！",
     "今日の東京は朝から青空が広がり、日中の最高気温は二十五度近くまで上がる見込みです。",

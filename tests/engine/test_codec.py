@@ -33,20 +33,9 @@ HOP = 1920
 ATOL = 1e-5
 
 
-def _fixtures_dir() -> Path:
-    for base in Path(__file__).resolve().parents:
-        candidate = base / "shared" / "fixtures" / "dacvae"
-        if candidate.is_dir():
-            return candidate
-        candidate = base.parent / "shared" / "fixtures" / "dacvae"
-        if candidate.is_dir():
-            return candidate
-    pytest.skip("shared/fixtures/dacvae not found beside the checkout")
-
-
 @pytest.fixture(scope="session")
-def fixtures() -> Path:
-    return _fixtures_dir()
+def fixtures(codec_fixtures: Path) -> Path:
+    return codec_fixtures
 
 
 @pytest.fixture(scope="session")

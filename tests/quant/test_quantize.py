@@ -70,8 +70,8 @@ def test_gptq_with_identity_hessian_is_rtn() -> None:
     assert torch.equal(_deq(*gptq_quantize_weight(w, torch.eye(64), damp=0.0)), _deq(*rtn_quantize_weight(w)))
 
 
-def test_release_selection_on_the_v3_manifest(shared_dir: Path) -> None:
-    keys = json.loads((shared_dir / "fixtures" / "dit" / "v3_500m_keys.json").read_text())["tensors"]
+def test_release_selection_on_the_v3_manifest(dit_fixtures: Path) -> None:
+    keys = json.loads((dit_fixtures / "v3_500m_keys.json").read_text())["tensors"]
     shapes = {k[: -len(".weight")]: tuple(v) for k, v in keys.items() if k.endswith(".weight")}
     plan = plan_layers(shapes, RELEASE_SELECTION)
     # 12 blocks x (wq wk wv gate wo, wk/wv text, wk/wv speaker, w1 w2 w3) + 10 x 5 text + 8 x 5 speaker

@@ -136,7 +136,6 @@ def test_cancelling_say_stream_cancels_its_segments(run):
 
 
 def test_with_the_project_segmenter(run):
-    pytest.importorskip("irodori_speaker.text.segment", reason="text/segment.py is not there yet")
     fake = FakeSynth(seconds_per_char=0.005)
     text = "こんにちは、今日もよろしくね！それでは、ニュースをお伝えします。"
 

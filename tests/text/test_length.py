@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,15 +126,10 @@ def _hts_seconds(text: str) -> float:
     return float((voiced[-1] - voiced[0] + 1) * hop / sr)
 
 
-def test_default_estimate_covers_hts_speech_of_news5(shared_news5: list[str]) -> None:
-    for text in shared_news5:
+def test_default_estimate_covers_hts_speech_of_news5(news5_sentences: list[str]) -> None:
+    for text in news5_sentences:
         speech = _hts_seconds(text)
         est = estimate_seconds(text)
         old = min(30.0, max(4.0, len(text) / 4.5 + 1.0))
         assert speech - 0.1 <= est <= speech + 1.0, (text, speech, est)
         assert abs(est - speech) < abs(old - speech)
-
-
-@pytest.fixture
-def shared_news5(shared_dir: Path) -> list[str]:
-    return list(json.loads((shared_dir / "bench" / "news5.json").read_text(encoding="utf-8"))["sentences"])

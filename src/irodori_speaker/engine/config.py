@@ -18,7 +18,7 @@ DURATION_ARCHITECTURES = ("token_sum_adarn_zero_no_aux", "token_sum_dual_adarn_z
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of TextToLatentRFDiT (defaults: `specs/irodori-model.md` section 1)."""
+    """Hyper-parameters of TextToLatentRFDiT (defaults: the released v2 files')."""
 
     latent_dim: int = 128
     latent_patch_size: int = 1

@@ -1,4 +1,4 @@
-"""Utterance length in latent frames, and the tail trim (specs/irodori-model.md sections 4 and 7)."""
+"""Utterance length in latent frames, and the tail trim (docs/engine-api.md, "Duration")."""
 
 from __future__ import annotations
 

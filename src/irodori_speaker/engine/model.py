@@ -1,7 +1,8 @@
 """Irodori-TTS TextToLatentRFDiT in plain PyTorch, readable top to bottom.
 
 Module names equal the released tensor names (`blocks.3.attention.wq.weight`, ...),
-so the released checkpoints load unchanged. Spec: `specs/irodori-model.md`.
+so the released checkpoints load unchanged. Proof: the reference's golden outputs in
+`tests/data/dit` (docs/engine-api.md).
 
 Data flow: `encode_conditions` (text / speaker / caption encoders, once per line) ->
 `context_kv` (per-layer keys and values of the conditions, once per line: they do

@@ -3,7 +3,7 @@
 Everything that decides what a step does (its t, whether guidance is on, which
 condition an alternating step drops, when speaker K/V scaling ends) is planned on
 the host before the loop, so the loop never waits for the device.
-Spec: `specs/irodori-model.md` section 5.
+Settings and the golden cases it matches: docs/engine-api.md ("Sample from explicit noise").
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import ModelSourceError
 
-# Released files (specs/irodori-model.md section 0).
+# Released files on the Hugging Face hub.
 MODELS = {
     "v2": "Aratako/Irodori-TTS-500M-v2",
     "v2-voicedesign": "Aratako/Irodori-TTS-500M-v2-VoiceDesign",

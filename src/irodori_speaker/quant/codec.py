@@ -1,6 +1,6 @@
 """An int4 DACVAE: the codec's convolutions as RTN nibbles (groups of 32, fp16 scale and zero).
 
-Per the int4 release (specs/int4-and-gpu.md): Conv1d weights flattened to [out, in*k],
+Per the int4 release's format (docs/int4.md section 1): Conv1d weights flattened to [out, in*k],
 ConvTranspose1d to [in, out*k], asymmetric RTN. It cuts the codec's weight memory about
 6x (the seed: 377 -> 59 MB) at a cost in speed (each conv dequantises its weight per call;
 the seed measured ~2x slower decode), so it is the option for the smallest memory, not the

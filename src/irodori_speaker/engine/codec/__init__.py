@@ -9,7 +9,7 @@
 - `random_weights`: random codecs in the real file layout (tests, benchmarks, tiny-random).
 
 Module and parameter names follow the reference checkpoint's state_dict keys. Layout of the real
-checkpoint and the layers: `shared/specs/dacvae.md`; behaviour: docs/codec.md.
+checkpoint, the layers and their behaviour: docs/codec.md.
 """
 
 from .config import FULL_CODEC_KWARGS, TINY_CODEC_KWARGS, CodecConfig

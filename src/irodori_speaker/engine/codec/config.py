@@ -25,7 +25,7 @@ FULL_CODEC_KWARGS: dict[str, Any] = {
     "sample_rate": 48000,
 }
 
-#: The small random test codec of `shared/fixtures/dacvae` (same rates, narrow channels).
+#: The small random test codec of `tests/data/dacvae` (same rates, narrow channels).
 TINY_CODEC_KWARGS: dict[str, Any] = {
     "encoder_dim": 4,
     "encoder_rates": [2, 8, 10, 12],

@@ -2,7 +2,7 @@
 
 Encoder: conv, 4 x EncoderBlock (3 residual units, Snake, strided conv), Snake, conv. Decoder: conv,
 4 x DecoderBlock (Snake, transposed conv, 3 residual units), then the output head (Snake, conv to one
-channel, tanh). Shapes and the reference's layout: `shared/specs/dacvae.md`.
+channel, tanh). Shapes and the reference's layout: docs/codec.md ("The network as built").
 """
 
 from __future__ import annotations
