@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ NEWS5_JSON = REPO / "benchmarks" / "data" / "news5.json"
 # OpenMP's spinning threads made them ~100x slower whenever the other core was busy.
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the subprocesses tests start
+# The user dictionary every Synthesizer applies: an empty one of the test run, never the user's.
+os.environ["IRODORI_DICT"] = os.path.join(tempfile.mkdtemp(prefix="irodori-dict-"), "user_dict.sqlite3")
 
 
 @pytest.fixture(scope="session")

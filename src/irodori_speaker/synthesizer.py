@@ -188,9 +188,11 @@ class Synthesizer:
         voice_cache: Any = None,
         fingerprints: dict[str, str] | None = None,
         note: str | None = None,
+        user_dict: Any = None,
     ) -> None:
         from .backends.presets import select_preset
         from .engine.config import InferenceConfig
+        from .text.userdict import resolve_user_dict
         from .voices import VoiceCache
 
         self.model = model
@@ -202,6 +204,7 @@ class Synthesizer:
         self.voice_cache = voice_cache if voice_cache is not None else VoiceCache()
         self.fingerprints = dict(fingerprints or {})
         self.note = note  # e.g. "tiny-random model: the output is noise"
+        self.user_dict = resolve_user_dict(user_dict)  # None (the default file), a path, or False
         self.device = next(model.parameters()).device
         self._fast = None  # engine.fast.FastSampler, built on first use when the preset asks for it
         self._voice_states_cache: dict[tuple, tuple] = {}  # insertion order = least recently used first
@@ -227,6 +230,13 @@ class Synthesizer:
     @property
     def config(self):
         return self.model.cfg
+
+    def spoken_text(self, text: str) -> str:
+        """What the model reads for `text`: the reference normalisation, then the user dictionary."""
+        from .text.normalize import normalize_or_raise
+
+        normalized = normalize_or_raise(text)
+        return normalized if self.user_dict is None else self.user_dict.apply(normalized)
 
     def synthesize(
         self,
@@ -329,7 +339,6 @@ class Synthesizer:
         """
         import dataclasses
 
-        from .text.normalize import normalize_or_raise
         from .voices import Voice
 
         opts = options or SynthesisOptions()
@@ -345,7 +354,7 @@ class Synthesizer:
         }
         rendering.pop("chunk_frames", None)  # chunked decode is exact: it does not change the sound
         return {
-            "text": normalize_or_raise(text),
+            "text": self.spoken_text(text),  # after the user dictionary: a new reading is a new line
             "voice": None if voice is None else voice.content_key(),
             "caption": getattr(voice, "caption", None),
             "sampler": sampler,
@@ -396,13 +405,12 @@ class Synthesizer:
 
     # ---- stages -----------------------------------------------------------------------------
     def _prepare_text(self, text: str, opts: SynthesisOptions, record: SynthesisRecord) -> list[_Piece]:
-        from .text.normalize import normalize_or_raise
         from .text.split import split_for_synthesis
 
         t0 = time.perf_counter()
         if not isinstance(text, str):
             raise InputError(f"text must be a str, got {type(text).__name__}")
-        normalized = normalize_or_raise(text)
+        normalized = self.spoken_text(text)
         if opts.seconds is not None:
             check_seconds(opts.seconds)
         record.text = normalized
@@ -695,6 +703,7 @@ def load_synthesizer(
     voice_cache_dir: str | os.PathLike | bool | None = None,
     cache_dir: str | os.PathLike | None = None,
     preset: Any = None,
+    user_dict: Any = None,
     **preset_overrides: Any,
 ) -> Synthesizer:
     """Load model, codec and tokenizer from sources (local paths, hf:// URIs, repo ids).
@@ -704,6 +713,8 @@ def load_synthesizer(
     `tokenizer` may be a tokenizer object (with `encode` and `batch`, as `TextTokenizer`; its
     `fingerprint` attribute, else its class name, goes into cache keys), and `preset` a
     `Preset` used instead of the backend's (`device`, `dtype` and overrides still apply).
+    `user_dict`: the user dictionary applied to every line (None: the default file,
+    `text/userdict.py`; False: none).
     """
     import torch
 
@@ -786,4 +797,5 @@ def load_synthesizer(
         voice_cache=cache,
         fingerprints=fingerprints,
         note=note,
+        user_dict=user_dict,
     )
