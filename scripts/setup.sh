@@ -16,5 +16,5 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 # The machines carry the CPU wheel of torch 2.13.0 offline; take it first so nothing pulls a CUDA build.
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[ja,audio,yaml,dev]"
+.venv/bin/python -m pip install -q -e ".[ja,audio,yaml,serve,dev]"
 echo "ready: . .venv/bin/activate"

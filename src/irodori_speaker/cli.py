@@ -830,6 +830,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="where calibration and rounding run (default cpu; cuda is faster)")
     p.add_argument("--no-report", action="store_true", help="skip the held-out error table")
     p.set_defaults(func=cmd_quantize)
+
+    from .server.command import add_parser as add_serve_parser
+    from .text.dict_command import add_parser as add_dict_parser
+
+    add_serve_parser(sub, add_model_flags)
+    add_dict_parser(sub)
     return parser
 
 

@@ -25,12 +25,17 @@ from irodori_speaker.text.length import MORAE_PER_SECOND, PAUSE_S, _load_pyopenj
 
 __all__ = [
     "AccentPhrase",
+    "KanaParseError",
     "Mora",
     "accent_phrases",
     "kana_to_moras",
+    "make_mora",
     "mora_kana",
+    "parse_aquestalk",
+    "pause_mora",
     "phrases_reading",
     "phrases_seconds",
+    "to_katakana",
 ]
 
 MORA_S = 1.0 / MORAE_PER_SECOND
@@ -280,3 +285,74 @@ def phrases_seconds(phrases: list[AccentPhrase]) -> float:
         if p.pause_mora is not None:
             total += p.pause_mora.seconds
     return total
+
+
+class KanaParseError(InputError):
+    """AquesTalk-style kana that cannot be parsed; `code` is VOICEVOX's error name."""
+
+    def __init__(self, code: str, text: str, message: str) -> None:
+        super().__init__(
+            message, hint="phrases are katakana split by / or 、, with one ' after the accent mora"
+        )
+        self.code, self.text = code, text
+
+
+def parse_aquestalk(kana: str) -> list[AccentPhrase]:
+    """VOICEVOX's AquesTalk-like notation: katakana phrases split by "/" (no pause) or "、"
+    (pause), "'" after the accent mora, "_" before an unvoiced mora, "？" ending a question."""
+    phrases: list[AccentPhrase] = []
+    pieces = re.split(r"([/、])", kana)
+    for i in range(0, len(pieces), 2):
+        body, sep = pieces[i], pieces[i + 1] if i + 1 < len(pieces) else ""
+        if not body:
+            if i == len(pieces) - 1 and phrases:
+                break  # a trailing separator
+            raise KanaParseError("EMPTY_PHRASE", body, f"phrase {i // 2 + 1} is empty")
+        question = body.endswith("？")
+        if question:
+            body = body[:-1]
+        if "？" in body:
+            raise KanaParseError("INTERROGATION_MARK_NOT_AT_END", body, f"'？' inside the phrase {body!r}")
+        if body.count("'") > 1:
+            raise KanaParseError("ACCENT_TWICE", body, f"two accents in {body!r}")
+        if "'" not in body:
+            raise KanaParseError("ACCENT_NOTFOUND", body, f"no accent (') in {body!r}")
+        if body.startswith("'"):
+            raise KanaParseError("ACCENT_TOP", body, f"an accent cannot start the phrase {body!r}")
+        moras: list[tuple[str, str, str]] = []
+        accent, unvoice = 0, False
+        j = 0
+        while j < len(body):
+            ch = body[j]
+            if ch == "'":
+                accent = len(moras)
+                j += 1
+                continue
+            if ch == "_":
+                unvoice = True
+                j += 1
+                continue
+            two = body[j : j + 2]
+            text = two if len(two) == 2 and two[1] in _SMALL and two in _KANA_TO_PHONEMES else ch
+            if text not in _KANA_TO_PHONEMES and text != "ー":
+                raise KanaParseError("UNKNOWN_TEXT", body, f"{text!r} is not katakana")
+            try:
+                (mora,) = kana_to_moras(("" if text != "ー" else (moras[-1][0] if moras else "")) + text)[-1:]
+            except (InputError, ValueError):
+                raise KanaParseError("UNKNOWN_TEXT", body, f"cannot read {text!r} in {body!r}") from None
+            t, c, v = mora
+            if unvoice and v in "aiueo":
+                v = v.upper()
+            moras.append((t if t != "ー" else mora_kana(c, v), c, v))
+            unvoice = False
+            j += len(text)
+        highs = accent_pitches(len(moras), accent)
+        phrases.append(
+            AccentPhrase(
+                [make_mora(t, c, v, h) for (t, c, v), h in zip(moras, highs)],
+                accent,
+                pause_mora() if sep == "、" else None,
+                question,
+            )
+        )
+    return phrases

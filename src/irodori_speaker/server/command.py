@@ -1,0 +1,126 @@
+"""`irodori-speaker serve`: the command line of the speech server."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from typing import Any
+
+from .config import DEFAULT_HOST, DEFAULT_PORT
+
+DESCRIPTION = """\
+Serve the VOICEVOX engine API and OpenAI's speech API on one loaded model.
+
+  irodori-speaker serve                           # 127.0.0.1:50021, VOICEVOX's port
+  irodori-speaker serve --voices voices.toml      # styles from a config file (docs/server.md)
+  irodori-speaker serve --host 0.0.0.0 --api-key "$KEY"   # beyond this machine: a key is required
+
+VOICEVOX clients (AITuberKit, AIAvatarKit, voicevox-client) need only the URL; the OpenAI
+SDK takes base_url=http://127.0.0.1:50021/v1. Stop with Ctrl-C: running lines get
+--shutdown-grace seconds, then are cancelled."""
+
+
+def add_parser(sub: Any, add_model_flags: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "serve",
+        help="VOICEVOX- and OpenAI-compatible speech server",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("network")
+    g.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("IRODORI_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default $IRODORI_API_KEY; required beyond localhost)",
+    )
+    g.add_argument(
+        "--cors-policy",
+        choices=["localapps", "all"],
+        default="localapps",
+        help="localapps (default, as VOICEVOX): app:// and localhost pages; all: any page",
+    )
+    g.add_argument("--allow-origin", action="append", default=[], help="also allow this web origin (repeat)")
+    g = p.add_argument_group("voices and limits")
+    g.add_argument("--voices", help="voice config (.toml/.yaml): speakers, styles, ids (docs/server.md)")
+    g.add_argument("--max-text-chars", type=int, default=1000, help="longest text per request (default 1000)")
+    g.add_argument("--max-queue", type=int, default=64, help="lines waiting before 503 (default 64)")
+    g.add_argument("--max-body-bytes", type=int, default=1_000_000, help="largest body (default 1 MB)")
+    g.add_argument("--seed", type=int, default=0, help="noise seed: fixed by default, so a request repeats")
+    g.add_argument("--steps", type=int, help="sampler steps (default: the backend preset's)")
+    g.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds running lines get at shutdown")
+    g.add_argument("--cache", metavar="DIR", help="phrase cache dir (default: the user's)")
+    g.add_argument("--no-cache", action="store_true", help="no phrase cache lookups or stores")
+    g.add_argument("--user-dict", metavar="FILE", help="user dictionary (default $IRODORI_DICT)")
+    g.add_argument("--no-prewarm", action="store_true", help="skip the warm-up synthesis at start")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g = p.add_argument_group("scale-out (Ray Serve)")
+    g.add_argument("--ray", action="store_true", help="run on Ray Serve (needs ray[serve])")
+    g.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (one per GPU)")
+    add_model_flags(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    from .config import ServerSettings
+
+    return ServerSettings(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        cors_policy=args.cors_policy,
+        allow_origins=tuple(args.allow_origin),
+        max_text_chars=args.max_text_chars,
+        max_body_bytes=args.max_body_bytes,
+        max_queue=args.max_queue,
+        seed=args.seed,
+        steps=args.steps,
+        shutdown_grace_s=args.shutdown_grace,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import InputError
+
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ModuleNotFoundError as e:
+        raise InputError(f"the server needs {e.name}", hint="pip install 'irodori-speaker[serve]'") from None
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(args)
+    for warning in settings.check():  # refuses unsafe settings before the model loads
+        print(f"warning: {warning}", file=sys.stderr)
+    from .config import load_voice_book
+
+    book = load_voice_book(args.voices)
+    if args.ray:
+        from .ray_app import serve_ray
+
+        return serve_ray(args, settings)
+    from ..synthesizer import load_synthesizer
+    from .run import serve
+
+    synth = load_synthesizer(
+        args.model,
+        codec=args.codec,
+        tokenizer=args.tokenizer,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        tiny_random=args.tiny_random or False,
+        user_dict=args.user_dict,
+    )
+    cache = None
+    if not args.no_cache:
+        from ..cache import PhraseCache, default_cache_dir
+
+        cache = PhraseCache(args.cache or default_cache_dir())
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        serve(synth, settings, book=book, cache=cache, prewarm=not args.no_prewarm)
+    return 0

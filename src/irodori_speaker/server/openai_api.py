@@ -1,0 +1,117 @@
+"""OpenAI's audio API: POST /v1/audio/speech (streamed) and GET /v1/models.
+
+The response streams: the first bytes leave as soon as the first chunk of the line is
+decoded (wav with an open-ended header, raw pcm, and mp3 / opus / aac through FFmpeg's
+encoders); flac is sent when complete (docs/server.md says why). Audio is 24 kHz mono, as
+OpenAI's is, so clients that assume 24 kHz pcm play it right.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from ..errors import Cancelled, InputError
+from .audio_out import SOURCE_RATE, Encoder
+from .schemas import SpeechRequest
+from .state import AppState
+
+OPENAI_RATE = 24_000
+MODEL_IDS = ("irodori-speaker", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+
+
+def build_router(state: AppState) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["OpenAI"])
+
+    @router.get("/models", summary="List models")
+    def models() -> dict:
+        created = int(time.time())
+        return {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "created": created, "owned_by": "irodori"} for m in MODEL_IDS
+            ],
+        }
+
+    @router.post(
+        "/audio/speech",
+        response_class=StreamingResponse,
+        responses={
+            200: {
+                "content": {
+                    t: {"schema": {"type": "string", "format": "binary"}}
+                    for t in ("audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav", "audio/pcm")
+                }
+            }
+        },
+        summary="Create speech",
+    )
+    async def speech(body: SpeechRequest, request: Request) -> StreamingResponse:
+        if len(body.input) > state.settings.max_text_chars:
+            raise InputError(
+                f"input is longer than {state.settings.max_text_chars} characters",
+                hint="split it, or start the server with a larger --max-text-chars",
+            )
+        if body.stream_format == "sse":
+            raise InputError("stream_format 'sse' is not supported; use 'audio' (the default)")
+        voice_name = body.voice if isinstance(body.voice, str) else str(body.voice.get("id", ""))
+        style = state.book.resolve_openai(voice_name)
+        voice = style.voice()
+        options = state.options(duration_scale=1.0 / body.speed)
+        started = time.perf_counter()
+        chunks: AsyncGenerator[np.ndarray, None] = state.service.stream(  # type: ignore[assignment,unused-ignore]
+            body.input,
+            voice,
+            options,
+            client=state.client_key(request),
+            route="openai",
+            is_disconnected=request.is_disconnected,
+        )
+        # the first chunk is awaited here: input errors, a full queue or a model failure are
+        # still an HTTP error status, not a broken stream
+        first = await anext(chunks, None)
+        encoder = Encoder(body.response_format, OPENAI_RATE)
+
+        async def audio() -> AsyncIterator[bytes]:
+            import soxr  # type: ignore[import-untyped,unused-ignore]
+
+            resampler = soxr.ResampleStream(SOURCE_RATE, OPENAI_RATE, 1, dtype="float32")
+            samples, sent = 0, False
+
+            def encode(chunk: np.ndarray, last: bool = False) -> bytes:
+                nonlocal samples
+                samples += len(chunk)
+                return encoder.encode(resampler.resample_chunk(chunk, last=last))
+
+            def first_byte() -> None:
+                nonlocal sent
+                if not sent:
+                    state.metrics.ttfb.labels("openai").observe(time.perf_counter() - started)
+                    sent = True
+
+            try:
+                data = encoder.start() + (encode(first) if first is not None else b"")
+                if data:
+                    first_byte()
+                    yield data
+                async for chunk in chunks:
+                    data = encode(chunk)
+                    if data:
+                        first_byte()
+                        yield data
+                first_byte()
+                yield encode(np.zeros(0, dtype=np.float32), last=True) + encoder.finish()
+                state.metrics.total.labels("openai").observe(time.perf_counter() - started)
+            except Cancelled:
+                return  # the client went away mid-stream: nobody is left to tell
+            finally:
+                await chunks.aclose()
+                state.metrics.audio_seconds.inc(samples / SOURCE_RATE)
+
+        return StreamingResponse(audio(), media_type=encoder.media_type)
+
+    return router

@@ -1,0 +1,220 @@
+"""Request and response bodies: VOICEVOX's shapes (field names, types, required fields as
+its OpenAPI document has them) and OpenAI's speech request. Ranges are ours: a value the
+model cannot honour is a 422 with its reason, never a silent clamp."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..text import prosody
+from .audio_out import MAX_RATE, MIN_RATE
+
+_STRICT = ConfigDict(allow_inf_nan=False)
+
+
+class Mora(BaseModel):
+    """モーラ（子音＋母音）ごとの情報。"""
+
+    model_config = _STRICT
+    text: str = Field(description="文字", max_length=8)
+    consonant: str | None = Field(default=None, description="子音の音素", max_length=4)
+    consonant_length: float | None = Field(default=None, description="子音の長さ", ge=0, le=10)
+    vowel: str = Field(description="母音の音素", max_length=4)
+    vowel_length: float = Field(description="母音の長さ", ge=0, le=10)
+    pitch: float = Field(description="音高", ge=0, le=20)
+
+    @classmethod
+    def of(cls, m: prosody.Mora) -> Mora:
+        return cls(
+            text=m.text,
+            consonant=m.consonant,
+            consonant_length=m.consonant_length,
+            vowel=m.vowel,
+            vowel_length=m.vowel_length,
+            pitch=m.pitch,
+        )
+
+    @property
+    def seconds(self) -> float:
+        return (self.consonant_length or 0.0) + self.vowel_length
+
+
+class AccentPhrase(BaseModel):
+    """アクセント句ごとの情報。"""
+
+    model_config = _STRICT
+    moras: list[Mora] = Field(description="モーラのリスト", max_length=500)
+    accent: int = Field(description="アクセント箇所", ge=0, le=500)
+    pause_mora: Mora | None = Field(default=None, description="アクセント句の末尾につく無音モーラ。")
+    is_interrogative: bool = Field(default=False, description="疑問系かどうか")
+
+    @classmethod
+    def of(cls, p: prosody.AccentPhrase) -> AccentPhrase:
+        return cls(
+            moras=[Mora.of(m) for m in p.moras],
+            accent=p.accent,
+            pause_mora=None if p.pause_mora is None else Mora.of(p.pause_mora),
+            is_interrogative=p.is_interrogative,
+        )
+
+
+class AudioQuery(BaseModel):
+    """音声合成用のクエリ。`kana` carries the text to speak (as in AivisSpeech, docs/server.md)."""
+
+    model_config = _STRICT
+    accent_phrases: list[AccentPhrase] = Field(description="アクセント句のリスト", max_length=500)
+    speedScale: float = Field(description="全体の話速", ge=0.25, le=4.0)
+    pitchScale: float = Field(description="全体の音高 (only 0.0 until pitch control lands)", ge=-1, le=1)
+    intonationScale: float = Field(description="全体の抑揚 (only 1.0 for now)", ge=0, le=2)
+    volumeScale: float = Field(description="全体の音量", ge=0, le=10)
+    prePhonemeLength: float = Field(description="音声の前の無音時間", ge=0, le=30)
+    postPhonemeLength: float = Field(description="音声の後の無音時間", ge=0, le=30)
+    pauseLength: float | None = Field(
+        default=None, description="句読点などの無音時間。null: 無視", ge=0, le=30
+    )
+    pauseLengthScale: float = Field(default=1, description="句読点などの無音時間（倍率）", ge=0, le=10)
+    outputSamplingRate: int = Field(
+        description="音声データの出力サンプリングレート", ge=MIN_RATE, le=MAX_RATE
+    )
+    outputStereo: bool = Field(description="音声データをステレオ出力するか否か")
+    kana: str | None = Field(default=None, description="読み上げテキスト (AivisSpeech と同じ扱い)")
+
+
+class SpeakerStyle(BaseModel):
+    name: str
+    id: int
+    type: Literal["talk", "singing_teacher", "frame_decode", "sing"] = "talk"
+
+
+class SpeakerSupportedFeatures(BaseModel):
+    permitted_synthesis_morphing: Literal["ALL", "SELF_ONLY", "NOTHING"] = "NOTHING"
+
+
+class Speaker(BaseModel):
+    name: str
+    speaker_uuid: str
+    styles: list[SpeakerStyle]
+    version: str
+    supported_features: SpeakerSupportedFeatures = SpeakerSupportedFeatures()
+
+
+class StyleInfo(BaseModel):
+    id: int
+    icon: str
+    portrait: str | None = None
+    voice_samples: list[str]
+
+
+class SpeakerInfo(BaseModel):
+    policy: str
+    portrait: str
+    style_infos: list[StyleInfo]
+
+
+class SupportedDevicesInfo(BaseModel):
+    cpu: bool
+    cuda: bool
+    dml: bool
+
+
+class SupportedFeatures(BaseModel):
+    adjust_mora_pitch: bool
+    adjust_phoneme_length: bool
+    adjust_speed_scale: bool
+    adjust_pitch_scale: bool
+    adjust_intonation_scale: bool
+    adjust_volume_scale: bool
+    adjust_pause_length: bool | None = None
+    interrogative_upspeak: bool
+    synthesis_morphing: bool
+    sing: bool | None = None
+    manage_library: bool | None = None
+    return_resource_url: bool | None = None
+    apply_katakana_english: bool | None = None
+
+
+class LicenseInfo(BaseModel):
+    name: str
+    version: str | None = None
+    license: str | None = None
+    text: str
+
+
+class UpdateInfo(BaseModel):
+    version: str
+    descriptions: list[str]
+    contributors: list[str] | None = None
+
+
+class EngineManifest(BaseModel):
+    manifest_version: str
+    name: str
+    brand_name: str
+    uuid: str
+    url: str
+    icon: str
+    default_sampling_rate: int
+    frame_rate: float
+    terms_of_service: str
+    update_infos: list[UpdateInfo]
+    dependency_licenses: list[LicenseInfo]
+    supported_vvlib_manifest_version: str | None = None
+    supported_features: SupportedFeatures
+
+
+class WordTypes(str, Enum):
+    """品詞"""
+
+    PROPER_NOUN = "PROPER_NOUN"
+    COMMON_NOUN = "COMMON_NOUN"
+    VERB = "VERB"
+    ADJECTIVE = "ADJECTIVE"
+    SUFFIX = "SUFFIX"
+
+
+class UserDictWord(BaseModel):
+    """辞書のコンパイルに使われる情報。"""
+
+    surface: str
+    priority: int = Field(ge=0, le=10)
+    context_id: int = 1348
+    part_of_speech: str
+    part_of_speech_detail_1: str
+    part_of_speech_detail_2: str
+    part_of_speech_detail_3: str
+    inflectional_type: str
+    inflectional_form: str
+    stem: str
+    yomi: str
+    pronunciation: str
+    accent_type: int
+    mora_count: int | None = None
+    accent_associative_rule: str
+
+
+class ParseKanaBadRequest(BaseModel):
+    text: str
+    error_name: str
+    error_args: dict[str, str]
+
+
+class ParseKanaError(BaseModel):
+    """The 400 body of /accent_phrases?is_kana=true, as VOICEVOX sends it: {"detail": {...}}."""
+
+    detail: ParseKanaBadRequest
+
+
+class SpeechRequest(BaseModel):
+    """OpenAI's POST /v1/audio/speech body."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
+    model: str = Field(description="any name: one model is loaded (GET /v1/models lists it)", max_length=200)
+    input: str = Field(description="the text to speak", min_length=1)
+    voice: str | dict = Field(description="a style id, speaker or style name, alias, or an OpenAI voice name")
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    instructions: str | None = Field(default=None, description="accepted and ignored", max_length=4096)
+    stream_format: Literal["audio", "sse"] | None = Field(default=None, description="only 'audio'")

@@ -1,0 +1,125 @@
+"""Helpers of the server tests: a real `irodori-speaker serve` (tiny-random, CPU) on a loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen
+    home: Path
+    log: Path
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples (all label values)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.url + "/metrics", headers=self.headers).text
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    total += sample.value
+        return total
+
+    headers: dict | None = None
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def voices_config(home: Path) -> Path:
+    """Two speakers: the model's own voice (id 0) and a reference wav (id 7, alias 'nova')."""
+    import soundfile as sf
+
+    t = np.arange(48_000 * 2) / 48_000
+    wave = (0.3 * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    sf.write(home / "ref.wav", wave, 48_000)
+    cfg = home / "voices.toml"
+    cfg.write_text(
+        """
+[[speakers]]
+name = "いろどり"
+  [[speakers.styles]]
+  name = "ノーマル"
+  id = 0
+[[speakers]]
+name = "テスト"
+policy = "test voice"
+  [[speakers.styles]]
+  name = "リファレンス"
+  id = 7
+  wav = "ref.wav"
+  aliases = ["nova"]
+""",
+        encoding="utf-8",
+    )
+    return cfg
+
+
+def start_server(home: Path, *extra: str, env: dict | None = None, wait_s: float = 120.0) -> Server:
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = home / f"server-{port}.log"
+    environ = {
+        **os.environ,
+        "IRODORI_CACHE": str(home / "cache"),
+        "IRODORI_DICT": str(home / "user_dict.sqlite3"),
+        "OMP_NUM_THREADS": "1",
+        **(env or {}),
+    }
+    cmd = [sys.executable, "-m", "irodori_speaker.cli", "serve", "--tiny-random", "--backend", "cpu"]
+    cmd += ["--port", str(port), "--voices", str(voices_config(home)), *extra]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=environ)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/version", timeout=1.0).status_code == 200:
+                return Server(url, proc, home, log)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server did not start in {wait_s} s:\n{log.read_text()[-3000:]}")
+
+
+def wav_info(data: bytes):
+    import io
+
+    import soundfile as sf
+
+    audio, rate = sf.read(io.BytesIO(data), always_2d=True)
+    return audio, rate

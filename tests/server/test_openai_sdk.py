@@ -1,0 +1,78 @@
+"""OpenAI's speech API through the official `openai` SDK, every response_format, whole and streamed."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from server_helpers import httpx
+
+openai = pytest.importorskip("openai")
+av = pytest.importorskip("av")
+
+TEXT = "こんにちは、今日はいい天気ですね。散歩に行きましょう。"
+
+
+def decoded_seconds(data: bytes, fmt: str) -> float:
+    if fmt == "pcm":
+        return len(data) / 2 / 24_000
+    with av.open(io.BytesIO(data)) as c:
+        frames = [f.to_ndarray() for f in c.decode(audio=0)]
+        rate = c.streams.audio[0].rate
+    return sum(f.shape[-1] for f in frames) / rate
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused-on-localhost")
+
+
+@pytest.fixture(scope="module")
+def reference_seconds(synth):
+    from irodori_speaker.synthesizer import SynthesisOptions
+
+    return synth.synthesize(TEXT, None, SynthesisOptions(seed=0)).record.samples / 48_000
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "opus", "aac", "flac", "pcm"])
+def test_create_every_format(client, fmt, reference_seconds):
+    r = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format=fmt)
+    data = r.content
+    if fmt == "wav":
+        assert data[:4] == b"RIFF" and data[24:28] == (24_000).to_bytes(4, "little")
+    # codecs pad the start/end a little (mp3, aac, opus frames)
+    assert decoded_seconds(data, fmt) == pytest.approx(reference_seconds, abs=0.1)
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "wav", "mp3", "opus"])
+def test_streaming_response_arrives_in_pieces(client, fmt):
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="nova", input=TEXT * 3, response_format=fmt, speed=0.5
+    ) as r:
+        assert r.headers["content-type"].startswith("audio/")
+        parts = [p for p in r.iter_bytes() if p]
+    # a multi-second line decodes in several chunks and each leaves when it is decoded
+    assert len(parts) >= 3
+    assert decoded_seconds(b"".join(parts), fmt) > 3.0
+
+
+def test_speed_changes_the_length(client, reference_seconds):
+    fast = client.audio.speech.create(
+        model="tts-1", voice="alloy", input=TEXT, response_format="pcm", speed=2.0
+    )
+    assert decoded_seconds(fast.content, "pcm") < 0.7 * reference_seconds
+
+
+def test_errors_are_statuses(client):
+    with pytest.raises(openai.UnprocessableEntityError, match="unknown voice"):
+        client.audio.speech.create(model="tts-1", voice="nobody", input="テスト", response_format="wav")
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.audio.speech.create(model="tts-1", voice="alloy", input="テスト", speed=9.0)
+    with pytest.raises(openai.UnprocessableEntityError, match="empty"):
+        client.audio.speech.create(model="tts-1", voice="alloy", input="\u3000\t")
+
+
+def test_models(client, server):
+    ids = [m.id for m in client.models.list().data]
+    assert "tts-1" in ids and "irodori-speaker" in ids
+    assert httpx.get(server.url + "/v1/models").json()["object"] == "list"
