@@ -6,6 +6,12 @@
 #
 # Test data and the news5 set are in the repository; .whl holds the onecomp-runtime wheel (the
 # seed's int4 kernel, for the comparison column). Logs land in $OUT.
+#
+# Stage news5_base runs news5 of an older tree in .device_base (src/ and benchmarks/ of a commit, made
+# with: rm -rf .device_base && mkdir .device_base && git archive COMMIT src benchmarks | tar -x -C
+# .device_base; carry it too) right after news5 of this tree, on the same machine and the same random
+# files: the side-by-side "not slower" check, e.g. STAGES="news5 news5_base". A tree from before the
+# data moved into the repository reads it from $IRODORI_SHARED_DIR: the stage lays it out there.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 IRODORI_CACHE=/tmp/irodori-cache
 OUT="${OUT:-/tmp/out}"
@@ -34,6 +40,12 @@ if stage profile; then
 fi
 if stage news5; then
   timeout "${NEWS5_S:-250}" python3 benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 1 --int4-impl scratch} 2>&1 | tee "$OUT/news5.txt" | tail -60
+fi
+if stage news5_base && [ -d .device_base ]; then
+  mkdir -p "$OUT/base" /tmp/base_shared/bench /tmp/base_shared/fixtures/dit  # its news5.json goes to base/
+  cp benchmarks/data/news5.json /tmp/base_shared/bench/
+  cp tests/data/dit/v2_500m_keys.json /tmp/base_shared/fixtures/dit/
+  IRODORI_SHARED_DIR=/tmp/base_shared OUT="$OUT/base" timeout "${NEWS5_S:-250}" python3 .device_base/benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 1 --int4-impl scratch} 2>&1 | tee "$OUT/news5_base.txt" | tail -20
 fi
 if stage int4; then
   timeout "${INT4_S:-110}" python3 benchmarks/int4_gpu.py ${INT4_ARGS:---quick --graph} 2>&1 | tee "$OUT/int4.txt" | tail -45
