@@ -50,10 +50,10 @@ def one_line_error(r) -> str:
     "argv, wanted",
     [
         ([], ["say", "prebuild", "cache", "devices", "bench", "convert-codec", "exit status"]),
-        (["say"], ["--play", "--output-device", "--cache", "--seed"]),
-        (["prebuild"], ["--cache", "--max-bytes", "--audio-format", "--seed", "default: 0", "comments"]),
+        (["say"], ["--play", "--output-device", "--cache", "--cache-dir", "--seed", ".opus", "standard"]),
+        (["prebuild"], ["--cache-dir", "--max-bytes", "--audio-format", "--seed", "default: 0", "comments"]),
         (["cache"], ["stats", "list", "verify", "clear"]),
-        (["cache", "stats"], ["--cache", "--json"]),
+        (["cache", "stats"], ["--cache-dir", "--json"]),
         (["cache", "verify"], ["--no-repair", "sha256"]),
         (["devices"], ["--tone", "--hostapi", "names"]),
         (["bench"], ["--repeat", "--warmup", "--tiny-random", "time to first"]),
@@ -95,26 +95,26 @@ def _fill(d: Path, n: int = 3) -> list[str]:
 def test_cache_commands(home, tmp_path):
     d = tmp_path / "c"
     keys = _fill(d)
-    r = run(["cache", "stats", "--cache", d, "--json"], home)
+    r = run(["cache", "stats", "--cache-dir", d, "--json"], home)
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert (s["entries"], s["bytes"], s["hits"], s["misses"]) == (3, 4 * 4800 * 6, 1, 1)
     assert s["audio_seconds"] == pytest.approx(0.6) and s["hit_rate"] == 0.5
-    r = run(["cache", "stats", "--cache", d], home)
+    r = run(["cache", "stats", "--cache-dir", d], home)
     assert "3 (0.6 s of audio)" in r.stdout and "1 hits, 1 misses" in r.stdout
-    r = run(["cache", "list", "--cache", d, "--sort", "bytes"], home)
+    r = run(["cache", "list", "--cache-dir", d, "--sort", "bytes"], home)
     assert [line.split()[-1] for line in r.stdout.splitlines()] == ["行2", "行1", "行0"]
-    assert run(["cache", "verify", "--cache", d], home).returncode == 0
+    assert run(["cache", "verify", "--cache-dir", d], home).returncode == 0
     with PhraseCache(d) as c:  # damage one entry
         p = d / c._row(keys[1])[1]
     p.write_bytes(p.read_bytes()[:-4])
-    r = run(["cache", "verify", "--cache", d, "--no-repair"], home)
+    r = run(["cache", "verify", "--cache-dir", d, "--no-repair"], home)
     assert r.returncode == 1 and "bad: " in r.stderr and "truncated" in r.stderr
-    r = run(["cache", "verify", "--cache", d], home)
+    r = run(["cache", "verify", "--cache-dir", d], home)
     assert r.returncode == 1 and "dropped: " in r.stderr and "2 ok, 1 damaged" in r.stdout
-    r = run(["cache", "verify", "--cache", d], home)
+    r = run(["cache", "verify", "--cache-dir", d], home)
     assert r.returncode == 0 and "2 ok, 0 damaged" in r.stdout
-    r = run(["cache", "clear", "--cache", d], home)
+    r = run(["cache", "clear", "--cache-dir", d], home)
     assert r.returncode == 0 and "removed 2 entries" in r.stdout
     with PhraseCache(d) as c:
         assert c.stats().entries == 0
@@ -123,7 +123,7 @@ def test_cache_commands(home, tmp_path):
 
 def test_cache_commands_on_a_missing_cache_say_so(home, tmp_path):
     for action in ("stats", "verify", "clear", "list"):
-        r = run(["cache", action, "--cache", tmp_path / "nothing-here"], home)
+        r = run(["cache", action, "--cache-dir", tmp_path / "nothing-here"], home)
         assert "no phrase cache at" in one_line_error(r) and "hint: " in r.stderr
     assert not (tmp_path / "nothing-here").exists()  # looking did not create one
 
@@ -192,11 +192,11 @@ def test_tone_is_a_clean_sine():
 def test_say_through_the_cache_renders_once(home, tmp_path):
     d = tmp_path / "c"
     args = ["say", "こんにちは", "--tiny-random", "--backend", "cpu", "--steps", "2", "--seconds", "0.5"]
-    r1 = run([*args, "-o", tmp_path / "1.wav", "--cache", d], home)
+    r1 = run([*args, "-o", tmp_path / "1.wav", "--cache-dir", d], home)
     assert r1.returncode == 0, r1.stderr
     assert "RTF" in r1.stdout and "seed 0" in r1.stdout  # a cached line uses seed 0
     play = ["--play", "--output-device", "irodori_virtual"] if _virtual_device() else []
-    r2 = run([*args, "-o", tmp_path / "2.wav", "--cache", d, *play], home)
+    r2 = run([*args, "-o", tmp_path / "2.wav", "--cache-dir", d, *play], home)
     assert r2.returncode == 0, r2.stderr
     assert "from the phrase cache" in r2.stdout
     a, b = sf.read(tmp_path / "1.wav")[0], sf.read(tmp_path / "2.wav")[0]

@@ -208,7 +208,7 @@ def test_cli_prebuild_ctrl_c_while_another_process_reads_then_re_run(synth, irod
     f = tmp_path / "phrases.txt"
     f.write_text("# stock lines\n" + "\n".join(phrases) + "\n", "utf-8")
     d = tmp_path / "cache"
-    args = ["prebuild", str(f), "--cache", str(d), "--tiny-random", "--backend", "cpu"]
+    args = ["prebuild", str(f), "--cache-dir", str(d), "--tiny-random", "--backend", "cpu"]
     args += ["--steps", "2", "--seconds", "0.4"]
     opts = dataclasses.replace(FAST, seed=0)
     proc = run_cli(args, irodori_home)
@@ -249,7 +249,7 @@ def test_cli_prebuild_ctrl_c_while_another_process_reads_then_re_run(synth, irod
 def test_cli_prebuild_failing_phrase_exits_1_with_a_summary(irodori_home, tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("- こんにちは！\n- text: 声がない\n  voice: missing.wav\n", "utf-8")
-    args = ["prebuild", str(f), "--cache", str(tmp_path / "c"), "--tiny-random", "--backend", "cpu"]
+    args = ["prebuild", str(f), "--cache-dir", str(tmp_path / "c"), "--tiny-random", "--backend", "cpu"]
     proc = run_cli([*args, "--steps", "2", "--seconds", "0.4"], irodori_home)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1

@@ -481,7 +481,7 @@ class PhraseCache:
                 raise CacheError(
                     f"the phrase cache at {self.directory} was written by a newer irodori-speaker "
                     f"(index schema {row[0]}, this one reads {SCHEMA_VERSION})",
-                    hint="upgrade, or use another --cache directory",
+                    hint="upgrade, or use another --cache-dir directory",
                 )
             for name in _COUNTERS:
                 conn.execute("INSERT OR IGNORE INTO counters VALUES (?, 0)", (name,))

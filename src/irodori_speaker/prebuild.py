@@ -222,7 +222,9 @@ def load_phrases(path: str | os.PathLike[str]) -> list[Phrase]:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError as e:
-        raise InputError(f"phrase file {p} does not exist") from e
+        raise InputError(
+            f"phrase file {p} does not exist", hint="a .txt file (one phrase a line) or .yaml (docs/cache.md)"
+        ) from e
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"cannot read phrase file {p}: {e}", hint="phrase files are UTF-8 text") from e
     if p.suffix.lower() in (".yaml", ".yml"):

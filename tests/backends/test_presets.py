@@ -109,3 +109,23 @@ def test_a_device_that_is_not_a_torch_device_is_a_backend_error():
     with pytest.raises(BackendError, match="codec_device 'npu0'"):
         select_preset("cpu", codec_device="npu0")
     assert select_preset("cpu", codec_device="cpu").codec_device == "cpu"
+
+
+def test_a_device_this_machine_lacks_names_what_it_has(devices, monkeypatch):
+    # the Python API gets the same checks as --device (select_preset makes them)
+    with pytest.raises(BackendError, match=r"'cuda' asked for.*no CUDA device \(available here: cpu\)") as e:
+        select_preset("cpu", device="cuda")
+    assert e.value.hint
+    with pytest.raises(BackendError, match="no CUDA device"):
+        select_preset("cpu", device="cuda:3")
+    with pytest.raises(BackendError, match=r"no Apple GPU \(MPS\) here \(available: cpu\)"):
+        select_preset("cpu", device="mps")
+    with pytest.raises(BackendError, match="runs on cpu, cuda or mps"):
+        select_preset("cpu", device="xpu")
+    devices.update(cuda=True, mps=True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert presets.available_devices() == ["cpu", "cuda:0", "cuda:1", "mps"]
+    with pytest.raises(BackendError, match=r"'cuda:3' does not exist: torch sees 2 CUDA") as e:
+        select_preset("cpu", device="cuda:3")
+    assert e.value.hint == "use cuda:0 to cuda:1"
+    assert select_preset("cpu", device="cuda:1").device == "cuda:1"

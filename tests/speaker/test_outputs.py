@@ -153,8 +153,68 @@ def test_make_output_specs(tmp_path):
     assert isinstance(make_output(tmp_path / "a.wav"), FileOutput)
     assert isinstance(make_output(str(tmp_path / "a.flac")), FileOutput)
     assert isinstance(make_output("CABLE Input"), SoundDeviceOutput)
+    assert isinstance(make_output("USB Audio 2.0"), SoundDeviceOutput)
+    for name in ("a.ogg", "a.opus", "a.MP3"):
+        assert isinstance(make_output(str(tmp_path / name)), FileOutput)
+    with pytest.raises(AudioError, match=r"unknown extension '\.aiff'"):
+        make_output(str(tmp_path / "a.aiff"))  # a file we cannot write, not a device called "a.aiff"
     with pytest.raises(Exception, match="not an output"):
         make_output(3.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "name, fmt, subtype",
+    [
+        ("a.wav", "WAV", "PCM_16"),
+        ("a.flac", "FLAC", "PCM_16"),
+        ("a.ogg", "OGG", "VORBIS"),
+        ("a.opus", "OGG", "OPUS"),
+        ("a.mp3", "MP3", "MPEG_LAYER_III"),
+    ],
+)
+def test_speaker_output_path_writes_the_format_its_extension_names(name, fmt, subtype, run, tmp_path):
+    path = tmp_path / name
+
+    async def body():
+        async with Speaker(FakeSynth(), output=str(path)) as s:
+            await s.say(LINES[0])
+
+    run(body())
+    info = sf.info(str(path))
+    assert (info.format, info.subtype, info.samplerate, info.channels) == (fmt, subtype, SR, 1)
+    audio, _ = sf.read(str(path), dtype="float32")
+    assert abs(len(audio) - len(FakeSynth().audio_for(LINES[0]))) < 2_000  # lossy codecs pad a little
+
+
+def test_file_output_sample_rate_and_channels(run, tmp_path):
+    path = tmp_path / "st.flac"
+
+    async def body():
+        async with Speaker(FakeSynth(), output=FileOutput(path, sample_rate=24_000, channels=2)) as s:
+            await s.say(LINES[0])
+
+    run(body())
+    audio, sr = sf.read(str(path), dtype="float32")
+    assert sr == 24_000 and audio.shape[1] == 2
+    np.testing.assert_array_equal(audio[:, 0], audio[:, 1])  # the mono line on both channels
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"path": "x.xyz"}, "unknown extension '.xyz'"),
+        ({"path": "noext"}, "no extension"),
+        ({"path": "x.wav", "subtype": "VORBIS"}, "cannot hold subtype 'VORBIS'"),
+        ({"path": "x.opus", "sample_rate": 44_100}, "Opus cannot store 44100 Hz"),
+        ({"path": "missing-dir/x.wav"}, "does not exist"),
+        ({"path": "/proc/x.wav"}, "cannot write /proc/x.wav"),
+    ],
+)
+def test_file_output_mistakes_fail_when_it_is_made(kwargs, match, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AudioError, match=match) as e:
+        FileOutput(**kwargs)
+    assert e.value.hint and "\n" not in str(e.value)
 
 
 class Flaky(NullOutput):

@@ -91,15 +91,50 @@ def ensure_mps_fallback_env() -> bool:
     return True
 
 
+def available_devices() -> list[str]:
+    """The torch devices this machine can run on, e.g. ["cpu", "cuda:0", "cuda:1"]."""
+    found = ["cpu"]
+    if cuda_available():
+        found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if mps_available():
+        found.append("mps")
+    return found
+
+
 def _check_device(field: str, device: str | None) -> None:
+    """`device` parses as a torch device and exists here; else a BackendError naming what does."""
     if device is None:
         return
+    have = ", ".join(available_devices())
     try:
-        torch.device(device)
+        dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise BackendError(
-            f"{field} {device!r} is not a torch device", hint="e.g. cuda, cuda:1, mps or cpu"
+            f"{field} {device!r} is not a torch device (available here: {have})",
+            hint="e.g. cuda, cuda:1, mps or cpu",
         ) from e
+    if dev.type == "cuda":
+        if not cuda_available():
+            raise BackendError(
+                f"{field} {device!r} asked for, but torch sees no CUDA device (available here: {have})",
+                hint="install a CUDA build of torch on a machine with an NVIDIA GPU, or use cpu",
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise BackendError(
+                f"{field} {device!r} does not exist: torch sees {count} CUDA device(s) (available: {have})",
+                hint=f"use cuda:0 to cuda:{count - 1}",
+            )
+    elif dev.type == "mps" and not mps_available():
+        raise BackendError(
+            f"{field} {device!r} asked for, but there is no Apple GPU (MPS) here (available: {have})",
+            hint="MPS needs Apple Silicon and macOS 12.3+",
+        )
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise BackendError(
+            f"{field} {device!r}: irodori-speaker runs on cpu, cuda or mps (available here: {have})",
+            hint="e.g. cuda, cuda:1, mps or cpu",
+        )
 
 
 def select_preset(backend: str = "auto", **overrides) -> Preset:

@@ -7,6 +7,6 @@ progress, playback), `say`, `cache` (prebuild and cache), `devices`, `bench`, `m
 
 from .bench import NEWS5, bench_sentences, bench_totals, run_bench
 from .devices import tone
-from .main import build_parser, main
+from .main import build_parser, main, run
 
-__all__ = ["NEWS5", "bench_sentences", "bench_totals", "build_parser", "main", "run_bench", "tone"]
+__all__ = ["NEWS5", "bench_sentences", "bench_totals", "build_parser", "main", "run", "run_bench", "tone"]

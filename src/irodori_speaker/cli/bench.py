@@ -19,9 +19,9 @@ from .common import (
     add_sampling_flags,
     add_voice_flags,
     build_options,
-    build_voice,
     load_from_args,
     sub_parser,
+    voice_and_checks,
 )
 
 # The news5 sentences (benchmarks/data/news5.json), so the benchmark runs from an installed package.
@@ -127,8 +127,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repeat < 1 or args.warmup < 0:
         raise InputError("--repeat must be >= 1 and --warmup >= 0")
     sentences, name = bench_sentences(args.sentences)
+    voice = voice_and_checks(args)
     synth = load_from_args(args)
-    voice = build_voice(args)
     options = build_options(args)
     if options.seed is None:
         import dataclasses

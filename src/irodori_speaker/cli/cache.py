@@ -20,10 +20,11 @@ from .common import (
     add_sampling_flags,
     add_voice_flags,
     build_options,
-    build_voice,
     load_from_args,
     open_cache,
+    show_progress,
     sub_parser,
+    voice_and_checks,
 )
 
 
@@ -34,12 +35,12 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
     phrases = load_phrases(args.phrases)
     if not phrases:
         raise InputError(f"{args.phrases} has no phrases", hint="one phrase per line; # starts a comment")
-    synth = load_from_args(args)
-    if synth.note:
-        print(f"note: {synth.note}", file=sys.stderr)
-    voice = build_voice(args)
-    with open_cache(args.cache, max_bytes=args.max_bytes, audio_format=args.audio_format) as cache:
-        progress = Progress("prebuilding", enabled=False if args.quiet else None)
+    voice = voice_and_checks(args)
+    with open_cache(args.cache_dir, max_bytes=args.max_bytes, audio_format=args.audio_format) as cache:
+        synth = load_from_args(args)
+        if synth.note:
+            print(f"note: {synth.note}", file=sys.stderr)
+        progress = Progress("prebuilding", enabled=show_progress(args))
 
         def show(done: int, total: int, eta: float | None, res: Any) -> None:
             note = "" if res is None else res.phrase.text
@@ -63,7 +64,7 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
 def cmd_cache_stats(args: argparse.Namespace) -> int:
     from ..cache import format_size
 
-    with open_cache(args.cache, must_exist=True) as cache:
+    with open_cache(args.cache_dir, must_exist=True) as cache:
         s = cache.stats()
     if args.json:
         print(json.dumps(s.as_dict(), ensure_ascii=False, indent=2))
@@ -78,7 +79,7 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_list(args: argparse.Namespace) -> int:
-    with open_cache(args.cache, must_exist=True) as cache:
+    with open_cache(args.cache_dir, must_exist=True) as cache:
         rows = cache.entries(limit=args.limit, order=args.sort)
     for e in rows:
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
@@ -87,8 +88,8 @@ def cmd_cache_list(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_verify(args: argparse.Namespace) -> int:
-    with open_cache(args.cache, must_exist=True) as cache:
-        progress = Progress("verifying")
+    with open_cache(args.cache_dir, must_exist=True) as cache:
+        progress = Progress("verifying", enabled=show_progress(args))
         try:
             report = cache.verify(repair=not args.no_repair, on_entry=progress)
         finally:
@@ -106,7 +107,7 @@ def cmd_cache_verify(args: argparse.Namespace) -> int:
 def cmd_cache_clear(args: argparse.Namespace) -> int:
     from ..cache import format_size
 
-    with open_cache(args.cache, must_exist=True) as cache:
+    with open_cache(args.cache_dir, must_exist=True) as cache:
         n, size = cache.clear()
     print(f"removed {n} entries ({format_size(size)}) from {cache.directory}")
     return EXIT_OK
@@ -123,7 +124,7 @@ def register(sub: Any) -> None:
         "docs/cache.md). Cached lines use a fixed seed: the phrase's, --seed, else 0.\n"
         "Safe to interrupt and re-run: only what is missing is rendered. A phrase that\n"
         "fails is reported and the others go on; the exit status is 1 if any failed.\n\n"
-        "  irodori-speaker prebuild phrases.txt --voice aoi.wav --cache ./phrase-cache",
+        "  irodori-speaker prebuild phrases.txt --voice aoi.wav --cache-dir ./phrase-cache",
     )
     p.add_argument("phrases", help="phrase file: .txt (one a line) or .yaml/.yml")
     add_cache_flags(p)
@@ -137,7 +138,6 @@ def register(sub: Any) -> None:
         help="how new entries are stored: f32 = exact raw float (default), "
         "flac = 24-bit, about half the size",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_model_flags(p)
     add_voice_flags(p)
     add_sampling_flags(

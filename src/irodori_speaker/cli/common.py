@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import AudioError, CacheError
+from ..errors import AudioError, CacheError, InputError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+log = logging.getLogger("irodori_speaker.cli")
+
+#: The kinds of --tiny-kind (engine.tiny.TINY_CONFIGS; a test keeps the two equal). Listed here so
+#: building the parser does not import torch.
+TINY_KINDS = ("v2", "v3", "v2-voicedesign")
 
 
 class Progress:
@@ -63,11 +70,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", help="tokenizer.json (default: the model's tokenizer repo)")
     g.add_argument(
         "--tiny-random",
-        nargs="?",
-        const="v2",
+        action="store_true",
+        help="use a small random model in the real formats (offline; the output is NOISE)",
+    )
+    g.add_argument(
+        "--tiny-kind",
         metavar="KIND",
-        help="use a small random model in the real formats (offline; output is NOISE). "
-        "KIND: v2 (default), v3, v2-voicedesign",
+        help=f"which tiny-random model (implies --tiny-random): {', '.join(TINY_KINDS)} (default v2)",
     )
     g.add_argument(
         "--backend",
@@ -98,25 +107,24 @@ def add_sampling_flags(p: argparse.ArgumentParser, seed_help: str | None = None)
     g.add_argument("--no-tail-trim", action="store_true", help="keep the trailing near-silence")
 
 
-def add_cache_flags(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
+def add_cache_flags(p: argparse.ArgumentParser, *, switch: bool = False) -> None:
+    """--cache-dir DIR; with `switch`, also the --cache flag that turns the cache on (say)."""
     from ..cache import default_cache_dir
 
     g = p.add_argument_group("phrase cache")
-    if optional:
+    if switch:
         g.add_argument(
             "--cache",
-            nargs="?",
-            const="",
-            metavar="DIR",
-            help=f"look the line up in the phrase cache first and store it after (DIR default: "
-            f"{default_cache_dir()}; $IRODORI_CACHE moves it). A cached line uses seed 0 unless --seed",
+            action="store_true",
+            help="look the line up in the phrase cache first and store it after "
+            "(a cached line uses seed 0 unless --seed)",
         )
-    else:
-        g.add_argument(
-            "--cache",
-            metavar="DIR",
-            help=f"phrase cache directory (default: {default_cache_dir()}; $IRODORI_CACHE moves it)",
-        )
+    g.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help=f"phrase cache directory{' (implies --cache)' if switch else ''} "
+        f"(default: {default_cache_dir()}; $IRODORI_CACHE moves it)",
+    )
 
 
 def add_output_flags(p: argparse.ArgumentParser) -> None:
@@ -131,16 +139,59 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_voice(args: argparse.Namespace):
+    """The voice the flags name; a reference file that is missing or no audio fails here, cheaply."""
     from ..voices import Voice
 
     if args.voice:
         path = Path(args.voice)
+        if not path.is_file():
+            raise AudioError(
+                f"reference voice {path} does not exist",
+                hint="give a recording (WAV, FLAC, OGG, MP3) or a saved .safetensors latent",
+            )
         if path.suffix == ".safetensors":
             return Voice.from_latent(path, caption=args.caption)
-        return Voice.from_wav(path, caption=args.caption)
+        voice = Voice.from_wav(path, caption=args.caption)
+        check_audio_file(path)
+        return voice
     if args.caption:
         return Voice.designed(args.caption)
     return None
+
+
+def check_audio_file(path: Path) -> None:
+    import soundfile as sf
+
+    try:
+        sf.info(str(path))
+    except (OSError, RuntimeError) as e:  # LibsndfileError is a RuntimeError
+        raise AudioError(
+            f"reference voice {path} is not a sound file we can read",
+            hint="give a WAV, FLAC, OGG or MP3 recording (or a saved .safetensors latent)",
+        ) from e
+
+
+#: Seeds torch's generator takes.
+SEED_RANGE = (0, 2**64 - 1)
+
+
+def check_seed(seed: int | None) -> None:
+    lo, hi = SEED_RANGE
+    if seed is not None and not lo <= seed <= hi:
+        raise InputError(
+            f"--seed {seed} is out of range: a seed is an integer from {lo} to {hi} (2**64 - 1)",
+            hint="any smaller number works; the same seed gives the same audio",
+        )
+
+
+def check_caption(args: argparse.Namespace, synth: Any) -> None:
+    """--caption on a model without a caption branch would be silently ignored: refuse it."""
+    if args.caption and not synth.config.caption_enabled:
+        raise InputError(
+            "--caption needs a VoiceDesign model; this model has no caption branch",
+            hint="use --model v2-voicedesign or v3-voicedesign (offline: --tiny-kind v2-voicedesign), "
+            "or leave --caption out",
+        )
 
 
 def build_options(args: argparse.Namespace):
@@ -155,18 +206,48 @@ def build_options(args: argparse.Namespace):
     )
 
 
+def tiny_kind(args: argparse.Namespace) -> str | bool:
+    """The tiny-random kind the flags ask for, or False for a real model."""
+    if args.tiny_kind:
+        if args.tiny_kind not in TINY_KINDS:
+            raise InputError(
+                f"unknown --tiny-kind {args.tiny_kind!r}", hint=f"one of {', '.join(TINY_KINDS)}"
+            )
+        return str(args.tiny_kind)
+    return "v2" if args.tiny_random else False
+
+
+def voice_and_checks(args: argparse.Namespace):
+    """The cheap checks every synthesising command makes before loading a model; its voice."""
+    check_seed(args.seed)
+    tiny_kind(args)
+    return build_voice(args)
+
+
 def load_from_args(args: argparse.Namespace):
+    """The synthesizer the model flags ask for (--caption is checked against it)."""
     from ..synthesizer import load_synthesizer
 
-    return load_synthesizer(
+    kind = tiny_kind(args)
+    t0 = time.perf_counter()
+    synth = load_synthesizer(
         args.model,
         codec=args.codec,
         tokenizer=args.tokenizer,
         backend=args.backend,
         device=args.device,
         dtype=args.dtype,
-        tiny_random=args.tiny_random or False,
+        tiny_random=kind,
     )
+    log.info(
+        "loaded %s on %s (preset %s) in %.1f s",
+        args.model or (f"tiny-random {kind}" if kind else "the default model (v2)"),
+        synth.device,
+        synth.preset.name,
+        time.perf_counter() - t0,
+    )
+    check_caption(args, synth)
+    return synth
 
 
 def open_cache(directory: str | None, *, must_exist: bool = False, **kwargs: Any):
@@ -176,15 +257,18 @@ def open_cache(directory: str | None, *, must_exist: bool = False, **kwargs: Any
     if must_exist and not (path / INDEX_NAME).is_file():
         raise CacheError(
             f"there is no phrase cache at {path}",
-            hint="fill one with `irodori-speaker prebuild phrases.txt --cache DIR`",
+            hint="fill one with `irodori-speaker prebuild phrases.txt --cache-dir DIR`",
         )
     return PhraseCache(path, **kwargs)
 
 
-def play_audio(audio: Any, sample_rate: int, device: str | None = None, hostapi: str | None = None) -> str:
+def play_audio(
+    audio: Any, sample_rate: int, device: str | None = None, hostapi: str | None = None
+) -> dict[str, Any]:
     """Play float32 mono audio on a sound device (by name, as `devices` lists it) and wait.
 
-    Returns the device's name. Raises AudioError when there is no device or it fails.
+    Returns the device it played on ({"name", "hostapi"}). Raises AudioError when there is no
+    device or it fails.
     """
     import numpy as np
 
@@ -207,15 +291,40 @@ def play_audio(audio: Any, sample_rate: int, device: str | None = None, hostapi:
             time.sleep(0.02)
         time.sleep(out.latency)  # the last block is handed over, not yet heard
         info = out.device_info or {}
-        return f"{info.get('name', out.name)} ({info.get('hostapi', '?')})"
+        return {"name": info.get("name", out.name), "hostapi": info.get("hostapi", "?")}
     finally:
         out.close()
 
 
+def describe_device(info: dict[str, Any]) -> str:
+    return f"{info['name']} ({info['hostapi']})"
+
+
+def add_log_flags(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """-q / -v, on the top-level parser and on every command (so both positions work)."""
+    default = 0 if top else argparse.SUPPRESS
+    g = p.add_argument_group("messages")
+    g.add_argument("-q", "--quiet", action="count", default=default, help="errors only, no progress bar")
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=default,
+        help="log what happens (-v: info, -vv: debug) on stderr",
+    )
+
+
 def sub_parser(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
-    return sub.add_parser(
+    p = sub.add_parser(
         name,
         help=help,
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_flags(p)
+    return p
+
+
+def show_progress(args: argparse.Namespace) -> bool | None:
+    """False when -q asked for quiet; None lets the bar decide (on only on a terminal)."""
+    return False if getattr(args, "quiet", 0) else None

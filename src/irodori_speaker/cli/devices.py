@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..errors import AudioError, InputError
-from .common import EXIT_ERROR, EXIT_OK, play_audio, sub_parser
+from .common import EXIT_ERROR, EXIT_OK, describe_device, play_audio, sub_parser
 
 
 def tone(seconds: float = 1.0, frequency: float = 440.0, rate: int = 48_000, level: float = 0.2):
@@ -38,7 +38,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
             raise InputError(f"--seconds must be in (0, 30], got {args.seconds}")
         name = args.tone or None
         played = play_audio(tone(args.seconds, args.frequency), 48_000, device=name, hostapi=args.hostapi)
-        print(f"played a {args.seconds:g} s {args.frequency:g} Hz tone on {played}")
+        if args.json:
+            doc = {"played": True, **played, "seconds": args.seconds, "frequency": args.frequency}
+            print(json.dumps(doc, ensure_ascii=False, indent=2))
+        else:
+            print(f"played a {args.seconds:g} s {args.frequency:g} Hz tone on {describe_device(played)}")
         return EXIT_OK
     if args.json:
         for d in devices:
@@ -82,5 +86,7 @@ def register(sub: Any) -> None:
     p.add_argument("--hostapi", help="host API of the device when a name is offered by several")
     p.add_argument("--seconds", type=float, default=1.0, help="tone length (default 1 s)")
     p.add_argument("--frequency", type=float, default=440.0, help="tone frequency in Hz (default 440)")
-    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.add_argument(
+        "--json", action="store_true", help="print the list (or, with --tone, what played) as JSON"
+    )
     p.set_defaults(func=cmd_devices)

@@ -7,13 +7,15 @@ usage errors exit with 2 (argparse); Ctrl-C exits with 130.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
 
+from .. import __version__
 from ..errors import IrodoriError
 from . import bench, cache, devices, models, say
-from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, add_model_flags
+from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, add_log_flags, add_model_flags
 
 EPILOG = """\
 exit status: 0 done; 1 an error (one line on stderr, with a hint), or some phrases failed
@@ -33,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"irodori-speaker {__version__}")
+    add_log_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for module in COMMAND_MODULES:
@@ -41,18 +45,66 @@ def build_parser() -> argparse.ArgumentParser:
     from ..server.command import add_parser as add_serve_parser
     from ..text.dict_command import add_parser as add_dict_parser
 
-    add_serve_parser(sub, add_model_flags)
-    add_dict_parser(sub)
+    add_log_flags(add_serve_parser(sub, add_model_flags))
+    add_log_flags(add_dict_parser(sub))
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (a test's capture, a redirected stream)."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it
+        pass
+
+
+class _LineFormatter(logging.Formatter):
+    """`warning: message` like the CLI's `error:` lines; with -v the logger's name too."""
+
+    def __init__(self, with_name: bool) -> None:
+        super().__init__()
+        self.with_name = with_name
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{record.levelname.lower()}: {record.getMessage()}"
+        if self.with_name:
+            line += f" [{record.name}]"
+        if record.exc_info and self.with_name:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def setup_logging(quiet: int, verbose: int) -> None:
+    """The package's loggers ("irodori_speaker.*") on stderr: warnings by default, -v info, -vv debug."""
+    level = logging.ERROR if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logger = logging.getLogger("irodori_speaker")
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        logger.addHandler(_StderrHandler())
+    for h in logger.handlers:
+        if isinstance(h, _StderrHandler):
+            h.setFormatter(_LineFormatter(with_name=bool(verbose)))
+    logger.setLevel(level)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Parse and run one command; errors propagate (main() turns them into a line and a status)."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "log_level", None) is None:
+        setup_logging(args.quiet, args.verbose)
+    elif args.quiet or args.verbose:  # a command with its own --log-level (serve): -q / -v set it
+        args.log_level = "error" if args.quiet else "info" if args.verbose == 1 else "debug"
+    return int(args.func(args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        return run(argv)
     except IrodoriError as e:
-        msg = super(IrodoriError, e).__str__()
+        msg = " ".join(super(IrodoriError, e).__str__().split("\n"))  # one line, always
         print(f"error: {msg}", file=sys.stderr)
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
@@ -17,49 +16,76 @@ from .common import (
     add_sampling_flags,
     add_voice_flags,
     build_options,
-    build_voice,
+    describe_device,
     load_from_args,
+    log,
     open_cache,
     play_audio,
+    show_progress,
     sub_parser,
+    voice_and_checks,
 )
 
 
+def read_text(text: str) -> str:
+    """TEXT as given, or standard input for "-"."""
+    if text == "-":
+        text = sys.stdin.read()
+        if not text.strip():
+            raise InputError(
+                "no text on standard input", hint="echo 'こんにちは' | irodori-speaker say - -o a.wav"
+            )
+    return text
+
+
 def cmd_say(args: argparse.Namespace) -> int:
-    import soundfile as sf
+    from ..outputs import check_writable, file_format, find_output_device, write_sound_file
 
     if not args.output and not args.play:
         raise InputError("say needs -o FILE or --play", hint="irodori-speaker say 'こんにちは' -o hello.wav")
-    synth = load_from_args(args)
-    voice = build_voice(args)
-    options = build_options(args)
-    hit = False
-    progress = Progress("synthesising")
-    try:
-        if args.cache is not None:
-            with open_cache(args.cache or None) as cache:
-                line, hit = cache.render(synth, args.text, voice, options, progress=progress, source="say")
-            audio, rec, rate = line.audio, line.record, line.sample_rate
-        else:
-            result = synth.synthesize(args.text, voice, options, progress=progress)
-            audio, rec, rate = result.audio, result.record, result.sample_rate
-    finally:
-        progress.close()
-    for w in rec.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+    # Everything cheap first: a mistake here costs no model load.
+    text = read_text(args.text)
     if args.output:
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        sf.write(str(out), audio, rate, subtype="PCM_16")
+        file_format(args.output)
+        check_writable(args.output, make_parent=True)
     if args.play:
-        play_audio(audio, rate, device=args.output_device, hostapi=args.hostapi)
+        find_output_device(args.output_device, args.hostapi)
+    voice = voice_and_checks(args)
+    use_cache = args.cache or args.cache_dir is not None
+    cache = open_cache(args.cache_dir) if use_cache else None
+    try:
+        synth = load_from_args(args)
+        options = build_options(args)
+        hit = False
+        progress = Progress("synthesising", enabled=show_progress(args))
+        try:
+            if cache is not None:
+                line, hit = cache.render(synth, text, voice, options, progress=progress, source="say")
+                audio, rec, rate = line.audio, line.record, line.sample_rate
+            else:
+                result = synth.synthesize(text, voice, options, progress=progress)
+                audio, rec, rate = result.audio, result.record, result.sample_rate
+        finally:
+            progress.close()
+    finally:
+        if cache is not None:
+            cache.close()
+    for w in rec.warnings:
+        log.warning("%s", w)
+    if args.output:
+        write_sound_file(args.output, audio, rate)
+    played = ""
+    if args.play:
+        played = f", played on {describe_device(play_audio(audio, rate, args.output_device, args.hostapi))}"
     dest = f" -> {args.output}" if args.output else ""
     if hit:
-        print(f"{rec.audio_seconds:.2f} s of audio from the phrase cache, seed {rec.seed}{dest}")
+        print(f"{rec.audio_seconds:.2f} s of audio from the phrase cache, seed {rec.seed}{dest}{played}")
         return EXIT_OK
     total = rec.compute_seconds
     rtf = total / rec.audio_seconds if rec.audio_seconds else float("nan")
-    print(f"{rec.audio_seconds:.2f} s of audio in {total:.2f} s (RTF {rtf:.3f}), seed {rec.seed}{dest}")
+    print(
+        f"{rec.audio_seconds:.2f} s of audio in {total:.2f} s (RTF {rtf:.3f}), seed {rec.seed}{dest}{played}"
+    )
     return EXIT_OK
 
 
@@ -67,17 +93,24 @@ def register(sub: Any) -> None:
     p = sub_parser(
         sub,
         "say",
-        "synthesise one line to a WAV file or the speakers",
-        "Synthesise TEXT to a 48 kHz WAV file (-o) and/or play it (--play).\n\n"
+        "synthesise one line to a sound file or the speakers",
+        "Synthesise TEXT to a 48 kHz sound file (-o) and/or play it (--play).\n\n"
         "  irodori-speaker say 'こんにちは' -o hello.wav\n"
+        "  echo 'こんにちは' | irodori-speaker say - -o hello.flac\n"
         "  irodori-speaker say 'こんにちは' --play --output-device 'Speakers'",
     )
-    p.add_argument("text", help="the Japanese text to speak")
-    p.add_argument("-o", "--output", help="write a 16-bit 48 kHz WAV file here")
+    p.add_argument("text", help="the Japanese text to speak; - reads it from standard input")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the audio here (48 kHz); the extension picks the format: "
+        ".wav (16-bit), .flac, .ogg (Vorbis), .opus, .mp3",
+    )
     p.add_argument("--play", action="store_true", help="play through the default (or --output-device) device")
     add_output_flags(p)
     add_model_flags(p)
     add_voice_flags(p)
     add_sampling_flags(p)
-    add_cache_flags(p, optional=True)
+    add_cache_flags(p, switch=True)
     p.set_defaults(func=cmd_say)

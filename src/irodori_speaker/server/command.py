@@ -53,7 +53,7 @@ def add_parser(sub: Any, add_model_flags: Any) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="noise seed: fixed by default, so a request repeats")
     g.add_argument("--steps", type=int, help="sampler steps (default: the backend preset's)")
     g.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds running lines get at shutdown")
-    g.add_argument("--cache", metavar="DIR", help="phrase cache dir (default: the user's)")
+    g.add_argument("--cache-dir", metavar="DIR", help="phrase cache dir (default: the user's)")
     g.add_argument("--no-cache", action="store_true", help="no phrase cache lookups or stores")
     g.add_argument("--user-dict", metavar="FILE", help="user dictionary (default $IRODORI_DICT)")
     g.add_argument("--no-prewarm", action="store_true", help="skip the warm-up synthesis at start")
@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         from .ray_app import serve_ray
 
         return serve_ray(args, settings)
+    from ..cli.common import tiny_kind
     from ..synthesizer import load_synthesizer
     from .run import serve
 
@@ -113,14 +114,14 @@ def run(args: argparse.Namespace) -> int:
         backend=args.backend,
         device=args.device,
         dtype=args.dtype,
-        tiny_random=args.tiny_random or False,
+        tiny_random=tiny_kind(args),
         user_dict=args.user_dict,
     )
     cache = None
     if not args.no_cache:
         from ..cache import PhraseCache, default_cache_dir
 
-        cache = PhraseCache(args.cache or default_cache_dir())
+        cache = PhraseCache(args.cache_dir or default_cache_dir())
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
         serve(synth, settings, book=book, cache=cache, prewarm=not args.no_prewarm)
     return 0

@@ -61,6 +61,7 @@ class _AppFactory:
 
     def load(self) -> None:
         from ..cache import PhraseCache, default_cache_dir
+        from ..cli.common import tiny_kind
         from ..synthesizer import load_synthesizer
         from .config import load_voice_book
 
@@ -72,10 +73,10 @@ class _AppFactory:
             backend=a.backend,
             device=a.device,
             dtype=a.dtype,
-            tiny_random=a.tiny_random or False,
+            tiny_random=tiny_kind(a),
             user_dict=a.user_dict,
         )
-        cache = None if a.no_cache else PhraseCache(a.cache or default_cache_dir())
+        cache = None if a.no_cache else PhraseCache(a.cache_dir or default_cache_dir())
         self._inner = self._create_app(synth, self.settings, book=load_voice_book(a.voices), cache=cache)
 
 
