@@ -56,7 +56,7 @@ def one_line_error(r) -> str:
         (["cache", "stats"], ["--cache-dir", "--json"]),
         (["cache", "verify"], ["--no-repair", "sha256"]),
         (["devices"], ["--tone", "--hostapi", "names"]),
-        (["bench"], ["--repeat", "--warmup", "--tiny-random", "time to first"]),
+        (["bench"], ["--repeat", "--warmup", "--tiny-random", "time to first", "--codec-int4", "--int4"]),
     ],
 )
 def test_help_explains_each_command(argv, wanted, capsys):
@@ -229,6 +229,20 @@ def test_bench_runs_offline_and_reports_each_sentence(home, tmp_path):
     table = [line for line in r.stdout.splitlines() if re.match(r"\s*(\d|all)\s+\d+\s", line)]
     assert len(table) == 6  # five sentences and the total
     assert "noise" in r.stderr
+
+
+def test_the_int4_and_codec_placement_flags_reach_the_preset(home, tmp_path):
+    """--int4 / --codec-int4 / --codec-device are the preset fields int4 / codec_int4 / codec_device."""
+    out = tmp_path / "bench-int4.json"
+    args = ["bench", "--tiny-random", "--backend", "cpu", "--steps", "2", "--seconds", "0.5", "--json", out]
+    r = run([*args, "--int4", "--codec-int4", "--codec-device", "cpu"], home)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text("utf-8"))
+    assert doc["int4"] is True and doc["codec_int4"] is True and doc["codec_device"] == "cpu"
+    assert "RTN at load" in r.stderr  # the tiny float DiT was quantised at load, with the warning
+    assert all(row["audio_s"] == pytest.approx(0.5, abs=0.02) for row in doc["rows"])
+    bad = run(["say", "x", "-o", tmp_path / "x.wav", "--tiny-random", "--codec-device", "gpu0"], home)
+    assert "codec_device 'gpu0'" in one_line_error(bad)
 
 
 # ---- the examples -----------------------------------------------------------------------------------

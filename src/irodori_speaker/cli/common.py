@@ -86,6 +86,20 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--device", help="torch device override, e.g. cuda:1")
     g.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="model precision override")
+    g.add_argument(
+        "--int4",
+        action="store_true",
+        help="run the DiT on int4 weights (int4 files load as stored; a float file is quantised "
+        "with RTN at load)",
+    )
+    g.add_argument(
+        "--codec-int4",
+        action="store_true",
+        help="the codec's decoder convolutions as RTN int4: the least memory, a slower decode",
+    )
+    g.add_argument(
+        "--codec-device", help="where the codec runs (default: the model's device), e.g. cpu to spare the GPU"
+    )
 
 
 def add_voice_flags(p: argparse.ArgumentParser) -> None:
@@ -224,21 +238,29 @@ def voice_and_checks(args: argparse.Namespace):
     return build_voice(args)
 
 
+def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """`load_synthesizer` keyword arguments from the common model flags (preset fields only when given)."""
+    return {
+        "model": args.model,
+        "codec": args.codec,
+        "tokenizer": args.tokenizer,
+        "backend": args.backend,
+        "device": args.device,
+        "dtype": args.dtype,
+        "tiny_random": tiny_kind(args),
+        "int4": args.int4 or None,  # None: the preset's
+        "codec_int4": args.codec_int4 or None,
+        "codec_device": args.codec_device,
+    }
+
+
 def load_from_args(args: argparse.Namespace):
     """The synthesizer the model flags ask for (--caption is checked against it)."""
     from ..synthesizer import load_synthesizer
 
     kind = tiny_kind(args)
     t0 = time.perf_counter()
-    synth = load_synthesizer(
-        args.model,
-        codec=args.codec,
-        tokenizer=args.tokenizer,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        tiny_random=kind,
-    )
+    synth = load_synthesizer(**load_kwargs(args))
     log.info(
         "loaded %s on %s (preset %s) in %.1f s",
         args.model or (f"tiny-random {kind}" if kind else "the default model (v2)"),

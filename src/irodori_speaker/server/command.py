@@ -103,20 +103,11 @@ def run(args: argparse.Namespace) -> int:
         from .ray_app import serve_ray
 
         return serve_ray(args, settings)
-    from ..cli.common import tiny_kind
+    from ..cli.common import load_kwargs
     from ..synthesizer import load_synthesizer
     from .run import serve
 
-    synth = load_synthesizer(
-        args.model,
-        codec=args.codec,
-        tokenizer=args.tokenizer,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        tiny_random=tiny_kind(args),
-        user_dict=args.user_dict,
-    )
+    synth = load_synthesizer(**load_kwargs(args), user_dict=args.user_dict)
     cache = None
     if not args.no_cache:
         from ..cache import PhraseCache, default_cache_dir

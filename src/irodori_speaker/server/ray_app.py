@@ -61,21 +61,12 @@ class _AppFactory:
 
     def load(self) -> None:
         from ..cache import PhraseCache, default_cache_dir
-        from ..cli.common import tiny_kind
+        from ..cli.common import load_kwargs
         from ..synthesizer import load_synthesizer
         from .config import load_voice_book
 
         a = self.args
-        synth = load_synthesizer(
-            a.model,
-            codec=a.codec,
-            tokenizer=a.tokenizer,
-            backend=a.backend,
-            device=a.device,
-            dtype=a.dtype,
-            tiny_random=tiny_kind(a),
-            user_dict=a.user_dict,
-        )
+        synth = load_synthesizer(**load_kwargs(a), user_dict=a.user_dict)
         cache = None if a.no_cache else PhraseCache(a.cache_dir or default_cache_dir())
         self._inner = self._create_app(synth, self.settings, book=load_voice_book(a.voices), cache=cache)
 
