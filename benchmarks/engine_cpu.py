@@ -47,7 +47,7 @@ def make_inputs(cfg: ModelConfig, text_tokens: int, pad_to: int | None, ref_fram
 
 def time_utterance(model, cfg, frames, steps, schedule, text_tokens, pad_to, ref_frames=250, fast=None):
     ids, mask, ref, ref_mask = make_inputs(cfg, text_tokens, pad_to, ref_frames)
-    sc = SamplerConfig(num_steps=steps, schedule=schedule)
+    sc = SamplerConfig(steps=steps, schedule=schedule)
     guided = sum(s.group >= 0 for s in plan_sampling(sc, ("text", "speaker")).steps)
     t0 = time.perf_counter()
     with torch.inference_mode():

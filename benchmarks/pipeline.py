@@ -37,8 +37,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from irodori_speaker.cancel import CancelToken, check  # noqa: E402
 from irodori_speaker.outputs import NullOutput  # noqa: E402
 from irodori_speaker.speaker import Speaker  # noqa: E402
-from irodori_speaker.synthesizer import (  # noqa: E402
+from irodori_speaker.types import (  # noqa: E402
     AudioStream,
+    SamplerDefaults,
     SynthesisOptions,
     SynthesisRecord,
     SynthesisResult,
@@ -98,6 +99,12 @@ class CostModelSynth:
 
     def prewarm(self, voice: Any = None) -> float:
         return 0.0
+
+    def resolve_options(self, options: Any = None) -> SynthesisOptions:
+        return SynthesisOptions.coerce(options).resolve(SamplerDefaults(self.steps, "sway", -1.0))
+
+    def render_identity(self, text: str, voice: Any = None, options: Any = None) -> dict:
+        return {"text": text, "voice": repr(voice), "options": self.resolve_options(options).audio_identity()}
 
 
 async def one_run(

@@ -68,7 +68,7 @@ def line_inputs(model, files, text: str, frames: int, seed: int = 7):
 
 
 def section_accuracy(files) -> dict:
-    cfg = SamplerConfig(num_steps=8, schedule="sway")
+    cfg = SamplerConfig(steps=8, schedule="sway")
     text, frames = SENTENCES[2], 200
     model = load_checkpoint(files["dit"], dtype=torch.float32, device=DEV).model
     conds, noise = line_inputs(model, files, text, frames)

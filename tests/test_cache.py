@@ -20,7 +20,7 @@ import pytest
 import soundfile as sf
 
 from irodori_speaker import cache as cache_mod
-from irodori_speaker.cache import DEFAULT_SEED, PhraseCache, cache_options
+from irodori_speaker.cache import DEFAULT_SEED, PhraseCache, cache_options, canonical_json
 from irodori_speaker.errors import CacheError, InputError
 from irodori_speaker.lipsync import Envelope, mouth_levels
 from irodori_speaker.synthesizer import SynthesisOptions, SynthesisRecord
@@ -87,7 +87,9 @@ def test_key_is_sha256_of_canonical_identity_with_format_version(synth, pc):
     ident = pc.identity(synth, "こんにちは", None, FAST)
     assert ident["format"] == cache_mod.CACHE_FORMAT_VERSION
     assert ident["line"] == synth.render_identity("こんにちは", None, FAST)
-    assert ident["tokenizer"]  # content hash of tokenizer.json
+    tok = ident["line"]["tokenizer"]  # content hash of tokenizer.json
+    assert tok and canonical_json(ident).count(tok) == 1  # each key component once
+    assert set(ident) == {"format", "line", "sample_rate"}
     assert pc.key(synth, "こんにちは", None, FAST) == reference_key(ident)
 
 

@@ -92,11 +92,11 @@ def test_yaml_phrases_with_defaults_and_their_own_settings(tmp_path):
     "doc, match",
     [
         ("- text: 一\n  stpes: 4\n", "phrase 1: unknown phrase setting 'stpes'"),
-        ("- text: 一\n  seed: many\n", "phrase 1: seed must be int"),
+        ("- text: 一\n  seed: many\n", "phrase 1: seed must be an integer in"),
         ("- 一\n- seed: 3\n", "phrase 2: text is missing"),
         ("- [1, 2]\n", "phrase 1: a phrase is a string or a mapping"),
         ("phrase:\n  - 一\n", "unknown top-level key"),
-        ("- text: 一\n  tail_trim: 1\n", "tail_trim must be bool"),
+        ("- text: 一\n  tail_trim: 1\n", "tail_trim must be True or False"),
         ("[unclosed\n", "not valid YAML"),
     ],
 )

@@ -5,9 +5,9 @@
     line = cache.lookup(synth, "いらっしゃい！", voice)        # CachedLine or None; never touches the model
 
 Key: sha256 of the canonical JSON of `Synthesizer.render_identity(text, voice, options)`
-(normalised text, voice content hash and caption, sampler settings, seed, length, model
-and codec content fingerprints, precision) plus the tokenizer's fingerprint, the sample
-rate and `CACHE_FORMAT_VERSION`. Change any of them and the old entry is simply not found
+(normalised text, voice content hash and caption, the resolved options that change the
+sound, the model, codec and tokenizer content fingerprints, precision: each once) plus the
+sample rate and `CACHE_FORMAT_VERSION`. Change any of them and the old entry is simply not found
 (it ages out through the size limit). A line with no seed is cached under
 `DEFAULT_SEED` (0): a random seed cannot be reproduced, so it cannot be cached.
 
@@ -37,19 +37,20 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .cancel import check
 from .errors import CacheError, InputError
+from .types import AudioStream, SynthesisOptions, SynthesisRecord, SynthesisResult, SynthesizerLike
 
 if TYPE_CHECKING:
     from .cancel import CancelToken
     from .lipsync import Envelope
-    from .synthesizer import AudioStream, SynthesisOptions, SynthesisRecord, SynthesisResult
 
 log = logging.getLogger("irodori_speaker.cache")
 
@@ -88,37 +89,10 @@ def canonical_json(obj: Any) -> str:
         raise CacheError(f"a cache key component is not plain JSON: {e}") from e
 
 
-def cache_options(options: SynthesisOptions | None = None) -> SynthesisOptions:
+def cache_options(options: SynthesisOptions | Mapping[str, Any] | None = None) -> SynthesisOptions:
     """`options` with the seed fixed: `DEFAULT_SEED` when it is None (the cache needs one)."""
-    from .synthesizer import SynthesisOptions
-
-    if options is None:
-        options = SynthesisOptions()
-    elif not isinstance(options, SynthesisOptions):
-        raise InputError(f"options must be SynthesisOptions, got {type(options).__name__}")
-    if options.seed is None:
-        options = dataclasses.replace(options, seed=DEFAULT_SEED)
-    return options
-
-
-def _tokenizer_fingerprints(synth: Any) -> dict[str, str | None]:
-    """Content hashes of the tokenizer files (render_identity does not cover them)."""
-    from .fingerprint import file_fingerprint
-
-    fps = getattr(synth, "fingerprints", None) or {}
-    out: dict[str, str | None] = {}
-    for name, attr in (("tokenizer", "tokenizer"), ("caption_tokenizer", "caption_tokenizer")):
-        if fps.get(name):
-            out[name] = fps[name]
-            continue
-        source = getattr(getattr(synth, attr, None), "source", None)
-        fp = None
-        if isinstance(source, str) and source != "<memory>" and os.path.isfile(source):
-            fp = file_fingerprint(source)
-        out[name] = fp
-    if out.get("caption_tokenizer") == out.get("tokenizer"):
-        out.pop("caption_tokenizer")
-    return out
+    options = SynthesisOptions.coerce(options)
+    return options if options.seed is not None else options.replace(seed=DEFAULT_SEED)
 
 
 def line_identity(
@@ -130,17 +104,15 @@ def line_identity(
     format_version: int | None = None,
 ) -> dict:
     """Everything the key covers, as a JSON-able dict (the seed defaulted as the cache does)."""
-    render_identity = getattr(synth, "render_identity", None)
-    if render_identity is None:
+    if not isinstance(synth, SynthesizerLike):
         raise CacheError(
-            f"{type(synth).__name__} cannot be cached: it has no render_identity()",
+            f"{type(synth).__name__} cannot be cached: it is not a synthesizer (no render_identity())",
             hint="use irodori_speaker.synthesizer.Synthesizer (load_synthesizer)",
         )
     return {
         "format": CACHE_FORMAT_VERSION if format_version is None else format_version,
-        "line": render_identity(text, voice, cache_options(options)),
-        "sample_rate": int(getattr(synth, "sample_rate", 48_000)),
-        **_tokenizer_fingerprints(synth),
+        "line": synth.render_identity(text, voice, cache_options(options)),
+        "sample_rate": int(synth.sample_rate),
     }
 
 
@@ -197,8 +169,6 @@ class CachedLine:
 
     def result(self) -> SynthesisResult:
         """As the synthesizer would have returned it."""
-        from .synthesizer import SynthesisResult
-
         return SynthesisResult(self.audio, self.record, self.sample_rate)
 
     def envelope(self, hz: float | None = None, **kwargs: Any) -> Envelope:
@@ -276,8 +246,6 @@ def record_to_json(record: SynthesisRecord | None) -> str:
 
 
 def record_from_json(text: str) -> SynthesisRecord:
-    from .synthesizer import SynthesisRecord
-
     d = json.loads(text or "{}")
     names = {f.name for f in dataclasses.fields(SynthesisRecord)}
     return SynthesisRecord(**{k: v for k, v in d.items() if k in names})
@@ -673,7 +641,7 @@ class PhraseCache:
                 hint="render with irodori_speaker.cache.cache_options(options)",
             )
         identity = self.identity(synth, text, voice, opts)
-        rate = int(getattr(synth, "sample_rate", 48_000))
+        rate = int(synth.sample_rate)
         return self.put(
             identity_key(identity), audio, record, sample_rate=rate, identity=identity, source=source
         )
@@ -760,8 +728,6 @@ class PhraseCache:
         for f in [*evicted, *([old] if old and old != rel else [])]:
             with contextlib.suppress(OSError):
                 (self.directory / f).unlink()
-        from .synthesizer import SynthesisRecord
-
         out_record = record_from_json(rec_json) if record is not None else SynthesisRecord(text=text)
         out_record.extra["cache"] = {"hit": False, "key": key, "created": now, "source": source}
         return CachedLine(
@@ -848,8 +814,9 @@ class PhraseCache:
             return line, True
         kwargs = {"progress": progress} if progress is not None else {}
         result = synth.synthesize(text, voice, opts, cancel=cancel, **kwargs)
-        rate = int(getattr(result, "sample_rate", getattr(synth, "sample_rate", 48_000)))
-        line = self.put(key, result.audio, result.record, sample_rate=rate, identity=identity, source=source)
+        line = self.put(
+            key, result.audio, result.record, sample_rate=result.sample_rate, identity=identity, source=source
+        )
         return line, False
 
     # ---- maintenance --------------------------------------------------------------------------
@@ -1017,10 +984,18 @@ class CachedSynthesizer:
         self.synth = synth
         self.cache = cache
         self.store = store
-        self.sample_rate = int(getattr(synth, "sample_rate", 48_000))
+        self.sample_rate = int(synth.sample_rate)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # preset, fingerprints, ...: the wrapped synthesizer's
         return getattr(self.synth, name)
+
+    def resolve_options(
+        self, options: SynthesisOptions | Mapping[str, Any] | None = None
+    ) -> SynthesisOptions:
+        return self.synth.resolve_options(options)
+
+    def render_identity(self, text: str, voice: Any = None, options: SynthesisOptions | None = None) -> dict:
+        return self.synth.render_identity(text, voice, options)
 
     def _lookup(self, text: str, voice: Any, options: Any) -> CachedLine | None:
         try:
@@ -1043,8 +1018,6 @@ class CachedSynthesizer:
         cancel: CancelToken | None = None,
         **kwargs: Any,
     ) -> SynthesisResult:
-        from .cancel import check
-
         hit = self._lookup(text, voice, options)
         if hit is not None:
             check(cancel)
@@ -1063,9 +1036,6 @@ class CachedSynthesizer:
         cancel: CancelToken | None = None,
         **kwargs: Any,
     ) -> AudioStream:
-        from .cancel import check
-        from .synthesizer import AudioStream
-
         hit = self._lookup(text, voice, options)
         if hit is not None:
             check(cancel)
@@ -1089,5 +1059,4 @@ class CachedSynthesizer:
         return AudioStream(chunks(), inner.record)
 
     def prewarm(self, voice: Any = None) -> float:
-        prewarm = getattr(self.synth, "prewarm", None)
-        return float(prewarm(voice) or 0.0) if prewarm is not None else 0.0
+        return float(self.synth.prewarm(voice))

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .errors import InputError
-from .synthesizer import SynthesisRecord
+from .types import SynthesisRecord
 
 log = logging.getLogger("irodori_speaker.speaker")
 

@@ -17,7 +17,6 @@ written is either complete or absent, so a re-run renders only what is left.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 from .cache import PhraseCache, cache_options, identity_key
 from .errors import Cancelled, InputError, IrodoriError
+from .types import SynthesisOptions, option_specs
 
 log = logging.getLogger("irodori_speaker.prebuild")
 
@@ -98,37 +98,19 @@ class PrebuildReport:
 # ---------------------------------------------------------------------------------------------
 
 
-def _option_kinds() -> dict[str, tuple[str, bool]]:
-    """SynthesisOptions field -> (kind, nullable) from its annotation ("int | None", ...)."""
-    from .synthesizer import SynthesisOptions
-
-    out = {}
-    for f in dataclasses.fields(SynthesisOptions):
-        t = str(f.type)
-        kind = "bool" if "bool" in t else "int" if "int" in t else "float" if "float" in t else "str"
-        out[f.name] = (kind, "None" in t)
-    return out
-
-
 def _check_value(name: str, value: Any, where: str) -> Any:
-    kinds = _option_kinds()
-    if name not in kinds:
-        known = ", ".join(sorted([*kinds, *PHRASE_KEYS]))
+    """A phrase's option value, checked by the option's own check (types.SynthesisOptions)."""
+    specs = option_specs(SynthesisOptions)
+    if name not in specs:
+        known = ", ".join(sorted([*specs, *PHRASE_KEYS]))
         raise InputError(f"{where}: unknown phrase setting {name!r}", hint=f"known: {known}")
-    kind, nullable = kinds[name]
-    if value is None:
-        if nullable:
-            return None
-        raise InputError(f"{where}: {name} cannot be empty")
-    ok = {
-        "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-        "str": isinstance(value, str),
-    }[kind]
-    if not ok:
-        raise InputError(f"{where}: {name} must be {kind}, got {value!r}")
-    return float(value) if kind == "float" else value
+    check = specs[name].check
+    try:
+        return check(name, value)
+    except InputError:
+        raise InputError(
+            f"{where}: {name} must be {check.allowed()}, got {value!r}", hint=specs[name].doc
+        ) from None
 
 
 def _split_settings(d: dict, where: str, base_dir: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -283,11 +265,9 @@ def prebuild(
     rendering (`done`/`total` count those only). Ctrl-C (or `cancel`) ends the run with
     `report.interrupted`; what was stored stays stored.
     """
-    from .synthesizer import SynthesisOptions
-
     t_start = time.perf_counter()
     items = [p if isinstance(p, Phrase) else Phrase(str(p)) for p in phrases]
-    base = options if options is not None else SynthesisOptions()
+    base = SynthesisOptions.coerce(options)
     report = PrebuildReport(total=len(items))
     voices = _Voices()
     seen: set[str] = set()
@@ -297,7 +277,7 @@ def prebuild(
         for ph in items:
             try:
                 v = voices.get(ph.voice, ph.caption, voice)
-                opts = cache_options(dataclasses.replace(base, **ph.options))
+                opts = cache_options(base.replace(**ph.options))
                 identity = cache.identity(synth, ph.text, v, opts)
                 key = identity_key(identity)
             except (IrodoriError, OSError, TypeError, ValueError) as e:
@@ -338,9 +318,13 @@ def _render_one(synth, cache, ph: Phrase, voice, opts, identity, key, cancel) ->
     t0 = time.perf_counter()
     try:
         result = synth.synthesize(ph.text, voice, opts, cancel=cancel)
-        rate = int(getattr(result, "sample_rate", getattr(synth, "sample_rate", 48_000)))
         line = cache.put(
-            key, result.audio, result.record, sample_rate=rate, identity=identity, source="prebuild"
+            key,
+            result.audio,
+            result.record,
+            sample_rate=result.sample_rate,
+            identity=identity,
+            source="prebuild",
         )
     except Cancelled:
         raise

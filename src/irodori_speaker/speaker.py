@@ -48,7 +48,7 @@ from .events import (
 from .lipsync import Envelope
 from .outputs import Output, OutputSpec, SoundDeviceOutput, make_output
 from .playback import Chunk, Player, PlayItem, resample, total_seconds_estimate
-from .synthesizer import SynthesisOptions, SynthesisRecord, SynthesizerLike
+from .types import SynthesisOptions, SynthesisRecord, SynthesizerLike
 
 log = logging.getLogger("irodori_speaker.speaker")
 
@@ -392,7 +392,7 @@ class Speaker:
                 opened.append(o)
             if self.synthesizer is None:
                 self.synthesizer = await loop.run_in_executor(self._executor, self._load)
-            self.sample_rate = int(getattr(self.synthesizer, "sample_rate", 48_000))
+            self.sample_rate = int(self.synthesizer.sample_rate)
             if self.prewarm:
                 for voice in self._prewarm_voices():
                     secs = await loop.run_in_executor(self._executor, self._prewarm_blocking, voice)
@@ -441,11 +441,9 @@ class Speaker:
         return out
 
     def _prewarm_blocking(self, voice: Any) -> float:
-        prewarm = getattr(self.synthesizer, "prewarm", None)
-        if prewarm is None:
-            return 0.0
+        assert self.synthesizer is not None
         with hold_model_lock(self._open_token):
-            return float(prewarm(voice) or 0.0)
+            return float(self.synthesizer.prewarm(voice))
 
     async def aclose(self, drain: bool = False) -> None:
         """Close: play what is queued first (`drain=True`) or stop now with a short fade."""
@@ -956,7 +954,7 @@ class Speaker:
         with hold_model_lock(token):
             t0 = time.monotonic()
             post(self._on_synth_started, t0)
-            if self.streaming and hasattr(synth, "stream"):
+            if self.streaming:
                 import soxr
 
                 streams = {r: soxr.ResampleStream(src, r, 1, dtype="float32") for r in rates}

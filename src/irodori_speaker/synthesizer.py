@@ -1,9 +1,9 @@
 """One utterance end to end: text (+ voice) -> 48 kHz mono float32 audio and a record.
 
-This module's data types (`SynthesisOptions`, `SynthesisRecord`, `SynthesisResult`,
-`AudioStream`) are the contract between the engine and the Speaker runtime. A
-fake synthesizer in the Speaker tests implements the same `SynthesizerLike`
-protocol.
+The data types it speaks (`SynthesisOptions`, `SynthesisRecord`, `SynthesisResult`,
+`AudioStream`, the `SynthesizerLike` protocol) live in the torch-free `irodori_speaker.types`
+and are re-exported here. Options are resolved against the device preset once per line
+(`Synthesizer.resolve_options`); every stage reads that one object.
 """
 
 from __future__ import annotations
@@ -11,127 +11,36 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .backends.lock import hold_model_lock
 from .cancel import CancelToken
-from .engine.duration import check_seconds
 from .errors import InputError
+from .types import (
+    SAMPLE_RATE,
+    AudioStream,
+    SamplerConfig,
+    SynthesisOptions,
+    SynthesisRecord,
+    SynthesisResult,
+    SynthesizerLike,
+)
 
-SAMPLE_RATE = 48_000
-
-
-@dataclass(frozen=True)
-class SynthesisOptions:
-    """How to render one line. `None` fields take the device preset's value."""
-
-    steps: int | None = None
-    schedule: str | None = None  # "linear" | "sway"
-    sway_coeff: float | None = None
-    guidance: str = "independent"  # "independent" | "joint" | "alternating"
-    cfg_scale_text: float = 3.0
-    cfg_scale_speaker: float = 5.0
-    cfg_scale_caption: float = 3.0
-    cfg_min_t: float = 0.5
-    cfg_max_t: float = 1.0
-    truncation_factor: float | None = None
-    rescale_k: float | None = None
-    rescale_sigma: float | None = None
-    speaker_kv_scale: float | None = None
-    speaker_kv_min_t: float = 0.9
-    speaker_kv_max_layers: int | None = None
-    seconds: float | None = None  # explicit length; else the predictor or the text estimate
-    duration_scale: float = 1.0
-    max_seconds: float | None = None  # cap on a predicted/estimated length
-    predictor_cap: float | None = 2.0  # v3: cap the predicted length at this x the text estimate
-    seed: int | None = None  # None: a fresh seed per line, reported in the record
-    tail_trim: bool = True
-    chunk_frames: int | None = None  # chunked codec decode (None: the preset's)
-    pad_text_to: int | None = None  # pad tokens to a fixed length (the reference uses 256)
-
-
-@dataclass
-class SynthesisRecord:
-    """What happened while rendering one line."""
-
-    text: str = ""  # normalised text actually spoken
-    seed: int = 0
-    frames: int = 0  # latent frames sampled (25 per second)
-    samples: int = 0  # audio samples returned (after tail trim)
-    steps: int = 0
-    schedule: str = ""
-    pieces: int = 1  # >1 when long text was split
-    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
-    warnings: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def audio_seconds(self) -> float:
-        return self.samples / SAMPLE_RATE
-
-    @property
-    def compute_seconds(self) -> float:
-        return float(sum(self.timings.values()))
-
-
-@dataclass
-class SynthesisResult:
-    audio: np.ndarray  # float32, mono, (samples,)
-    record: SynthesisRecord
-    sample_rate: int = SAMPLE_RATE
-
-
-class AudioStream(Iterator[np.ndarray]):
-    """Audio chunks (float32 mono) of one line in order as the decoder produces them.
-
-    `record` is complete once the iterator is exhausted.
-    """
-
-    def __init__(self, chunks: Iterator[np.ndarray], record: SynthesisRecord) -> None:
-        self._chunks = chunks
-        self.record = record
-
-    def __iter__(self) -> AudioStream:
-        return self
-
-    def __next__(self) -> np.ndarray:
-        return next(self._chunks)
-
-    def close(self) -> None:
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()
-
-
-class SynthesizerLike(Protocol):
-    """What the Speaker needs from a synthesizer. Calls are synchronous (worker thread)."""
-
-    sample_rate: int
-
-    def synthesize(
-        self,
-        text: str,
-        voice: Any = None,
-        options: SynthesisOptions | None = None,
-        cancel: CancelToken | None = None,
-    ) -> SynthesisResult: ...
-
-    def stream(
-        self,
-        text: str,
-        voice: Any = None,
-        options: SynthesisOptions | None = None,
-        cancel: CancelToken | None = None,
-    ) -> AudioStream: ...
-
-    def prewarm(self, voice: Any = None) -> float:
-        """Run one dummy synthesis; return its wall time in seconds."""
-        ...
-
+__all__ = [
+    "SAMPLE_RATE",
+    "AudioStream",
+    "SamplerConfig",
+    "SynthesisOptions",
+    "SynthesisRecord",
+    "SynthesisResult",
+    "Synthesizer",
+    "SynthesizerLike",
+    "load_synthesizer",
+]
 
 # ---------------------------------------------------------------------------------------------
 # The synthesizer
@@ -238,11 +147,23 @@ class Synthesizer:
         normalized = normalize_or_raise(text)
         return normalized if self.user_dict is None else self.user_dict.apply(normalized)
 
+    def resolve_options(
+        self, options: SynthesisOptions | Mapping[str, Any] | None = None
+    ) -> SynthesisOptions:
+        """`options` as this synthesizer renders them: checked, `None` preset-backed options
+        (steps, schedule, sway_coeff) filled from the preset, size options bounded by the model.
+
+        The one place the preset fallback happens: the stages, the CLI, the benchmarks and the
+        phrase-cache key all read the object it returns. `options` may be a mapping of options.
+        """
+        limits = {"max_text_len": self.inference.max_text_len or 256}
+        return SynthesisOptions.coerce(options).resolve(self.preset, limits)
+
     def synthesize(
         self,
         text: str,
         voice: Any = None,
-        options: SynthesisOptions | None = None,
+        options: SynthesisOptions | Mapping[str, Any] | None = None,
         cancel: CancelToken | None = None,
         progress: Any = None,
     ) -> SynthesisResult:
@@ -256,7 +177,7 @@ class Synthesizer:
         self,
         text: str,
         voice: Any = None,
-        options: SynthesisOptions | None = None,
+        options: SynthesisOptions | Mapping[str, Any] | None = None,
         cancel: CancelToken | None = None,
         *,
         progress: Any = None,
@@ -266,7 +187,7 @@ class Synthesizer:
 
         Input errors are raised here, before any chunk; the work happens while iterating.
         """
-        opts = options or SynthesisOptions()
+        opts = self.resolve_options(options)
         record = SynthesisRecord()
         pieces = self._prepare_text(text, opts, record)
         chunks = self._run(pieces, voice, opts, record, cancel, progress, whole=_whole)
@@ -319,7 +240,7 @@ class Synthesizer:
 
         from .engine.duration import frames_for_seconds
 
-        cfg = self._sampler_config(SynthesisOptions())
+        cfg = self.resolve_options()
         top = frames_for_seconds(self.preset.prewarm_seconds)
         with hold_model_lock(), torch.inference_mode():
             content, ref = self._reference(voice)
@@ -331,40 +252,49 @@ class Synthesizer:
                     noise = torch.zeros(1, frames, self.config.latent_dim, device=self.device)
                     self.sample_latent(conds, noise, cfg)
 
-    def render_identity(self, text: str, voice: Any = None, options: SynthesisOptions | None = None) -> dict:
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What this synthesizer is, as far as the sound goes: content hashes of the model,
+        codec and tokenizer files (each once), and the precision it runs at."""
+        from .fingerprint import file_fingerprint
+
+        fps = dict(self.fingerprints)
+        for name, tok in (("tokenizer", self.tokenizer), ("caption_tokenizer", self.caption_tokenizer)):
+            source = getattr(tok, "source", None)  # a hand-built Synthesizer: hash the file it read
+            if not fps.get(name) and isinstance(source, str) and os.path.isfile(source):
+                fps[name] = file_fingerprint(source)
+        caption_tok = fps.get("caption_tokenizer")
+        return {
+            "model": fps.get("model"),
+            "codec": fps.get("codec"),
+            "tokenizer": fps.get("tokenizer"),
+            "caption_tokenizer": None if caption_tok == fps.get("tokenizer") else caption_tok,
+            "precision": [str(self.preset.dtype), str(self.preset.codec_dtype), self.preset.name]
+            + [flag for flag in ("int4", "codec_int4") if getattr(self.preset, flag, False)],
+        }
+
+    def render_identity(
+        self, text: str, voice: Any = None, options: SynthesisOptions | Mapping[str, Any] | None = None
+    ) -> dict:
         """Everything that changes the sound of `text` rendered with `voice` and `options`.
 
-        JSON-serialisable; the phrase cache hashes it into its key. `options.seed` must be set
-        (a random seed is not reproducible, so such a line cannot be cached).
+        JSON-serialisable; the phrase cache hashes it into its key. The options enter resolved
+        (preset defaults filled in), those marked as changing the sound only. `options.seed`
+        must be set (a random seed is not reproducible, so such a line cannot be cached).
         """
-        import dataclasses
-
         from .voices import Voice
 
-        opts = options or SynthesisOptions()
+        opts = self.resolve_options(options)
         if opts.seed is None:
             raise InputError("a cacheable line needs a fixed seed (options.seed)")
         if isinstance(voice, (str, os.PathLike)):
             voice = Voice.from_wav(voice)
-        sampler = dataclasses.asdict(self._sampler_config(opts))
-        rendering = {
-            k: v
-            for k, v in dataclasses.asdict(opts).items()
-            if k not in sampler and not k.startswith("cfg_") and k not in ("steps", "schedule", "guidance")
-        }
-        rendering.pop("chunk_frames", None)  # chunked decode is exact: it does not change the sound
         return {
             "text": self.spoken_text(text),  # after the user dictionary: a new reading is a new line
             "voice": None if voice is None else voice.content_key(),
             "caption": getattr(voice, "caption", None),
-            "sampler": sampler,
-            "rendering": rendering,
-            "model": self.fingerprints.get("model"),
-            "codec": self.fingerprints.get("codec"),
-            "tokenizer": self.fingerprints.get("tokenizer"),
-            "caption_tokenizer": self.fingerprints.get("caption_tokenizer"),
-            "precision": [str(self.preset.dtype), str(self.preset.codec_dtype), self.preset.name]
-            + [flag for flag in ("int4", "codec_int4") if getattr(self.preset, flag, False)],
+            "options": opts.audio_identity(),
+            **self.identity,
         }
 
     def reference_latent(self, voice: Any, record: SynthesisRecord | None = None) -> Any:
@@ -411,8 +341,6 @@ class Synthesizer:
         if not isinstance(text, str):
             raise InputError(f"text must be a str, got {type(text).__name__}")
         normalized = self.spoken_text(text)
-        if opts.seconds is not None:
-            check_seconds(opts.seconds)
         record.text = normalized
         max_len = self.inference.max_text_len or 256
         queue = split_for_synthesis(normalized) if opts.seconds is None else [normalized]
@@ -483,27 +411,9 @@ class Synthesizer:
             frames = min(frames, cap_frames)
         return max(frames, int(0.5 * FRAMES_PER_SECOND))
 
-    def _sampler_config(self, opts: SynthesisOptions):
-        """The SamplerConfig of `opts`: fields of the same name, `None` taking the preset's value."""
-        import dataclasses
-
-        from .engine.sampler import SamplerConfig
-
-        given = dataclasses.asdict(opts)
-        shared = {f.name for f in dataclasses.fields(SamplerConfig)} & set(given)
-        kwargs = {k: given[k] for k in shared}
-        kwargs["num_steps"] = opts.steps
-        for name, preset_name in (
-            ("num_steps", "steps"),
-            ("schedule", "schedule"),
-            ("sway_coeff", "sway_coeff"),
-        ):
-            if kwargs[name] is None:
-                kwargs[name] = getattr(self.preset, preset_name)
-        return SamplerConfig(**kwargs)
-
-    def sample_latent(self, conds: Any, noise: Any, cfg: Any, *, cancel=None, progress=None) -> Any:
-        """Run the sampler (the preset's fast path, or the reference loop)."""
+    def sample_latent(self, conds: Any, noise: Any, cfg: SamplerConfig, *, cancel=None, progress=None) -> Any:
+        """Run the sampler (the preset's fast path, or the reference loop) with resolved options
+        (SynthesisOptions is a SamplerConfig: the sampler reads its own fields of it)."""
         from .engine.sampler import sample
 
         fast = self.fast_sampler
@@ -559,7 +469,6 @@ class Synthesizer:
         from .engine.duration import HOP, tail_trim_frames
         from .engine.sampler import draw_noise
 
-        cfg = self._sampler_config(opts)
         t0 = time.perf_counter()
         conds = self._conditions(piece.ids, piece.mask, voice_states)
         frames = self._frames(piece, conds, voice_states[0], opts, record)
@@ -567,11 +476,11 @@ class Synthesizer:
         t1 = time.perf_counter()
         record.timings["duration"] = record.timings.get("duration", 0.0) + (t1 - t0)
         noise = draw_noise(seed, 1, frames, self.config.latent_dim, device=self.device)
-        latent = self.sample_latent(conds, noise, cfg, cancel=cancel, progress=progress)
+        latent = self.sample_latent(conds, noise, opts, cancel=cancel, progress=progress)
         self._sync()
         record.timings["sampling"] = record.timings.get("sampling", 0.0) + (time.perf_counter() - t1)
         record.frames += frames
-        record.steps, record.schedule = cfg.num_steps, cfg.schedule
+        record.steps, record.schedule = opts.time_grid()[:2]
         samples = frames * HOP
         if opts.seconds is not None:
             samples = min(samples, int(min(opts.seconds, 30.0) * SAMPLE_RATE))

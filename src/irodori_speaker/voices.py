@@ -49,9 +49,26 @@ class Voice:
     def from_array(
         cls, audio: np.ndarray, sample_rate: int, *, caption: str | None = None, name: str | None = None
     ) -> Voice:
-        return cls(
-            caption=caption, name=name, _audio=np.asarray(audio, dtype=np.float32), _audio_rate=sample_rate
-        )
+        """A reference voice from samples in memory: (samples,) or (samples, channels), any rate."""
+        if isinstance(audio, (str, bytes, os.PathLike)):
+            raise InputError(
+                f"Voice.from_array takes samples, got a {type(audio).__name__} ({str(audio)[:40]!r})",
+                hint="for a file use Voice.from_wav(path)",
+            )
+        try:
+            x = np.asarray(audio, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise InputError(
+                f"Voice.from_array takes an array of samples, got {type(audio).__name__}"
+            ) from None
+        if x.ndim not in (1, 2) or x.size == 0:
+            raise InputError(
+                f"Voice.from_array takes (samples,) or (samples, channels) audio, got shape {x.shape}"
+            )
+        rate_ok = isinstance(sample_rate, (int, np.integer)) and not isinstance(sample_rate, bool)
+        if not rate_ok or sample_rate <= 0:
+            raise InputError(f"Voice.from_array: sample_rate must be a positive integer, got {sample_rate!r}")
+        return cls(caption=caption, name=name, _audio=x, _audio_rate=int(sample_rate))
 
     @classmethod
     def from_latent(

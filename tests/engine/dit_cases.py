@@ -11,7 +11,7 @@ from irodori_speaker.engine.checkpoint import load_checkpoint
 
 KINDS = ["v2_base", "v2_voicedesign", "v3_base", "v3_voicedesign"]
 # fixture sampler-case key -> SamplerConfig field
-CASE_KEYS = {"t_schedule_mode": "schedule", "cfg_guidance_mode": "guidance"}
+CASE_KEYS = {"num_steps": "steps", "t_schedule_mode": "schedule", "cfg_guidance_mode": "guidance"}
 
 
 def load_kind(dit_fixtures, kind):

@@ -57,7 +57,7 @@ def test_padding_conditions_is_exact(dit_fixtures):
     padded = pad_conditions(conds, 32)
     assert padded.text_state.shape[1] == 32 and padded.speaker_state.shape[1] == 32
     noise = draw_noise(1, 1, 24, 32)
-    cfg = SamplerConfig(num_steps=6, schedule="sway")
+    cfg = SamplerConfig(steps=6, schedule="sway")
     torch.testing.assert_close(
         sample(model, padded, noise, cfg), sample(model, conds, noise, cfg), atol=1e-5, rtol=1e-5
     )
@@ -65,7 +65,7 @@ def test_padding_conditions_is_exact(dit_fixtures):
 
 def test_modulation_table_matches_adaln(dit_fixtures):
     model, _, _ = load_kind(dit_fixtures, "v2_base")
-    plan = plan_sampling(SamplerConfig(num_steps=8, schedule="sway"), ("text",))
+    plan = plan_sampling(SamplerConfig(steps=8, schedule="sway"), ("text",))
     table = FastDiT(model).modulation_table([s.t for s in plan.steps])
     assert table.shape == (8, 2, 6, 64)
     t = torch.tensor([plan.steps[3].t])
@@ -89,7 +89,7 @@ def test_eager_fast_path_cancels_between_steps(dit_fixtures):
         FastSampler(model, use_graphs=False).sample(
             encode(model, io, FIRST),
             draw_noise(0, 1, 24, 32),
-            SamplerConfig(num_steps=8),
+            SamplerConfig(steps=8),
             cancel=token,
             progress=progress,
         )
@@ -129,7 +129,7 @@ def test_fast_path_on_an_int4_model(dit_fixtures, tmp_path):
     _, io, _ = load_kind(dit_fixtures, "v2_base")
     conds = encode(model, io, FIRST)
     noise = io["sample_sway8_noise"]
-    cfg = SamplerConfig(num_steps=8, schedule="sway")
+    cfg = SamplerConfig(steps=8, schedule="sway")
     ref = sample(model, conds, noise, cfg)
     fast = FastSampler(FastDiT(model, fused=True), use_graphs=False)  # fused projections, model blocks
     assert isinstance(fast.fast.blocks[0].qkvg, Int4Linear)

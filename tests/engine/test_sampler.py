@@ -38,7 +38,7 @@ def test_bad_step_count(bad):
 
 
 def test_plan_guidance_window_and_alternation():
-    cfg = SamplerConfig(num_steps=8, schedule="sway", guidance="alternating")
+    cfg = SamplerConfig(steps=8, schedule="sway", guidance="alternating")
     plan = plan_sampling(cfg, ("text", "speaker"))
     assert plan.groups == (((), ("text",)), ((), ("speaker",)))
     for i, step in enumerate(plan.steps):
@@ -76,7 +76,7 @@ def conds_of(model, io, rows=slice(0, 1)):
 def test_batched_candidates_equal_single_runs(v2):
     model, io = v2
     conds = conds_of(model, io)
-    cfg = SamplerConfig(num_steps=6, schedule="sway")
+    cfg = SamplerConfig(steps=6, schedule="sway")
     noise = draw_noise(7, 3, 24, 32)
     batched = sample(model, conds.repeat(3), noise, cfg)
     for i in range(3):
@@ -88,7 +88,7 @@ def test_batch_of_different_lines_equals_single_runs(v2):
     """Two different texts/references in one batch, with a padded latent mask."""
     model, io = v2
     conds = conds_of(model, io, slice(0, 2))
-    cfg = SamplerConfig(num_steps=4)
+    cfg = SamplerConfig(steps=4)
     noise = draw_noise(3, 2, 24, 32)
     both = sample(model, conds, noise, cfg)
     for i in range(2):
@@ -109,7 +109,7 @@ def test_half_precision_tracks_fp32(dit_fixtures, v2, dtype, tol):
     """Measured on the tiny v2 model, 8 sway steps: bf16 1.2e-2, fp16 1.5e-3 relative error."""
     model, io = v2
     half = load_checkpoint(dit_fixtures / "tiny_v2_base.safetensors", dtype=dtype).model
-    cfg = SamplerConfig(num_steps=8, schedule="sway")
+    cfg = SamplerConfig(steps=8, schedule="sway")
     noise = io["sample_sway8_noise"]
     ref = sample(model, conds_of(model, io), noise, cfg)
     out = sample(half, conds_of(half, io), noise, cfg)
@@ -132,7 +132,7 @@ def test_progress_and_cancel_between_steps(v2):
             model,
             conds_of(model, io),
             draw_noise(0, 1, 24, 32),
-            SamplerConfig(num_steps=8),
+            SamplerConfig(steps=8),
             cancel=token,
             progress=progress,
         )
@@ -152,7 +152,7 @@ def test_loop_never_syncs_the_host(v2, monkeypatch):
                 monkeypatch.setattr(torch.Tensor, name, forbid)
 
     cfg = SamplerConfig(
-        num_steps=8,
+        steps=8,
         schedule="sway",
         rescale_k=1.2,
         rescale_sigma=2.0,
@@ -168,9 +168,9 @@ def test_mismatched_batch_and_shapes(v2):
     model, io = v2
     conds = conds_of(model, io)
     with pytest.raises(InputError, match="batch"):
-        sample(model, conds, draw_noise(0, 2, 24, 32), SamplerConfig(num_steps=2))
+        sample(model, conds, draw_noise(0, 2, 24, 32), SamplerConfig(steps=2))
     with pytest.raises(InputError, match="latent_dim"):
-        sample(model, conds, torch.zeros(1, 24, 16), SamplerConfig(num_steps=2))
+        sample(model, conds, torch.zeros(1, 24, 16), SamplerConfig(steps=2))
 
 
 def test_bad_model_inputs_are_clear_errors(v2):
@@ -187,3 +187,15 @@ def test_bad_model_inputs_are_clear_errors(v2):
         model.encode_conditions(ids, mask, io["ref_latent"], io["ref_mask"])  # batch 2 vs 1
     with pytest.raises(InputError, match="integer"):
         model.encode_conditions(ids.float(), mask, ref, ref_mask)
+
+
+def test_num_steps_spelling_still_works_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match="steps"):
+        cfg = SamplerConfig(num_steps=6, schedule="sway")
+    assert cfg == SamplerConfig(steps=6, schedule="sway")
+    assert plan_sampling(cfg, ()).steps == plan_sampling(SamplerConfig(steps=6, schedule="sway"), ()).steps
+
+
+def test_unset_steps_take_upstreams_forty_linear_steps():
+    assert SamplerConfig().time_grid() == (40, "linear", -1.0)
+    assert len(plan_sampling(SamplerConfig(), ()).steps) == 40

@@ -21,7 +21,13 @@ import numpy as np
 
 from irodori_speaker.cancel import CancelToken, check
 from irodori_speaker.errors import Cancelled
-from irodori_speaker.synthesizer import AudioStream, SynthesisOptions, SynthesisRecord, SynthesisResult
+from irodori_speaker.types import (
+    AudioStream,
+    SamplerDefaults,
+    SynthesisOptions,
+    SynthesisRecord,
+    SynthesisResult,
+)
 
 SR = 48_000
 
@@ -94,6 +100,18 @@ class FakeSynth:
         self.normalise = normalise
         self.calls: list[Call] = []
         self._lock = threading.Lock()
+
+    def resolve_options(self, options: Any = None) -> SynthesisOptions:
+        return SynthesisOptions.coerce(options).resolve(SamplerDefaults(self.steps, "sway", -1.0))
+
+    def render_identity(self, text: str, voice: Any = None, options: Any = None) -> dict:
+        opts = self.resolve_options(options)
+        return {
+            "text": self.norm(text),
+            "voice": repr(voice),
+            "options": opts.audio_identity(),
+            "fake": self.name,
+        }
 
     def samples_for(self, text: str) -> int:
         return round(len(text) * self.seconds_per_char * SR)

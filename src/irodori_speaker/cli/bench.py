@@ -137,8 +137,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for _ in range(args.warmup):
         synth.prewarm(voice)
     preset = synth.preset
-    steps = options.steps if options.steps is not None else preset.steps
-    schedule = options.schedule or preset.schedule
+    options = synth.resolve_options(options)  # the preset's steps and schedule filled in, once
+    steps, schedule = options.steps, options.schedule
     model_fp = (synth.fingerprints.get("model") or "?")[:12]
     header = {
         "benchmark": name,

@@ -209,7 +209,7 @@ def check_caption(args: argparse.Namespace, synth: Any) -> None:
 
 
 def build_options(args: argparse.Namespace):
-    from ..synthesizer import SynthesisOptions
+    from ..types import SynthesisOptions
 
     return SynthesisOptions(
         steps=args.steps,

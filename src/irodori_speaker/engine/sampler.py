@@ -4,6 +4,8 @@ Everything that decides what a step does (its t, whether guidance is on, which
 condition an alternating step drops, when speaker K/V scaling ends) is planned on
 the host before the loop, so the loop never waits for the device.
 Settings and the golden cases it matches: docs/engine-api.md ("Sample from explicit noise").
+`SamplerConfig` is defined in the torch-free `irodori_speaker.types` (the sampler part of
+`SynthesisOptions`: each option once, with its check); it is re-exported here.
 """
 
 from __future__ import annotations
@@ -18,34 +20,11 @@ from torch import Tensor
 
 from ..cancel import CancelToken, check
 from ..errors import InputError
+from ..types import GUIDANCE_MODES as GUIDANCE_MODES  # re-exported
+from ..types import SCHEDULES, SamplerConfig
 from .model import Conditions, ContextKV, TextToLatentRFDiT
 
-GUIDANCE_MODES = ("independent", "joint", "alternating")
-SCHEDULES = ("linear", "sway")
-
-
-@dataclass(frozen=True)
-class SamplerConfig:
-    """Sampler settings; defaults are upstream's (40 linear steps, independent CFG)."""
-
-    num_steps: int = 40
-    schedule: str = "linear"
-    sway_coeff: float = -1.0
-    guidance: str = "independent"
-    cfg_scale_text: float = 3.0
-    cfg_scale_speaker: float = 5.0
-    cfg_scale_caption: float = 3.0
-    cfg_min_t: float = 0.5
-    cfg_max_t: float = 1.0
-    truncation_factor: float | None = None
-    rescale_k: float | None = None
-    rescale_sigma: float | None = None
-    speaker_kv_scale: float | None = None
-    speaker_kv_min_t: float = 0.9
-    speaker_kv_max_layers: int | None = None
-
-    def scale(self, name: str) -> float:
-        return float(getattr(self, f"cfg_scale_{name}"))
+UPSTREAM_CONFIG = SamplerConfig()  # 40 linear steps, independent CFG
 
 
 def time_schedule(num_steps: int, schedule: str = "linear", sway_coeff: float = -1.0) -> list[float]:
@@ -98,9 +77,8 @@ def enabled_conditions(model: TextToLatentRFDiT, conds: Conditions, cfg: Sampler
 
 
 def plan_sampling(cfg: SamplerConfig, enabled: tuple[str, ...]) -> Plan:
-    if cfg.guidance not in GUIDANCE_MODES:
-        raise InputError(f"unknown guidance mode {cfg.guidance!r}; use one of {', '.join(GUIDANCE_MODES)}")
-    ts = time_schedule(cfg.num_steps, cfg.schedule, cfg.sway_coeff)
+    num_steps, schedule, sway_coeff = cfg.time_grid()
+    ts = time_schedule(num_steps, schedule, sway_coeff)
     groups: list[tuple[tuple[str, ...], ...]] = []
     weights: list[tuple[float, ...]] = []
     if enabled and cfg.guidance == "independent":
@@ -121,7 +99,7 @@ def plan_sampling(cfg: SamplerConfig, enabled: tuple[str, ...]) -> Plan:
             weights.append((cfg.scale(name),))
 
     steps, kv_scaled = [], cfg.speaker_kv_scale is not None
-    for i in range(cfg.num_steps):
+    for i in range(num_steps):
         t, t_next = ts[i], ts[i + 1]
         group = -1
         if enabled and cfg.cfg_min_t <= t <= cfg.cfg_max_t:
@@ -230,7 +208,7 @@ def sample(
     model: TextToLatentRFDiT,
     conds: Conditions,
     noise: Tensor,
-    cfg: SamplerConfig = SamplerConfig(),
+    cfg: SamplerConfig = UPSTREAM_CONFIG,
     *,
     latent_mask: Tensor | None = None,
     cancel: CancelToken | None = None,

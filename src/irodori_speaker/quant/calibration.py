@@ -137,7 +137,7 @@ def make_sampler_runner(
     cfg = model.cfg
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    sampler = SamplerConfig(num_steps=num_steps, schedule=schedule)
+    sampler = SamplerConfig(steps=num_steps, schedule=schedule)
 
     def run(item) -> torch.Tensor:
         it = item if isinstance(item, CalibrationItem) else CalibrationItem(str(item))
