@@ -79,7 +79,8 @@ def test_errors_are_one_line_with_a_hint_and_exit_nonzero(cache, tmp_path):
     )
     assert r.returncode == 1 and r.stderr.startswith("error: ") and "hint: " in r.stderr
     r = run_cli("say", "こんにちは", "-o", str(tmp_path / "x.wav"), "--model", "org/absent-repo", cache=cache)
-    assert r.returncode == 1 and "not available" in r.stderr and "hint: " in r.stderr
+    assert r.returncode == 1 and "model hf://org/absent-repo/model.safetensors" in r.stderr
+    assert "are missing (3 files)" in r.stderr and "hint: " in r.stderr
 
 
 def test_usage_errors_exit_2(cache):

@@ -629,7 +629,7 @@ def load_synthesizer(
 
     from .backends.presets import select_preset
     from .engine.checkpoint import resolve_dtype
-    from .engine.sources import CODEC_REPO, DEFAULT_MODEL, TOKENIZER_REPO, resolve
+    from .engine.sources import CODEC_REPO, DEFAULT_MODEL, TOKENIZER_REPO, resolve, resolve_files
     from .fingerprint import file_fingerprint
     from .text.tokenizer import TextTokenizer
     from .voices import VoiceCache, default_voice_cache_dir
@@ -656,9 +656,14 @@ def load_synthesizer(
         model_path, codec_path, tok_path = files.model, files.codec, files.tokenizer
         note = "tiny-random model: the output is noise, not speech"
     else:
-        model_path = resolve(model or DEFAULT_MODEL, "model", cache_dir=cache_dir)
-        codec_path = resolve(codec or CODEC_REPO, "codec", cache_dir=cache_dir)
-        tok_path = None
+        # all three at once, so a first run offline names every missing file in one error
+        model_path, codec_path, tok_path = resolve_files(
+            model or DEFAULT_MODEL,
+            codec or CODEC_REPO,
+            tokenizer,
+            cache_dir=cache_dir,
+            want_tokenizer=not given_tok,
+        )
     loaded = load_dit(model_path, preset)
     cfg = loaded.config
     if given_tok:

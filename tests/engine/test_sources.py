@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from hub_cache import fill_cache
 from irodori_speaker.engine.sources import MODELS, parse_source, resolve
 from irodori_speaker.errors import ModelSourceError
-
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def fill_cache(cache: Path, repo_id: str, files: dict[str, bytes]) -> None:
-    """Lay files out as huggingface_hub's cache does: blobs, snapshots/<commit>, refs/main."""
-    root = cache / ("models--" + repo_id.replace("/", "--"))
-    (root / "refs").mkdir(parents=True, exist_ok=True)
-    (root / "refs" / "main").write_text(COMMIT)
-    for name, data in files.items():
-        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = root / "snapshots" / COMMIT / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
 
 
 def test_local_path(tmp_path):
@@ -74,8 +57,8 @@ def test_no_network_is_a_clear_error(tmp_path):
     env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_OFFLINE="0", HF_HUB_ETAG_TIMEOUT="2")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.startswith("ERR"), out.stdout + out.stderr
-    assert "hf://org/repo/model.safetensors is not available" in out.stdout
-    assert "pass a local file path" in out.stdout
+    assert "model hf://org/repo/model.safetensors is missing: the Hugging Face Hub at" in out.stdout
+    assert "cannot be reached" in out.stdout and "give local files (--model FILE" in out.stdout
 
 
 @pytest.mark.parametrize("bad", ["hf://org", "hf://org/repo/", "./nothing/here.safetensors", "no such file"])

@@ -7,7 +7,10 @@ is off. With no network, the error says exactly what is missing and how to suppl
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,7 +94,7 @@ def resolve(
         if not spec.path.is_file():
             raise ModelSourceError(f"{spec.path} is not a file")
         return spec.path
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import (
         EntryNotFoundError,
         HFValidationError,
@@ -102,40 +105,170 @@ def resolve(
 
     repo_id, filename = str(spec.repo_id), str(spec.filename)  # a spec without a path has both
     cache = None if cache_dir is None else str(cache_dir)
-
-    def download(local_files_only: bool = False) -> Path:
-        return Path(
-            hf_hub_download(
-                repo_id, filename, revision=spec.revision, cache_dir=cache, local_files_only=local_files_only
-            )
-        )
-
+    # The cache first, read without any request (hf_hub_download(local_files_only=True) may still
+    # fetch a registry from the Hub to build its user agent: a 3 s stall when offline).
     try:
-        return download(local_files_only=True)
-    except LocalEntryNotFoundError:
-        pass
+        cached = try_to_load_from_cache(repo_id, filename, cache_dir=cache, revision=spec.revision)
     except HFValidationError as e:
         raise ModelSourceError(f"bad repo id in {spec.describe()}: {e}") from e
+    if isinstance(cached, str):
+        return Path(cached)
     if local_only or (local_only is None and _offline()):
-        raise _not_available(spec, cache_dir, reason="offline mode is on and it is not in the local cache")
+        raise _not_available(spec, kind, cache_dir, reason="offline mode is on (HF_HUB_OFFLINE)")
+    unreachable = hub_unreachable()
+    if unreachable:
+        raise _not_available(spec, kind, cache_dir, reason=unreachable)
+    retries: list[str] = []
     try:
-        return download()
+        with _retries_kept_quiet(retries):
+            return Path(hf_hub_download(repo_id, filename, revision=spec.revision, cache_dir=cache))
     except LocalEntryNotFoundError as e:  # the Hub cannot be reached (a subclass of EntryNotFoundError)
-        raise _not_available(spec, cache_dir, reason="the Hugging Face Hub cannot be reached") from e
+        reason = "the Hugging Face Hub cannot be reached" + (f" ({len(retries)} retries)" if retries else "")
+        raise _not_available(spec, kind, cache_dir, reason=reason) from e
     except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as e:
         raise ModelSourceError(f"{spec.describe()} does not exist on the Hub ({type(e).__name__})") from e
     except OSError as e:  # network errors from the HTTP stack are OSError subclasses
-        raise _not_available(spec, cache_dir, reason=f"download failed: {e}") from e
+        raise _not_available(spec, kind, cache_dir, reason=f"download failed: {e}") from e
 
 
-def _not_available(spec: SourceSpec, cache_dir, reason: str) -> ModelSourceError:
+# ---- offline detection ------------------------------------------------------------------------
+
+#: How long the one probe of the Hub may take before we call it unreachable.
+PROBE_TIMEOUT_S = 3.0
+_PROBE_TTL_S = 60.0
+_probes: dict[str, tuple[float, str | None]] = {}
+
+
+def hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def hub_unreachable() -> str | None:
+    """None when the Hub answers one short request; else why not (cached for a minute).
+
+    One HEAD request, at most PROBE_TIMEOUT_S: without it huggingface_hub retries each file
+    for ~25 s and prints every retry. Any HTTP answer (even an error status) counts as reachable.
+    """
+    import time
+    import urllib.error
+    import urllib.request
+
+    endpoint = hub_endpoint()
+    now = time.monotonic()
+    cached = _probes.get(endpoint)
+    if cached is not None and now - cached[0] < _PROBE_TTL_S:
+        return cached[1]
+    reason: str | None = None
+    try:
+        urllib.request.urlopen(
+            urllib.request.Request(endpoint, method="HEAD"), timeout=PROBE_TIMEOUT_S
+        ).close()
+    except urllib.error.HTTPError:
+        pass  # it answered
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        why = getattr(e, "reason", e)
+        reason = f"the Hugging Face Hub at {endpoint} cannot be reached ({why})"
+    _probes[endpoint] = (now, reason)
+    return reason
+
+
+@contextlib.contextmanager
+def _retries_kept_quiet(retries: list[str]) -> Iterator[None]:
+    """Keeps huggingface_hub's "Retrying in 1s [Retry 1/5]" lines (and the errors between them)
+    off the user's terminal while a download runs; collects them in `retries`."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if "Retrying in" in msg or "thrown while requesting" in msg:
+            retries.append(msg)
+            return False
+        return True
+
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("huggingface_hub")]
+    loggers = [logging.getLogger(n) for n in {"huggingface_hub", *names}]
+    for lg in loggers:
+        lg.addFilter(keep)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(keep)
+
+
+# ---- the error that names every missing file ----------------------------------------------------
+
+
+class FilesNotAvailable(ModelSourceError):
+    """One or more files are neither on disk nor in the hub cache, and cannot be downloaded now."""
+
+    def __init__(self, missing: list[tuple[str, SourceSpec]], reason: str, cache: str) -> None:
+        self.missing, self.reason, self.cache = missing, reason, cache
+        names = ", ".join(f"{kind} {spec.describe()}" for kind, spec in missing)
+        what = "is missing" if len(missing) == 1 else f"are missing ({len(missing)} files)"
+        fetch = "; ".join(f"hf download {spec.repo_id} {spec.filename}" for _, spec in missing)
+        flags = " ".join(f"--{kind} FILE" for kind, _ in missing)
+        super().__init__(
+            f"{names} {what}: {reason}; not in the Hugging Face cache at {cache}",
+            hint=(
+                f"on a machine with network run `{fetch}` and copy its ~/.cache/huggingface/hub to {cache} "
+                f"(or set HF_HOME); or give local files ({flags}; in Python model=, codec=, tokenizer=)"
+            ),
+        )
+
+
+def _not_available(spec: SourceSpec, kind: str, cache_dir, reason: str) -> FilesNotAvailable:
     from huggingface_hub import constants
 
-    where = cache_dir or constants.HF_HUB_CACHE
-    return ModelSourceError(
-        f"{spec.describe()} is not available: {reason} (looked in the cache at {where})",
-        hint=(
-            "pass a local file path instead, or pre-fill the cache on a machine with network "
-            f"(`hf download {spec.repo_id} {spec.filename}`) and copy it to {where} (or set HF_HOME)"
-        ),
-    )
+    return FilesNotAvailable([(kind, spec)], reason, str(cache_dir or constants.HF_HUB_CACHE))
+
+
+def resolve_files(
+    model: str | os.PathLike,
+    codec: str | os.PathLike,
+    tokenizer: str | os.PathLike | None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    want_tokenizer: bool = True,
+) -> tuple[Path, Path, Path | None]:
+    """Model, codec and tokenizer files at once: when some are missing, ONE error names them all.
+
+    The tokenizer defaults to the one the model's file names (its header is read, not the
+    weights), else the released one. `want_tokenizer=False` (a tokenizer object was given)
+    leaves it out.
+    """
+    found: dict[str, Path] = {}
+    errors: list[ModelSourceError] = []
+
+    def attempt(source: str | os.PathLike, kind: str) -> None:
+        try:
+            found[kind] = resolve(source, kind, cache_dir=cache_dir)
+        except ModelSourceError as e:
+            errors.append(e)
+
+    attempt(model, "model")
+    attempt(codec, "codec")
+    if want_tokenizer:
+        source = tokenizer or _tokenizer_named_by(found.get("model")) or TOKENIZER_REPO
+        attempt(source, "tokenizer")
+    if len(errors) == 1:
+        raise errors[0]
+    if errors and all(isinstance(e, FilesNotAvailable) for e in errors):
+        first = errors[0]
+        assert isinstance(first, FilesNotAvailable)
+        missing = [m for e in errors if isinstance(e, FilesNotAvailable) for m in e.missing]
+        raise FilesNotAvailable(missing, first.reason, first.cache)
+    if errors:  # several problems of different kinds (a mistyped path, a file not in the cache)
+        raise ModelSourceError("; ".join(str(e.args[0]) for e in errors), hint=errors[0].hint)
+    return found["model"], found["codec"], found.get("tokenizer")
+
+
+def _tokenizer_named_by(model_file: Path | None) -> str | None:
+    if model_file is None:
+        return None
+    from .checkpoint import config_from_metadata, read_header
+
+    try:
+        cfg, _ = config_from_metadata(read_header(model_file)[0], str(model_file))
+    except Exception:  # a bad file: loading it reports that, with the file's name
+        return None
+    return cfg.text_tokenizer_repo or None
