@@ -533,10 +533,12 @@ class Synthesizer:
             content, ref = self._reference(voice, record)
             voice_states = self._voice_states(content, ref, self._caption(voice))
         record.timings["reference"] = time.perf_counter() - t0
+        line_progress = _LineProgress(progress, pieces) if progress is not None else None
         for i, piece in enumerate(pieces):
             first, last = i == 0, i == len(pieces) - 1
+            step = line_progress.step(i) if line_progress is not None else None
             with hold_model_lock(cancel):
-                rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, progress)
+                rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, step)
             t_dec = time.perf_counter()
             head = True  # each chunk goes out as soon as it is decoded (the first one is first audio)
             for chunk, chunk_is_last in self._decode_chunks(rendered, opts, cancel, whole):
@@ -544,6 +546,8 @@ class Synthesizer:
                 head = False
             record.samples += rendered.samples
             record.timings["decode"] = record.timings.get("decode", 0.0) + (time.perf_counter() - t_dec)
+            if line_progress is not None:
+                line_progress.decoded(i)
             if not last:
                 gap = np.zeros(int(PIECE_GAP_S * SAMPLE_RATE), dtype=np.float32)
                 record.samples += len(gap)
@@ -556,6 +560,36 @@ class Synthesizer:
             torch.cuda.synchronize(self.device)
         elif self.device.type == "mps":
             torch.mps.synchronize()
+
+
+class _LineProgress:
+    """The sampler's progress(step, steps) of each piece as progress(done, total) of the whole line.
+
+    A piece weighs its text length (its sampling cost) and counts steps + 1 units, the last one
+    its decode: one bar runs once across a long text and reaches the end when the audio does.
+    """
+
+    def __init__(self, progress: Any, pieces: list[_Piece]) -> None:
+        self.progress = progress
+        self.weights = [max(1, len(p.text)) for p in pieces]
+        self.total = sum(self.weights)
+        self.steps = 0
+
+    def _report(self, i: int, units_done: int) -> None:
+        units = self.steps + 1
+        before = sum(self.weights[:i])
+        self.progress(before * units + self.weights[i] * units_done, self.total * units)
+
+    def step(self, i: int) -> Any:
+        def report(done: int, steps: int) -> None:
+            self.steps = steps
+            self._report(i, done)
+
+        return report
+
+    def decoded(self, i: int) -> None:
+        if self.steps:
+            self._report(i, self.steps + 1)
 
 
 def load_dit(path: Any, preset: Any) -> Any:

@@ -21,39 +21,45 @@ TINY_KINDS = ("v2", "v3", "v2-voicedesign")
 
 
 class Progress:
-    """A one-line progress display on a terminal (stderr); silent when stderr is not a tty.
+    """One tqdm bar on stderr for a whole job; nothing when stderr is not a terminal or with -q.
 
-    Called as `progress(done, total)` (the sampler's steps), optionally with `eta` seconds
-    (else estimated from the elapsed time) and a short `note`.
+    Called as `progress(done, total)` (a line's sampler steps across all its pieces, or
+    entries), optionally with an `eta` the caller knows (unused: tqdm's rate-based estimate
+    is the one shown) and a short `note`. The bar fits the terminal's width (no wrapping).
     """
 
-    def __init__(self, label: str, enabled: bool | None = None) -> None:
+    def __init__(self, label: str, enabled: bool | None = None, *, counts: bool = True) -> None:
         self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.t0 = time.perf_counter()
-        self._shown = False
+        self.enabled = enabled  # None: tqdm decides (on only on a terminal)
+        self.counts = counts  # show done/total; False for a fraction (a line's weighted steps)
+        self.bar: Any = None
 
-    def __call__(self, done: int, total: int, eta: float | None = None, note: str = "") -> None:
-        if not self.enabled:
+    def __call__(self, done: int, total: int, eta: float | None = None, note: Any = "") -> None:
+        if self.enabled is False:
             return
-        elapsed = time.perf_counter() - self.t0
-        if eta is None:
-            eta = elapsed / done * (total - done) if done else 0.0
-        width = 24
-        fill = int(width * done / max(total, 1))
-        bar = "#" * fill + "-" * (width - fill)
-        tail = f"  {note[:30]}" if note else ""
-        sys.stderr.write(
-            f"\r{self.label} [{bar}] {done}/{total}  {elapsed:5.1f}s  eta {eta:4.1f}s{tail}\x1b[K"
-        )
-        sys.stderr.flush()
-        self._shown = True
+        if self.bar is None:
+            from tqdm import tqdm
+
+            fmt = "{desc} {percentage:3.0f}%|{bar}| " + ("{n}/{total} " if self.counts else "")
+            self.bar = tqdm(
+                total=total,
+                desc=self.label,
+                file=sys.stderr,
+                disable=None if self.enabled is None else not self.enabled,
+                dynamic_ncols=True,
+                leave=False,
+                bar_format=fmt + "[{elapsed}<{remaining}]{postfix}",
+            )
+        if self.bar.total != total:
+            self.bar.total = total
+        if note:
+            self.bar.set_postfix_str(str(note)[:30], refresh=False)
+        self.bar.update(done - self.bar.n)
 
     def close(self) -> None:
-        if self._shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-            self._shown = False
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 # ---- shared flags ---------------------------------------------------------------------------
