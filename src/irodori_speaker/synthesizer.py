@@ -167,7 +167,11 @@ class Synthesizer:
         cancel: CancelToken | None = None,
         progress: Any = None,
     ) -> SynthesisResult:
-        """Render one line (split into pieces when it is longer than one utterance can hold)."""
+        """Render one line (split into pieces when it is longer than one utterance can hold).
+
+        `progress(done, total)` counts the sampler steps of all pieces plus one per piece for
+        its decode, from 1 to total, once for the whole line.
+        """
         stream = self.stream(text, voice, options, cancel, progress=progress, _whole=True)
         parts = list(stream)
         audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
@@ -565,20 +569,19 @@ class Synthesizer:
 class _LineProgress:
     """The sampler's progress(step, steps) of each piece as progress(done, total) of the whole line.
 
-    A piece weighs its text length (its sampling cost) and counts steps + 1 units, the last one
-    its decode: one bar runs once across a long text and reaches the end when the audio does.
+    Units: every sampler step of every piece, plus one per piece for its decode; so one bar runs
+    once across a long text (the splitter's pieces are of similar length) and reaches the end
+    when the audio does.
     """
 
     def __init__(self, progress: Any, pieces: list[_Piece]) -> None:
         self.progress = progress
-        self.weights = [max(1, len(p.text)) for p in pieces]
-        self.total = sum(self.weights)
+        self.pieces = len(pieces)
         self.steps = 0
 
     def _report(self, i: int, units_done: int) -> None:
-        units = self.steps + 1
-        before = sum(self.weights[:i])
-        self.progress(before * units + self.weights[i] * units_done, self.total * units)
+        per_piece = self.steps + 1
+        self.progress(i * per_piece + units_done, self.pieces * per_piece)
 
     def step(self, i: int) -> Any:
         def report(done: int, steps: int) -> None:

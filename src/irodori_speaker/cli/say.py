@@ -57,7 +57,9 @@ def cmd_say(args: argparse.Namespace) -> int:
         synth = load_from_args(args)
         options = build_options(args)
         hit = False
-        progress = Progress("synthesising", enabled=show_progress(args), counts=False)
+        progress = Progress(
+            "synthesising", enabled=show_progress(args), counts=False
+        )  # steps: no unit to show
         try:
             if cache is not None:
                 line, hit = cache.render(synth, text, voice, options, progress=progress, source="say")
