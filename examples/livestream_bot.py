@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from irodori_speaker.cache import PhraseCache
+from irodori_speaker.cli import add_model_flags, load_from_args
 from irodori_speaker.errors import IrodoriError
 from irodori_speaker.prebuild import prebuild
 from irodori_speaker.speaker import Priority, Speaker
-from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
+from irodori_speaker.synthesizer import SynthesisOptions
 
 # ---------------------------------------------------------------------------------------------
 # Chat
@@ -116,9 +117,6 @@ class PrintMouth:
         self.period = 1.0 / hz
         self.last = 0.0
         self.count = 0
-
-    async def open(self) -> None:
-        pass
 
     async def send(self, level: float) -> None:
         self.count += 1
@@ -226,9 +224,12 @@ class VTubeStudioMouth:
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
         if self.ws is not None:
-            await self._inject(0.0)
+            await self._inject(0.0)  # leave the mouth closed
             await self.ws.close()
+            self.ws = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,48 +336,50 @@ class Bot:
 async def amain(args: argparse.Namespace) -> int:
     from irodori_speaker.outputs import FileOutput
 
-    synth = load_synthesizer(args.model, backend=args.backend, tiny_random=args.tiny_random or False)
+    synth = load_from_args(args)
     if synth.note:
         print(f"note: {synth.note}", flush=True)
     voice = args.voice
     options = SynthesisOptions(steps=args.steps, seed=args.seed)
-    cache = PhraseCache(args.cache)
+    cache = PhraseCache(args.cache_dir)
     report = prebuild(synth, cache, STOCK.values(), voice=voice, options=options)
     print(f"stock lines: {report.summary()}", flush=True)
     output: Any = FileOutput(args.out, speed=args.speed) if args.out else args.output_device
     mouth: Any = PrintMouth(hz=8.0) if not args.quiet_mouth else _CountMouth()
-    if args.vts:
+    if args.vts:  # one connection for the whole run, closed on the way out whatever happens
+        vts = VTubeStudioMouth(args.vts_url, args.vts_parameter, Path(args.cache_dir or ".") / "vts_token")
         try:
-            vts = VTubeStudioMouth(args.vts_url, args.vts_parameter, Path(args.cache or ".") / "vts_token")
             await vts.open()
             mouth = vts
         except ImportError:
             print("VTube Studio needs the optional 'websockets' package (pip install websockets); printing")
         except Exception as e:
+            await vts.close()
             print(f"VTube Studio is not reachable at {args.vts_url} ({e}); printing the mouth instead")
-    async with Speaker(
-        cache.wrap(synth),
-        output=output,
-        voice=voice,
-        options=options,
-        ttl={"low": 5 / args.speed},
-        max_queue=20,
-    ) as speaker:
-        bot = Bot(speaker, mouth, speed=args.speed)
-        await mouth.open()
-        try:
-            await bot.run(SimulatedChat(speed=args.speed), args.duration)
-            if bot.replying is not None:  # let the answer being spoken finish
+    try:
+        async with Speaker(
+            cache.wrap(synth),
+            output=output,
+            voice=voice,
+            options=options,
+            ttl={"low": 5 / args.speed},
+            max_queue=20,
+        ) as speaker:
+            bot = Bot(speaker, mouth, speed=args.speed)
+            try:
+                await bot.run(SimulatedChat(speed=args.speed), args.duration)
+                if bot.replying is not None:  # let the answer being spoken finish
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(bot.replying), 30 / args.speed)
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(bot.replying), 30 / args.speed)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(speaker.drain(), args.drain_s)
-        finally:
-            if bot.replying is not None:
-                bot.replying.cancel()
-            speaker.interrupt()
-        m = speaker.metrics()
-    await mouth.close()
+                    await asyncio.wait_for(speaker.drain(), args.drain_s)
+            finally:
+                if bot.replying is not None:
+                    bot.replying.cancel()
+                speaker.interrupt()
+            m = speaker.metrics()
+    finally:
+        await mouth.close()
     stats = cache.stats()
     cache.close()
     ttfa = m.time_to_first_audio
@@ -403,14 +406,12 @@ def _fmt(x: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tiny-random", nargs="?", const="v2", help="the small random model (offline, noise)")
-    p.add_argument("--model", help="model source (default: the released v2)")
-    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "mps", "cpu"])
+    add_model_flags(p)  # the command line's: --tiny-random, --model, --backend, ...
     p.add_argument("--voice", help="reference voice file")
     p.add_argument("--steps", type=int, help="sampler steps (default: the preset's)")
     p.add_argument("--seed", type=int, default=0, help="seed of every line (stock lines are cached by it)")
-    p.add_argument("--cache", help="phrase cache directory (default: irodori-speaker's)")
-    p.add_argument("--out", help="write what is played to this WAV file instead of a sound device")
+    p.add_argument("--cache-dir", help="phrase cache directory (default: irodori-speaker's)")
+    p.add_argument("--out", help="write what is played to this file (.wav, .flac, ...), not a sound device")
     p.add_argument("--output-device", help="sound device name (default: the system's default)")
     p.add_argument("--duration", type=float, default=None, help="stop reading chat after this many seconds")
     p.add_argument("--speed", type=float, default=1.0, help="run the simulated chat and a --out file faster")

@@ -18,9 +18,10 @@ import sys
 import time
 from pathlib import Path
 
+from irodori_speaker.cli import add_model_flags, load_from_args
 from irodori_speaker.errors import IrodoriError
 from irodori_speaker.speaker import Speaker
-from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
+from irodori_speaker.synthesizer import SynthesisOptions
 
 NEWS5 = [
     "次のニュースだよっ！",
@@ -41,7 +42,7 @@ def load_sentences(path: str | None) -> list[str]:
 async def read_news(args: argparse.Namespace) -> int:
     from irodori_speaker.outputs import FileOutput
 
-    synth = load_synthesizer(args.model, backend=args.backend, tiny_random=args.tiny_random or False)
+    synth = load_from_args(args)
     if synth.note:
         print(f"note: {synth.note}")
     sentences = load_sentences(args.sentences)
@@ -80,16 +81,16 @@ async def read_news(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tiny-random", nargs="?", const="v2", help="the small random model (offline, noise)")
-    p.add_argument("--model", help="model source (default: the released v2)")
-    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "mps", "cpu"])
+    add_model_flags(p)  # the command line's: --tiny-random, --model, --backend, ...
     p.add_argument("--voice", help="reference voice file")
     p.add_argument("--sentences", help="a JSON file {'sentences': [...]} (default: news5)")
     p.add_argument("--steps", type=int, help="sampler steps (default: the preset's)")
     p.add_argument("--seed", type=int, default=0, help="noise seed")
     p.add_argument("--seconds", type=float, help="fixed length per sentence (default: estimated)")
     p.add_argument("--pause", type=float, default=0.4, help="pause between sentences in seconds")
-    p.add_argument("--out", help="write the reading to this WAV file instead of a sound device")
+    p.add_argument(
+        "--out", help="write the reading to this file (.wav, .flac, .ogg, ...) instead of a sound device"
+    )
     p.add_argument(
         "--speed", type=float, default=float("inf"), help="pace of --out (default: as fast as it can)"
     )

@@ -206,7 +206,7 @@ def check_seed(seed: int | None) -> None:
 
 def check_caption(args: argparse.Namespace, synth: Any) -> None:
     """--caption on a model without a caption branch would be silently ignored: refuse it."""
-    if args.caption and not synth.config.caption_enabled:
+    if getattr(args, "caption", None) and not synth.config.caption_enabled:
         raise InputError(
             "--caption needs a VoiceDesign model; this model has no caption branch",
             hint="use --model v2-voicedesign or v3-voicedesign (offline: --tiny-kind v2-voicedesign), "
