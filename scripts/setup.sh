@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Set up a fresh machine: system audio libraries, a virtual environment, CPU torch, the project.
+# Set up a development checkout (Linux; macOS and Windows: docs/getting-started.md): PortAudio,
+# a virtual environment in .venv, torch, and the project in editable mode with the ja, audio, yaml,
+# serve and dev extras (dev brings pytest, ruff, build, triton for the kernel interpreter tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +16,16 @@ fi
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-# The machines carry the CPU wheel of torch 2.13.0 offline; take it first so nothing pulls a CUDA build.
-.venv/bin/python -m pip install -q torch==2.13.0
+# torch first, so the project's `torch>=2.3` is already met and pip keeps this one. What
+# `pip install torch==2.13.0` gets depends on the index: from PyPI on Linux it is the CUDA build
+# (it uses an NVIDIA GPU when there is one and runs on the CPU otherwise; ~2 GB with its CUDA
+# libraries), on macOS the build with MPS, on Windows the CPU build (a CUDA one needs
+# --index-url https://download.pytorch.org/whl/cu124). Our CI machines have no GPU and install a
+# local CPU wheel of 2.13.0 from their own index. TORCH_SPEC picks another version
+# ("TORCH_SPEC=torch"), TORCH_INDEX another index (https://download.pytorch.org/whl/cpu: the
+# small CPU-only build).
+torch_args=("${TORCH_SPEC:-torch==2.13.0}")
+[ -n "${TORCH_INDEX:-}" ] && torch_args+=(--index-url "$TORCH_INDEX")
+.venv/bin/python -m pip install -q "${torch_args[@]}"
 .venv/bin/python -m pip install -q -e ".[ja,audio,yaml,serve,dev]"
 echo "ready: . .venv/bin/activate"

@@ -6,7 +6,18 @@
 Needs the `serve` extra (FastAPI, uvicorn, prometheus-client, PyAV). docs/server.md.
 """
 
-from .app import create_app
+from typing import Any
+
 from .config import ServerSettings, VoiceBook, load_voice_book
 
 __all__ = ["ServerSettings", "VoiceBook", "create_app", "load_voice_book"]
+
+
+def __getattr__(name: str) -> Any:
+    # create_app needs FastAPI; importing this package must not (the command line imports
+    # server.command for `serve --help` on an install without the extra).
+    if name == "create_app":
+        from .app import create_app
+
+        return create_app
+    raise AttributeError(name)
