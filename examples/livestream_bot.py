@@ -358,7 +358,9 @@ async def amain(args: argparse.Namespace) -> int:
             print(f"VTube Studio is not reachable at {args.vts_url} ({e}); printing the mouth instead")
     try:
         async with Speaker(
-            cache.wrap(synth),
+            synth,
+            cache=cache,  # stock lines play from the cache, without waiting for the model
+            cache_store="prebuilt",  # only what prebuild rendered: chat replies are not stored
             output=output,
             voice=voice,
             options=options,
