@@ -8,8 +8,10 @@ voice is never re-encoded per utterance, nor per process.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from .engine.duration import FRAMES_PER_SECOND
 from .errors import AudioError, InputError
 from .fingerprint import bytes_fingerprint, file_fingerprint
 
@@ -102,6 +105,28 @@ class Voice:
 
     def describe(self) -> str:
         return self.name or (str(self.reference or self.latent) if self.has_reference else "model voice")
+
+
+def max_reference_frames(seconds: float | None) -> int | None:
+    """Latent frames in `seconds` of reference (ceil(seconds * 25)); None or <= 0: no cap."""
+    if seconds is None or seconds <= 0:
+        return None
+    return math.ceil(seconds * FRAMES_PER_SECOND - 1e-9)
+
+
+def join_reference_clips(latents: Sequence[torch.Tensor], max_frames: int | None) -> torch.Tensor:
+    """Clips' latents (T_i, C) concatenated in order, stopping after the clip that reaches
+    `max_frames` (later clips are not used), cut to it (docs/models.md, "References")."""
+    if not latents:
+        raise InputError("a voice needs at least one reference clip")
+    used, total = [], 0
+    for latent in latents:
+        used.append(latent)
+        total += latent.shape[0]
+        if max_frames is not None and total >= max_frames:
+            break
+    joined = torch.cat(used, dim=0) if len(used) > 1 else used[0]
+    return joined if max_frames is None else joined[:max_frames]
 
 
 def save_latent(latent: torch.Tensor, path: str | os.PathLike) -> None:

@@ -67,7 +67,9 @@ def config_from_metadata(meta: dict[str, str], source: str) -> tuple[ModelConfig
             f"{source}: the safetensors metadata has no 'config_json'",
             hint="this is not an Irodori-TTS DiT checkpoint, or it was saved without its config",
         )
-    return parse_config_json(meta["config_json"], source=source)
+    return parse_config_json(
+        meta["config_json"], source=source, text_encoder_config=meta.get("text_encoder_config_json")
+    )
 
 
 def build_model(
@@ -149,4 +151,8 @@ def save_checkpoint(
         for k, v in model.state_dict().items()
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(path), metadata={"config_json": json.dumps(data, ensure_ascii=False)})
+    metadata = {"config_json": json.dumps(data, ensure_ascii=False)}
+    if model.cfg.text_backbone is not None:
+        backbone = model.cfg.text_backbone.to_dict()
+        metadata["text_encoder_config_json"] = json.dumps(backbone, ensure_ascii=False)
+    save_file(state, str(path), metadata=metadata)

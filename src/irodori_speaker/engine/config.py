@@ -11,9 +11,137 @@ from typing import Any
 from ..errors import CheckpointError
 
 # Inference-only keys that may sit in the same `config_json` object.
-INFERENCE_KEYS = ("max_text_len", "max_caption_len", "fixed_target_latent_steps")
+INFERENCE_KEYS = ("max_text_len", "max_caption_len", "fixed_target_latent_steps", "ref_max_seconds")
 
 DURATION_ARCHITECTURES = ("token_sum_adarn_zero_no_aux", "token_sum_dual_adarn_zero_no_aux")
+FLOW_PARAMETERIZATIONS = ("rf_velocity", "meanflow")
+TEXT_ENCODER_TYPES = ("scratch", "pretrained")
+PROJECTOR_TYPES = ("linear", "residual_mlp")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# GELU spellings of Hugging Face configs: exact (erf) or the tanh approximation.
+GELU_ACTIVATIONS = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+# Reference cap of files that do not store `ref_max_seconds` (v2, v3).
+DEFAULT_REF_MAX_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class BackboneConfig:
+    """The pretrained ModernBERT text backbone of v4 files (metadata `text_encoder_config_json`).
+
+    Built from the Hugging Face config object stored in the file (docs/models.md, "The v4 file format"):
+    transformers 5.x `layer_types` / `rope_parameters`, or the 4.x `global_attn_every_n_layers`,
+    `global_rope_theta`, `local_rope_theta` (`layer_types` wins). Fields we do not use are kept
+    in `raw`, so a re-saved file keeps the object unchanged.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    layer_types: tuple[str, ...]
+    full_rope_theta: float = 160000.0
+    sliding_rope_theta: float = 10000.0
+    local_attention: int = 128
+    norm_eps: float = 1e-5
+    norm_bias: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    hidden_activation: str = "gelu"
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def gelu_approximate(self) -> str:
+        return GELU_ACTIVATIONS[self.hidden_activation]
+
+    def rope_theta(self, layer_type: str) -> float:
+        return self.full_rope_theta if layer_type == "full_attention" else self.sliding_rope_theta
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "text_encoder_config_json") -> BackboneConfig:
+        def bad(msg: str) -> CheckpointError:
+            return CheckpointError(f"{source}: text backbone config: {msg}")
+
+        if not isinstance(data, dict):
+            raise bad("must be a JSON object")
+        model_type = data.get("model_type", "modernbert")
+        if model_type != "modernbert":
+            raise bad(
+                f"model_type {model_type!r} is not supported (only ModernBERT backbones, as in "
+                "v4-Small / v4.1-Small / v4.1-Small-MF)"
+            )
+        shape = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        missing = [k for k in shape if not isinstance(data.get(k), int) or data[k] <= 0]
+        if missing:
+            raise bad(f"missing or non-positive {', '.join(missing)}")
+        n = data["num_hidden_layers"]
+        layer_types = data.get("layer_types")
+        if layer_types is None:
+            every = int(data.get("global_attn_every_n_layers") or 1)
+            layer_types = ["full_attention" if i % every == 0 else "sliding_attention" for i in range(n)]
+        if not isinstance(layer_types, list) or len(layer_types) != n or set(layer_types) - set(LAYER_TYPES):
+            raise bad(f"layer_types must list {n} of {', '.join(LAYER_TYPES)}, got {layer_types!r}")
+        full = float(data.get("global_rope_theta") or 160000.0)
+        sliding = float(data.get("local_rope_theta") or 10000.0)
+        rope = data.get("rope_parameters")
+        if isinstance(rope, dict):
+            per_type = rope if set(rope) & set(LAYER_TYPES) else dict.fromkeys(LAYER_TYPES, rope)
+            thetas = {}
+            for kind in LAYER_TYPES:
+                params = per_type.get(kind) or {}
+                if params.get("rope_type", "default") not in ("default", None):
+                    raise bad(f"rope_type {params['rope_type']!r} ({kind}) is not supported, only 'default'")
+                thetas[kind] = params.get("rope_theta")
+            full = float(thetas["full_attention"] or full)
+            sliding = float(thetas["sliding_attention"] or sliding)
+        activation = data.get("hidden_activation", "gelu")
+        if activation not in GELU_ACTIVATIONS:
+            raise bad(f"hidden_activation {activation!r} is not supported ({', '.join(GELU_ACTIVATIONS)})")
+        cfg = cls(
+            vocab_size=data["vocab_size"],
+            hidden_size=data["hidden_size"],
+            intermediate_size=data["intermediate_size"],
+            num_hidden_layers=n,
+            num_attention_heads=data["num_attention_heads"],
+            layer_types=tuple(layer_types),
+            full_rope_theta=full,
+            sliding_rope_theta=sliding,
+            local_attention=int(data.get("local_attention", 128)),
+            norm_eps=float(data.get("norm_eps", 1e-5)),
+            norm_bias=bool(data.get("norm_bias", False)),
+            attention_bias=bool(data.get("attention_bias", False)),
+            mlp_bias=bool(data.get("mlp_bias", False)),
+            hidden_activation=activation,
+            pad_token_id=data.get("pad_token_id"),
+            bos_token_id=data.get("bos_token_id"),
+            raw=dict(data),
+        )
+        if cfg.hidden_size % cfg.num_attention_heads or cfg.head_dim % 2:
+            raise bad(
+                f"hidden_size {cfg.hidden_size} over {cfg.num_attention_heads} heads "
+                "must give an even head size"
+            )
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        """The Hugging Face config object as stored (what `from_dict` read, or our fields)."""
+        if self.raw:
+            return dict(self.raw)
+        return {
+            "model_type": "modernbert",
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "raw"},
+            "layer_types": list(self.layer_types),
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": self.full_rope_theta},
+                "sliding_attention": {"rope_type": "default", "rope_theta": self.sliding_rope_theta},
+            },
+        }
 
 
 @dataclass(frozen=True)
@@ -62,6 +190,15 @@ class ModelConfig:
     duration_speaker_fusion: str = "adarn_zero"
     duration_caption_fusion: str = "adarn_zero"
     duration_caption_pooling: str = "masked_mean"
+    # v4: the pretrained text backbone, projectors and the MeanFlow parameterisation
+    flow_parameterization: str = "rf_velocity"
+    text_encoder_type: str = "scratch"
+    text_encoder_revision: str | None = None
+    pretrained_projector_type: str = "linear"
+    pretrained_projector_hidden_ratio: float = 2.0
+    pretrained_projector_dropout: float = 0.0
+    # From the separate metadata key `text_encoder_config_json` (not part of `config_json`).
+    text_backbone: BackboneConfig | None = None
     # Fields we did not recognise, kept so a re-saved file loses nothing.
     unknown: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -75,6 +212,44 @@ class ModelConfig:
     @property
     def caption_enabled(self) -> bool:
         return bool(self.use_caption_condition)
+
+    @property
+    def pretrained_text(self) -> bool:
+        """v4: text and caption go through the pretrained backbone and a projector each."""
+        return self.text_encoder_type == "pretrained"
+
+    @property
+    def meanflow(self) -> bool:
+        """v4.1-MF: the model predicts the average velocity over [t - dt, t]."""
+        return self.flow_parameterization == "meanflow"
+
+    @property
+    def family(self) -> str:
+        """Which release this configuration is shaped like: v2, v2-voicedesign, v3,
+        v3-voicedesign, v4 (v4 / v4.1, rectified flow) or v4.1-mf (MeanFlow)."""
+        if self.pretrained_text:
+            return "v4.1-mf" if self.meanflow else "v4"
+        base = "v3" if self.use_duration_predictor else "v2"
+        return f"{base}-voicedesign" if self.caption_enabled else base
+
+    @property
+    def text_token_vocab(self) -> int:
+        """Size of the table text ids index: the backbone's vocabulary in v4, else text_vocab_size."""
+        if self.text_backbone is not None and self.pretrained_text:
+            return self.text_backbone.vocab_size
+        return self.text_vocab_size
+
+    @property
+    def caption_token_vocab(self) -> int:
+        if self.text_backbone is not None and self.pretrained_text:
+            return self.text_backbone.vocab_size
+        return self.caption("vocab_size")
+
+    @property
+    def speaker_in_dim(self) -> int:
+        """Width of one speaker-encoder input position: the reference is patched by
+        latent_patch_size, then by speaker_patch_size."""
+        return self.latent_dim * self.latent_patch_size * self.speaker_patch_size
 
     @property
     def patched_latent_dim(self) -> int:
@@ -111,10 +286,15 @@ class ModelConfig:
 
     # ---- (de)serialisation ----------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> ModelConfig:
-        """Build from a `config_json` object: missing fields take defaults, unknown ones warn."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"unknown"}
-        kwargs = {k: v for k, v in data.items() if k in known}
+    def from_dict(
+        cls, data: dict[str, Any], *, source: str = "config", text_backbone: BackboneConfig | None = None
+    ) -> ModelConfig:
+        """Build from a `config_json` object: missing fields take defaults, unknown ones warn.
+
+        `text_backbone` is the parsed `text_encoder_config_json` of a v4 file."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"unknown", "text_backbone"}
+        kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
+        kwargs["text_backbone"] = text_backbone
         unknown = {k: v for k, v in data.items() if k not in known and k not in INFERENCE_KEYS}
         if unknown:
             warnings.warn(
@@ -128,7 +308,8 @@ class ModelConfig:
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "unknown"}
+        skip = ("unknown", "text_backbone")
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         out.update(self.unknown)
         return out
 
@@ -136,22 +317,30 @@ class ModelConfig:
         def bad(msg: str) -> CheckpointError:
             return CheckpointError(f"{source}: {msg}")
 
-        for name in ("model_dim", "num_layers", "num_heads", "latent_dim", "text_dim", "text_heads"):
+        for name, allowed in (
+            ("flow_parameterization", FLOW_PARAMETERIZATIONS),
+            ("text_encoder_type", TEXT_ENCODER_TYPES),
+            ("pretrained_projector_type", PROJECTOR_TYPES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise bad(f"unsupported {name} {getattr(self, name)!r} (supported: {', '.join(allowed)})")
+        positive = ["model_dim", "num_layers", "num_heads", "latent_dim", "text_dim"]
+        positive += ["latent_patch_size", "speaker_patch_size"]
+        if not self.pretrained_text:
+            positive.append("text_heads")
+        for name in positive:
             if int(getattr(self, name)) <= 0:
                 raise bad(f"{name} must be positive, got {getattr(self, name)}")
         if self.model_dim % self.num_heads:
             raise bad(f"model_dim {self.model_dim} is not divisible by num_heads {self.num_heads}")
         if self.head_dim % 2:
             raise bad(f"head_dim {self.head_dim} must be even for RoPE")
-        if self.text_dim % self.text_heads:
-            raise bad(f"text_dim {self.text_dim} is not divisible by text_heads {self.text_heads}")
         if self.speaker_enabled and self.speaker_dim % self.speaker_heads:
             raise bad(f"speaker_dim {self.speaker_dim} is not divisible by speaker_heads")
-        if self.caption_enabled:
-            if self.caption("vocab_size") is None:
-                raise bad("use_caption_condition is set but caption_vocab_size/text_vocab_size is null")
-            if self.caption("dim") % self.caption("heads"):
-                raise bad("caption_dim is not divisible by caption_heads")
+        if self.pretrained_text:
+            self._validate_pretrained(bad)
+        else:
+            self._validate_scratch(bad)
         if self.use_duration_predictor and self.duration_architecture not in DURATION_ARCHITECTURES:
             raise bad(
                 f"unsupported duration_architecture {self.duration_architecture!r} "
@@ -159,6 +348,28 @@ class ModelConfig:
             )
         if self.use_duration_predictor and self.dual_duration and not self.caption_enabled:
             raise bad("the dual duration predictor needs caption conditioning")
+
+    def _validate_pretrained(self, bad) -> None:
+        if self.text_backbone is None:
+            raise bad(
+                "text_encoder_type is 'pretrained' but the file has no text_encoder_config_json "
+                "(the backbone's config), so the text encoder cannot be built offline"
+            )
+        if self.caption_enabled and self.caption_tokenizer_repo not in (None, self.text_tokenizer_repo):
+            raise bad(
+                "text and caption share the pretrained backbone, so text_tokenizer_repo and "
+                f"caption_tokenizer_repo must be equal ({self.text_tokenizer_repo!r} != "
+                f"{self.caption_tokenizer_repo!r})"
+            )
+
+    def _validate_scratch(self, bad) -> None:
+        if self.text_dim % self.text_heads:
+            raise bad(f"text_dim {self.text_dim} is not divisible by text_heads {self.text_heads}")
+        if self.caption_enabled:
+            if self.caption("vocab_size") is None:
+                raise bad("use_caption_condition is set but caption_vocab_size/text_vocab_size is null")
+            if self.caption("dim") % self.caption("heads"):
+                raise bad("caption_dim is not divisible by caption_heads")
 
 
 @dataclass(frozen=True)
@@ -168,20 +379,42 @@ class InferenceConfig:
     max_text_len: int | None = 256
     max_caption_len: int | None = None
     fixed_target_latent_steps: int | None = None
+    ref_max_seconds: float | None = None  # v4: 120 s; stored only when > 0
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InferenceConfig:
         kw = {k: data[k] for k in INFERENCE_KEYS if k in data}
         if kw.get("max_text_len") is None:
             kw["max_text_len"] = 256
+        if kw.get("ref_max_seconds") is not None and not float(kw["ref_max_seconds"]) > 0:
+            kw["ref_max_seconds"] = None
         return cls(**kw)
 
+    @property
+    def reference_seconds(self) -> float:
+        """How much reference audio a voice may give: the file's cap, else 30 s (v2, v3)."""
+        return float(self.ref_max_seconds) if self.ref_max_seconds else DEFAULT_REF_MAX_SECONDS
 
-def parse_config_json(text: str, *, source: str) -> tuple[ModelConfig, InferenceConfig]:
+
+def _json_object(text: str, key: str, source: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"{source}: config_json is not valid JSON ({e})") from e
+        raise CheckpointError(f"{source}: {key} is not valid JSON ({e})") from e
     if not isinstance(data, dict):
-        raise CheckpointError(f"{source}: config_json must be a JSON object")
-    return ModelConfig.from_dict(data, source=source), InferenceConfig.from_dict(data)
+        raise CheckpointError(f"{source}: {key} must be a JSON object")
+    return data
+
+
+def parse_config_json(
+    text: str, *, source: str, text_encoder_config: str | None = None
+) -> tuple[ModelConfig, InferenceConfig]:
+    """(model config, inference keys) from the `config_json` metadata (and, in v4 files, the
+    backbone's `text_encoder_config_json`)."""
+    data = _json_object(text, "config_json", source)
+    backbone = None
+    if text_encoder_config is not None:
+        raw = _json_object(text_encoder_config, "text_encoder_config_json", source)
+        backbone = BackboneConfig.from_dict(raw, source=source)
+    cfg = ModelConfig.from_dict(data, source=source, text_backbone=backbone)
+    return cfg, InferenceConfig.from_dict(data)

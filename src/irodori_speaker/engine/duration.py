@@ -1,13 +1,17 @@
-"""Utterance length in latent frames, and the tail trim (docs/engine-api.md, "Duration")."""
+"""Utterance length: the duration predictor network, frames from its prediction or from seconds,
+and the tail trim (docs/engine-api.md, "Duration")."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from ..errors import InputError
+from .config import ModelConfig
+from .layers import RMSNorm, SwiGLU
 
 SAMPLE_RATE = 48_000
 HOP = 1920  # audio samples per latent frame
@@ -64,3 +68,80 @@ def tail_trim_frames(latent: Tensor) -> int:
     quiet = (flat.std(dim=1) < TRIM_STD) & (flat.mean(dim=1).abs() < TRIM_MEAN)
     hits = torch.nonzero(quiet).flatten()
     return int(hits[0]) if hits.numel() else T
+
+
+# ---------------------------------------------------------------------------------------------
+# The duration predictor (v3, v3-VoiceDesign, v4, v4.1, v4.1-MF)
+# ---------------------------------------------------------------------------------------------
+
+
+class DurationBlock(nn.Module):
+    """h += tanh(gate) * mlp(norm(h) * (1 + scale) + shift), modulated by speaker (and caption)."""
+
+    def __init__(self, hidden: int, speaker_dim: int, caption_dim: int | None, eps: float) -> None:
+        super().__init__()
+        self.norm = RMSNorm(hidden, eps)
+        self.modulation = nn.Linear(speaker_dim, 3 * hidden, bias=True)
+        if caption_dim is not None:
+            self.caption_modulation = nn.Linear(caption_dim, 3 * hidden, bias=True)
+        self.mlp = SwiGLU(hidden, hidden)
+
+    def forward(self, h: Tensor, spk: Tensor, cap: Tensor | None) -> Tensor:
+        mod = self.modulation(F.silu(spk))
+        if cap is not None:
+            mod = mod + self.caption_modulation(F.silu(cap))
+        shift, scale, gate = mod[:, None, :].chunk(3, dim=-1)
+        return h + torch.tanh(gate) * self.mlp(self.norm(h) * (1 + scale) + shift)
+
+
+class DurationPredictor(nn.Module):
+    """`token_sum_(dual_)adarn_zero_no_aux`: per-token frames, summed; returns log1p(frames)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hidden, eps = cfg.duration_hidden_dim, cfg.norm_eps
+        caption_dim = cfg.caption("dim") if cfg.dual_duration else None
+        self.token_input_proj = nn.Linear(cfg.text_dim, hidden, bias=True)
+        self.token_blocks = nn.ModuleList(
+            DurationBlock(hidden, cfg.speaker_dim, caption_dim, eps) for _ in range(cfg.duration_layers)
+        )
+        self.token_out_norm = RMSNorm(hidden, eps)
+        self.token_out_proj = nn.Linear(hidden, 1, bias=True)
+        self.null_speaker = nn.Parameter(torch.zeros(cfg.speaker_dim))
+        if caption_dim is not None:
+            self.null_caption = nn.Parameter(torch.zeros(caption_dim))
+
+    def forward(
+        self,
+        text_state: Tensor,
+        text_mask: Tensor,
+        speaker_summary: Tensor | None,
+        has_speaker: Tensor,
+        caption_pooled: Tensor | None = None,
+        has_caption: Tensor | None = None,
+    ) -> Tensor:
+        B = text_state.shape[0]
+        empty = ~text_mask.any(dim=1)
+        if bool(empty.any()):  # a row with no valid token: zero its state, mark token 0 valid
+            text_state = text_state.masked_fill(empty[:, None, None], 0.0)
+            text_mask = text_mask.clone()
+            text_mask[empty, 0] = True
+        null_spk = self.null_speaker.to(text_state.dtype).expand(B, -1)
+        spk = (
+            null_spk
+            if speaker_summary is None
+            else torch.where(has_speaker[:, None], speaker_summary, null_spk)
+        )
+        cap = None
+        if hasattr(self, "null_caption"):
+            null_cap = self.null_caption.to(text_state.dtype).expand(B, -1)
+            if caption_pooled is None or has_caption is None:
+                cap = null_cap
+            else:
+                cap = torch.where(has_caption[:, None], caption_pooled, null_cap)
+        h = self.token_input_proj(text_state)
+        for block in self.token_blocks:
+            h = block(h, spk, cap)
+        frames = F.softplus(self.token_out_proj(self.token_out_norm(h)).float()).squeeze(-1)
+        total = (frames * text_mask.float()).sum(dim=1)
+        return torch.log1p(total)

@@ -11,7 +11,6 @@ not depend on t) -> `velocity(x_t, t, ctx)` per sampler step.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import cast
@@ -22,67 +21,13 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from .config import ModelConfig
+from .duration import DurationPredictor
+from .layers import RMSNorm, SwiGLU, apply_rope, rms_normalize, rope_tables, timestep_embedding
+from .text_backbone import PretrainedTextBackbone, TextProjector
 
 # ---------------------------------------------------------------------------------------------
 # Building blocks
 # ---------------------------------------------------------------------------------------------
-
-
-class RMSNorm(nn.Module):
-    """RMS norm over the last dim, computed in float32; weight shape (dim,) or (heads, head_dim)."""
-
-    def __init__(self, shape: int | tuple[int, ...], eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(shape))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
-
-
-def rms_normalize(x: Tensor, eps: float) -> Tensor:
-    """Weightless RMS norm in float32 (AdaLN)."""
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def rope_tables(seq_len: int, dim: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """cos/sin of angle = position * 10000^(-2j/dim), shape (seq_len, dim/2), float32."""
-    freqs = torch.pow(10000.0, -torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
-    angles = torch.arange(seq_len, device=device, dtype=torch.float32)[:, None] * freqs[None, :]
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate adjacent pairs (x[2j], x[2j+1]) of x (B, S, H, D) as complex numbers, in float32."""
-    x32 = x.float()
-    x0, x1 = x32[..., 0::2], x32[..., 1::2]
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
-    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
-    return out.to(x.dtype)
-
-
-def timestep_embedding(t: Tensor, dim: int) -> Tensor:
-    """[cos(t f), sin(t f)] with f_j = 1000 exp(-ln(10000) j / (dim/2)); t (B,) in [0, 1]."""
-    half = dim // 2
-    freqs = 1000.0 * torch.exp(
-        -math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half
-    )
-    angles = t.float()[:, None] * freqs[None, :]
-    return torch.cat((angles.cos(), angles.sin()), dim=-1)
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 def capturing() -> bool:
@@ -297,83 +242,6 @@ class DiffusionBlock(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# Duration predictor (v3)
-# ---------------------------------------------------------------------------------------------
-
-
-class DurationBlock(nn.Module):
-    """h += tanh(gate) * mlp(norm(h) * (1 + scale) + shift), modulated by speaker (and caption)."""
-
-    def __init__(self, hidden: int, speaker_dim: int, caption_dim: int | None, eps: float) -> None:
-        super().__init__()
-        self.norm = RMSNorm(hidden, eps)
-        self.modulation = nn.Linear(speaker_dim, 3 * hidden, bias=True)
-        if caption_dim is not None:
-            self.caption_modulation = nn.Linear(caption_dim, 3 * hidden, bias=True)
-        self.mlp = SwiGLU(hidden, hidden)
-
-    def forward(self, h: Tensor, spk: Tensor, cap: Tensor | None) -> Tensor:
-        mod = self.modulation(F.silu(spk))
-        if cap is not None:
-            mod = mod + self.caption_modulation(F.silu(cap))
-        shift, scale, gate = mod[:, None, :].chunk(3, dim=-1)
-        return h + torch.tanh(gate) * self.mlp(self.norm(h) * (1 + scale) + shift)
-
-
-class DurationPredictor(nn.Module):
-    """`token_sum_(dual_)adarn_zero_no_aux`: per-token frames, summed; returns log1p(frames)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        hidden, eps = cfg.duration_hidden_dim, cfg.norm_eps
-        caption_dim = cfg.caption("dim") if cfg.dual_duration else None
-        self.token_input_proj = nn.Linear(cfg.text_dim, hidden, bias=True)
-        self.token_blocks = nn.ModuleList(
-            DurationBlock(hidden, cfg.speaker_dim, caption_dim, eps) for _ in range(cfg.duration_layers)
-        )
-        self.token_out_norm = RMSNorm(hidden, eps)
-        self.token_out_proj = nn.Linear(hidden, 1, bias=True)
-        self.null_speaker = nn.Parameter(torch.zeros(cfg.speaker_dim))
-        if caption_dim is not None:
-            self.null_caption = nn.Parameter(torch.zeros(caption_dim))
-
-    def forward(
-        self,
-        text_state: Tensor,
-        text_mask: Tensor,
-        speaker_summary: Tensor | None,
-        has_speaker: Tensor,
-        caption_pooled: Tensor | None = None,
-        has_caption: Tensor | None = None,
-    ) -> Tensor:
-        B = text_state.shape[0]
-        empty = ~text_mask.any(dim=1)
-        if bool(empty.any()):  # a row with no valid token: zero its state, mark token 0 valid
-            text_state = text_state.masked_fill(empty[:, None, None], 0.0)
-            text_mask = text_mask.clone()
-            text_mask[empty, 0] = True
-        null_spk = self.null_speaker.to(text_state.dtype).expand(B, -1)
-        spk = (
-            null_spk
-            if speaker_summary is None
-            else torch.where(has_speaker[:, None], speaker_summary, null_spk)
-        )
-        cap = None
-        if hasattr(self, "null_caption"):
-            null_cap = self.null_caption.to(text_state.dtype).expand(B, -1)
-            if caption_pooled is None or has_caption is None:
-                cap = null_cap
-            else:
-                cap = torch.where(has_caption[:, None], caption_pooled, null_cap)
-        h = self.token_input_proj(text_state)
-        for block in self.token_blocks:
-            h = block(h, spk, cap)
-        frames = F.softplus(self.token_out_proj(self.token_out_norm(h)).float()).squeeze(-1)
-        total = (frames * text_mask.float()).sum(dim=1)
-        return torch.log1p(total)
-
-
-# ---------------------------------------------------------------------------------------------
 # The whole model
 # ---------------------------------------------------------------------------------------------
 
@@ -455,18 +323,42 @@ class ContextKV:
                 self.values[i][:, :, s:e].mul_(factor)
 
 
+def time_mlp(cfg: ModelConfig) -> nn.Sequential:
+    """timestep embedding -> (B, 3D) conditioning (keys .0/.2/.4): `cond_module`, `delta_cond_module`."""
+    D = cfg.model_dim
+    return nn.Sequential(
+        nn.Linear(cfg.timestep_embed_dim, D, bias=False),
+        nn.SiLU(),
+        nn.Linear(D, D, bias=False),
+        nn.SiLU(),
+        nn.Linear(D, 3 * D, bias=False),
+    )
+
+
 class TextToLatentRFDiT(nn.Module):
+    """The DiT and its condition encoders, for every release (v2, v3, v4, v4.1, v4.1-MF).
+
+    v4 files (`text_encoder_type` "pretrained") replace the scratch text and caption encoders
+    with one ModernBERT backbone and a projector per condition; MeanFlow files add
+    `delta_cond_module`, which conditions the output on the interval length dt.
+    """
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         eps = cfg.norm_eps
-        self.text_encoder = TextEncoder(
-            cfg.text_vocab_size, cfg.text_dim, cfg.text_layers, cfg.text_heads, cfg.text_mlp_hidden, eps
-        )
+        backbone = cfg.text_backbone if cfg.pretrained_text else None
+        if backbone is not None:
+            self.pretrained_text_backbone = PretrainedTextBackbone(backbone)
+            self.text_encoder: nn.Module = self._projector(backbone.hidden_size, cfg.text_dim)
+        else:
+            self.text_encoder = TextEncoder(
+                cfg.text_vocab_size, cfg.text_dim, cfg.text_layers, cfg.text_heads, cfg.text_mlp_hidden, eps
+            )
         self.text_norm = RMSNorm(cfg.text_dim, eps)
         if cfg.speaker_enabled:
             self.speaker_encoder = ReferenceLatentEncoder(
-                cfg.latent_dim * cfg.speaker_patch_size,
+                cfg.speaker_in_dim,
                 cfg.speaker_dim,
                 cfg.speaker_layers,
                 cfg.speaker_heads,
@@ -475,29 +367,34 @@ class TextToLatentRFDiT(nn.Module):
             )
             self.speaker_norm = RMSNorm(cfg.speaker_dim, eps)
         if cfg.caption_enabled:
-            self.caption_encoder = TextEncoder(
-                cfg.caption("vocab_size"),
-                cfg.caption("dim"),
-                cfg.caption("layers"),
-                cfg.caption("heads"),
-                cfg.caption_mlp_hidden,
-                eps,
-            )
+            if backbone is not None:
+                self.caption_encoder: nn.Module = self._projector(backbone.hidden_size, cfg.caption("dim"))
+            else:
+                self.caption_encoder = TextEncoder(
+                    cfg.caption("vocab_size"),
+                    cfg.caption("dim"),
+                    cfg.caption("layers"),
+                    cfg.caption("heads"),
+                    cfg.caption_mlp_hidden,
+                    eps,
+                )
             self.caption_norm = RMSNorm(cfg.caption("dim"), eps)
         D = cfg.model_dim
-        self.cond_module = nn.Sequential(
-            nn.Linear(cfg.timestep_embed_dim, D, bias=False),
-            nn.SiLU(),
-            nn.Linear(D, D, bias=False),
-            nn.SiLU(),
-            nn.Linear(D, 3 * D, bias=False),
-        )
+        self.cond_module = time_mlp(cfg)
+        if cfg.meanflow:
+            self.delta_cond_module = time_mlp(cfg)
         self.in_proj = nn.Linear(cfg.patched_latent_dim, D, bias=True)
         self.blocks = nn.ModuleList(DiffusionBlock(cfg) for _ in range(cfg.num_layers))
         self.out_norm = RMSNorm(D, eps)
         self.out_proj = nn.Linear(D, cfg.patched_latent_dim, bias=True)
         if cfg.use_duration_predictor:
             self.duration_predictor = DurationPredictor(cfg)
+
+    def _projector(self, in_dim: int, dim: int) -> TextProjector:
+        cfg = self.cfg
+        return TextProjector(
+            in_dim, dim, cfg.pretrained_projector_type, cfg.pretrained_projector_hidden_ratio, cfg.norm_eps
+        )
 
     # ---- conditions -------------------------------------------------------------------------
     def encode_conditions(
@@ -510,7 +407,7 @@ class TextToLatentRFDiT(nn.Module):
         caption_mask: Tensor | None = None,
     ) -> Conditions:
         """Text, speaker and caption states: `encode_text` plus `encode_voice`."""
-        check_ids(text_ids, text_mask, self.cfg.text_vocab_size, "text")
+        check_ids(text_ids, text_mask, self.cfg.text_token_vocab, "text")
         text_state = self.encode_text(text_ids, text_mask)
         voice = self.encode_voice(
             text_ids.shape[0], ref_latent, ref_mask, caption_ids, caption_mask, like=text_state
@@ -519,7 +416,13 @@ class TextToLatentRFDiT(nn.Module):
 
     def encode_text(self, text_ids: Tensor, text_mask: Tensor) -> Tensor:
         """The text encoder's states (B, L, text_dim); ids are checked by `encode_conditions`."""
-        return self.text_norm(self.text_encoder(text_ids, text_mask))
+        return self.text_norm(self._encode_tokens(self.text_encoder, text_ids, text_mask))
+
+    def _encode_tokens(self, encoder: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
+        """A scratch encoder on token ids, or (v4) the shared backbone then the projector."""
+        if self.cfg.pretrained_text:
+            return encoder(self.pretrained_text_backbone(ids, mask), mask)
+        return encoder(ids, mask)
 
     def encode_voice(
         self,
@@ -550,16 +453,18 @@ class TextToLatentRFDiT(nn.Module):
             if caption_ids.shape[0] != B:
                 raise InputError(f"caption batch {caption_ids.shape[0]} differs from text batch {B}")
             if cfg.caption_enabled:
-                check_ids(caption_ids, caption_mask, cfg.caption("vocab_size"), "caption")
+                check_ids(caption_ids, caption_mask, cfg.caption_token_vocab, "caption")
         speaker_state = speaker_mask = caption_state = caption_mask_out = None
         if cfg.speaker_enabled:
-            if ref_latent is None:  # no reference: a zero latent with an all-false mask
-                shape = (B, cfg.speaker_patch_size, cfg.latent_dim)
-                ref_latent = torch.zeros(shape, dtype=dtype, device=device)
-                ref_mask = torch.zeros(B, cfg.speaker_patch_size, dtype=torch.bool, device=device)
+            if ref_latent is None:  # no reference: one patch of zero frames with an all-false mask
+                frames = cfg.latent_patch_size * cfg.speaker_patch_size
+                ref_latent = torch.zeros((B, frames, cfg.latent_dim), dtype=dtype, device=device)
+                ref_mask = torch.zeros(B, frames, dtype=torch.bool, device=device)
             elif ref_mask is None:
                 ref_mask = torch.ones(ref_latent.shape[:2], dtype=torch.bool, device=ref_latent.device)
-            latent, mask = patch_reference(ref_latent.to(dtype), ref_mask, cfg.speaker_patch_size)
+            # patched by latent_patch_size as the DiT sees latents, then by speaker_patch_size
+            latent, mask = patch_reference(ref_latent.to(dtype), ref_mask, cfg.latent_patch_size)
+            latent, mask = patch_reference(latent, mask, cfg.speaker_patch_size)
             state = self.speaker_norm(self.speaker_encoder(latent, mask))
             m = mask[..., None].to(state.dtype)
             summary = (state * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)
@@ -568,7 +473,9 @@ class TextToLatentRFDiT(nn.Module):
         if cfg.caption_enabled and caption_ids is not None:
             if caption_mask is None:
                 caption_mask = torch.ones_like(caption_ids, dtype=torch.bool)
-            caption_state = self.caption_norm(self.caption_encoder(caption_ids, caption_mask))
+            caption_state = self.caption_norm(
+                self._encode_tokens(self.caption_encoder, caption_ids, caption_mask)
+            )
             caption_mask_out = caption_mask
         elif cfg.caption_enabled:  # no caption given: one masked zero token
             caption_state = torch.zeros(B, 1, cfg.caption("dim"), dtype=dtype, device=device)
@@ -596,10 +503,20 @@ class TextToLatentRFDiT(nn.Module):
         return ContextKV(keys, values, mask, segments)
 
     # ---- flow velocity ----------------------------------------------------------------------
-    def time_condition(self, t: Tensor) -> Tensor:
-        """cond_module(timestep_embedding(t)) as (B, 1, 3D)."""
-        dtype = self.in_proj.weight.dtype
-        return self.cond_module(timestep_embedding(t, self.cfg.timestep_embed_dim).to(dtype))[:, None]
+    def time_condition(self, t: Tensor, dt: Tensor | None = None) -> Tensor:
+        """cond_module(temb(t)) as (B, 1, 3D); MeanFlow files add delta_cond_module(temb(dt)).
+
+        An RF file refuses a dt, a MeanFlow file needs one (dt = t - r >= 0, 0 for the
+        instantaneous velocity)."""
+        if self.cfg.meanflow and dt is None:
+            raise InputError("this MeanFlow model needs dt (the interval t - r the step covers)")
+        if not self.cfg.meanflow and dt is not None:
+            raise InputError("dt is for MeanFlow models; this model predicts the instantaneous velocity")
+        dtype, dim = self.in_proj.weight.dtype, self.cfg.timestep_embed_dim
+        cond = self.cond_module(timestep_embedding(t, dim).to(dtype))
+        if dt is not None:
+            cond = cond + self.delta_cond_module(timestep_embedding(dt, dim).to(dtype))
+        return cond[:, None]
 
     def attention_mask(
         self, ctx: ContextKV, seq_len: int, latent_mask: Tensor | None = None
@@ -623,9 +540,11 @@ class TextToLatentRFDiT(nn.Module):
         ctx: ContextKV | Conditions,
         latent_mask: Tensor | None = None,
         *,
+        dt: Tensor | None = None,
         attn_mask: Tensor | str | None = "auto",
     ) -> Tensor:
-        """Predicted v = noise - x0 for x_t (B, S, latent_dim) at flow time t (B,).
+        """Predicted v = noise - x0 for x_t (B, S, latent_dim) at flow time t (B,); for a MeanFlow
+        model, given dt (B,), the average velocity over [t - dt, t].
 
         `attn_mask` from `attention_mask()` skips rebuilding the mask (and its host sync) per step.
         """
@@ -636,7 +555,7 @@ class TextToLatentRFDiT(nn.Module):
         if isinstance(attn_mask, str):
             attn_mask = self.attention_mask(ctx, S, latent_mask)
         x = x_t.reshape(B, S // p, p * C) if p > 1 else x_t
-        cond = self.time_condition(t)
+        cond = self.time_condition(t, dt)
         x = self.in_proj(x.to(cond.dtype))
         rope = rope_tables(x.shape[1], self.cfg.head_dim, x.device)
         for block, k, v in zip(self.blocks, ctx.keys, ctx.values):
@@ -648,7 +567,7 @@ class TextToLatentRFDiT(nn.Module):
     def predict_log_frames(
         self, conds: Conditions, has_speaker: Tensor | None = None, has_caption: Tensor | None = None
     ) -> Tensor:
-        """log1p(total frames) from the v3 duration predictor."""
+        """log1p(total frames) from the duration predictor (v3, v4, v4.1, v4.1-MF)."""
         if not self.cfg.use_duration_predictor:
             raise AttributeError("this model has no duration predictor (v2); estimate seconds from the text")
         B = conds.batch_size

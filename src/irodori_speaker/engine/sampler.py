@@ -1,6 +1,12 @@
-"""Euler sampler over the rectified-flow ODE with classifier-free guidance: a plain loop.
+"""Euler sampler over the flow ODE: a plain loop, for both parameterisations.
 
-Everything that decides what a step does (its t, whether guidance is on, which
+- Rectified flow (v2, v3, v4, v4.1): the instantaneous velocity with classifier-free
+  guidance, 40 linear steps by default.
+- MeanFlow (v4.1-MF): the average velocity over each step's interval, t from 1 to 0 in N
+  equal steps (4 by default), one forward per step, no guidance: it is distilled into the
+  model.
+
+Everything that decides what a step does (its t and dt, whether guidance is on, which
 condition an alternating step drops, when speaker K/V scaling ends) is planned on
 the host before the loop, so the loop never waits for the device.
 Settings and the golden cases it matches: docs/engine-api.md ("Sample from explicit noise").
@@ -25,12 +31,23 @@ from ..types import SCHEDULES, SamplerConfig
 from .model import Conditions, ContextKV, TextToLatentRFDiT
 
 UPSTREAM_CONFIG = SamplerConfig()  # 40 linear steps, independent CFG
+RF_DEFAULT_STEPS = 40  # upstream's default for rectified-flow files
+MEANFLOW_DEFAULT_STEPS = 4  # what the v4.1-Small-MF release runs
+
+
+def default_steps(meanflow: bool) -> int:
+    return MEANFLOW_DEFAULT_STEPS if meanflow else RF_DEFAULT_STEPS
+
+
+def _check_steps(num_steps: object) -> int:
+    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+        raise InputError(f"num_steps must be a positive integer, got {num_steps!r}")
+    return num_steps
 
 
 def time_schedule(num_steps: int, schedule: str = "linear", sway_coeff: float = -1.0) -> list[float]:
     """t_0 > t_1 > ... > t_N with t_i = 0.999 * (1 - u_i); raises if not strictly decreasing."""
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise InputError(f"num_steps must be a positive integer, got {num_steps!r}")
+    _check_steps(num_steps)
     if schedule not in SCHEDULES:
         raise InputError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
     ts = []
@@ -53,6 +70,7 @@ class Step:
     t_next: float
     group: int  # index into Plan.groups; -1 = conditional branch only (no guidance)
     unscale_speaker_kv: bool = False  # divide the speaker K/V scaling back after this step
+    dt: float | None = None  # MeanFlow: the interval t - r the step's average velocity covers
 
 
 @dataclass(frozen=True)
@@ -66,10 +84,13 @@ class Plan:
 
 
 def enabled_conditions(model: TextToLatentRFDiT, conds: Conditions, cfg: SamplerConfig) -> tuple[str, ...]:
+    """The conditions guidance runs on: speaker only with a reference (some valid position),
+    caption only with a non-empty caption (one host sync each, before the loop)."""
     enabled = []
     if cfg.cfg_scale_text > 0:
         enabled.append("text")
-    if cfg.cfg_scale_speaker > 0 and model.cfg.speaker_enabled and conds.speaker_state is not None:
+    has_ref = conds.speaker_mask is not None and bool(conds.speaker_mask.any())
+    if cfg.cfg_scale_speaker > 0 and model.cfg.speaker_enabled and has_ref:
         enabled.append("speaker")
     if cfg.cfg_scale_caption > 0 and conds.caption_mask is not None and bool(conds.caption_mask.any()):
         enabled.append("caption")
@@ -77,6 +98,7 @@ def enabled_conditions(model: TextToLatentRFDiT, conds: Conditions, cfg: Sampler
 
 
 def plan_sampling(cfg: SamplerConfig, enabled: tuple[str, ...]) -> Plan:
+    """The rectified-flow plan: schedule, guidance groups, the CFG window, speaker K/V scaling."""
     num_steps, schedule, sway_coeff = cfg.time_grid()
     ts = time_schedule(num_steps, schedule, sway_coeff)
     groups: list[tuple[tuple[str, ...], ...]] = []
@@ -109,6 +131,41 @@ def plan_sampling(cfg: SamplerConfig, enabled: tuple[str, ...]) -> Plan:
             kv_scaled = False
         steps.append(Step(t, t_next, group, unscale))
     return Plan(tuple(enabled), tuple(groups), tuple(weights), tuple(steps))
+
+
+# Settings of the rectified-flow sampler that a MeanFlow model cannot honour (its guidance is
+# distilled in); each would silently change nothing, so asking for one is an error.
+RF_ONLY = ("truncation_factor", "rescale_k", "rescale_sigma", "speaker_kv_scale")
+
+
+def meanflow_conflicts(cfg: SamplerConfig) -> list[str]:
+    """The RF-only settings `cfg` asks for (the Synthesizer drops them with a warning)."""
+    return [name for name in RF_ONLY if getattr(cfg, name) is not None]
+
+
+def plan_meanflow(cfg: SamplerConfig) -> Plan:
+    """MeanFlow: s_i = linspace(1, 0, N + 1) in float32; step i covers [s_{i+1}, s_i], dt = s_i - s_{i+1}.
+
+    One conditional forward per step; CFG scales, guidance mode, window and schedule are ignored.
+    """
+    conflicts = meanflow_conflicts(cfg)
+    if conflicts:
+        raise InputError(
+            f"{', '.join(conflicts)} cannot be used with a MeanFlow model",
+            hint="MeanFlow files (v4.1-MF) have guidance distilled in; leave these unset",
+        )
+    n = _check_steps(MEANFLOW_DEFAULT_STEPS if cfg.steps is None else cfg.steps)
+    s = torch.linspace(1.0, 0.0, n + 1, dtype=torch.float32)
+    ts, dts = s.tolist(), (s[:-1] - s[1:]).tolist()
+    steps = tuple(Step(ts[i], ts[i + 1], -1, dt=dts[i]) for i in range(n))
+    return Plan((), (), (), steps)
+
+
+def plan_for(model: TextToLatentRFDiT, conds: Conditions, cfg: SamplerConfig) -> Plan:
+    """The model's sampler: MeanFlow for MeanFlow files, else rectified flow with guidance."""
+    if model.cfg.meanflow:
+        return plan_meanflow(cfg)
+    return plan_sampling(cfg, enabled_conditions(model, conds, cfg))
 
 
 def rescale_velocity(v: Tensor, x: Tensor, t: float, k: float, sigma: float) -> Tensor:
@@ -214,21 +271,25 @@ def sample(
     cancel: CancelToken | None = None,
     progress: ProgressFn | None = None,
 ) -> Tensor:
-    """Integrate from `noise` (B, S, latent_dim) at t = 0.999 down to t ~ 0; returns the latent.
+    """Integrate from `noise` (B, S, latent_dim) at t ~ 1 down to t ~ 0; returns the latent.
 
     `conds` has batch B (use `Conditions.repeat` for several candidates of one line).
     This is the reference path; `engine.fast` runs the same loop with fused weights and CUDA graphs.
     """
     check_inputs(model, conds, noise)
-    plan = plan_sampling(cfg, enabled_conditions(model, conds, cfg))
+    plan = plan_for(model, conds, cfg)
     device = model.in_proj.weight.device
     ctx = prepare_context(model, conds, plan, noise.shape[1], latent_mask)
     if cfg.speaker_kv_scale is not None:
         ctx.scale_speaker(cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
     ts = torch.tensor([s.t for s in plan.steps], device=device, dtype=torch.float32)
+    dts = None
+    if model.cfg.meanflow:
+        dts = torch.tensor([s.dt for s in plan.steps], device=device, dtype=torch.float32)
 
     def velocity(xb: Tensor, i: int, c: ContextKV, mask: Tensor | None) -> Tensor:
-        return model.velocity(xb, ts[i].expand(xb.shape[0]), c, attn_mask=mask)
+        dt = None if dts is None else dts[i].expand(xb.shape[0])
+        return model.velocity(xb, ts[i].expand(xb.shape[0]), c, dt=dt, attn_mask=mask)
 
     x = initial_x(noise, cfg, device)
     dtype = model.in_proj.weight.dtype

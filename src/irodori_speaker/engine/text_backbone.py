@@ -1,0 +1,180 @@
+"""The v4 text side: a ModernBERT encoder (our own, so it can be graphed, fused and quantised)
+and the projectors that map its states to the DiT's text and caption widths.
+
+Module names equal the released tensor names (`pretrained_text_backbone.backbone.layers.3.attn.Wqkv.weight`,
+`text_encoder.residual_up.weight`, ...). Format: docs/models.md ("The v4 file format").
+
+ModernBERT in short: token embedding + LayerNorm; per layer a pre-norm attention (layer 0 has no
+norm) with rotate-half RoPE, global on "full" layers and limited to |i - j| <= window / 2 on
+"sliding" ones, each kind with its own RoPE theta; a pre-norm GeGLU MLP; a final LayerNorm.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import BackboneConfig
+from .layers import RMSNorm
+
+
+def rotate_half_tables(seq_len: int, dim: int, theta: float, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos/sin (seq_len, dim) of angle = position * theta^(-2j/dim), each half repeated: [a, a]."""
+    inv = torch.pow(theta, -torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+    angles = torch.arange(seq_len, device=device, dtype=torch.float32)[:, None] * inv[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x cos + rot(x) sin with rot(x) = [-x2, x1] for x (B, H, S, D), in float32."""
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)
+    out = x32 * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return out.to(x.dtype)
+
+
+def backbone_masks(mask: Tensor, window: int) -> tuple[Tensor, Tensor]:
+    """Boolean attention masks (B, 1, L, L) for full and sliding layers from the token mask (B, L).
+
+    Keys are the valid tokens (and, on sliding layers, |i - j| <= window). A query row with no
+    allowed key (padding on a sliding layer, every row of an empty caption) may attend to every
+    key instead: its output stays finite and is zeroed at the end, and padding keys are masked
+    for every valid row, so valid outputs do not change. No host sync (graph-safe).
+    """
+    L = mask.shape[1]
+    keys = mask[:, None, None, :]
+    pos = torch.arange(L, device=mask.device)
+    near = (pos[:, None] - pos[None, :]).abs() <= window
+    full = keys.expand(-1, 1, L, L)
+    sliding = keys & near[None, None]
+    return tuple(m | ~m.any(dim=-1, keepdim=True) for m in (full, sliding))  # type: ignore[return-value]
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with a weight and an optional bias (ModernBERT's `norm_bias`)."""
+
+    def __init__(self, dim: int, eps: float, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.norm = LayerNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.norm(self.tok_embeddings(ids))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        H = cfg.hidden_size
+        self.heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        self.Wqkv = nn.Linear(H, 3 * H, bias=cfg.attention_bias)
+        self.Wo = nn.Linear(H, H, bias=cfg.attention_bias)
+
+    def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        B, L, H = x.shape
+        qkv = self.Wqkv(x).view(B, L, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # (B, heads, L, head_dim) each
+        q, k = apply_rotate_half(q, *rope), apply_rotate_half(k, *rope)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.Wo(out.transpose(1, 2).reshape(B, L, H))
+
+
+class GeGLU(nn.Module):
+    """Wo(gelu(a) * b) with [a ; b] = Wi(x)."""
+
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.hidden = cfg.intermediate_size
+        self.approximate = cfg.gelu_approximate
+        self.Wi = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.Wo = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        a, b = self.Wi(x).split(self.hidden, dim=-1)
+        return self.Wo(F.gelu(a, approximate=self.approximate) * b)
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: BackboneConfig, index: int) -> None:
+        super().__init__()
+        H, eps, bias = cfg.hidden_size, cfg.norm_eps, cfg.norm_bias
+        self.layer_type = cfg.layer_types[index]
+        self.attn_norm = nn.Identity() if index == 0 else LayerNorm(H, eps, bias)
+        self.attn = Attention(cfg)
+        self.mlp_norm = LayerNorm(H, eps, bias)
+        self.mlp = GeGLU(cfg)
+
+    def forward(self, x: Tensor, mask: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), mask, rope)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class ModernBert(nn.Module):
+    """`ModernBertModel`'s forward: last_hidden_state (B, L, hidden) times the token mask."""
+
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.final_norm = LayerNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        cfg = self.cfg
+        L = ids.shape[1]
+        x = self.embeddings(ids)
+        full, sliding = backbone_masks(mask, cfg.local_attention // 2)
+        masks = {"full_attention": full, "sliding_attention": sliding}
+        ropes = {
+            kind: rotate_half_tables(L, cfg.head_dim, cfg.rope_theta(kind), x.device)
+            for kind in set(cfg.layer_types)
+        }
+        for layer in self.layers:
+            kind = str(layer.layer_type)
+            x = layer(x, masks[kind], ropes[kind])
+        return self.final_norm(x) * mask[..., None].to(x.dtype)
+
+
+class PretrainedTextBackbone(nn.Module):
+    """Holds the backbone under the released name `pretrained_text_backbone.backbone`."""
+
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.backbone = ModernBert(cfg)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        return self.backbone(ids, mask)
+
+
+class TextProjector(nn.Module):
+    """Backbone states (B, L, hidden) -> (B, L, dim): `linear`, or `residual_mlp`
+    projector(s) + residual_down(silu(residual_up(residual_norm(s)))); masked."""
+
+    def __init__(self, in_dim: int, dim: int, kind: str, hidden_ratio: float, eps: float) -> None:
+        super().__init__()
+        self.projector = nn.Linear(in_dim, dim, bias=True)
+        self.residual = kind == "residual_mlp"
+        if self.residual:
+            hidden = round(dim * hidden_ratio)
+            self.residual_norm = RMSNorm(in_dim, eps)
+            self.residual_up = nn.Linear(in_dim, hidden, bias=True)
+            self.residual_down = nn.Linear(hidden, dim, bias=True)
+
+    def forward(self, state: Tensor, mask: Tensor) -> Tensor:
+        out = self.projector(state)
+        if self.residual:
+            out = out + self.residual_down(F.silu(self.residual_up(self.residual_norm(state))))
+        return out * mask[..., None].to(out.dtype)
