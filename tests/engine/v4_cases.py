@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+from dit_cases import CASE_KEYS
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -32,6 +33,5 @@ def manifest(release: str) -> dict:
 
 def sampler_settings(case: dict) -> dict:
     """A fixture sampler case as SamplerConfig keyword arguments."""
-    rename = {"t_schedule_mode": "schedule", "cfg_guidance_mode": "guidance"}
     skip = {"sampler", "sequence_length", "seed", "conditions"}
-    return {rename.get(k, k): v for k, v in case.items() if k not in skip}
+    return {CASE_KEYS.get(k, k): v for k, v in case.items() if k not in skip}
