@@ -101,7 +101,7 @@ class CostModelSynth:
         return 0.0
 
     def resolve_options(self, options: Any = None) -> SynthesisOptions:
-        return SynthesisOptions.coerce(options).resolve(SamplerDefaults(self.steps, "sway", -1.0))
+        return SynthesisOptions.coerce(options).resolve(SamplerDefaults(8, "sway", -1.0))
 
     def render_identity(self, text: str, voice: Any = None, options: Any = None) -> dict:
         return {"text": text, "voice": repr(voice), "options": self.resolve_options(options).audio_identity()}

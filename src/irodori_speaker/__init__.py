@@ -35,7 +35,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "Speaker": "speaker",
     "Utterance": "speaker",
-    "Priority": "speaker",
+    "Priority": "lines",
+    "LineOptions": "lines",
     "UtteranceState": "speaker",
     "Synthesizer": "synthesizer",
     "SynthesisOptions": "types",

@@ -16,10 +16,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
+import difflib
 import enum
+import inspect
 import logging
 import math
+import os
+import re
 import time
+import warnings
 from collections import deque
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -28,7 +34,7 @@ import numpy as np
 
 from .backends.lock import hold_model_lock
 from .cancel import CancelToken, check
-from .errors import Cancelled, InputError
+from .errors import BackendError, Cancelled, InputError
 from .events import (
     Closed,
     Event,
@@ -45,6 +51,7 @@ from .events import (
     SynthesisStarted,
     Underrun,
 )
+from .lines import UNSET, LineOptions, Priority
 from .lipsync import Envelope
 from .outputs import Output, OutputSpec, SoundDeviceOutput, make_output
 from .playback import Chunk, Player, PlayItem, resample, total_seconds_estimate
@@ -52,25 +59,7 @@ from .types import SynthesisOptions, SynthesisRecord, SynthesizerLike
 
 log = logging.getLogger("irodori_speaker.speaker")
 
-__all__ = ["Priority", "Speaker", "Utterance", "UtteranceState"]
-
-
-class Priority(enum.IntEnum):
-    """Lanes: every HIGH line plays before any NORMAL one, every NORMAL before any LOW."""
-
-    HIGH = 0  # super chats, moderator lines
-    NORMAL = 1  # chat answers
-    LOW = 2  # idle talk
-
-    @classmethod
-    def parse(cls, value: Priority | str | int) -> Priority:
-        if isinstance(value, Priority):
-            return value
-        if isinstance(value, str) and value.upper() in cls.__members__:
-            return cls[value.upper()]
-        if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1, 2):
-            return cls(value)
-        raise InputError(f"unknown priority {value!r}", hint="'high', 'normal' or 'low'")
+__all__ = ["LineOptions", "Priority", "Speaker", "Utterance", "UtteranceState"]
 
 
 class UtteranceState(str, enum.Enum):
@@ -98,8 +87,6 @@ _TERMINAL = {
     UtteranceState.SKIPPED,
     UtteranceState.FAILED,
 }
-
-_UNSET: Any = object()
 
 
 class Utterance:
@@ -181,18 +168,20 @@ class Utterance:
 class _Feeder:
     """Text chunks (LLM tokens) -> speakable segments -> enqueued lines, with a stall flush."""
 
-    def __init__(self, speaker: Speaker, line_kwargs: dict[str, Any]) -> None:
+    def __init__(self, speaker: Speaker, line: LineOptions) -> None:
         self.speaker = speaker
-        self.kwargs = _check_line_kwargs(line_kwargs)
+        self.line = line
         self.segmenter = speaker._new_segmenter()
         self.handles: list[Utterance] = []
         self._timer: asyncio.TimerHandle | None = None
 
-    def feed(self, chunk: str, line_kwargs: dict[str, Any] | None = None) -> list[Utterance]:
+    def feed(self, chunk: str | None, line: LineOptions | None = None) -> list[Utterance]:
+        if line is not None:  # options given mid-turn apply from here on; none given: keep the turn's
+            self.line = line
+        if chunk is None:  # OpenAI-style streams send None deltas: nothing to say
+            return []
         if not isinstance(chunk, str):
             raise InputError(f"feed() takes text, got {type(chunk).__name__}")
-        if line_kwargs:  # options given mid-turn apply from here on; none given: keep the turn's
-            self.kwargs = _check_line_kwargs(line_kwargs)
         out = self._enqueue(self.segmenter.feed(chunk))
         self._arm()
         return out
@@ -208,8 +197,9 @@ class _Feeder:
         out = []
         for seg in segments:
             if seg and seg.strip():
-                out.append(self.speaker.enqueue(seg, **self.kwargs))
-                self.kwargs.pop("interrupt", None)  # only the turn's first segment cuts in
+                out.append(self.speaker._enqueue_line(seg, self.line))
+                if self.line.interrupt:  # only the turn's first segment cuts in
+                    self.line = dataclasses.replace(self.line, interrupt=False)
         self.handles.extend(out)
         return out
 
@@ -241,10 +231,12 @@ class _Feeder:
 class Speaker:
     """Japanese TTS for live streams: prefetching, gapless, interruptible, with lanes and events.
 
-    Give it a loaded `synthesizer`, or the options for
-    `irodori_speaker.synthesizer.load_synthesizer(**load_kwargs)` (model=, codec=,
-    device=, backend=, ...). `output` is one output or a list: an `Output`
-    (`SoundDeviceOutput`, `FileOutput`, `NullOutput`), a device name, a file
+    Give it a loaded `synthesizer`, or the loading options of
+    `irodori_speaker.synthesizer.load_synthesizer` (model=, codec=, tokenizer=, backend=,
+    device=, dtype=, tiny_random=, cache_dir=, voice_cache_dir=, user_dict=, and preset= for
+    preset fields, e.g. `preset={"int4": True}`): the model loads on enter. `device` is the
+    torch device the model runs on; where the sound goes is `output`: one output or a list,
+    an `Output` (`SoundDeviceOutput`, `FileOutput`, `NullOutput`), a sound device name, a file
     path, "null", or None for the system's default device.
     """
 
@@ -255,7 +247,7 @@ class Speaker:
         output: OutputSpec | Sequence[OutputSpec] = None,
         voice: Any = None,
         voices: Sequence[Any] = (),
-        options: SynthesisOptions | None = None,
+        options: SynthesisOptions | Mapping[str, Any] | None = None,
         streaming: bool = True,
         prewarm: bool = True,
         pause_s: float = 0.3,
@@ -271,12 +263,41 @@ class Speaker:
         drain_on_exit: bool = True,
         cache: Any = None,
         cache_store: str = "marked",
-        **load_kwargs: Any,
+        model: str | os.PathLike[str] | None = None,
+        codec: str | os.PathLike[str] | None = None,
+        tokenizer: Any = None,
+        backend: str = "auto",
+        device: str | None = None,
+        dtype: str | None = None,
+        tiny_random: bool | str = False,
+        cache_dir: str | os.PathLike[str] | None = None,
+        voice_cache_dir: str | os.PathLike[str] | bool | None = None,
+        user_dict: Any = None,
+        preset: Any = None,
+        **deprecated_preset_fields: Any,
     ) -> None:
-        if synthesizer is not None and load_kwargs:
+        load = {
+            "model": model,
+            "codec": codec,
+            "tokenizer": tokenizer,
+            "backend": None if backend == "auto" else backend,
+            "device": device,
+            "dtype": dtype,
+            "tiny_random": tiny_random or None,
+            "cache_dir": cache_dir,
+            "voice_cache_dir": voice_cache_dir,
+            "user_dict": user_dict,
+            "preset": preset,
+        }
+        load = {k: v for k, v in load.items() if v is not None}
+        if deprecated_preset_fields:
+            load["preset"] = _merge_deprecated_preset_fields(preset, deprecated_preset_fields)
+        if synthesizer is not None and load:
             raise InputError(
-                f"got a synthesizer and loading options {sorted(load_kwargs)}", hint="pass one or the other"
+                f"got a synthesizer and loading options {sorted(load)}", hint="pass one or the other"
             )
+        if device is not None:
+            _check_torch_device(device)
         for name, v in (
             ("pause_s", pause_s),
             ("lookahead_s", lookahead_s),
@@ -297,10 +318,10 @@ class Speaker:
             raise InputError("output= is an empty list", hint="use output='null' to play nowhere")
         self._output_specs = specs
         self.synthesizer = synthesizer
-        self._load_kwargs = load_kwargs
+        self._load_options = load
         self.voice = voice
         self._voices = list(voices)
-        self.options = options
+        self.options = None if options is None else SynthesisOptions.coerce(options)
         self.streaming = streaming
         self.prewarm = prewarm
         self.pause_s = float(pause_s)
@@ -431,7 +452,7 @@ class Speaker:
                 hint="pass Speaker(synthesizer=...)",
             ) from e
         with hold_model_lock(self._open_token):
-            return load_synthesizer(**self._load_kwargs)
+            return load_synthesizer(**self._load_options)
 
     def _prewarm_voices(self) -> list[Any]:
         out: list[Any] = []
@@ -520,36 +541,36 @@ class Speaker:
 
     # -- adding lines ------------------------------------------------------------------------------
 
-    def enqueue(
-        self,
-        text: str,
-        *,
-        priority: Priority | str | int = Priority.NORMAL,
-        voice: Any = _UNSET,
-        options: SynthesisOptions | None = None,
-        ttl: float | None = _UNSET,
-        interrupt: bool = False,
-        cache: bool | None = None,
-    ) -> Utterance:
+    def enqueue(self, text: str, **line: Any) -> Utterance:
         """Queue a line and return its handle at once; synthesis starts as soon as there is room.
 
-        `cache`: with a phrase cache, every line is looked up first (a hit plays without model
-        work); `cache=True` also stores it after rendering (cache_store="marked"), `False` skips
-        the cache for this line.
+        Line options (`irodori_speaker.lines.LineOptions`; the same for `say`, `feed`,
+        `say_stream` and `enqueue_threadsafe`):
 
-        `ttl`: seconds it may wait to start playing before it is dropped (default: its lane's).
-        `interrupt=True`: stop the line now playing so this one (and its lane's order) goes next.
+        - `priority`: "high", "normal" (default) or "low" (a `Priority`).
+        - `voice`: this line's voice (default: the Speaker's).
+        - `ttl`: seconds it may wait to start playing before it is dropped (default: its lane's).
+        - `interrupt=True`: stop the line now playing so this one (and its lane's order) goes next.
+        - `cache`: with a phrase cache, every line is looked up first (a hit plays without model
+          work); `cache=True` also stores it after rendering (cache_store="marked"), `False`
+          skips the cache for this line.
+        - `options`: SynthesisOptions (or a mapping) for this line (default: the Speaker's).
+        - any SynthesisOptions field by name (`seed=3`, `steps=4`): overrides for this line.
+
+        A misspelt name is a TypeError; a bad value an InputError naming it.
         """
+        return self._enqueue_line(text, LineOptions.parse(line, "enqueue"))
+
+    def _enqueue_line(self, text: str, line: LineOptions) -> Utterance:
         self._require_open()
         if not isinstance(text, str):
             raise InputError(f"text must be a str, got {type(text).__name__}")
-        lane = Priority.parse(priority)
-        if ttl is _UNSET:
-            ttl = self._ttl[lane]
-        elif ttl is not None and not (isinstance(ttl, (int, float)) and ttl > 0):
-            raise InputError(f"ttl must be > 0 seconds or None, got {ttl!r}")
-        if options is not None and not isinstance(options, SynthesisOptions):
-            raise InputError(f"options must be SynthesisOptions, got {type(options).__name__}")
+        lane = line.priority
+        ttl = self._ttl[lane] if line.ttl is UNSET else line.ttl
+        options = line.synthesis_options(self.options)
+        if self.synthesizer is not None:  # bounds that depend on the model, before any work
+            self.synthesizer.resolve_options(options)
+        cache = line.cache
         now = time.monotonic()
         uid = self._next_id
         self._next_id += 1
@@ -558,8 +579,8 @@ class Speaker:
             uid,
             text,
             lane,
-            self.voice if voice is _UNSET else voice,
-            options if options is not None else self.options,
+            self.voice if line.voice is UNSET else line.voice,
+            options,
             None if ttl is None else now + ttl,
             now,
             cache,
@@ -580,43 +601,49 @@ class Speaker:
             self._start_cache_lookup(utt)
         if self.max_queue is not None:
             self._enforce_max_queue(utt)
-        if interrupt:
+        if line.interrupt:
             self.skip()
         self._wake.set()
         return utt
 
-    def enqueue_threadsafe(self, text: str, **line_kwargs: Any) -> concurrent.futures.Future[Utterance]:
-        """`enqueue()` from another thread (a chat reader, a GUI): a future of the handle."""
+    def enqueue_threadsafe(self, text: str, **line: Any) -> concurrent.futures.Future[Utterance]:
+        """`enqueue()` from another thread (a chat reader, a GUI): a future of the handle.
+
+        A misspelt line option raises here, in the calling thread."""
         if self._loop is None:
             raise InputError("the Speaker is not open", hint="use `async with Speaker(...) as s:`")
+        parsed = LineOptions.parse(line, "enqueue_threadsafe")
 
         async def go() -> Utterance:
-            return self.enqueue(text, **line_kwargs)
+            return self._enqueue_line(text, parsed)
 
         return asyncio.run_coroutine_threadsafe(go(), self._loop)
 
-    async def say(self, text: str, **line_kwargs: Any) -> Utterance:
+    async def say(self, text: str, **line: Any) -> Utterance:
         """Queue a line and return once it has been played (or ended otherwise).
 
-        Cancelling the awaiting task cancels the line (fading it out if it is playing).
+        Takes the line options of `enqueue`. Cancelling the awaiting task cancels the line
+        (fading it out if it is playing).
         """
-        utt = self.enqueue(text, **line_kwargs)
+        utt = self._enqueue_line(text, LineOptions.parse(line, "say"))
         try:
             return await utt
         except asyncio.CancelledError:
             utt.cancel()
             raise
 
-    def feed(self, chunk: str, **line_kwargs: Any) -> list[Utterance]:
+    def feed(self, chunk: str | None, **line: Any) -> list[Utterance]:
         """Feed streamed text (LLM tokens); every completed segment is queued at once.
 
-        Call `end_feed()` when the turn's text is complete. If no text arrives for
-        `stall_flush_s` while a partial segment is pending, it is flushed and queued.
+        Takes the line options of `enqueue` (given mid-turn, they apply from there on); a None
+        chunk is skipped. Call `end_feed()` when the turn's text is complete. If no text
+        arrives for `stall_flush_s` while a partial segment is pending, it is flushed and queued.
         """
         self._require_open()
+        parsed = LineOptions.parse(line, "feed")
         if self._feeder is None:
-            self._feeder = _Feeder(self, line_kwargs)
-        return self._feeder.feed(chunk, line_kwargs)
+            self._feeder = _Feeder(self, parsed)
+        return self._feeder.feed(chunk, parsed if line else None)
 
     def end_feed(self) -> list[Utterance]:
         """Flush the text fed so far (end of the turn); the next `feed()` starts a new turn."""
@@ -625,15 +652,16 @@ class Speaker:
         return feeder.end() if feeder is not None else []
 
     async def say_stream(
-        self, source: AsyncIterable[str] | Iterable[str], **line_kwargs: Any
+        self, source: AsyncIterable[str | None] | Iterable[str | None], **line: Any
     ) -> list[Utterance]:
         """Speak a stream of text chunks as it arrives; returns once every segment has played.
 
-        Cancelling the task cancels the segments it queued. If a segment's synthesis
-        failed, its error is raised after the others have finished.
+        Takes the line options of `enqueue`, applied to every segment (`interrupt` to the
+        first); None chunks are skipped. Cancelling the task cancels the segments it queued.
+        If a segment's synthesis failed, its error is raised after the others have finished.
         """
         self._require_open()
-        feeder = _Feeder(self, line_kwargs)
+        feeder = _Feeder(self, LineOptions.parse(line, "say_stream"))
         try:
             if isinstance(source, AsyncIterable):
                 async for chunk in source:
@@ -1184,10 +1212,39 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-def _check_line_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Reject misspelt line options when a stream starts, not when its first segment completes."""
-    allowed = {"priority", "voice", "options", "ttl", "interrupt"}
-    unknown = sorted(set(kwargs) - allowed)
-    if unknown:
-        raise InputError(f"unknown line option(s) {unknown}", hint=f"one of {sorted(allowed)}")
-    return dict(kwargs)
+_TORCH_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|meta)(:\d+)?")
+
+
+def _check_torch_device(device: Any) -> None:
+    """`device` looks like a torch device (whether it exists is checked when the model loads)."""
+    if not (isinstance(device, str) and _TORCH_DEVICE.fullmatch(device)):
+        raise BackendError(
+            f"device={device!r} is not a torch device: it says where the model runs (cpu, cuda, cuda:1, mps)",
+            hint=f"a sound card is chosen with output=, e.g. Speaker(output={device!r})",
+        )
+
+
+def _merge_deprecated_preset_fields(preset: Any, fields: dict[str, Any]) -> Any:
+    """Speaker(int4=True) passed preset fields through; they now go in preset={...}."""
+    import dataclasses as dc
+
+    from .backends.presets import Preset
+
+    known = [f.name for f in dc.fields(Preset)]
+    for name in fields:
+        if name not in known:
+            own = [p for p in inspect.signature(Speaker.__init__).parameters if p != "self"]
+            close = difflib.get_close_matches(name, [*own, *known], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"Speaker() got an unexpected keyword argument {name!r}{hint}")
+    warnings.warn(
+        f"Speaker({', '.join(f'{k}=...' for k in fields)}) is deprecated: pass preset fields as "
+        f"preset={{{', '.join(repr(k) + ': ...' for k in fields)}}}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if preset is None:
+        return dict(fields)
+    if isinstance(preset, Mapping):
+        return {**preset, **fields}
+    return preset.with_overrides(**fields)

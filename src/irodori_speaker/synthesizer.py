@@ -658,7 +658,8 @@ def load_synthesizer(
     whole pipeline runs offline, and its output is noise. Two seams for benchmarks and tests:
     `tokenizer` may be a tokenizer object (with `encode` and `batch`, as `TextTokenizer`; its
     `fingerprint` attribute, else its class name, goes into cache keys), and `preset` a
-    `Preset` used instead of the backend's (`device`, `dtype` and overrides still apply).
+    `Preset` used instead of the backend's (`device`, `dtype` and overrides still apply), or a
+    mapping of preset fields (`preset={"int4": True}`) applied to the backend's.
     `user_dict`: the user dictionary applied to every line (None: the default file,
     `text/userdict.py`; False: none).
     """
@@ -671,6 +672,9 @@ def load_synthesizer(
     from .text.tokenizer import TextTokenizer
     from .voices import VoiceCache, default_voice_cache_dir
 
+    if isinstance(preset, Mapping):  # preset fields by name: overrides of the backend's preset
+        preset_overrides = {**preset, **preset_overrides}
+        preset = None
     given_tok = tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike))
     if given_tok and not all(callable(getattr(tokenizer, m, None)) for m in ("encode", "batch")):
         raise InputError(

@@ -38,6 +38,7 @@ class Call:
     text: str
     voice: Any
     started: float
+    options: SynthesisOptions | None = None  # as the Speaker passed them
     ended: float | None = None
     steps_done: int = 0
     chunks_done: int = 0
@@ -102,7 +103,7 @@ class FakeSynth:
         self._lock = threading.Lock()
 
     def resolve_options(self, options: Any = None) -> SynthesisOptions:
-        return SynthesisOptions.coerce(options).resolve(SamplerDefaults(self.steps, "sway", -1.0))
+        return SynthesisOptions.coerce(options).resolve(SamplerDefaults(8, "sway", -1.0))
 
     def render_identity(self, text: str, voice: Any = None, options: Any = None) -> dict:
         opts = self.resolve_options(options)
@@ -122,8 +123,8 @@ class FakeSynth:
     def norm(self, text: str) -> str:
         return text.replace("！", "").replace("、", "") if self.normalise else text
 
-    def _new_call(self, kind: str, text: str, voice: Any) -> Call:
-        c = Call(kind, text, voice, time.monotonic())
+    def _new_call(self, kind: str, text: str, voice: Any, options: Any = None) -> Call:
+        c = Call(kind, text, voice, time.monotonic(), options=options)
         with self._lock:
             self.calls.append(c)
         return c
@@ -149,7 +150,7 @@ class FakeSynth:
         options: SynthesisOptions | None = None,
         cancel: CancelToken | None = None,
     ) -> SynthesisResult:
-        call = self._new_call("synthesize", text, voice)
+        call = self._new_call("synthesize", text, voice, options)
         with self._tracked(call):
             self._sample(call, cancel)
             for _ in range(self.chunks):
@@ -182,7 +183,7 @@ class FakeSynth:
         options: SynthesisOptions | None = None,
         cancel: CancelToken | None = None,
     ) -> AudioStream:
-        call = self._new_call("stream", text, voice)
+        call = self._new_call("stream", text, voice, options)
         audio = self.audio_for(text)
         record = SynthesisRecord(text=self.norm(text), frames=round(len(audio) / SR * 25), steps=self.steps)
 
