@@ -67,9 +67,7 @@ def test_guidance_settings_are_ignored_not_applied(mf):
     conds = conds_of(model, io)
     noise = draw_noise(5, 1, 24, 32)
     base = sample(model, conds, noise, SamplerConfig(steps=4))
-    other = SamplerConfig(
-        steps=4, guidance="joint", cfg_scale_text=7.0, schedule="sway", cfg_min_t=0.0
-    )
+    other = SamplerConfig(steps=4, guidance="joint", cfg_scale_text=7.0, schedule="sway", cfg_min_t=0.0)
     assert torch.equal(sample(model, conds, noise, other), base)
     assert len(plan_for(model, conds, other).steps) == 4
 
