@@ -351,17 +351,39 @@ class Synthesizer:
         pieces: list[_Piece] = []
         while queue:
             part = queue.pop(0)
-            ids = self.tokenizer.encode(part)
-            if len(ids) > max_len and len(part) > 1:  # over the token limit: split further
-                queue[:0] = split_for_synthesis(part, max_chars=max(1, len(part) // 2))
+            if len(self.tokenizer.encode(part)) > max_len:  # over the token limit: split further
+                queue[:0] = self._split_to_token_limit(part, max_len, record)
                 continue
-            if len(ids) > max_len:
-                record.warnings.append(f"text cut to the model's {max_len}-token limit")
             tok_ids, tok_mask = self.tokenizer.batch([part], max_len=max_len, pad_to=opts.pad_text_to)
             pieces.append(_Piece(part, tok_ids, tok_mask))
         record.pieces = len(pieces)
         record.timings["tokenize"] = time.perf_counter() - t0
         return pieces
+
+    def _split_to_token_limit(self, part: str, max_len: int, record: SynthesisRecord) -> list[str]:
+        """Pieces of `part` that each strictly shrink it, so the caller's loop ends (issue 12:
+        a run the splitter cannot cut used to come back unchanged forever). The splitter at
+        half the length first; where that makes no progress (a piece too short for it, or
+        whitespace it does not count), the longest character prefix within the token limit."""
+        from .text.split import split_for_synthesis
+
+        half = len(part) // 2
+        if half >= 8:
+            split = split_for_synthesis(part, max_chars=half)
+            if split and all(len(p) < len(part) for p in split):
+                return split
+        lo, hi = 1, len(part) - 1  # longest prefix part[:n] that fits (n >= 1 always progresses)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(self.tokenizer.encode(part[:mid])) <= max_len:
+                lo = mid
+            else:
+                hi = mid - 1
+        if len(part) == 1 or len(self.tokenizer.encode(part[:lo])) > max_len:
+            # one character over the limit on its own: dropped, and said
+            record.warnings.append(f"text cut to the model's {max_len}-token limit")
+            return [part[1:]] if len(part) > 1 else []
+        return [p for p in (part[:lo], part[lo:]) if p.strip()]
 
     def _encode_reference(self, voice: Any, record: SynthesisRecord | None) -> Any:
         import torch

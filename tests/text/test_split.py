@@ -14,6 +14,7 @@ from irodori_speaker.text.split import (
     SENTENCE_END_CHARS,
     is_emoji_part,
     measure,
+    overshoot_limit,
     split_for_synthesis,
 )
 
@@ -84,7 +85,9 @@ def test_numbers_urls_and_emoji_are_never_cut(max_chars: int, merge: bool) -> No
     pieces = split_for_synthesis(WITH_PROTECTED, max_chars=max_chars, merge=merge)
     assert _squash("".join(pieces)) == _squash(WITH_PROTECTED)
     for token in PROTECTED:
-        assert any(token in p for p in pieces), (token, pieces)
+        if measure(token) <= overshoot_limit(max_chars):  # longer runs are cut (test below)
+            assert any(token in p for p in pieces), (token, pieces)
+    assert all(measure(p) <= overshoot_limit(max_chars) for p in pieces), pieces
 
 
 def test_closing_brackets_stay_with_their_sentence() -> None:
@@ -113,10 +116,45 @@ def test_hard_cut_respects_kana_and_brackets() -> None:
         assert p[0] not in "ぁぃぅぇぉっゃゅょゎァィゥェォッャュョヮーー", pieces
 
 
-def test_unbreakable_run_is_kept_whole() -> None:
-    url = "https://example.com/" + "a" * 60
-    pieces = split_for_synthesis(f"これを見て{url}ね", max_chars=20)
+def test_unbreakable_run_is_kept_whole_up_to_the_overshoot_limit() -> None:
+    url = "https://example.com/" + "a" * 60  # 80 characters
+    pieces = split_for_synthesis(f"これを見て{url}ね", max_chars=60)  # limit 90
     assert any(url in p for p in pieces)
+    # past the limit it is cut between characters: bounded pieces, nothing lost
+    pieces = split_for_synthesis(f"これを見て{url}ね", max_chars=20)
+    assert "".join(pieces) == f"これを見て{url}ね"
+    assert all(measure(p) <= overshoot_limit(20) for p in pieces), pieces
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a" * 5000,
+        "ｗ" * 300,
+        "🎉" * 70 + "すごい" + "🎉" * 70,
+        "1" * 1000,
+        "👨\u200d👩\u200d👧" * 60,
+        "🇯🇵" * 100,
+    ],
+)
+def test_unbreakable_runs_are_cut_into_bounded_pieces(text: str) -> None:
+    pieces = split_for_synthesis(text)
+    assert pieces and all(measure(p) <= overshoot_limit(DEFAULT_MAX_CHARS) for p in pieces), pieces
+    assert len(pieces) <= measure(text) // DEFAULT_MAX_CHARS + 2
+    for p in pieces:  # never inside a grapheme: no piece starts with a joiner or half a flag
+        assert p[0] != "\u200d" and p[-1] != "\u200d"
+        assert sum(0x1F1E6 <= ord(c) <= 0x1F1FF for c in p) % 2 == 0
+
+
+def test_an_emoji_flood_is_not_read_out_but_text_with_nothing_else_is_kept() -> None:
+    pieces = split_for_synthesis("すごい" + "🎉" * 500 + "ね。")
+    # each speakable neighbour absorbs the flood up to the overshoot limit; the rest is dropped
+    assert len(pieces) <= 3 and sum(p.count("🎉") for p in pieces) <= 2 * overshoot_limit(DEFAULT_MAX_CHARS)
+    assert all(measure(p) <= overshoot_limit(DEFAULT_MAX_CHARS) for p in pieces), pieces
+    assert pieces[0].startswith("すごい") and any("ね。" in p for p in pieces)
+    only = split_for_synthesis("🎉" * 500)
+    assert len(only) == 1 and only[0] == "🎉" * len(only[0])
+    assert 0 < len(only[0]) <= overshoot_limit(DEFAULT_MAX_CHARS)
 
 
 def test_unspeakable_sentences_join_a_neighbour() -> None:

@@ -11,9 +11,13 @@ stream segmenter (`irodori_speaker.text.segment`):
   ASCII "." followed by an ASCII letter or digit ("Node.js", "v1.2") is not an ender,
   and nothing inside a URL (``http(s)://`` up to whitespace or a non-ASCII character;
   trailing ASCII punctuation is not part of it) is a boundary;
-- a hard cut (last resort) never falls inside a run of ASCII non-space characters (words,
-  numbers, URLs), between digits, inside an emoji sequence, before punctuation, a closing
-  bracket, small kana or "ー", or after an opening bracket.
+- a hard cut never falls inside a run of ASCII non-space characters (words, numbers,
+  URLs), between digits, inside an emoji sequence, before punctuation, a closing bracket,
+  small kana or "ー", or after an opening bracket;
+- such an unbreakable run is kept whole while its piece stays within `overshoot_limit`
+  (1.5 x the budget); a longer one (a 5,000-letter "word", "ｗ" x 300, an emoji flood) is
+  cut between characters (`forced_cut`: never inside a grapheme when it can be helped), so
+  every piece is bounded and the number of pieces is at most the number of characters.
 
 The functions take ``final``: with ``final=False`` (a stream whose end is unknown) they
 return `WAIT` when the answer depends on characters that have not arrived yet, so a
@@ -35,9 +39,11 @@ __all__ = [
     "NUMBER_SEPARATORS",
     "OPENING_CHARS",
     "SENTENCE_END_CHARS",
+    "forced_cut",
     "is_emoji_part",
     "is_speakable",
     "measure",
+    "overshoot_limit",
     "split_for_synthesis",
 ]
 
@@ -56,8 +62,13 @@ NUMBER_SEPARATORS: Final[frozenset[str]] = frozenset(".．,，")
 DEFAULT_MAX_CHARS: Final[int] = 90
 
 _SMALL_KANA: Final[frozenset[str]] = frozenset("ぁぃぅぇぉっゃゅょゎァィゥェォッャュョヮヵヶーｰ")
-_URL_RE: Final[re.Pattern[str]] = re.compile(r"https?://[!-~]*", re.IGNORECASE)
-_URL_TRAILING: Final[frozenset[str]] = frozenset(".,!?:;)]}'\"")
+#: A URL longer than this is not protected as one (it is text, cut like any unbreakable run).
+MAX_URL_CHARS: Final[int] = 2048
+_URL_RE: Final[re.Pattern[str]] = re.compile(
+    r"https?://[!-~]{0,%s}(?![!-~])" % MAX_URL_CHARS,  # noqa: UP031 (braces are regex syntax here)
+    re.IGNORECASE,
+)
+_URL_TRAILING: Final[frozenset[str]] = frozenset(".,!?:;)]}>'\"")
 # Bracketed tags such as "[happy]": no spaces or boundary characters inside.
 _TAG_BODY = r"[^\[\]\s、。，,.!?！？…‥]{1,32}"
 _LEADING_TAGS_RE: Final[re.Pattern[str]] = re.compile(r"^\s*(?:\[" + _TAG_BODY + r"\]\s*)+")
@@ -120,6 +131,17 @@ def leading_tag_ends(s: str) -> list[int]:
     return ends
 
 
+def url_spans(s: str) -> list[tuple[int, int]]:
+    """(start, end) of each complete URL in `s`, trailing ASCII punctuation left out."""
+    spans = []
+    for m in _URL_RE.finditer(s):
+        start, end = m.span()
+        while end > start and s[end - 1] in _URL_TRAILING:
+            end -= 1
+        spans.append((start, end))
+    return spans
+
+
 def url_mask(s: str, final: bool) -> list[bool | None]:
     """Per character: inside a URL (True), not (False), or not known yet (None).
 
@@ -164,7 +186,33 @@ def classify(s: str, i: int, final: bool, mask: list[bool | None]) -> Kind | _Wa
         return "sentence"
     if c in CLAUSE_CHARS:
         return "clause"
+    if _is_pictograph(c) and not (i > 0 and is_emoji_part(s[i - 1])):
+        return _emoji_boundary(s, i, final)
     return None
+
+
+def _is_pictograph(ch: str) -> bool:
+    """Emoji that can close a sentence in chat text (not joiners, skin tones, keycaps, (c))."""
+    o = ord(ch)
+    return (
+        (0x1F000 <= o <= 0x1FAFF and not 0x1F3FB <= o <= 0x1F3FF)
+        or 0x2600 <= o <= 0x27BF
+        or 0x2B00 <= o <= 0x2BFF
+    )
+
+
+def _emoji_boundary(s: str, i: int, final: bool) -> Kind | _Wait | None:
+    """An emoji run starting at ``s[i]`` ends a sentence ("楽しかった😊明日も") unless what
+    follows continues it: hiragana ("🍣が好き"), or punctuation/closers (they end it)."""
+    j = i + 1
+    while j < len(s) and is_emoji_part(s[j]):
+        j += 1
+    if j >= len(s):
+        return "sentence" if final else WAIT
+    nxt = s[j]
+    if nxt in SENTENCE_END_CHARS or nxt in CLAUSE_CHARS or nxt in CLOSING_CHARS or _script(nxt) == "hiragana":
+        return None
+    return "sentence"
 
 
 def run_end(s: str, i: int, kind: Kind, final: bool) -> int | _Wait:
@@ -299,24 +347,69 @@ def _measure(text: str, span: tuple[int, int]) -> int:
     return measure(text[span[0] : span[1]])
 
 
+def overshoot_limit(max_chars: int) -> int:
+    """How far past `max_chars` a piece may run to keep an unbreakable run whole (1.5x)."""
+    return max_chars + max_chars // 2
+
+
+def forced_cut(s: str, i: int) -> int:
+    """A cut ``p`` in ``(0, i]`` for when no allowed cut exists: the last one in the second half
+    that splits no grapheme (a joiner, variation selector, skin tone or combining mark stays
+    with the character before it; a flag's two letters stay together), else ``i``."""
+    for p in range(i, max(1, (i + 1) // 2) - 1, -1):
+        a, b = s[p - 1], s[p]
+        if _is_glue(b) or a == "\u200d":
+            continue
+        if _is_regional(a) and _is_regional(b) and _regional_run(s, p) % 2:
+            continue
+        return p
+    return i
+
+
+def _is_regional(ch: str) -> bool:
+    return 0x1F1E6 <= ord(ch) <= 0x1F1FF
+
+
+def _regional_run(s: str, p: int) -> int:
+    """How many regional indicators end at ``s[p-1]`` (odd: ``s[p]`` completes a flag)."""
+    n = 0
+    while p - n - 1 >= 0 and _is_regional(s[p - n - 1]) and n < 64:
+        n += 1
+    return n
+
+
 def _hard_spans(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, int]]:
+    """Cut text[start:end] into pieces of at most `max_chars` (an unbreakable run: at most
+    `overshoot_limit(max_chars)`). Linear in the text: each piece looks at a window of it."""
+    limit = overshoot_limit(max_chars)
     spans = []
-    while _measure(text, (start, end)) > max_chars:
-        s = text[start:end]
-        count = 0
-        p = None
-        for i, ch in enumerate(s):
-            count += not ch.isspace()
-            if count <= max_chars:
-                continue
-            cut = hard_cut(s, i, True)
-            if isinstance(cut, int):
-                p = cut
+    while True:
+        # the window: up to the character that puts the piece over `limit` (+2 to look ahead)
+        count, over, stop = 0, None, end
+        for k in range(start, end):
+            count += not text[k].isspace()
+            if count > max_chars and over is None:
+                over = k - start
+            if count > limit:
+                stop = min(end, k + 3)
                 break
-        if p is None:
-            break  # one unbreakable run (a long URL, say): keep it whole
-        spans.append((start, start + p))
-        start += p
+        if over is None:
+            break
+        s = text[start:stop]
+        cut = hard_cut(s, over, True)
+        if cut is None:  # nothing allowed up to the budget: the first allowed cut within the limit
+            seen = measure(s[: over + 1])
+            for p in range(over + 1, len(s)):
+                if seen > limit:
+                    break
+                if cut_allowed(s, p, True) is True:
+                    cut = p
+                    break
+                seen += not s[p].isspace()
+        if not isinstance(cut, int):
+            cut = forced_cut(s, over)
+        spans.append((start, start + cut))
+        start += cut
     spans.append((start, end))
     return spans
 
@@ -325,46 +418,60 @@ def _pack(text: str, spans: list[tuple[int, int]], max_chars: int) -> list[tuple
     """Merge consecutive spans while the merged text stays within `max_chars`."""
     out: list[tuple[int, int]] = []
     for span in spans:
-        if out and _measure(text, (out[-1][0], span[1])) <= max_chars:
+        if out and out[-1][1] == span[0] and _measure(text, (out[-1][0], span[1])) <= max_chars:
             out[-1] = (out[-1][0], span[1])
         else:
             out.append(span)
     return out
 
 
-def _attach_unspeakable(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Fold pieces with nothing to say ("……", "！", an emoji) into a neighbour."""
+def _attach_unspeakable(text: str, spans: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
+    """Fold pieces with nothing to say ("……", "！", an emoji) into a neighbour while the
+    result stays within `limit`; what does not fit is dropped (an emoji flood is not read
+    out), unless the text has nothing to say at all (then its first such run is kept)."""
+
+    def joins(head: tuple[int, int] | None, b_start: int, b_end: int) -> bool:
+        return head is not None and head[1] == b_start and _measure(text, (head[0], b_end)) <= limit
+
     out: list[tuple[int, int]] = []
-    pending_start = None
+    pending: tuple[int, int] | None = None  # unspeakable text waiting for the next piece
+    alone: tuple[int, int] | None = None  # the first such run, for text with nothing to say
     for a, b in spans:
-        if pending_start is not None:
-            a, pending_start = pending_start, None
         if is_speakable(text[a:b]):
+            if pending is not None and joins(pending, a, b):
+                a = pending[0]
+            pending = None
             out.append((a, b))
-        elif out:
+            continue
+        if out and joins(out[-1], a, b):
             out[-1] = (out[-1][0], b)
+        elif joins(pending, a, b):
+            assert pending is not None
+            pending = (pending[0], b)
         else:
-            pending_start = a
-    if pending_start is not None:
-        out.append((pending_start, len(text)))
-    return out
+            pending = (a, b)
+        if not out and (alone is None or alone[0] == pending[0]):
+            alone = pending
+    return out or ([alone] if alone is not None else [])
 
 
 def split_for_synthesis(text: str, *, max_chars: int = DEFAULT_MAX_CHARS, merge: bool = True) -> list[str]:
     """Split `text` into pieces of at most `max_chars` non-whitespace characters.
 
     Sentence boundaries first; a sentence still too long is split at clause boundaries;
-    a clause still too long is hard-cut (see the module doc for where cuts may fall; an
-    unbreakable run such as a long URL is kept whole and may exceed the limit, and so may
-    a piece that absorbed a neighbour with nothing to say, such as "……" or an emoji). With
-    `merge`, consecutive pieces are joined back while they fit, so each utterance is as
-    long as the budget allows (fewer model calls, steadier prosody). Text that fits is
-    returned as one piece; empty text gives ``[]``.
+    a clause still too long is hard-cut (see the module doc for where cuts may fall). A
+    piece may exceed `max_chars`, up to `overshoot_limit(max_chars)`, to keep an
+    unbreakable run (a long URL, a number) whole or to absorb a neighbour with nothing to
+    say, such as "……" or an emoji; unbreakable runs longer than that are cut between
+    characters, and unspeakable runs that fit nowhere are dropped. With `merge`,
+    consecutive pieces are joined back while they fit, so each utterance is as long as the
+    budget allows (fewer model calls, steadier prosody). Text that fits is returned as one
+    piece; empty text gives ``[]``. Linear in the length of `text`.
     """
     if not isinstance(text, str):
         raise InputError(f"text must be a str, got {type(text).__name__}")
-    if max_chars < 8:
-        raise InputError(f"max_chars must be >= 8, got {max_chars}")
+    if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 8:
+        raise InputError(f"max_chars must be an integer >= 8, got {max_chars!r}")
     if not text.strip():
         return []
     if measure(text) <= max_chars:
@@ -379,8 +486,8 @@ def split_for_synthesis(text: str, *, max_chars: int = DEFAULT_MAX_CHARS, merge:
                 pieces.append(clause)
             else:
                 pieces.extend(_hard_spans(text, *clause, max_chars))
-    # Punctuation or emoji left on their own join a neighbour, even past the budget.
-    pieces = _attach_unspeakable(text, pieces)
+    # Punctuation or emoji left on their own join a neighbour, up to the overshoot limit.
+    pieces = _attach_unspeakable(text, pieces, overshoot_limit(max_chars))
     if merge:
         pieces = _pack(text, pieces, max_chars)
     return [t for t in (text[a:b].strip() for a, b in pieces) if t]
