@@ -362,6 +362,8 @@ class Speaker:
         self._idle.set()
         self._open = False
         self._closing = False
+        self._stop_loop = False  # ends the scheduler loop (a flag: a cancel can be swallowed, see _release)
+        self._closed = asyncio.Event()  # set when a close has finished; every aclose() awaits it
         self._feeder: _Feeder | None = None
         self._open_token = CancelToken()
         self._series = {k: Series() for k in ("queue_wait", "first_chunk", "ttfa", "rtf", "gap")}
@@ -467,8 +469,15 @@ class Speaker:
             return float(self.synthesizer.prewarm(voice))
 
     async def aclose(self, drain: bool = False) -> None:
-        """Close: play what is queued first (`drain=True`) or stop now with a short fade."""
-        if not self._open or self._closing:
+        """Close: play what is queued first (`drain=True`) or stop now with a short fade.
+
+        Bounded in every state (idle, queued, synthesising, playing); a second, concurrent
+        call waits for the same close to finish.
+        """
+        if self._closing:
+            await self._closed.wait()
+            return
+        if not self._open:
             return
         if drain:
             try:
@@ -488,6 +497,12 @@ class Speaker:
         await asyncio.shield(self._release())
 
     async def _release(self) -> None:
+        try:
+            await self._release_resources()
+        finally:
+            self._closed.set()  # whatever happened, no concurrent aclose() waits forever
+
+    async def _release_resources(self) -> None:
         player = self._player
         assert player is not None and self._loop is not None
         # let the fades be heard: bounded by the output latency, never forever
@@ -496,9 +511,15 @@ class Speaker:
             self._step()
             await asyncio.sleep(self.tick_s)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Stop the loop with a flag and a wake, not only a cancel: on Python 3.10 / 3.11
+            # `asyncio.wait_for` returns the inner result when a cancel lands just after the
+            # inner wait completed, swallowing the cancel, and the loop then waited forever.
+            self._stop_loop = True
+            self._wake.set()
+            done, _ = await asyncio.wait({self._task}, timeout=1.0)
+            if not done:
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=1.0)
         synth_task = self._synth_task
         stuck = False
         if synth_task is not None:
@@ -856,7 +877,7 @@ class Speaker:
             yield from self._lanes[p]
 
     async def _run(self) -> None:
-        while True:
+        while not self._stop_loop:
             if self._player is not None and self._player.busy:
                 timeout: float | None = self.tick_s
             elif any(self._lanes.values()):
@@ -866,6 +887,8 @@ class Speaker:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
+            if self._stop_loop:
+                return
             try:
                 self._step()
             except Exception:
