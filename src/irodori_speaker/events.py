@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -196,7 +197,9 @@ class EventBus:
     """Fan-out of Speaker events to async iterators and callbacks, on the event loop."""
 
     def __init__(self) -> None:
-        self._subs: list[_Subscription] = []
+        # Weak: a stream the reader dropped (`async for ev in s.events(): break`) unsubscribes
+        # itself when it is garbage-collected, instead of queueing events forever.
+        self._subs: weakref.WeakSet[_Subscription] = weakref.WeakSet()
         self._callbacks: list[tuple[frozenset[str] | None, Callable[[Any], Any]]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -205,7 +208,7 @@ class EventBus:
         """Deliver `event`: queued for iterators now, callbacks on the next loop iteration."""
         if self._closed:
             return
-        for sub in self._subs:
+        for sub in list(self._subs):
             if sub.kinds is None or event.kind in sub.kinds:
                 sub.put(event)
         if self._callbacks:
@@ -261,24 +264,32 @@ class EventBus:
         if self._closed:
             sub.put(None)
         else:
-            self._subs.append(sub)
+            self._subs.add(sub)
         return EventStream(self, sub)
 
+    @property
+    def subscribers(self) -> int:
+        """How many event streams are registered now."""
+        return len(self._subs)
+
     def _unsubscribe(self, sub: _Subscription) -> None:
-        with contextlib.suppress(ValueError):
-            self._subs.remove(sub)
+        self._subs.discard(sub)
 
     def close(self) -> None:
         """End every iterator (after the events already queued for it)."""
         self._closed = True
-        for sub in self._subs:
+        for sub in list(self._subs):
             sub.put(None)
         self._subs.clear()
         self._callbacks.clear()
 
 
 class EventStream:
-    """An async iterator of events; registered when created, so nothing emitted after is missed."""
+    """An async iterator of events; registered when created, so nothing emitted after is missed.
+
+    It unsubscribes when it ends, on `close()` / `aclose()`, when used as `async with`, and
+    when the reader drops it (garbage collection).
+    """
 
     def __init__(self, bus: EventBus, sub: _Subscription) -> None:
         self._bus = bus
@@ -308,6 +319,16 @@ class EventStream:
         """Stop receiving events."""
         self._bus._unsubscribe(self._sub)
         self._sub.put(None)
+
+    async def aclose(self) -> None:
+        """`close()`, awaitable like an async generator's."""
+        self.close()
+
+    async def __aenter__(self) -> EventStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)

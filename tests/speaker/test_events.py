@@ -216,3 +216,23 @@ def test_mouth_levels_map_loudness_in_db_to_0_1():
     assert env.level(0.25) == 1.0
     closing = [env.level(t) for t in (0.52, 0.56, 0.60, 0.70)]
     assert closing == sorted(closing, reverse=True) and 0 < closing[0] < 1 and closing[-1] < 0.05
+
+
+def test_breaking_out_of_an_event_loop_unsubscribes(run) -> None:
+    """Issue 12: 100 `async for ev in s.events(): break` loops held ~50,000 events."""
+
+    async def body():
+        async with Speaker(FakeSynth(), output=NullOutput(speed=float("inf"))) as s:
+            for _ in range(100):
+                s.enqueue("あ")
+                async for _ev in s.events():
+                    break
+            kept = len(s._bus._subs)
+            async with s.events() as stream:  # `async with` closes it too
+                during = len(s._bus._subs)
+            assert stream is not None
+            await s.drain()
+            return kept, during, len(s._bus._subs)
+
+    kept, during, after = run(body())
+    assert kept == 0 and during == 1 and after == 0
