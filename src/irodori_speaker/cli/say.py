@@ -28,13 +28,33 @@ from .common import (
 
 
 def read_text(text: str) -> str:
-    """TEXT as given, or standard input for "-"."""
+    """TEXT as given, or standard input for "-"; UTF-8, else Shift_JIS (cp932), else an error."""
     if text == "-":
-        text = sys.stdin.read()
+        text = decode_text(sys.stdin.buffer.read(), "standard input")
         if not text.strip():
             raise InputError(
                 "no text on standard input", hint="echo 'こんにちは' | irodori-speaker say - -o a.wav"
             )
+    elif any("\udc80" <= c <= "\udcff" for c in text):  # argv bytes that were not UTF-8
+        text = decode_text(text.encode("utf-8", "surrogateescape"), "TEXT")
+    return text
+
+
+def decode_text(raw: bytes, what: str) -> str:
+    """Text from bytes: UTF-8 (a BOM allowed); else cp932, which Japanese Windows consoles and
+    older text files use (said in the log); else a clear error rather than a traceback."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        pass
+    try:
+        text = raw.decode("cp932")
+    except UnicodeDecodeError:
+        raise InputError(
+            f"{what} is neither UTF-8 nor Shift_JIS text",
+            hint="save the text as UTF-8 (or pass it with `say -` from a UTF-8 file)",
+        ) from None
+    log.warning("%s was not UTF-8; read it as Shift_JIS (cp932)", what)
     return text
 
 

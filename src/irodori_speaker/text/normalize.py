@@ -15,7 +15,7 @@ import unicodedata
 
 from irodori_speaker.errors import InputError
 
-__all__ = ["normalize_or_raise", "normalize_text", "strip_enclosing_brackets"]
+__all__ = ["drop_lone_surrogates", "normalize_or_raise", "normalize_text", "strip_enclosing_brackets"]
 
 # Step 1 and 2: plain substring replacements, applied in this order. The reference also
 # deletes the literal five characters ``\[n\]`` (a regex spelling used as a plain string);
@@ -71,10 +71,22 @@ def strip_enclosing_brackets(text: str) -> str:
     return text
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def drop_lone_surrogates(text: str) -> str:
+    """``text`` without lone UTF-16 surrogates (``"\\ud800"``; in a Python str every surrogate
+    code point is lone). They encode no character, cannot be written as UTF-8 (the tokenizer and
+    the cache key would raise), and a replacement character would be read to the model as an
+    unknown symbol: chat text that carries one loses just that code point."""
+    return _LONE_SURROGATE.sub("", text)
+
+
 def normalize_text(text: str) -> str:
     """Normalise ``text`` the way the model's training data was normalised (may return "")."""
     if not isinstance(text, str):
         raise InputError(f"text must be a str, got {type(text).__name__}")
+    text = drop_lone_surrogates(text)  # not a reference rule: such text never reached it
     for old, new in _SIMPLE_REPLACEMENTS:
         text = text.replace(old, new)
     for pattern, replacement in _REGEX_REPLACEMENTS:
