@@ -3,6 +3,7 @@ bytes on the command line and on stdin) becomes speech or one clear error, never
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 
@@ -50,3 +51,12 @@ def test_shift_jis_text_on_the_command_line_and_stdin_is_read(tmp_path) -> None:
     err = p.stderr.decode(errors="replace")
     assert p.returncode == 1 and "Traceback" not in err
     assert "neither UTF-8 nor Shift_JIS" in err and "hint:" in err
+
+
+@pytest.mark.parametrize("bad", [np.full(4800, np.nan, np.float32), np.full((4800, 2), np.inf, np.float32)])
+def test_voice_from_array_refuses_nan_and_inf(bad) -> None:
+    from irodori_speaker.errors import AudioError
+    from irodori_speaker.voices import Voice
+
+    with pytest.raises(AudioError, match="NaN or Inf"):
+        Voice.from_array(bad, 48_000)

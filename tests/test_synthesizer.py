@@ -167,6 +167,9 @@ def test_reference_voice_is_encoded_once_and_cached_on_disk(synth, tmp_path):
         "声をまねします。", Voice.from_latent(tmp_path / "v.safetensors"), opts(seed=2)
     ).audio
     np.testing.assert_allclose(c, a, atol=1e-5)
+    # ... and so is its path given as a plain string (issue 12: it was read as a recording)
+    d = synth.synthesize("声をまねします。", str(tmp_path / "v.safetensors"), opts(seed=2)).audio
+    np.testing.assert_allclose(d, a, atol=1e-5)
 
 
 def test_reference_changes_the_output(synth, tmp_path):

@@ -292,7 +292,7 @@ class Synthesizer:
         if opts.seed is None:
             raise InputError("a cacheable line needs a fixed seed (options.seed)")
         if isinstance(voice, (str, os.PathLike)):
-            voice = Voice.from_wav(voice)
+            voice = Voice.from_path(voice)
         return {
             "text": self.spoken_text(text),  # after the user dictionary: a new reading is a new line
             "voice": None if voice is None else voice.content_key(),
@@ -312,7 +312,7 @@ class Synthesizer:
         if voice is None:
             return None, None
         if isinstance(voice, (str, os.PathLike)):
-            voice = Voice.from_wav(voice)
+            voice = Voice.from_path(voice)
         if not isinstance(voice, Voice):
             raise InputError(f"voice must be a Voice, a path or None, got {type(voice).__name__}")
         if not voice.has_reference:

@@ -49,6 +49,16 @@ class Voice:
         return cls(reference=p, caption=caption, name=name or p.stem)
 
     @classmethod
+    def from_path(
+        cls, path: str | os.PathLike, *, caption: str | None = None, name: str | None = None
+    ) -> Voice:
+        """A voice from a file: a saved ``.safetensors`` latent, else a recording (what a plain
+        path given as ``voice=`` means everywhere)."""
+        if Path(path).suffix.lower() == ".safetensors":
+            return cls.from_latent(path, caption=caption, name=name)
+        return cls.from_wav(path, caption=caption, name=name)
+
+    @classmethod
     def from_array(
         cls, audio: np.ndarray, sample_rate: int, *, caption: str | None = None, name: str | None = None
     ) -> Voice:
@@ -67,6 +77,10 @@ class Voice:
         if x.ndim not in (1, 2) or x.size == 0:
             raise InputError(
                 f"Voice.from_array takes (samples,) or (samples, channels) audio, got shape {x.shape}"
+            )
+        if not np.isfinite(x).all():
+            raise AudioError(
+                "Voice.from_array: the samples contain NaN or Inf", hint="pass finite audio in [-1, 1]"
             )
         rate_ok = isinstance(sample_rate, (int, np.integer)) and not isinstance(sample_rate, bool)
         if not rate_ok or sample_rate <= 0:
