@@ -10,7 +10,7 @@ for v in 3.10 3.12 3.13; do
   if [ -z "$py" ]; then echo "python $v: not on this machine, skipped"; continue; fi
   venv=$(mktemp -d)/venv
   "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy soundfile soxr sounddevice anyio pytest pytest-timeout 2>&1 | grep -v "^WARNING: Location" || true
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy soundfile soxr sounddevice pytest pytest-timeout 2>&1 | grep -v "^WARNING: Location" || true
   echo "python $v ($py):"
   PYTHONPATH="$PWD/src" "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts="" --timeout=60 \
     --confcutdir=tests/speaker tests/speaker/test_shutdown.py

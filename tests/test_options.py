@@ -181,3 +181,14 @@ def test_a_mapping_renders_like_the_options_it_spells(synth):
     a = synth.synthesize("はい。", options={"seed": 2, "seconds": 0.5}).audio
     b = synth.synthesize("はい。", options=SynthesisOptions(seed=2, seconds=0.5)).audio
     np.testing.assert_array_equal(a, b)
+
+
+def test_the_docs_option_table_is_the_fields_own_metadata():
+    """docs/options.md lists every option with its allowed values, stage and doc (issue 11)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "options.md").read_text(encoding="utf-8")
+    table = text.split("<!-- options-table:start -->\n")[1].split("\n<!-- options-table:end -->")[0]
+    expected = ["| option | allowed | stage | what it does |", "|---|---|---|---|"]
+    expected += [f"| `{n}` | {allowed} | {stage} | {doc} |" for n, allowed, stage, doc in describe_options()]
+    assert table.splitlines() == expected
