@@ -1034,7 +1034,6 @@ class Speaker:
                 x = np.ascontiguousarray(result.audio, dtype=np.float32).reshape(-1)
         if x is not None:  # resample outside the model lock
             post(self._on_chunk, Chunk(x, {r: resample(x, src, r) for r in rates}), t1)
-        post(self._on_synth_done, record, t0, t1)
         if store and not token.cancelled:  # a whole line only, outside the model lock
             audio = x if x is not None else np.concatenate(parts) if parts else None
             if audio is not None and len(audio):
@@ -1042,6 +1041,9 @@ class Speaker:
                     self.cache.store(synth, utt.text, utt.voice, options, audio, record)
                 except Exception as e:  # a full disk must not cost the line
                     log.warning("phrase cache: could not store line #%d: %s", utt.id, e)
+        # after the store: a line reported done (and so played) is in the cache, so the same
+        # line asked for right after is a hit (it raced the store before; its audio is out already)
+        post(self._on_synth_done, record, t0, t1)
 
     # -- internals: the phrase cache --------------------------------------------------------------
 
