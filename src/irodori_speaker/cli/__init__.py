@@ -2,7 +2,7 @@
 
 One module per command group: `main` (parser and dispatch), `common` (shared flags, loading,
 progress, playback), `say`, `cache` (prebuild and cache), `devices`, `bench`, `models`
-(convert-codec, quantize).
+(convert-codec, quantize), `serve` (the speech server), `userdict` (dict).
 
 Programs with their own command line (the examples) take the same model options with
 `add_model_flags(parser)` and load what they name with `load_from_args(args)`.

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import IrodoriError
-from . import bench, cache, devices, models, say
-from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, add_log_flags, add_model_flags
+from . import bench, cache, devices, models, say, serve, userdict
+from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, add_log_flags
 
 EPILOG = """\
 exit status: 0 done; 1 an error (one line on stderr, with a hint), or some phrases failed
@@ -25,7 +25,7 @@ with --tiny-random (a small random model: the output is noise)."""
 
 
 #: Each module adds its subcommands to the parser with `register(sub)`, in this order.
-COMMAND_MODULES = (say, cache, devices, bench, models)
+COMMAND_MODULES = (say, cache, devices, bench, models, serve, userdict)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,12 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for module in COMMAND_MODULES:
         module.register(sub)
-
-    from ..server.command import add_parser as add_serve_parser
-    from ..text.dict_command import add_parser as add_dict_parser
-
-    add_log_flags(add_serve_parser(sub, add_model_flags))
-    add_log_flags(add_dict_parser(sub))
     return parser
 
 

@@ -14,8 +14,8 @@ __all__ = ["ServerSettings", "VoiceBook", "create_app", "load_voice_book"]
 
 
 def __getattr__(name: str) -> Any:
-    # create_app needs FastAPI; importing this package must not (the command line imports
-    # server.command for `serve --help` on an install without the extra).
+    # create_app needs FastAPI; importing this package must not (`serve --help` and the
+    # settings work on an install without the extra).
     if name == "create_app":
         from .app import create_app
 

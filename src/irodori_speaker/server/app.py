@@ -40,7 +40,26 @@ EXTENSION_ORIGINS = ("chrome-extension://", "moz-extension://", "safari-web-exte
 # Our own errors are {"detail": "message"} (as the VOICEVOX engine's own are); a request
 # that fails FastAPI's validation gets the list form. Both are documented for every route.
 _MESSAGE = {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]}
-_VALIDATION = {"$ref": "#/components/schemas/HTTPValidationError"}
+# FastAPI's own HTTPValidationError component is left out of the document once 422 is ours:
+# its shape (a list of {loc, msg, type}) is spelled out here.
+_VALIDATION = {
+    "type": "object",
+    "properties": {
+        "detail": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "loc": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]}},
+                    "msg": {"type": "string"},
+                    "type": {"type": "string"},
+                },
+                "required": ["loc", "msg", "type"],
+            },
+        }
+    },
+    "required": ["detail"],
+}
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: {
         "description": "Invalid input",

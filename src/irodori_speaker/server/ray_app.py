@@ -87,7 +87,7 @@ def serve_ray(args: argparse.Namespace, settings: Any) -> int:
 
 def _app_from_env() -> Any:
     from ..cli import build_parser
-    from .command import settings_from_args
+    from ..cli.serve import settings_from_args
 
     args = build_parser().parse_args(["serve", *shlex.split(os.environ.get("IRODORI_SERVE_ARGS", ""))])
     return build_deployment(args, settings_from_args(args))

@@ -1,4 +1,4 @@
-"""`irodori-speaker dict add|list|remove|import|export`: the user dictionary from the shell."""
+"""`dict add|list|remove|import|export`: the user dictionary (text/userdict.py) from the shell."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import json
 import sys
 from typing import Any
 
-from .userdict import WORD_TYPES, UserDictionary, default_user_dict_path
+from ..errors import InputError
+from ..text.userdict import WORD_TYPES, UserDictionary, default_user_dict_path
+from .common import EXIT_OK, sub_parser
 
 DESCRIPTION = f"""\
 Edit the user dictionary every synthesis applies (Speaker, say, prebuild, serve): a
@@ -20,13 +22,8 @@ surface form is read as the given reading. Stored in a sqlite file (default
   irodori-speaker dict import words.json"""
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "dict",
-        help="the user dictionary: add, list, remove, import, export",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Any) -> None:
+    p = sub_parser(sub, "dict", "the user dictionary: add, list, remove, import, export", DESCRIPTION)
     p.add_argument("--file", help="the dictionary file (default: $IRODORI_DICT or the user's)")
     dsub = p.add_subparsers(dest="dict_command", metavar="ACTION")
     dsub.required = True
@@ -50,7 +47,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     e = dsub.add_parser("export", help="print the dictionary as VOICEVOX JSON")
     e.add_argument("-o", "--output", help="write to this file instead of stdout")
     e.set_defaults(func=cmd_export)
-    return p
 
 
 def _dict(args: argparse.Namespace) -> UserDictionary:
@@ -60,26 +56,24 @@ def _dict(args: argparse.Namespace) -> UserDictionary:
 def cmd_add(args: argparse.Namespace) -> int:
     w = _dict(args).add(args.surface, args.reading, args.accent, args.word_type, args.priority)
     print(f"added {w.surface} -> {w.pronunciation}  ({w.uuid})")
-    return 0
+    return EXIT_OK
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     d = _dict(args)
     if args.json:
         print(json.dumps(d.export_voicevox(), ensure_ascii=False, indent=2))
-        return 0
+        return EXIT_OK
     words = d.words()
     for w in words:
         print(
             f"{w.uuid}  {w.surface}\t{w.pronunciation}\taccent {w.accent_type}\t{w.word_type}\tp{w.priority}"
         )
     print(f"{len(words)} word(s) in {d.path}", file=sys.stderr)
-    return 0
+    return EXIT_OK
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    from ..errors import InputError
-
     d = _dict(args)
     matches = [w for w in d.words() if args.word in (w.uuid, w.surface)]
     if len(matches) != 1:
@@ -88,13 +82,13 @@ def cmd_remove(args: argparse.Namespace) -> int:
         )
     d.remove(matches[0].uuid)
     print(f"removed {matches[0].surface} ({matches[0].uuid})")
-    return 0
+    return EXIT_OK
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     n = _dict(args).import_voicevox(args.path, override=not args.keep)
     print(f"imported {n} word(s)")
-    return 0
+    return EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -104,4 +98,4 @@ def cmd_export(args: argparse.Namespace) -> int:
             f.write(text + "\n")
     else:
         print(text)
-    return 0
+    return EXIT_OK

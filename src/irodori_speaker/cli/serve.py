@@ -1,4 +1,4 @@
-"""`irodori-speaker serve`: the command line of the speech server."""
+"""`serve`: the VOICEVOX- and OpenAI-compatible speech server (irodori_speaker.server)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import os
 import sys
 from typing import Any
 
-from .config import DEFAULT_HOST, DEFAULT_PORT
+from ..server.config import DEFAULT_HOST, DEFAULT_PORT
+from .common import EXIT_OK, add_model_flags, sub_parser
 
 DESCRIPTION = """\
 Serve the VOICEVOX engine API and OpenAI's speech API on one loaded model.
@@ -23,13 +24,8 @@ SDK takes base_url=http://127.0.0.1:50021/v1. Stop with Ctrl-C: running lines ge
 --shutdown-grace seconds, then are cancelled."""
 
 
-def add_parser(sub: Any, add_model_flags: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "serve",
-        help="VOICEVOX- and OpenAI-compatible speech server",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def register(sub: Any) -> None:
+    p = sub_parser(sub, "serve", "VOICEVOX- and OpenAI-compatible speech server", DESCRIPTION)
     g = p.add_argument_group("network")
     g.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
@@ -60,14 +56,20 @@ def add_parser(sub: Any, add_model_flags: Any) -> argparse.ArgumentParser:
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g = p.add_argument_group("scale-out (Ray Serve)")
     g.add_argument("--ray", action="store_true", help="run on Ray Serve (needs ray[serve])")
-    g.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (one per GPU)")
+    g.add_argument("--replicas", type=_positive, default=1, help="Ray Serve replicas (one per GPU)")
     add_model_flags(p)
     p.set_defaults(func=run)
-    return p
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
-    from .config import ServerSettings
+    from ..server.config import ServerSettings
 
     return ServerSettings(
         host=args.host,
@@ -96,16 +98,16 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     for warning in settings.check():  # refuses unsafe settings before the model loads
         print(f"warning: {warning}", file=sys.stderr)
-    from .config import load_voice_book
+    from ..server.config import load_voice_book
 
-    book = load_voice_book(args.voices)
+    book = load_voice_book(args.voices)  # a bad voice config fails here, before any model loads
     if args.ray:
-        from .ray_app import serve_ray
+        from ..server.ray_app import serve_ray
 
         return serve_ray(args, settings)
-    from ..cli.common import load_kwargs
+    from ..server.run import serve
     from ..synthesizer import load_synthesizer
-    from .run import serve
+    from .common import load_kwargs
 
     synth = load_synthesizer(**load_kwargs(args), user_dict=args.user_dict)
     cache = None
@@ -115,4 +117,4 @@ def run(args: argparse.Namespace) -> int:
         cache = PhraseCache(args.cache_dir or default_cache_dir())
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
         serve(synth, settings, book=book, cache=cache, prewarm=not args.no_prewarm)
-    return 0
+    return EXIT_OK
