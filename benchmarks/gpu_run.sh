@@ -42,10 +42,11 @@ if stage news5; then
   timeout "${NEWS5_S:-250}" python3 benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 1 --int4-impl scratch} 2>&1 | tee "$OUT/news5.txt" | tail -60
 fi
 if stage news5_base && [ -d .device_base ]; then
-  mkdir -p "$OUT/base" /tmp/base_shared/bench /tmp/base_shared/fixtures/dit  # its news5.json goes to base/
-  cp benchmarks/data/news5.json /tmp/base_shared/bench/
-  cp tests/data/dit/v2_500m_keys.json /tmp/base_shared/fixtures/dit/
-  IRODORI_SHARED_DIR=/tmp/base_shared OUT="$OUT/base" timeout "${NEWS5_S:-250}" python3 .device_base/benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 1 --int4-impl scratch} 2>&1 | tee "$OUT/news5_base.txt" | tail -20
+  # the older tree reads its data from $IRODORI_SHARED_DIR: laid out here from this repository's files
+  mkdir -p "$OUT/base" /tmp/base_data/bench /tmp/base_data/fixtures/dit  # its news5.json goes to base/
+  cp benchmarks/data/news5.json /tmp/base_data/bench/
+  cp tests/data/dit/v2_500m_keys.json /tmp/base_data/fixtures/dit/
+  IRODORI_SHARED_DIR=/tmp/base_data OUT="$OUT/base" timeout "${NEWS5_S:-250}" python3 .device_base/benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 1 --int4-impl scratch} 2>&1 | tee "$OUT/news5_base.txt" | tail -20
 fi
 if stage int4; then
   timeout "${INT4_S:-110}" python3 benchmarks/int4_gpu.py ${INT4_ARGS:---quick --graph} 2>&1 | tee "$OUT/int4.txt" | tail -45

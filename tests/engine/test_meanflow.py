@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from host_sync import forbid_host_sync_after_first_step
 from v4_cases import load_kind
 
 from irodori_speaker.cancel import CancelToken
@@ -113,13 +114,7 @@ def test_loop_never_syncs_the_host(mf, monkeypatch):
     """After the first step, any tensor->Python conversion inside the MeanFlow loop fails the test."""
     model, io = mf
 
-    def forbid(*_a, **_k):
-        raise AssertionError("host sync inside the sampler loop")
-
-    def progress(done, total):
-        if done == 1:
-            for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
-                monkeypatch.setattr(torch.Tensor, name, forbid)
+    progress = forbid_host_sync_after_first_step(monkeypatch)
 
     out = sample(model, conds_of(model, io), draw_noise(0, 1, 24, 32), SamplerConfig(), progress=progress)
     monkeypatch.undo()

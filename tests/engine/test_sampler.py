@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from host_sync import forbid_host_sync_after_first_step
 from safetensors.torch import load_file
 
 from irodori_speaker.cancel import CancelToken
@@ -143,13 +144,7 @@ def test_loop_never_syncs_the_host(v2, monkeypatch):
     """After the first step, any tensor->Python conversion inside the loop fails the test."""
     model, io = v2
 
-    def forbid(*_a, **_k):
-        raise AssertionError("host sync inside the sampler loop")
-
-    def progress(done, total):
-        if done == 1:
-            for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
-                monkeypatch.setattr(torch.Tensor, name, forbid)
+    progress = forbid_host_sync_after_first_step(monkeypatch)
 
     cfg = SamplerConfig(
         steps=8,
