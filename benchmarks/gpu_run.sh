@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table. Pick with STAGES="tests profile news5 int4 memory" (and the *_S timeouts, *_ARGS).
+# the memory table, the server under load. Pick with STAGES="tests profile news5 int4 memory server_load" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
 # Test data and the news5 set are in the repository; .whl holds the onecomp-runtime wheel (the
-# seed's int4 kernel, for the comparison column). Logs land in $OUT.
+# seed's int4 kernel, for the comparison column) and, for the server_load stage, the wheels of
+# fastapi, starlette, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions,
+# opentelemetry-api, uvicorn, soundfile, cffi, pycparser (cp312, as the device README's pip
+# download line). Logs land in $OUT.
 #
 # Stage news5_base runs news5 of an older tree in .device_base (src/ and benchmarks/ of a commit, made
 # with: rm -rf .device_base && mkdir .device_base && git archive COMMIT src benchmarks | tar -x -C
@@ -47,6 +50,11 @@ if stage news5_base && [ -d .device_base ]; then
   cp benchmarks/data/news5.json /tmp/base_data/bench/
   cp tests/data/dit/v2_500m_keys.json /tmp/base_data/fixtures/dit/
   IRODORI_SHARED_DIR=/tmp/base_data OUT="$OUT/base" timeout "${NEWS5_S:-250}" python3 .device_base/benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 1 --int4-impl scratch} 2>&1 | tee "$OUT/news5_base.txt" | tail -20
+fi
+if stage server_load; then
+  # 200 concurrent OpenAI requests on the full-size model (VOICEVOX's audio_query needs pyopenjtalk,
+  # whose dictionaries are too large to carry); .whl must hold the serve wheels (see its header)
+  timeout "${SERVER_LOAD_S:-300}" python3 benchmarks/server_load.py ${SERVER_LOAD_ARGS:---full int4 --max-queue 256 --routes openai} 2>&1 | tee "$OUT/server_load.txt" | tail -20
 fi
 if stage int4; then
   timeout "${INT4_S:-110}" python3 benchmarks/int4_gpu.py ${INT4_ARGS:---quick --graph} 2>&1 | tee "$OUT/int4.txt" | tail -45

@@ -9,15 +9,23 @@ as 200 with decodable audio, or as 503 with a Retry-After header (the queue limi
 and the exit status is 1. Texts differ per request and the phrase cache is off, so
 every request is a synthesis.
 
+`--full` (a GPU): the server runs the full-size 500M model instead (random weights, as
+benchmarks/news5.py makes them, its approximate tokenizer and 10 s reference voice) on the
+CUDA preset, int4 weights by default (`--full bf16`: bf16 weights), and the texts are the
+news5 sentences in turn.
+
     python benchmarks/server_load.py                      # 200 requests, the server's default queue
     python benchmarks/server_load.py --max-queue 256      # room for all of them: no 503
+    python benchmarks/server_load.py --full int4 --max-queue 256   # on the H200
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
+import json
 import statistics
 import sys
 import tempfile
@@ -28,8 +36,10 @@ from pathlib import Path
 import httpx
 import soundfile as sf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
-from server_helpers import start_server  # the tests' real-server start
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent / "tests" / "server"))
+from server_helpers import start_server  # noqa: E402  (the tests' real-server start)
 
 
 @dataclass
@@ -43,7 +53,12 @@ class Outcome:
     error: str = ""
 
 
+TEXTS: list[str] = []  # --full: the news5 sentences
+
+
 def _text(i: int) -> str:
+    if TEXTS:  # a number in front keeps every request a distinct line
+        return f"{i}番、{TEXTS[i % len(TEXTS)]}"
     return f"負荷試験の{i}番目の行です。"
 
 
@@ -93,8 +108,11 @@ def _refused(kind: str, r: httpx.Response, t0: float) -> Outcome:
     return Outcome(kind, r.status_code, dt, dt, retry_after="retry-after" in r.headers, error=r.text[:200])
 
 
+ROUTES = ["voicevox", "openai"]
+
+
 async def one(client: httpx.AsyncClient, i: int) -> Outcome:
-    kind = "voicevox" if i % 2 == 0 else "openai"
+    kind = ROUTES[i % len(ROUTES)]
     try:
         return await (voicevox if kind == "voicevox" else openai)(client, i)
     except httpx.HTTPError as e:
@@ -129,7 +147,7 @@ def report(outcomes: list[Outcome], wall_s: float, rss_mib: float) -> tuple[str,
     rows, lost = [], 0
     header = "| client | requests | ok | 503 (Retry-After) | lost | TTFB p50 / p99 s | total p50 / p99 s |"
     rows += [header, "|---|---|---|---|---|---|---|"]
-    for kind in ("voicevox", "openai", "all"):
+    for kind in (*ROUTES, "all"):
         group = [o for o in outcomes if kind in ("all", o.kind)]
         ok = [o for o in group if o.status == 200 and o.audio_ok]
         busy = [o for o in group if o.status == 503 and o.retry_after]
@@ -148,22 +166,72 @@ def report(outcomes: list[Outcome], wall_s: float, rss_mib: float) -> tuple[str,
     return "\n".join(rows), lost
 
 
+def serve_full(weights: str, argv: list[str]) -> int:
+    """The server process of `--full`: news5's random full-size model on the CUDA preset."""
+    import news5  # benchmarks/news5.py: the same files, tokenizer and voice as its modes
+
+    from irodori_speaker.cli import build_parser
+    from irodori_speaker.cli.serve import settings_from_args
+    from irodori_speaker.server.config import load_voice_book
+    from irodori_speaker.server.run import serve
+
+    if weights == "smoke":  # the same path on the CPU with news5's tiny files (checks this script)
+        mode = news5.modes_for("cpu")["f"]
+    else:
+        mode = news5.modes_for("cuda")["e" if weights == "int4" else "d"]
+    files = news5.prepare_files(int4=mode.int4, smoke=weights == "smoke")
+    synth, _ = news5.build(mode, files)
+    home = Path(tempfile.mkdtemp(prefix="irodori-load-voices-"))
+    (home / "voices.toml").write_text(
+        f'[[speakers]]\nname = "news"\n  [[speakers.styles]]\n  name = "ref10s"\n  id = 0\n'
+        f'  latent = "{files["ref"]}"\n  aliases = ["alloy"]\n',
+        encoding="utf-8",
+    )
+    args = build_parser().parse_args(["serve", *argv])
+    with contextlib.suppress(KeyboardInterrupt):  # as the CLI: uvicorn re-raises Ctrl-C after its stop
+        serve(synth, settings_from_args(args), book=load_voice_book(str(home / "voices.toml")))
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve-full":  # the server process of --full
+        return serve_full(sys.argv[2], sys.argv[3:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", "--requests", type=int, default=200)
     ap.add_argument("--max-queue", type=int, help="the server's --max-queue (default: its own, 64)")
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s")
+    ap.add_argument(
+        "--full",
+        choices=["int4", "bf16", "smoke"],
+        help="the full-size model on CUDA (a GPU); smoke: news5's tiny files on the CPU, same path",
+    )
+    ap.add_argument(
+        "--routes",
+        choices=["both", "openai"],
+        default="both",
+        help="openai: only POST /v1/audio/speech (audio_query needs pyopenjtalk)",
+    )
     args = ap.parse_args()
     extra = ["--no-cache"] + (["--max-queue", str(args.max_queue)] if args.max_queue else [])
+    if args.routes == "openai":
+        ROUTES.remove("voicevox")
+    cmd = None
+    if args.full:
+        TEXTS.extend(json.loads((BENCH / "data" / "news5.json").read_text(encoding="utf-8"))["sentences"])
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-full", args.full]
     with tempfile.TemporaryDirectory(prefix="irodori-load-") as home:
-        server = start_server(Path(home), *extra)
+        server = start_server(Path(home), *extra, cmd=cmd, wait_s=900.0)
         try:
             outcomes, wall = asyncio.run(fire(server.url, args.requests, args.timeout))
             rss = peak_rss_mib(server.proc.pid)
         finally:
             code = server.stop()
     table, lost = report(outcomes, wall, rss)
-    print(f"server_load: {args.requests} concurrent requests, serve {' '.join(extra)}")
+    model = {
+        None: "tiny-random, CPU",
+        "smoke": "news5's tiny files, CPU preset",
+    }.get(args.full, f"full-size random 500M, CUDA preset, {args.full} weights")
+    print(f"server_load: {args.requests} concurrent requests, {model}, serve {' '.join(extra)}")
     print(table)
     if code != 0:
         print(f"server exit status {code} (expected 0: a graceful stop)")

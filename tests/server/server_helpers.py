@@ -86,7 +86,11 @@ policy = "test voice"
     return cfg
 
 
-def start_server(home: Path, *extra: str, env: dict | None = None, wait_s: float = 120.0) -> Server:
+def start_server(
+    home: Path, *extra: str, env: dict | None = None, wait_s: float = 120.0, cmd: list[str] | None = None
+) -> Server:
+    """Start a server and wait for `/version`. `cmd`: another server command (given `--port P`
+    after it) instead of `irodori-speaker serve --tiny-random` with the test voices."""
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = home / f"server-{port}.log"
@@ -97,8 +101,10 @@ def start_server(home: Path, *extra: str, env: dict | None = None, wait_s: float
         "OMP_NUM_THREADS": "1",
         **(env or {}),
     }
-    cmd = [sys.executable, "-m", "irodori_speaker.cli", "serve", "--tiny-random", "--backend", "cpu"]
-    cmd += ["--port", str(port), "--voices", str(voices_config(home)), *extra]
+    if cmd is None:
+        cmd = [sys.executable, "-m", "irodori_speaker.cli", "serve", "--tiny-random", "--backend", "cpu"]
+        cmd += ["--voices", str(voices_config(home))]
+    cmd = [*cmd, "--port", str(port), *extra]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=environ)
     url = f"http://127.0.0.1:{port}"

@@ -37,6 +37,31 @@ def test_voicevox_client_audio_query_and_synthesis(server, synth):
     assert np.abs(audio[:4800]).max() == 0 and np.abs(audio[4800:-4800]).max() > 0
 
 
+@pytest.mark.filterwarnings("ignore:'audioop' is deprecated:DeprecationWarning")  # inside aiavatar
+def test_aiavatar_voicevox_synthesizer(server, synth):
+    """AIAvatarKit's own VOICEVOX speech synthesizer (PyPI `aiavatar`, headless: httpx only)."""
+    voicevox = pytest.importorskip("aiavatar.sts.tts.voicevox")
+
+    async def run(speaker: int, style: dict | None = None, rate: int | None = None) -> bytes:
+        tts = voicevox.VoicevoxSpeechSynthesizer(
+            base_url=server.url, speaker=speaker, style_mapper={"joy": "7"}, sample_rate=rate, timeout=60
+        )
+        try:
+            return await tts.synthesize(TEXT, style_info=style)
+        finally:
+            await tts.close()
+
+    plain, rate = wav_info(asyncio.run(run(0)))
+    assert rate == 48_000 and len(plain) == 2 * 4800 + expected_samples(synth, TEXT)
+    # its style mapper turns "[face:joy]" into style id 7, the configured reference voice
+    styled, _ = wav_info(asyncio.run(run(0, {"styled_text": "[face:joy]" + TEXT})))
+    assert styled.shape[0] > 0
+    assert styled.shape != plain.shape or not np.array_equal(styled, plain)
+    # its postprocessor resamples what the server sent
+    low, rate = wav_info(asyncio.run(run(0, rate=16_000)))
+    assert rate == 16_000 and abs(len(low) - len(plain) / 3) <= 2
+
+
 def test_query_fields_are_honoured(server, synth):
     q = httpx.post(server.url + "/audio_query", params={"text": TEXT, "speaker": 0}).json()
     assert q["kana"] == TEXT and q["outputSamplingRate"] == 48_000
