@@ -226,7 +226,8 @@ def main() -> int:
             rss = peak_rss_mib(server.proc.pid)
         finally:
             code = server.stop()
-    table, lost = report(outcomes, wall, rss)
+        table, lost = report(outcomes, wall, rss)
+        log_tail = server.log.read_text(errors="replace")[-4000:]
     model = {
         None: "tiny-random, CPU",
         "smoke": "news5's tiny files, CPU preset",
@@ -235,6 +236,8 @@ def main() -> int:
     print(table)
     if code != 0:
         print(f"server exit status {code} (expected 0: a graceful stop)")
+    if lost or code != 0:
+        print("server log (tail):\n" + log_tail)
     return 1 if lost or code != 0 else 0
 
 
