@@ -175,19 +175,21 @@ def parse_yaml(text: str, source: str = "<yaml>", base_dir: Path | None = None) 
     out = []
     for i, item in enumerate(items, 1):
         where = f"{source}: phrase {i}"
+        opts: dict[str, Any]
+        fields: dict[str, Any]
         if isinstance(item, str):
             opts, fields = {}, {"text": item}
         elif isinstance(item, dict):
             opts, fields = _split_settings(item, where, base_dir)
         else:
             raise InputError(f"{where}: a phrase is a string or a mapping with text:, got {item!r}")
-        text = fields.get("text")
-        if not isinstance(text, str) or not text.strip():
+        phrase_text = fields.get("text")
+        if not isinstance(phrase_text, str) or not phrase_text.strip():
             raise InputError(f"{where}: text is missing or empty")
         merged = {**base_fields, **{k: v for k, v in fields.items() if k != "text"}}
         out.append(
             Phrase(
-                text.strip(),
+                phrase_text.strip(),
                 options={**base_opts, **opts},
                 voice=merged.get("voice"),
                 caption=merged.get("caption"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import sys
 import uuid as uuidlib
 import zlib
 from dataclasses import dataclass, field
@@ -152,10 +153,10 @@ def _read_config(path: Path) -> dict:
     except OSError as e:
         raise InputError(f"cannot read the voice config {path}: {e}") from e
     if path.suffix.lower() == ".toml":
-        try:
+        if sys.version_info >= (3, 11):
             import tomllib
-        except ModuleNotFoundError:  # Python 3.10
-            import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
+        else:  # Python 3.10: the `serve` extra brings tomli
+            import tomli as tomllib
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
