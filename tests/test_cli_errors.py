@@ -134,7 +134,7 @@ def test_quiet_and_verbose_set_the_log_level(irodori_home, tmp_path, capsys):
 def test_caption_needs_a_model_with_a_caption_branch(irodori_home, tmp_path, capsys):
     argv = ["say", "はい", "-o", tmp_path / "a.wav", *TINY, "--caption", "明るい声"]
     line, hint = fails(argv, InputError, "no caption branch", capsys)
-    assert "--caption needs a VoiceDesign model" in line and "--tiny-kind v2-voicedesign" in hint
+    assert "--caption needs a VoiceDesign or v4 model" in line and "--tiny-kind v2-voicedesign" in hint
     argv = ["say", "はい", "-o", str(tmp_path / "b.wav"), *TINY, "--tiny-kind", "v2-voicedesign"]
     assert cli.main([*argv, "--caption", "明るい声"]) == 0
 

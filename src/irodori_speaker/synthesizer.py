@@ -157,7 +157,18 @@ class Synthesizer:
         phrase-cache key all read the object it returns. `options` may be a mapping of options.
         """
         limits = {"max_text_len": self.inference.max_text_len or 256}
-        return SynthesisOptions.coerce(options).resolve(self.preset, limits)
+        opts = SynthesisOptions.coerce(options)
+        if self.config.meanflow:  # the release's defaults (4 steps), not the RF preset's
+            from .engine.sampler import meanflow_defaults, plan_meanflow
+
+            opts = opts.with_defaults(meanflow_defaults())
+            plan_meanflow(opts)  # RF-only settings are an InputError here, before any work
+        return opts.resolve(self.preset, limits)
+
+    @property
+    def sampler_kind(self) -> str:
+        """ "meanflow" (v4.1-MF: average velocity, no guidance) or "rf" (every other file)."""
+        return "meanflow" if self.config.meanflow else "rf"
 
     def synthesize(
         self,
@@ -293,11 +304,19 @@ class Synthesizer:
             raise InputError("a cacheable line needs a fixed seed (options.seed)")
         if isinstance(voice, (str, os.PathLike)):
             voice = Voice.from_path(voice)
+        options_key = opts.audio_identity()
+        if self.config.meanflow:  # guidance and schedule change nothing: one key for all of them
+            from .engine.sampler import MEANFLOW_IGNORED
+
+            options_key = {k: v for k, v in options_key.items() if k not in MEANFLOW_IGNORED}
         return {
             "text": self.spoken_text(text),  # after the user dictionary: a new reading is a new line
             "voice": None if voice is None else voice.content_key(),
             "caption": getattr(voice, "caption", None),
-            "options": opts.audio_identity(),
+            "options": options_key,
+            # the family and sampler too: two families never share a line, even on equal files
+            "family": self.config.family,
+            "sampler": self.sampler_kind,
             **self.identity,
         }
 
@@ -307,7 +326,7 @@ class Synthesizer:
 
     def _reference(self, voice: Any, record: SynthesisRecord | None = None) -> tuple[str | None, Any]:
         """(the voice's content key, its reference latent), or (None, None) when it has none used."""
-        from .voices import Voice, load_latent
+        from .voices import Voice, join_reference_clips, max_reference_frames
 
         if voice is None:
             return None, None
@@ -322,20 +341,43 @@ class Synthesizer:
                 record.warnings.append("this model has no speaker branch: the reference voice is ignored")
             return None, None
         content = voice.content_key()  # hashes in-memory audio: once per line
-        if voice.latent is not None:  # a saved latent: read once, kept in memory
-            key = content
-            latent = self.voice_cache.get(key, disk=False)
+        # several clips: joined up to the model's cap (v4: its ref_max_seconds); v2 / v3 cut a
+        # recording to 30 s and use a saved latent whole, as before
+        many = len(voice.clips) > 1
+        capped = many or self.inference.ref_max_seconds is not None
+        cap = max_reference_frames(self.inference.reference_seconds) if capped else None
+        latents, total = [], 0
+        for clip in voice.clips or (voice,):
+            latent = self._clip_latent(clip, record)
+            latents.append(latent)
+            total += latent.shape[0]
+            if cap is not None and total >= cap:  # later clips are not used: not even encoded
+                break
+        joined = join_reference_clips(latents, cap)
+        return content, joined[None].to(self.device, self.model.in_proj.weight.dtype)
+
+    def _clip_latent(self, clip: Any, record: SynthesisRecord | None) -> Any:
+        """One clip's latent (T, C) on the CPU: a saved latent read once, a recording encoded once
+        (cached in memory and on disk by content, codec and cut)."""
+        from .engine.config import DEFAULT_REF_MAX_SECONDS
+        from .voices import load_latent
+
+        content = clip.content_key()
+        if clip.latent is not None:  # a saved latent: read once, kept in memory
+            latent = self.voice_cache.get(content, disk=False)
             if latent is None:
-                latent = load_latent(voice.latent, self.config.latent_dim)
-                self.voice_cache.put(key, latent, disk=False)
-        else:
-            key = f"{content}|codec:{self.fingerprints.get('codec', id(self.codec))}"
-            latent = self.voice_cache.get(key)
-            if latent is None:
-                latent = self._encode_reference(voice, record)
-                self.voice_cache.put(key, latent)
-                self.voice_cache.encodes += 1
-        return content, latent[None].to(self.device, self.model.in_proj.weight.dtype)
+                latent = load_latent(clip.latent, self.config.latent_dim)
+                self.voice_cache.put(content, latent, disk=False)
+            return latent
+        seconds = self.inference.reference_seconds
+        cut = "" if seconds == DEFAULT_REF_MAX_SECONDS else f"|cut:{seconds:g}"
+        key = f"{content}|codec:{self.fingerprints.get('codec', id(self.codec))}{cut}"
+        latent = self.voice_cache.get(key)
+        if latent is None:
+            latent = self._encode_reference(clip, record, seconds)
+            self.voice_cache.put(key, latent)
+            self.voice_cache.encodes += 1
+        return latent
 
     # ---- stages -----------------------------------------------------------------------------
     def _prepare_text(self, text: str, opts: SynthesisOptions, record: SynthesisRecord) -> list[_Piece]:
@@ -385,15 +427,15 @@ class Synthesizer:
             return [part[1:]] if len(part) > 1 else []
         return [p for p in (part[:lo], part[lo:]) if p.strip()]
 
-    def _encode_reference(self, voice: Any, record: SynthesisRecord | None) -> Any:
+    def _encode_reference(self, voice: Any, record: SynthesisRecord | None, max_seconds: float) -> Any:
         import torch
 
         from .audio import prepare_reference
 
         if voice.reference is not None:
-            wave, warns = prepare_reference(voice.reference)
+            wave, warns = prepare_reference(voice.reference, max_seconds=max_seconds)
         else:
-            wave, warns = prepare_reference(voice._audio, voice._audio_rate)
+            wave, warns = prepare_reference(voice._audio, voice._audio_rate, max_seconds=max_seconds)
         if record is not None:
             record.warnings.extend(warns)
         x = torch.from_numpy(np.ascontiguousarray(wave))[None, None].to(self.codec.device, self.codec.dtype)
@@ -408,7 +450,13 @@ class Synthesizer:
         from .text.normalize import normalize_or_raise
 
         max_len = self.inference.max_caption_len or self.inference.max_text_len or 256
-        ids, mask = self.caption_tokenizer.batch([normalize_or_raise(caption)], max_len=max_len)
+        if self.config.pretrained_text:  # v4 only strips the caption; empty: no caption
+            caption = caption.strip()
+            if not caption:
+                return None, None
+        else:
+            caption = normalize_or_raise(caption)
+        ids, mask = self.caption_tokenizer.batch([caption], max_len=max_len)
         return ids.to(self.device), mask.to(self.device)
 
     def _frames(self, piece: _Piece, conds: Any, has_ref: bool, opts: SynthesisOptions, record) -> int:
@@ -475,7 +523,7 @@ class Synthesizer:
         """Conditions of one piece: the text encoded now (graph-replayed on the fast path)."""
         from .engine.model import Conditions, check_ids
 
-        check_ids(ids, mask, self.config.text_vocab_size, "text")
+        check_ids(ids, mask, self.config.text_token_vocab, "text")
         ids, mask = ids.to(self.device), mask.to(self.device)
         fast = self.fast_sampler
         if fast is not None:
@@ -507,6 +555,8 @@ class Synthesizer:
         record.timings["sampling"] = record.timings.get("sampling", 0.0) + (time.perf_counter() - t1)
         record.frames += frames
         record.steps, record.schedule = opts.time_grid()[:2]
+        if self.config.meanflow:
+            record.schedule = "meanflow"
         samples = frames * HOP
         if opts.seconds is not None:
             samples = min(samples, int(min(opts.seconds, 30.0) * SAMPLE_RATE))
@@ -617,14 +667,52 @@ class _LineProgress:
             self._report(i, self.steps + 1)
 
 
+def _folder_tokenizer(tok_path: Any, cfg: Any, model_path: Any) -> tuple[Any, Any]:
+    """(tokenizer, its tokenizer.json) of a v4 model: the `tokenizer/` folder `tok_path` is in
+    (or is), its BOS / pad ids checked against the backbone config."""
+    from pathlib import Path
+
+    from .errors import CheckpointError
+    from .text.backbone_tokenizer import find_tokenizer_dir, load_backbone_tokenizer
+
+    folder = None if tok_path is None else Path(tok_path)
+    if folder is not None and folder.is_file():
+        folder = folder.parent
+    folder = folder or find_tokenizer_dir(model_path)
+    if folder is None:
+        raise CheckpointError(
+            f"{model_path} is a v4 model but no tokenizer/ folder was found beside it",
+            hint="put the release's tokenizer/ folder next to model.safetensors, or pass --tokenizer FOLDER",
+        )
+    backbone = cfg.text_backbone
+    tok = load_backbone_tokenizer(
+        folder,
+        add_bos=cfg.text_add_bos,
+        vocab_size=backbone.vocab_size,
+        bos_token_id=backbone.bos_token_id,
+        pad_token_id=backbone.pad_token_id,
+    )
+    return tok, folder / "tokenizer.json"
+
+
+def _with_bos(tok: Any, add_bos: bool) -> Any:
+    """The same tokenizer with BOS on or off (the caption's `caption_add_bos`)."""
+    from .text.tokenizer import TextTokenizer
+
+    return TextTokenizer(tok._tok, add_bos=add_bos, bos_id=tok.bos_id, pad_id=tok.pad_id, source=tok.source)
+
+
 def load_dit(path: Any, preset: Any) -> Any:
     """The DiT for `preset`, by the loader its file needs: float files by the engine's, int4 files
     by quant's; with preset.int4 a float file is RTN-quantised at load."""
     import warnings
 
-    from .engine.checkpoint import load_checkpoint, read_header
+    from .engine.checkpoint import is_torchao_file, load_checkpoint, read_header, torchao_error
 
-    if "quant_method" in read_header(path)[0]:
+    meta, shapes = read_header(path)
+    if is_torchao_file(meta, shapes):  # before any loader: the -Quantized releases are not read
+        raise torchao_error(str(path))
+    if "quant_method" in meta:
         from .quant.checkpoint import load_int4_model
 
         return load_int4_model(path, dtype=preset.dtype, device=preset.device)
@@ -729,8 +817,12 @@ def load_synthesizer(
         )
     loaded = load_dit(model_path, preset)
     cfg = loaded.config
+    cap_path = None
     if given_tok:
         text_tok = tokenizer
+    elif cfg.pretrained_text:  # v4: the release's tokenizer/ folder, for text and caption
+        text_tok, tok_path = _folder_tokenizer(tok_path, cfg, model_path)
+        cap_path = tok_path
     else:
         if tok_path is None:
             tok_source = tokenizer or cfg.text_tokenizer_repo or TOKENIZER_REPO
@@ -741,6 +833,9 @@ def load_synthesizer(
     caption_tok = None
     if cfg.caption_enabled and given_tok:
         caption_tok = text_tok
+    elif cfg.caption_enabled and cfg.pretrained_text:
+        add_bos = cfg.caption_add_bos if cfg.caption_add_bos is not None else cfg.text_add_bos
+        caption_tok = text_tok if add_bos == text_tok.add_bos else _with_bos(text_tok, add_bos)
     elif cfg.caption_enabled:
         same = cfg.caption_tokenizer_repo in (None, cfg.text_tokenizer_repo) and tokenizer is None
         cap_path = tok_path if same or tiny_random else resolve(cfg.caption_tokenizer_repo, "tokenizer")
@@ -762,7 +857,7 @@ def load_synthesizer(
             else file_fingerprint(tok_path)
         ),
     }
-    if caption_tok is not None and not given_tok and cap_path != tok_path:
+    if caption_tok is not None and not given_tok and cap_path is not None and cap_path != tok_path:
         fingerprints["caption_tokenizer"] = file_fingerprint(cap_path)
     return Synthesizer(
         loaded.model,

@@ -7,6 +7,7 @@ voice is never re-encoded per utterance, nor per process.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -29,7 +30,10 @@ from .fingerprint import bytes_fingerprint, file_fingerprint
 class Voice:
     """What to sound like. Build with `Voice.from_wav`, `Voice.from_latent` or `Voice()`.
 
-    `caption` describes the voice for VoiceDesign models (ignored by the others).
+    `caption` describes the voice for VoiceDesign models and v4 (ignored by the others); a v4
+    voice may have a reference and a caption together. `Voice.from_clips` makes one voice of
+    several recordings (or latents): each is encoded on its own, then they are joined in order
+    up to the model's reference cap (120 s for v4, 30 s before).
     """
 
     reference: Path | None = None  # an audio file soundfile can read
@@ -38,6 +42,7 @@ class Voice:
     name: str | None = None
     _audio: np.ndarray | None = field(default=None, repr=False, compare=False)  # in-memory reference
     _audio_rate: int | None = field(default=None, repr=False, compare=False)
+    clips: tuple[Voice, ...] = ()  # several reference clips, each a one-clip Voice (from_clips)
 
     @classmethod
     def from_wav(
@@ -97,16 +102,48 @@ class Voice:
         return cls(latent=p, caption=caption, name=name or p.stem)
 
     @classmethod
+    def from_clips(
+        cls,
+        clips: Sequence[str | os.PathLike | Voice],
+        *,
+        caption: str | None = None,
+        name: str | None = None,
+    ) -> Voice:
+        """One voice from several reference clips (recordings, latent files or Voices), used in
+        order: each is encoded separately and the latents are joined, stopping once the model's
+        reference cap is reached (later clips are not used), cut to it."""
+        if isinstance(clips, (str, os.PathLike)) or not clips:
+            raise InputError("Voice.from_clips takes a non-empty list of clips (paths or Voices)")
+        parts: list[Voice] = []
+        for clip in clips:
+            if isinstance(clip, Voice):
+                if clip.clips or not clip.has_reference:
+                    raise InputError("each clip of Voice.from_clips must be one recording or latent")
+                parts.append(clip)
+            else:
+                parts.append(cls.from_path(clip))
+        if len(parts) == 1:
+            return dataclasses.replace(parts[0], caption=caption, name=name or parts[0].name)
+        return cls(caption=caption, name=name or "+".join(str(p.name) for p in parts), clips=tuple(parts))
+
+    @classmethod
     def designed(cls, caption: str, *, name: str | None = None) -> Voice:
         """A caption-only voice for VoiceDesign models."""
         return cls(caption=caption, name=name)
 
     @property
     def has_reference(self) -> bool:
-        return self.reference is not None or self.latent is not None or self._audio is not None
+        return (
+            bool(self.clips)
+            or self.reference is not None
+            or self.latent is not None
+            or self._audio is not None
+        )
 
     def content_key(self) -> str:
         """A hash of what the reference sounds like (file bytes), not where it lives."""
+        if self.clips:
+            return "clips:" + bytes_fingerprint("|".join(c.content_key() for c in self.clips).encode())
         if self.reference is not None:
             return "wav:" + file_fingerprint(self.reference)
         if self.latent is not None:

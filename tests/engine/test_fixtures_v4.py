@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from v4_cases import KINDS, RELEASES, V4_DATA, load_kind, manifest, sampler_settings
+from v4_cases import KINDS, RELEASES, V4_DATA, encode, load_kind, manifest, sampler_settings
 
 from irodori_speaker.engine.checkpoint import build_model, read_header
 from irodori_speaker.engine.config import BackboneConfig, ModelConfig
@@ -20,20 +20,6 @@ TOL = dict(atol=1e-4, rtol=1e-4)
 @pytest.fixture(scope="module")
 def loaded():
     return {kind: load_kind(kind) for kind in KINDS}
-
-
-def encode(model, io, prefix="", rows=slice(None), ref=True, caption=True):
-    def get(name):
-        return io[f"{prefix}{name}"][rows]
-
-    return model.encode_conditions(
-        get("text_input_ids"),
-        get("text_mask"),
-        get("ref_latent") if ref else None,
-        get("ref_mask") if ref else None,
-        get("caption_input_ids") if caption else None,
-        get("caption_mask") if caption else None,
-    )
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -149,3 +149,20 @@ def test_snake_matches_the_codec_snake(dtype):
     _close(module._eager(x), y, dtype)
     with torch.no_grad():  # the codec decodes without grad: there its Snake is the fused kernel
         assert torch.equal(module(x), y)
+
+
+@pytest.mark.parametrize(("kind", "name"), [("v4", "sway8_independent"), ("v4_1_mf", "mf4")])
+def test_fused_sampler_matches_v4_golden_cases(kind, name):
+    """The fused kernels on the v4 DiT (its blocks are v3's; MeanFlow adds dt to the modulation)."""
+    from v4_cases import encode as encode_v4
+    from v4_cases import load_kind as load_v4
+    from v4_cases import sampler_settings
+
+    model, io, cases, _ = load_v4(kind)
+    model = model.to(DEV)
+    io = {k: v.to(DEV) for k, v in io.items()}
+    sampler = FastSampler(FastDiT(model, fused=True), use_graphs=False)
+    assert sampler.fast.fused
+    conds = encode_v4(model, io, prefix=f"sample_{name}_")
+    out = sampler.sample(conds, io[f"sample_{name}_noise"], SamplerConfig(**sampler_settings(cases[name])))
+    torch.testing.assert_close(out, io[f"sample_{name}_out"], atol=1e-4, rtol=1e-4)

@@ -35,3 +35,19 @@ def sampler_settings(case: dict) -> dict:
     """A fixture sampler case as SamplerConfig keyword arguments."""
     skip = {"sampler", "sequence_length", "seed", "conditions"}
     return {CASE_KEYS.get(k, k): v for k, v in case.items() if k not in skip}
+
+
+def encode(model, io, prefix="", rows=slice(None), ref=True, caption=True):
+    """encode_conditions on the stored inputs (`prefix` picks a sampler case's)."""
+
+    def get(name):
+        return io[f"{prefix}{name}"][rows]
+
+    return model.encode_conditions(
+        get("text_input_ids"),
+        get("text_mask"),
+        get("ref_latent") if ref else None,
+        get("ref_mask") if ref else None,
+        get("caption_input_ids") if caption else None,
+        get("caption_mask") if caption else None,
+    )

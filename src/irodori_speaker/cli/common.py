@@ -17,7 +17,7 @@ log = logging.getLogger("irodori_speaker.cli")
 
 #: The kinds of --tiny-kind (engine.tiny.TINY_CONFIGS; a test keeps the two equal). Listed here so
 #: building the parser does not import torch.
-TINY_KINDS = ("v2", "v3", "v2-voicedesign")
+TINY_KINDS = ("v2", "v3", "v2-voicedesign", "v4", "v4.1-mf")
 
 
 class Progress:
@@ -110,8 +110,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 def add_voice_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("voice")
-    g.add_argument("--voice", help="reference voice: an audio file, or a saved latent (.safetensors)")
-    g.add_argument("--caption", help="voice description for VoiceDesign models")
+    g.add_argument(
+        "--voice",
+        action="append",
+        help="reference voice: an audio file, or a saved latent (.safetensors); give it several "
+        "times for one voice from several clips (joined in order up to the model's cap: 120 s on v4)",
+    )
+    g.add_argument("--caption", help="voice description for VoiceDesign and v4 models (with --voice on v4)")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, seed_help: str | None = None) -> None:
@@ -162,18 +167,20 @@ def build_voice(args: argparse.Namespace):
     """The voice the flags name; a reference file that is missing or no audio fails here, cheaply."""
     from ..voices import Voice
 
-    if args.voice:
-        path = Path(args.voice)
-        if not path.is_file():
-            raise AudioError(
-                f"reference voice {path} does not exist",
-                hint="give a recording (WAV, FLAC, OGG, MP3) or a saved .safetensors latent",
-            )
-        if path.suffix == ".safetensors":
-            return Voice.from_latent(path, caption=args.caption)
-        voice = Voice.from_wav(path, caption=args.caption)
-        check_audio_file(path)
-        return voice
+    given = [args.voice] if isinstance(args.voice, str) else list(args.voice or [])
+    if given:
+        clips = []
+        for value in given:
+            path = Path(value)
+            if not path.is_file():
+                raise AudioError(
+                    f"reference voice {path} does not exist",
+                    hint="give a recording (WAV, FLAC, OGG, MP3) or a saved .safetensors latent",
+                )
+            if path.suffix != ".safetensors":
+                check_audio_file(path)
+            clips.append(path)
+        return Voice.from_clips(clips, caption=args.caption)
     if args.caption:
         return Voice.designed(args.caption)
     return None
@@ -208,8 +215,8 @@ def check_caption(args: argparse.Namespace, synth: Any) -> None:
     """--caption on a model without a caption branch would be silently ignored: refuse it."""
     if getattr(args, "caption", None) and not synth.config.caption_enabled:
         raise InputError(
-            "--caption needs a VoiceDesign model; this model has no caption branch",
-            hint="use --model v2-voicedesign or v3-voicedesign (offline: --tiny-kind v2-voicedesign), "
+            "--caption needs a VoiceDesign or v4 model; this model has no caption branch",
+            hint="use --model v3-voicedesign or v4.1-mf (offline: --tiny-kind v2-voicedesign or v4), "
             "or leave --caption out",
         )
 

@@ -61,6 +61,31 @@ def read_header(path: str | Path) -> tuple[dict[str, str], dict[str, tuple[int, 
     return meta, shapes
 
 
+# What a torchao-quantised file (the `-Quantized` releases of v4 / v4.1) looks like: tensor
+# subclasses flattened into parts with these suffixes, or torchao named in the metadata.
+TORCHAO_SUFFIXES = (".qdata", ".zero_point", ".scale_and_zero", ".packed_weight", ".int_data", ".float8_data")
+TORCHAO_HINT = (
+    "use the unquantised release (v4.1 / v4.1-mf: Aratako/Irodori-TTS-v4.1-Small[-MF]), or our int4: "
+    "`irodori-speaker quantize` on it, or --int4 to quantise at load"
+)
+
+
+def torchao_error(source: str) -> CheckpointError:
+    return CheckpointError(
+        f"{source} is a torchao-quantised copy (INT8 / INT4 / FP8 tensor subclasses, the "
+        "-Quantized releases): its format is not read yet",
+        hint=TORCHAO_HINT,
+    )
+
+
+def is_torchao_file(meta: dict[str, str], names: object) -> bool:
+    """Does a safetensors header look like torchao's (metadata naming it, or its tensor parts)?"""
+    text = " ".join(f"{k} {v[:200]}" for k, v in meta.items()).lower()
+    if "torchao" in text:
+        return True
+    return any(str(n).endswith(TORCHAO_SUFFIXES) for n in names)  # type: ignore[attr-defined]
+
+
 def config_from_metadata(meta: dict[str, str], source: str) -> tuple[ModelConfig, InferenceConfig]:
     if "config_json" not in meta:
         raise CheckpointError(
@@ -119,6 +144,8 @@ def load_checkpoint(
             hint="load it with irodori_speaker.quant.checkpoint.load_int4_model(path), or through "
             "load_synthesizer / synthesizer.load_dit, which pick the loader by the file",
         )
+    if is_torchao_file(meta, shapes):
+        raise torchao_error(source)
     cfg, inference = config_from_metadata(meta, source)
     model = build_model(cfg, device="meta", dtype=dtype)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}

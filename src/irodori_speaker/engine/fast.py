@@ -38,10 +38,9 @@ from .sampler import (
     ProgressFn,
     SamplerConfig,
     check_inputs,
-    enabled_conditions,
     euler_loop,
     initial_x,
-    plan_sampling,
+    plan_for,
     prepare_context,
 )
 
@@ -172,10 +171,12 @@ class FastDiT:
         return self.model.in_proj.weight.device
 
     @torch.inference_mode()
-    def modulation_table(self, ts: list[float]) -> Tensor:
-        """(steps, layers, 6, D): attention shift/1+scale/gate, then mlp shift/1+scale/gate, per step."""
+    def modulation_table(self, ts: list[float], dts: list[float] | None = None) -> Tensor:
+        """(steps, layers, 6, D): attention shift/1+scale/gate, then mlp shift/1+scale/gate, per
+        step; a MeanFlow model's also depends on each step's interval `dts`."""
         t = torch.tensor(ts, device=self.device, dtype=torch.float32)
-        cond = self.model.time_condition(t)  # (steps, 1, 3D)
+        dt = None if dts is None else torch.tensor(dts, device=self.device, dtype=torch.float32)
+        cond = self.model.time_condition(t, dt)  # (steps, 1, 3D)
         rows = [torch.cat(blk.modulation(cond), dim=1) for blk in self.model_blocks]
         return torch.stack(rows, dim=1).contiguous()  # each row (steps, 6, D)
 
@@ -299,9 +300,11 @@ class FastSampler:
 
     # ---- per-line preparation ------------------------------------------------------------------
     def _table(self, plan: Plan) -> Tensor:
-        key = tuple(s.t for s in plan.steps)
+        key = tuple((s.t, s.dt) for s in plan.steps)
         if key not in self._tables:
-            self._tables[key] = self.fast.modulation_table(list(key))
+            ts = [s.t for s in plan.steps]
+            dts = [float(s.dt or 0.0) for s in plan.steps] if self.fast.cfg.meanflow else None
+            self._tables[key] = self.fast.modulation_table(ts, dts)
         return self._tables[key]
 
     def encode_text(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -340,7 +343,7 @@ class FastSampler:
     def _sample(self, conds, noise, cfg, cancel, progress) -> Tensor:
         model = self.fast.model
         check_inputs(model, conds, noise)
-        plan = plan_sampling(cfg, enabled_conditions(model, conds, cfg))
+        plan = plan_for(model, conds, cfg)
         B, S, _ = noise.shape
         S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
         padded = pad_conditions(conds, self.context_bucket)

@@ -27,7 +27,7 @@ from torch import Tensor
 from ..cancel import CancelToken, check
 from ..errors import InputError
 from ..types import GUIDANCE_MODES as GUIDANCE_MODES  # re-exported
-from ..types import SCHEDULES, SamplerConfig
+from ..types import SCHEDULES, SamplerConfig, SamplerDefaults
 from .model import Conditions, ContextKV, TextToLatentRFDiT
 
 UPSTREAM_CONFIG = SamplerConfig()  # 40 linear steps, independent CFG
@@ -136,6 +136,28 @@ def plan_sampling(cfg: SamplerConfig, enabled: tuple[str, ...]) -> Plan:
 # Settings of the rectified-flow sampler that a MeanFlow model cannot honour (its guidance is
 # distilled in); each would silently change nothing, so asking for one is an error.
 RF_ONLY = ("truncation_factor", "rescale_k", "rescale_sigma", "speaker_kv_scale")
+
+
+# Sampler options a MeanFlow model does not read at all (guidance is distilled in, the schedule
+# is fixed): they change nothing in the sound (the phrase cache leaves them out of its key).
+MEANFLOW_IGNORED = (
+    "schedule",
+    "sway_coeff",
+    "guidance",
+    "cfg_scale_text",
+    "cfg_scale_speaker",
+    "cfg_scale_caption",
+    "cfg_min_t",
+    "cfg_max_t",
+    "speaker_kv_min_t",
+    "speaker_kv_max_layers",
+)
+
+
+def meanflow_defaults() -> SamplerDefaults:
+    """What a MeanFlow file runs when the caller leaves the sampler options unset: the
+    release's 4 steps (schedule and sway are not read)."""
+    return SamplerDefaults(steps=MEANFLOW_DEFAULT_STEPS, schedule="linear", sway_coeff=-1.0)
 
 
 def meanflow_conflicts(cfg: SamplerConfig) -> list[str]:

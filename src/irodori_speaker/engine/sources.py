@@ -22,12 +22,22 @@ MODELS = {
     "v2-voicedesign": "Aratako/Irodori-TTS-500M-v2-VoiceDesign",
     "v3": "Aratako/Irodori-TTS-500M-v3",
     "v3-voicedesign": "Aratako/Irodori-TTS-600M-v3-VoiceDesign",
+    "v4": "Aratako/Irodori-TTS-v4-Small",
+    "v4.1": "Aratako/Irodori-TTS-v4.1-Small",
+    "v4.1-mf": "Aratako/Irodori-TTS-v4.1-Small-MF",
     "lite-int4": "hf://kizuna-intelligence/Irodori-TTS-Lite-int4/dit_int4.safetensors",
 }
+#: Repos whose model ships its tokenizer in a `tokenizer/` folder beside it (v4 and later).
+TOKENIZER_FOLDER_REPOS = frozenset(MODELS[k] for k in ("v4", "v4.1", "v4.1-mf"))
+#: The files of such a folder a model needs (special_tokens_map.json is read when present).
+FOLDER_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 DEFAULT_MODEL = "v2"
 CODEC_REPO = "Aratako/Semantic-DACVAE-Japanese-32dim"
 TOKENIZER_REPO = "llm-jp/llm-jp-3-150m"
 LITE_INT4_CODEC = "hf://kizuna-intelligence/Irodori-TTS-Lite-int4/dacvae_int4.safetensors"
+
+# Suffixes that make `org/name.ext` a (missing) file rather than a repo id.
+FILE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".json", ".ckpt", ".gguf", ".onnx")
 
 # The file a bare repo id means, per kind of artefact.
 DEFAULT_FILES = {"model": "model.safetensors", "codec": "weights.pth", "tokenizer": "tokenizer.json"}
@@ -72,7 +82,8 @@ def parse_source(source: str | os.PathLike, kind: str = "model") -> SourceSpec:
     if path.exists():
         return SourceSpec(path=path)
     looks_like_repo = text.count("/") == 1 and not text.startswith((".", "/", "~")) and " " not in text
-    if looks_like_repo and not path.suffix:
+    # a dot in a repo name is fine (Irodori-TTS-v4.1-Small-MF); a file name ends in a known suffix
+    if looks_like_repo and path.suffix.lower() not in FILE_SUFFIXES:
         repo, _, rev = text.partition("@")
         return SourceSpec(repo_id=repo, filename=DEFAULT_FILES[kind], revision=rev or None)
     raise ModelSourceError(
@@ -236,6 +247,7 @@ def resolve_files(
     weights), else the released one. `want_tokenizer=False` (a tokenizer object was given)
     leaves it out.
     """
+    _refuse_torchao_repo(model)
     found: dict[str, Path] = {}
     errors: list[ModelSourceError] = []
 
@@ -247,9 +259,20 @@ def resolve_files(
 
     attempt(model, "model")
     attempt(codec, "codec")
-    if want_tokenizer:
-        source = tokenizer or _tokenizer_named_by(found.get("model")) or TOKENIZER_REPO
-        attempt(source, "tokenizer")
+    if want_tokenizer and tokenizer is not None and Path(tokenizer).expanduser().is_dir():
+        found["tokenizer"] = Path(tokenizer).expanduser()  # a v4 tokenizer folder
+    elif want_tokenizer and tokenizer is not None:
+        attempt(tokenizer, "tokenizer")
+    elif want_tokenizer:
+        folder_sources = _tokenizer_folder_sources(model, found.get("model"))
+        if folder_sources is None:
+            attempt(_tokenizer_named_by(found.get("model")) or TOKENIZER_REPO, "tokenizer")
+        else:
+            for source in folder_sources:  # tokenizer.json first: it stands for the folder
+                before = found.get("tokenizer")
+                attempt(source, "tokenizer")
+                if before is not None:
+                    found["tokenizer"] = before
     if len(errors) == 1:
         raise errors[0]
     if errors and all(isinstance(e, FilesNotAvailable) for e in errors):
@@ -260,6 +283,66 @@ def resolve_files(
     if errors:  # several problems of different kinds (a mistyped path, a file not in the cache)
         raise ModelSourceError("; ".join(str(e.args[0]) for e in errors), hint=errors[0].hint)
     return found["model"], found["codec"], found.get("tokenizer")
+
+
+def _refuse_torchao_repo(model: str | os.PathLike) -> None:
+    """The `-Quantized` v4 repos hold torchao copies we do not read: say so before any download."""
+    try:
+        spec = parse_source(model, "model")
+    except ModelSourceError:
+        return
+    if spec.repo_id is not None and spec.repo_id.lower().endswith("-quantized"):
+        from .checkpoint import torchao_error
+
+        raise torchao_error(spec.repo_id)
+
+
+def _pretrained_text(model_file: Path) -> tuple[str | None, str | None] | None:
+    """(text_tokenizer_repo, text_encoder_revision) of a v4 model file; None for older files."""
+    from .checkpoint import config_from_metadata, read_header
+
+    try:
+        cfg, _ = config_from_metadata(read_header(model_file)[0], str(model_file))
+    except Exception:  # a bad file: loading it reports that, with the file's name
+        return None
+    return (cfg.text_tokenizer_repo, cfg.text_encoder_revision) if cfg.pretrained_text else None
+
+
+def _tokenizer_folder_sources(model: str | os.PathLike, model_file: Path | None) -> list[str | Path] | None:
+    """The files of a v4 model's tokenizer folder, tokenizer.json first (docs/models.md): the
+    `tokenizer/` beside the model file (or one level up), else the same place in the model's
+    repo, else `text_tokenizer_repo` at `text_encoder_revision`. None for a model that does not
+    use a tokenizer folder (v2, v3)."""
+    from ..text.backbone_tokenizer import find_tokenizer_dir
+
+    try:
+        spec = parse_source(model, "model")
+    except ModelSourceError:
+        return None
+    in_folder_repo = spec.repo_id in TOKENIZER_FOLDER_REPOS
+    if model_file is None:  # not resolvable now: a known v4 repo still names its folder
+        return _repo_folder(spec) if in_folder_repo else None
+    text = _pretrained_text(model_file)
+    if text is None and not in_folder_repo:
+        return None
+    folder = find_tokenizer_dir(model_file)
+    if folder is not None:
+        return [folder / name for name in FOLDER_TOKENIZER_FILES]
+    if spec.repo_id is not None:
+        return _repo_folder(spec)
+    repo, revision = text or (None, None)
+    if not repo:
+        return None
+    at = f"@{revision}" if revision else ""
+    return [f"hf://{repo}{at}/{name}" for name in FOLDER_TOKENIZER_FILES]
+
+
+def _repo_folder(spec: SourceSpec) -> list[str | Path]:
+    """`<dir of the model in its repo>/tokenizer/*` as hf:// sources."""
+    sub = str(Path(spec.filename or "").parent)
+    base = "" if sub in ("", ".") else f"{sub}/"
+    at = f"@{spec.revision}" if spec.revision else ""
+    return [f"hf://{spec.repo_id}{at}/{base}tokenizer/{name}" for name in FOLDER_TOKENIZER_FILES]
 
 
 def _tokenizer_named_by(model_file: Path | None) -> str | None:

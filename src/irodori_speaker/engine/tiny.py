@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import build_model, save_checkpoint
-from .config import InferenceConfig, ModelConfig
+from .config import BackboneConfig, InferenceConfig, ModelConfig
 
 TINY_VOCAB = 512
 FORMAT_VERSION = "2"  # bump when the tiny files change, so stale caches are rebuilt
@@ -50,6 +50,53 @@ TINY_CONFIGS = {
         caption_mlp_ratio=2.6,
     ),
 }
+# v4 / v4.1-MF: a tiny ModernBERT backbone (its Hugging Face config, as the file stores it) with
+# the release's shape of everything else: projectors, speaker patch 4, dual duration predictor.
+TINY_BACKBONE = dict(
+    model_type="modernbert",
+    vocab_size=TINY_VOCAB,
+    hidden_size=48,
+    intermediate_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+    rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 160000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+    local_attention=8,
+    hidden_activation="gelu",
+    norm_eps=1e-5,
+    pad_token_id=3,
+    bos_token_id=1,
+    eos_token_id=2,
+    cls_token_id=6,
+    sep_token_id=4,
+)
+_V4 = dict(
+    _BASE,
+    text_encoder_type="pretrained",
+    text_tokenizer_repo="tiny-random/modernbert-ja",
+    caption_tokenizer_repo="tiny-random/modernbert-ja",
+    caption_add_bos=True,
+    pretrained_projector_type="residual_mlp",
+    use_caption_condition=True,
+    use_speaker_condition=True,
+    caption_dim=32,
+    speaker_patch_size=4,
+    use_duration_predictor=True,
+    duration_architecture="token_sum_dual_adarn_zero_no_aux",
+    duration_hidden_dim=56,
+    duration_layers=2,
+)
+TINY_CONFIGS["v4"] = _V4
+TINY_CONFIGS["v4.1-mf"] = dict(_V4, flow_parameterization="meanflow")
+# What the v4 releases store beside the model config.
+V4_INFERENCE = InferenceConfig(max_text_len=256, max_caption_len=512, ref_max_seconds=120.0)
+
+
+def is_v4_kind(kind: str) -> bool:
+    return TINY_CONFIGS[kind].get("text_encoder_type") == "pretrained"
 
 
 @dataclass(frozen=True)
@@ -70,7 +117,10 @@ def default_dir() -> Path:
 
 
 def tiny_random_files(kind: str = "v2", directory: str | os.PathLike | None = None) -> TinyFiles:
-    """Paths of the tiny-random model `kind` ("v2", "v3", "v2-voicedesign"), building them if absent."""
+    """Paths of the tiny-random model `kind` (one of TINY_CONFIGS), building them if absent.
+
+    v4 kinds are laid out as a release: `dit-<kind>/model.safetensors` with its `tokenizer/`
+    folder beside it (`tokenizer` is that folder's tokenizer.json)."""
     from ..errors import InputError
     from ..text.tokenizer import build_tiny_tokenizer
     from .codec import TINY_CODEC_KWARGS, convert_codec, save_random_codec_pth
@@ -78,10 +128,26 @@ def tiny_random_files(kind: str = "v2", directory: str | os.PathLike | None = No
     if kind not in TINY_CONFIGS:
         raise InputError(f"unknown tiny-random kind {kind!r}; use one of {', '.join(TINY_CONFIGS)}")
     root = Path(directory) if directory is not None else default_dir()
-    files = TinyFiles(root / f"dit-{kind}.safetensors", root / "codec.safetensors", root / "tokenizer.json")
+    if is_v4_kind(kind):
+        release = root / f"dit-{kind}"
+        files = TinyFiles(
+            release / "model.safetensors",
+            root / "codec.safetensors",
+            release / "tokenizer" / "tokenizer.json",
+        )
+    else:
+        files = TinyFiles(
+            root / f"dit-{kind}.safetensors", root / "codec.safetensors", root / "tokenizer.json"
+        )
     with _lock:
         root.mkdir(parents=True, exist_ok=True)
-        if not files.tokenizer.is_file():
+        if is_v4_kind(kind) and not files.tokenizer.is_file():
+            from ..text.backbone_tokenizer import build_tiny_backbone_tokenizer
+
+            tmp_dir = files.tokenizer.parent.with_name(f"tokenizer.tmp{os.getpid()}")
+            build_tiny_backbone_tokenizer(TINY_VOCAB, tmp_dir)
+            os.replace(tmp_dir, files.tokenizer.parent)
+        elif not files.tokenizer.is_file():
             tmp = root / f"tokenizer.json.tmp{os.getpid()}"
             build_tiny_tokenizer(TINY_VOCAB, tmp)
             os.replace(tmp, files.tokenizer)
@@ -93,15 +159,17 @@ def tiny_random_files(kind: str = "v2", directory: str | os.PathLike | None = No
             pth.unlink()
             os.replace(tmp, files.codec)
         if not files.model.is_file():
-            tmp = root / f"dit-{kind}.safetensors.tmp{os.getpid()}"
-            save_checkpoint(random_model(kind), tmp, inference=InferenceConfig(max_text_len=256))
+            tmp = files.model.with_name(f"{files.model.name}.tmp{os.getpid()}")
+            inference = V4_INFERENCE if is_v4_kind(kind) else InferenceConfig(max_text_len=256)
+            save_checkpoint(random_model(kind), tmp, inference=inference)
             os.replace(tmp, files.model)
     return files
 
 
 def random_model(kind: str = "v2", seed: int = 0):
     """A randomly initialised tiny model (PyTorch's default init, seeded)."""
-    cfg = ModelConfig.from_dict(TINY_CONFIGS[kind], source=f"tiny-random {kind}")
+    backbone = BackboneConfig.from_dict(dict(TINY_BACKBONE)) if is_v4_kind(kind) else None
+    cfg = ModelConfig.from_dict(TINY_CONFIGS[kind], source=f"tiny-random {kind}", text_backbone=backbone)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_model(cfg, device="cpu")

@@ -477,6 +477,8 @@ def model_from_int4(
     """The `LoadedModel` of an in-memory int4 checkpoint (from a file, or quantised at load)."""
     dtype = resolve_dtype(dtype)
     meta = {"config_json": json.dumps(ckpt.config)}
+    if "text_encoder_config_json" in ckpt.metadata:  # v4: the backbone's config, kept as stored
+        meta["text_encoder_config_json"] = ckpt.metadata["text_encoder_config_json"]
     cfg, inference = config_from_metadata(meta, source)
     model = build_model(cfg, device="meta", dtype=dtype)
     apply_int4(model, ckpt, device=device, act_dtype=dtype, dequantize=dequantize)

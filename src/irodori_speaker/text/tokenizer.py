@@ -251,8 +251,14 @@ TINY_TOKENIZER_CORPUS: tuple[str, ...] = (
 _META = "\u2581"  # the word-boundary marker of SentencePiece-style tokenizers
 
 
-def _tiny_document(vocab: list[list[object]]) -> dict[str, object]:
-    """A tokenizer.json document laid out like llm-jp-3's (same normaliser and decoder)."""
+def _tiny_document(
+    vocab: list[list[object]],
+    specials: Sequence[str] = LLM_JP3_SPECIAL_TOKENS,
+    post_processor: dict[str, object] | None = None,
+) -> dict[str, object]:
+    """A tokenizer.json document laid out like llm-jp-3's (same normaliser and decoder);
+    `specials` are ids 0.. as special added tokens, `post_processor` what the file adds around
+    a plain encode (our encoding never uses it)."""
     added = [
         {
             "id": i,
@@ -263,7 +269,7 @@ def _tiny_document(vocab: list[list[object]]) -> dict[str, object]:
             "normalized": False,
             "special": True,
         }
-        for i, sp in enumerate(LLM_JP3_SPECIAL_TOKENS)
+        for i, sp in enumerate(specials)
     ]
     return {
         "version": "1.0",
@@ -278,7 +284,7 @@ def _tiny_document(vocab: list[list[object]]) -> dict[str, object]:
             ],
         },
         "pre_tokenizer": None,
-        "post_processor": None,
+        "post_processor": post_processor,
         "decoder": {
             "type": "Sequence",
             "decoders": [
@@ -333,6 +339,29 @@ def _train_pieces(corpus: Sequence[str], count: int, max_piece_len: int = 4) -> 
     return [(p, round(math.log((use[p] + 1) / total), 6)) for p in chosen]
 
 
+def tiny_vocab(vocab_size: int, specials: Sequence[str]) -> list[list[object]]:
+    """`specials`, the 256 byte pieces, then pieces learned from the corpus: `vocab_size` in all."""
+    reserved = len(specials) + 256
+    if vocab_size < reserved + 1:
+        raise InputError(
+            f"vocab_size must be >= {reserved + 1} ({len(specials)} special + 256 byte pieces + 1), "
+            f"got {vocab_size}"
+        )
+    vocab: list[list[object]] = [[sp, 0.0] for sp in specials]
+    vocab += [[_byte_piece(b), 0.0] for b in range(256)]
+    vocab += [[p, s] for p, s in _train_pieces(TINY_TOKENIZER_CORPUS, vocab_size - reserved)]
+    return vocab
+
+
+def write_tokenizer_json(document: dict[str, object], path: str | os.PathLike[str]) -> Path:
+    """Write a tokenizer.json document deterministically (sorted keys, compact)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(document, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    out.write_text(text + "\n", encoding="utf-8")
+    return out
+
+
 def build_tiny_tokenizer(vocab_size: int, path: str | os.PathLike[str]) -> Path:
     """Write a small byte-fallback Unigram ``tokenizer.json`` with exactly `vocab_size` entries.
 
@@ -340,16 +369,4 @@ def build_tiny_tokenizer(vocab_size: int, path: str | os.PathLike[str]) -> Path:
     then pieces learned from `TINY_TOKENIZER_CORPUS`. Deterministic: the same arguments give
     a byte-identical file.
     """
-    reserved = len(LLM_JP3_SPECIAL_TOKENS) + 256
-    if vocab_size < reserved + 1:
-        raise InputError(
-            f"vocab_size must be >= {reserved + 1} (8 special + 256 byte pieces + 1), got {vocab_size}"
-        )
-    vocab: list[list[object]] = [[sp, 0.0] for sp in LLM_JP3_SPECIAL_TOKENS]
-    vocab += [[_byte_piece(b), 0.0] for b in range(256)]
-    vocab += [[p, s] for p, s in _train_pieces(TINY_TOKENIZER_CORPUS, vocab_size - reserved)]
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_tiny_document(vocab), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    out.write_text(text + "\n", encoding="utf-8")
-    return out
+    return write_tokenizer_json(_tiny_document(tiny_vocab(vocab_size, LLM_JP3_SPECIAL_TOKENS)), path)
