@@ -7,9 +7,13 @@ time (DiT + codec), audio length, RTF, time to first audio, peak GPU memory.
 
 Modes (a)-(e) need CUDA; (f) runs our CPU preset on the machine's CPU. On Apple
 Silicon, `--device mps` runs the reference and our MPS preset (not run here: no Mac).
+Modes (m)-(q) are the v4.1-Small-MF release (random full-size weights from its manifest:
+the ModernBERT backbone, MeanFlow 4 steps, no CFG): (m) the reference-equivalent path, (n)
+our CUDA preset bf16, (o) int4, (p) our CPU preset; side by side with the v2 modes in one run.
 
-    python benchmarks/news5.py                      # all modes on CUDA, then (f) on the CPU
+    python benchmarks/news5.py                      # all v2 modes on CUDA, then (f) on the CPU
     python benchmarks/news5.py --modes a,b,d,e      # a subset
+    python benchmarks/news5.py --family v4.1-mf     # the v4.1-MF modes (m, n, o, p) and v2 (e)
     python benchmarks/news5.py --device mps         # Apple Silicon (fp32, sway 8)
 
 Weights are random, so the audio is noise: this measures speed and memory, not quality.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import gzip
 import json
 import os
 import platform
@@ -45,14 +50,18 @@ from irodori_speaker.engine.checkpoint import (  # noqa: E402
     save_checkpoint,
 )
 from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, load_codec  # noqa: E402
-from irodori_speaker.engine.config import InferenceConfig, ModelConfig  # noqa: E402
+from irodori_speaker.engine.config import BackboneConfig, InferenceConfig, ModelConfig  # noqa: E402
 from irodori_speaker.synthesizer import SynthesisOptions, Synthesizer, load_synthesizer  # noqa: E402
+from irodori_speaker.text.length import estimate_seconds  # noqa: E402
 from irodori_speaker.voices import Voice, save_latent  # noqa: E402
 
 #: The five news sentences (benchmarks/data/README.md says where they come from).
 NEWS5_JSON = REPO / "benchmarks" / "data" / "news5.json"
 #: Tensor manifest of the released 500M v2 model (its config builds the random full-size file).
 V2_MANIFEST = REPO / "tests" / "data" / "dit" / "v2_500m_keys.json"
+#: ... and of the v4.1-Small-MF release (its config and the ModernBERT-ja-310m backbone's).
+MF_MANIFEST = REPO / "tests" / "data" / "dit_v4" / "v4_1_small_mf_keys.json.gz"
+FAMILIES = ("v2", "v4.1-mf")
 WORK = Path(os.environ.get("BENCH_WORK", "/tmp/irodori-news5"))
 
 
@@ -96,6 +105,7 @@ class Mode:
     #  else streamed: a first chunk of this many frames, then the preset's 25-frame chunks
     int4: bool = False
     int4_codec: bool = False
+    family: str = "v2"  # which release's configuration (FAMILIES)
     # results (not init fields: `replace` gives each derived mode its own)
     rows: list[dict] = field(default_factory=list, init=False)
     peak_mb: float = field(default=float("nan"), init=False)
@@ -114,13 +124,27 @@ def modes_for(device: str) -> dict[str, Mode]:
     )  # fmt: skip
     ours = replace(ref, steps=8, schedule="sway", fast=True, pad_text=None, stream_chunk=8)
     b = replace(ref, key="b", desc="(a) at 8 sway steps", steps=8, schedule="sway")
+    # v4.1-MF: 4 MeanFlow steps, no CFG (what the release runs; schedule is not read)
+    mf_ref = replace(
+        ref, key="m", desc="v4.1-MF reference: fp32, 4 MeanFlow steps, eager, text padded 256, codec fp32",
+        steps=4, family="v4.1-mf",
+    )  # fmt: skip
+    mf_ours = replace(mf_ref, fast=True, pad_text=None, stream_chunk=8)
     if device == "mps":
         d = replace(
             ours, key="d", desc="our MPS preset: fp32, 8 sway, fast path, trimmed text, streamed decode"
         )
-        return {"a": ref, "b": b, "d": d}
+        mf_mps = replace(mf_ours, key="n", desc="v4.1-MF on our MPS preset: fp32, 4 MF steps, fast path")
+        return {"a": ref, "b": b, "d": d, "m": mf_ref, "n": mf_mps}
     cuda = replace(ours, dtype=bf16, codec_dtype=f16, graphs=True)
+    mf_cuda = replace(mf_ours, dtype=bf16, codec_dtype=f16, graphs=True)
     return {
+        "m": mf_ref,
+        "n": replace(mf_cuda, key="n", desc="v4.1-MF on our CUDA preset, bf16 weights (4 MF steps, graphs)"),
+        "o": replace(mf_cuda, key="o", desc="v4.1-MF on our CUDA preset, int4 DiT (W4A16)", int4=True),
+        "p": replace(
+            mf_ours, key="p", desc="v4.1-MF on our CPU preset: fp32, 4 MF steps, fast path", device="cpu"
+        ),
         "a": ref,
         "b": b,
         "c": replace(
@@ -147,36 +171,66 @@ def modes_for(device: str) -> dict[str, Mode]:
     }
 
 
-def prepare_files(int4: bool, smoke: bool = False) -> dict[str, Path]:
+def _full_config(family: str) -> ModelConfig:
+    """The released configuration of `family` (from its tensor manifest in tests/data)."""
+    if family == "v2":
+        return ModelConfig.from_dict(json.loads(V2_MANIFEST.read_text())["config"])
+    with gzip.open(MF_MANIFEST, "rt", encoding="utf-8") as f:
+        manifest = json.load(f)
+    backbone = BackboneConfig.from_dict(manifest["text_encoder_config"])
+    return ModelConfig.from_dict(manifest["config"], text_backbone=backbone)
+
+
+def _smoke_config(family: str) -> ModelConfig:
+    from irodori_speaker.engine.tiny import TINY_BACKBONE, TINY_CONFIGS
+
+    if family == "v2":
+        return ModelConfig.from_dict(dict(TINY_CONFIGS["v2"], model_dim=128, num_heads=4))
+    return ModelConfig.from_dict(
+        TINY_CONFIGS["v4.1-mf"], text_backbone=BackboneConfig.from_dict(TINY_BACKBONE)
+    )
+
+
+def prepare_files(
+    int4: bool | set[str], smoke: bool = False, families: set[str] | None = None
+) -> dict[str, Path]:
     """Random full-size DiT (fp32) and codec files, made once; the int4 file by our RTN quantiser.
 
-    `smoke`: the tiny-random configuration instead (a quick check of this script on any CPU).
+    One DiT per family in `families` (keys "dit" / "int4" for v2, "dit:v4.1-mf" / "int4:v4.1-mf");
+    `int4` (True: every family, or a set of families) says which get an int4 file.
+    `smoke`: the tiny-random configurations instead (a quick check of this script on any CPU).
     """
+    families = families or {"v2"}
+    int4_families = set(families) if int4 is True else set(int4 or ())
     work = WORK / ("smoke" if smoke else "full")
     work.mkdir(parents=True, exist_ok=True)
-    files = {
-        "dit": work / "v2_random.safetensors",
-        "codec": work / "codec_random.safetensors",
-        "int4": work / "v2_random_int4.safetensors",
-        "ref": work / "ref10s.safetensors",
-    }
+    files = {"codec": work / "codec_random.safetensors", "ref": work / "ref10s.safetensors"}
     codec_kwargs = FULL_CODEC_KWARGS
     if smoke:
         from irodori_speaker.engine.codec import TINY_CODEC_KWARGS
-        from irodori_speaker.engine.tiny import TINY_CONFIGS
 
         codec_kwargs = TINY_CODEC_KWARGS
-    if not files["dit"].exists():
-        if smoke:
-            cfg = ModelConfig.from_dict(dict(TINY_CONFIGS["v2"], model_dim=128, num_heads=4))
-        else:
-            manifest = json.loads(V2_MANIFEST.read_text())
-            cfg = ModelConfig.from_dict(manifest["config"])
-        torch.manual_seed(0)
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-        model = build_model(cfg, device=dev)
-        save_checkpoint(model, files["dit"], inference=InferenceConfig(max_text_len=256))
-        del model
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    for family in sorted(families):
+        stem = "v2" if family == "v2" else family.replace(".", "_").replace("-", "_")
+        suffix = "" if family == "v2" else f":{family}"
+        dit, packed = work / f"{stem}_random.safetensors", work / f"{stem}_random_int4.safetensors"
+        files["dit" + suffix], files["int4" + suffix] = dit, packed
+        if not dit.exists():
+            cfg = _smoke_config(family) if smoke else _full_config(family)
+            torch.manual_seed(0)
+            model = build_model(cfg, device=dev)
+            inference = (
+                InferenceConfig(max_text_len=256)
+                if family == "v2"
+                else InferenceConfig(max_text_len=256, max_caption_len=512, ref_max_seconds=120.0)
+            )
+            save_checkpoint(model, dit, inference=inference)
+            del model
+        if family in int4_families and not packed.exists():
+            from irodori_speaker.quant.quantize import quantize_checkpoint
+
+            quantize_checkpoint(dit, packed, method="rtn", report_errors=False, device=dev)
     if not files["codec"].exists():
         from irodori_speaker.engine.codec import convert_codec, save_random_codec_pth
 
@@ -184,11 +238,6 @@ def prepare_files(int4: bool, smoke: bool = False) -> dict[str, Path]:
         save_random_codec_pth(pth, codec_kwargs, seed=0, watermark=False)
         convert_codec(pth, files["codec"])
         pth.unlink()
-    if int4 and not files["int4"].exists():
-        from irodori_speaker.quant.quantize import quantize_checkpoint
-
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-        quantize_checkpoint(files["dit"], files["int4"], method="rtn", report_errors=False, device=dev)
     if not files["ref"].exists():  # a 10 s voice-like signal, encoded once with the fp32 codec
         t = np.arange(10 * 48_000) / 48_000
         f0 = 180 + 30 * np.sin(2 * np.pi * 0.7 * t)
@@ -197,7 +246,7 @@ def prepare_files(int4: bool, smoke: bool = False) -> dict[str, Path]:
             0.5 + 0.5 * np.sin(2 * np.pi * 2.5 * t) ** 2
         )
         wave = (0.1 * wave / np.sqrt(np.mean(wave**2))).astype(np.float32)
-        codec = load_codec(files["codec"], device="cuda" if torch.cuda.is_available() else "cpu")
+        codec = load_codec(files["codec"], device=dev)
         with torch.inference_mode():
             x = torch.from_numpy(wave)[None, None].to(codec.device)
             save_latent(codec.encode(x)[0], files["ref"])
@@ -212,11 +261,16 @@ def sync(device: str) -> None:
         torch.mps.synchronize()
 
 
+def _header_meta(path: Path) -> tuple[dict[str, str], str]:
+    return read_header(path)[0], str(path)
+
+
 def build(mode: Mode, files: dict[str, Path], int4_impl: str = "auto") -> tuple[Synthesizer, Voice]:
     """The Synthesizer of `mode` as users get it (`load_synthesizer`: the product's DiT and codec
     loaders, its preset with the mode's overrides), with the approximate tokenizer, and the voice."""
-    dit = files["int4"] if mode.int4 else files["dit"]
-    cfg, _ = config_from_metadata(read_header(dit)[0], str(dit))
+    suffix = "" if mode.family == "v2" else f":{mode.family}"
+    dit = files[("int4" if mode.int4 else "dit") + suffix]
+    cfg, _ = config_from_metadata(*_header_meta(dit))
     overrides = {
         "steps": mode.steps,
         "schedule": mode.schedule,
@@ -231,7 +285,7 @@ def build(mode: Mode, files: dict[str, Path], int4_impl: str = "auto") -> tuple[
     synth = load_synthesizer(
         dit,
         codec=files["codec"],
-        tokenizer=ApproxTokenizer(cfg.text_vocab_size),
+        tokenizer=ApproxTokenizer(cfg.text_token_vocab),
         backend=mode.device,
         dtype=mode.dtype,
         codec_dtype=mode.codec_dtype,
@@ -261,17 +315,25 @@ def run_mode(mode: Mode, files: dict[str, Path], sentences: list[str], seed: int
         mode.load_peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
         torch.cuda.reset_peak_memory_stats()  # ... then the peak while running (weights included)
     opts = SynthesisOptions(seed=seed, pad_text_to=mode.pad_text)
+    if mode.family != "v2":  # MeanFlow: the mode's steps (schedule and guidance are not read)
+        opts = opts.replace(steps=mode.steps)
+
+    def options_for(text: str) -> SynthesisOptions:
+        # random weights make the v4 duration predictor's lengths arbitrary: every family gets the
+        # frames v2 gets (the seconds estimate), so the modes compare the same work
+        return opts if mode.family == "v2" else opts.replace(seconds=estimate_seconds(text))
 
     def one(text: str) -> dict:
+        line_opts = options_for(text)
         sync(mode.device)
         t_start = time.perf_counter()
         if mode.stream_chunk is None:
-            res = synth.synthesize(text, voice, opts)
+            res = synth.synthesize(text, voice, line_opts)
             sync(mode.device)
             t_end = time.perf_counter()
             ttfa, samples, rec = t_end - t_start, len(res.audio), res.record
         else:
-            stream = synth.stream(text, voice, opts)
+            stream = synth.stream(text, voice, line_opts)
             first = None
             samples = 0
             for chunk in stream:
@@ -309,7 +371,7 @@ def run_mode(mode: Mode, files: dict[str, Path], sentences: list[str], seed: int
 
 
 def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
-    ref = next((m for m in modes if m.key == "a"), None)
+    ref = next((m for m in modes if m.key == "a"), None) or next((m for m in modes if m.key == "m"), None)
     ref_total = sum(r["gen_s"] for r in ref.rows) if ref else None
     cols = "mode | sentence | chars | audio s | gen ms | text ms | sampling ms | decode ms | RTF | TTFA ms"
     print(f"\n| {cols} |")
@@ -322,9 +384,7 @@ def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
                 f"{r['rtf']:.4f} | "
                 f"{1e3 * r['ttfa_s']:.1f} |"
             )
-    print(
-        "\n| mode | what | total gen s | audio s | RTF | TTFA 1st ms | peak MiB (load) | x faster than (a) |"
-    )
+    print("\n| mode | what | total gen s | audio s | RTF | TTFA 1st ms | peak MiB (load) | x vs (a)/(m) |")
     print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for m in modes:
@@ -350,15 +410,25 @@ def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
             f"{1e3 * m.rows[0]['ttfa_s']:.1f} | {m.peak_mb:.0f} ({m.load_peak_mb:.0f}) | {ratio:.1f} |"
         )
     if "b" in summary:
-        for k in ("d", "e", "g"):
+        for k in ("d", "e", "g", "n", "o"):
             if k in summary:
                 print(f"({k}) vs (b): {summary['b']['total_gen_s'] / summary[k]['total_gen_s']:.1f}x")
+    if "m" in summary:
+        for k in ("n", "o", "p", "e"):
+            if k in summary:
+                print(f"({k}) vs (m): {summary['m']['total_gen_s'] / summary[k]['total_gen_s']:.1f}x")
     return summary
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="a,b,d,e,g,c,f", help="which modes, in this order")
+    ap.add_argument("--modes", default=None, help="which modes, in this order (default: the family's)")
+    ap.add_argument(
+        "--family",
+        default="v2",
+        choices=["v2", "v4.1-mf", "all"],
+        help="v2: modes a,b,d,e,g,c,f; v4.1-mf: m,n,o,e,p (v2's (e) side by side); all: both",
+    )
     ap.add_argument(
         "--int4-impl",
         default="auto",
@@ -378,7 +448,8 @@ def main() -> None:
         os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
     sentences = json.loads(NEWS5_JSON.read_text())["sentences"]
     table = modes_for(args.device)
-    chosen = [table[k] for k in args.modes.split(",") if k in table]
+    default_modes = {"v2": "a,b,d,e,g,c,f", "v4.1-mf": "m,n,o,e,p", "all": "a,b,d,e,g,c,m,n,o,f,p"}
+    chosen = [table[k] for k in (args.modes or default_modes[args.family]).split(",") if k in table]
     if args.smoke:
         for m in chosen:
             m.device, m.graphs = "cpu", False
@@ -386,7 +457,9 @@ def main() -> None:
                 m.dtype = m.codec_dtype = torch.bfloat16
             if m.int4:
                 m.dtype, m.codec_dtype = torch.float32, torch.float32
-    files = prepare_files(int4=any(m.int4 for m in chosen), smoke=args.smoke)
+    files = prepare_files(
+        int4={m.family for m in chosen if m.int4}, smoke=args.smoke, families={m.family for m in chosen}
+    )
     done = []
     for m in chosen:
         print(f"running ({m.key}) {m.desc}", flush=True)

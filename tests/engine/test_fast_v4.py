@@ -120,3 +120,38 @@ def test_cuda_graph_replay_equals_eager_on_v4(loaded, kind):
     text_state, _ = graphed.encode_text(ids, mask)  # the backbone in the text-encoder graph
     want = model.encode_text(ids, mask)
     torch.testing.assert_close(text_state[:, : ids.shape[1]], want, **TOL)
+
+
+def test_the_backbone_is_packed_too_where_its_shapes_fit(tmp_path):
+    """The ModernBERT linears and the token embedding go int4 (the full-size 768-wide backbone fits
+    the packing; the fixtures' 48-wide one does not, so a 64-wide tiny model checks it)."""
+    from irodori_speaker.engine.checkpoint import build_model, save_checkpoint
+    from irodori_speaker.engine.config import BackboneConfig, InferenceConfig, ModelConfig
+    from irodori_speaker.engine.tiny import TINY_BACKBONE, TINY_CONFIGS
+    from irodori_speaker.quant.checkpoint import load_int4_model
+    from irodori_speaker.quant.layers import Int4Linear
+    from irodori_speaker.quant.quantize import quantize_checkpoint
+
+    backbone = BackboneConfig.from_dict(dict(TINY_BACKBONE, hidden_size=64, intermediate_size=96))
+    cfg = ModelConfig.from_dict(TINY_CONFIGS["v4.1-mf"], text_backbone=backbone)
+    torch.manual_seed(0)
+    src, dst = tmp_path / "mf.safetensors", tmp_path / "mf_int4.safetensors"
+    save_checkpoint(build_model(cfg, device="cpu"), src, inference=InferenceConfig(max_text_len=64))
+    quantize_checkpoint(src, dst, method="rtn", report_errors=False)
+    model = load_int4_model(dst, dtype="fp32").model
+    layer = model.pretrained_text_backbone.backbone.layers[1]
+    assert all(
+        isinstance(m, Int4Linear) for m in (layer.attn.Wqkv, layer.attn.Wo, layer.mlp.Wi, layer.mlp.Wo)
+    )
+    assert not isinstance(
+        model.pretrained_text_backbone.backbone.embeddings.tok_embeddings, torch.nn.Embedding
+    )
+    from irodori_speaker.engine.checkpoint import load_checkpoint
+
+    ref = load_checkpoint(src).model
+    ids = torch.randint(7, 512, (1, 12))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    with torch.inference_mode():
+        want, got = ref.encode_text(ids, mask), model.encode_text(ids, mask)
+    rel = float((got - want).norm() / want.norm())
+    assert 0 < rel < 0.2, rel  # RTN int4 of random weights: near, not equal

@@ -38,7 +38,7 @@ def test_a_torchao_file_is_named_and_refused(tmp_path, tensors, meta):
 
 
 def test_a_quantized_repo_is_refused_before_any_download(tmp_path):
-    with pytest.raises(CheckpointError, match="Irodori-TTS-v4.1-Small-Quantized is a torchao") as e:
+    with pytest.raises(CheckpointError, match=r"Irodori-TTS-v4\.1-Small-Quantized is a torchao") as e:
         resolve_files(
             "Aratako/Irodori-TTS-v4.1-Small-Quantized", tmp_path / "codec.pth", None, cache_dir=tmp_path
         )

@@ -88,6 +88,21 @@ def test_release_selection_on_the_v3_manifest(dit_fixtures: Path) -> None:
     assert custom.gptq == ["blocks.0.mlp.w1", "blocks.0.mlp.w3"]
 
 
+def test_release_selection_on_the_v4_1_mf_manifest(test_data: Path) -> None:
+    import gzip
+
+    with gzip.open(test_data / "dit_v4" / "v4_1_small_mf_keys.json.gz", "rt", encoding="utf-8") as f:
+        keys = json.load(f)["tensors"]
+    shapes = {k[: -len(".weight")]: tuple(v) for k, v in keys.items() if k.endswith(".weight")}
+    plan = plan_layers(shapes, RELEASE_SELECTION)
+    # 12 blocks x (5 + wk/wv of text, speaker, caption + w1 w2 w3) + 8 x 5 speaker + 25 x 4 backbone
+    assert len(plan.gptq) == 12 * 14 + 8 * 5 + 25 * 4 and not plan.kept
+    assert "pretrained_text_backbone.backbone.layers.24.mlp.Wi" in plan.gptq
+    assert plan.embed == ["pretrained_text_backbone.backbone.embeddings.tok_embeddings"]
+    for kept in ("text_encoder.projector", "delta_cond_module.0", "duration_predictor.token_input_proj"):
+        assert kept in shapes and kept not in plan.gptq
+
+
 def _fixture(dit_fixtures: Path, kind: str):
     src = dit_fixtures / f"tiny_{kind}.safetensors"
     io = load_file(str(dit_fixtures / f"tiny_{kind}_io.safetensors"))
