@@ -268,3 +268,17 @@ def test_the_tiny_release_layout_is_a_model_with_its_tokenizer_folder():
         assert s.caption_tokenizer is s.tokenizer
     finally:
         shutil.rmtree(copy)
+
+
+def test_quantize_calibrates_a_v4_model_with_its_tokenizer_folder(irodori_home, tmp_path):
+    """GPTQ calibration tokenizes with the release's tokenizer/ folder beside the model."""
+    from irodori_speaker.quant.checkpoint import load_int4_model
+
+    files = tiny_random_files("v4.1-mf")
+    calibration = tmp_path / "calib.txt"
+    calibration.write_text("こんにちは。\n今日はいい天気ですね。\n", encoding="utf-8")
+    out = tmp_path / "mf-int4.safetensors"
+    args = ["quantize", files.model, "-o", out, "--calibration-file", calibration, "--no-report"]
+    r = cli(args, tmp_path / "hf", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "gptq" in r.stdout and load_int4_model(out, dtype="fp32").model.cfg.meanflow

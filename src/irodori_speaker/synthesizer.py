@@ -667,34 +667,6 @@ class _LineProgress:
             self._report(i, self.steps + 1)
 
 
-def _folder_tokenizer(tok_path: Any, cfg: Any, model_path: Any) -> tuple[Any, Any]:
-    """(tokenizer, its tokenizer.json) of a v4 model: the `tokenizer/` folder `tok_path` is in
-    (or is), its BOS / pad ids checked against the backbone config."""
-    from pathlib import Path
-
-    from .errors import CheckpointError
-    from .text.backbone_tokenizer import find_tokenizer_dir, load_backbone_tokenizer
-
-    folder = None if tok_path is None else Path(tok_path)
-    if folder is not None and folder.is_file():
-        folder = folder.parent
-    folder = folder or find_tokenizer_dir(model_path)
-    if folder is None:
-        raise CheckpointError(
-            f"{model_path} is a v4 model but no tokenizer/ folder was found beside it",
-            hint="put the release's tokenizer/ folder next to model.safetensors, or pass --tokenizer FOLDER",
-        )
-    backbone = cfg.text_backbone
-    tok = load_backbone_tokenizer(
-        folder,
-        add_bos=cfg.text_add_bos,
-        vocab_size=backbone.vocab_size,
-        bos_token_id=backbone.bos_token_id,
-        pad_token_id=backbone.pad_token_id,
-    )
-    return tok, folder / "tokenizer.json"
-
-
 def _with_bos(tok: Any, add_bos: bool) -> Any:
     """The same tokenizer with BOS on or off (the caption's `caption_add_bos`)."""
     from .text.tokenizer import TextTokenizer
@@ -773,6 +745,8 @@ def load_synthesizer(
     `user_dict`: the user dictionary applied to every line (None: the default file,
     `text/userdict.py`; False: none).
     """
+    from pathlib import Path
+
     import torch
 
     from .backends.presets import select_preset
@@ -817,12 +791,14 @@ def load_synthesizer(
         )
     loaded = load_dit(model_path, preset)
     cfg = loaded.config
-    cap_path = None
+    cap_path: Any = None
     if given_tok:
         text_tok = tokenizer
     elif cfg.pretrained_text:  # v4: the release's tokenizer/ folder, for text and caption
-        text_tok, tok_path = _folder_tokenizer(tok_path, cfg, model_path)
-        cap_path = tok_path
+        from .text.backbone_tokenizer import tokenizer_for_model
+
+        text_tok = tokenizer_for_model(tok_path, model_path, cfg.text_backbone, add_bos=cfg.text_add_bos)
+        tok_path = cap_path = Path(text_tok.source)  # its tokenizer.json (hashed for the cache key)
     else:
         if tok_path is None:
             tok_source = tokenizer or cfg.text_tokenizer_repo or TOKENIZER_REPO

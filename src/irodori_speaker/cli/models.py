@@ -35,13 +35,18 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         calibration = [t.strip() for t in lines if t.strip() and not t.lstrip().startswith("#")]
         if not calibration:
             raise IrodoriError(f"{args.calibration_file}: no sentences in the calibration file")
-    tokenizer = None
+    tokenizer: Any = None
     if args.method == "gptq":
         from ..engine.checkpoint import config_from_metadata, read_header
         from ..engine.sources import TOKENIZER_REPO
 
         cfg, _ = config_from_metadata(read_header(src)[0], str(src))
-        tokenizer = resolve(args.tokenizer or cfg.text_tokenizer_repo or TOKENIZER_REPO, "tokenizer")
+        if cfg.pretrained_text:  # v4: the release's tokenizer/ folder (beside the model, or --tokenizer)
+            from ..text.backbone_tokenizer import tokenizer_for_model
+
+            tokenizer = tokenizer_for_model(args.tokenizer, src, cfg.text_backbone)
+        else:
+            tokenizer = resolve(args.tokenizer or cfg.text_tokenizer_repo or TOKENIZER_REPO, "tokenizer")
     t0 = time.perf_counter()
     report = quantize_checkpoint(
         src,

@@ -31,6 +31,7 @@ __all__ = [
     "find_tokenizer_dir",
     "load_backbone_tokenizer",
     "special_token_ids",
+    "tokenizer_for_model",
 ]
 
 TOKENIZER_DIR = "tokenizer"
@@ -146,6 +147,34 @@ def load_backbone_tokenizer(
     pad = ids.get("pad_token", pad_token_id)
     assert bos is not None and pad is not None  # checked above
     return TextTokenizer(tok, add_bos=add_bos, bos_id=bos, pad_id=pad, source=str(path))
+
+
+def tokenizer_for_model(
+    given: str | os.PathLike[str] | None,
+    model_file: str | os.PathLike[str],
+    backbone: Any,
+    *,
+    add_bos: bool = True,
+) -> TextTokenizer:
+    """The tokenizer of a v4 model: `given` (its folder, or the folder's tokenizer.json), else
+    the `tokenizer/` folder beside `model_file` (`find_tokenizer_dir`); its ids checked against
+    `backbone` (the model's `BackboneConfig`)."""
+    folder = None if given is None else Path(given)
+    if folder is not None and folder.is_file():
+        folder = folder.parent
+    folder = folder or find_tokenizer_dir(model_file)
+    if folder is None:
+        raise CheckpointError(
+            f"{model_file} is a v4 model but no tokenizer/ folder was found beside it",
+            hint="put the release's tokenizer/ folder next to model.safetensors, or pass --tokenizer FOLDER",
+        )
+    return load_backbone_tokenizer(
+        folder,
+        add_bos=add_bos,
+        vocab_size=backbone.vocab_size,
+        bos_token_id=backbone.bos_token_id,
+        pad_token_id=backbone.pad_token_id,
+    )
 
 
 # -- a tiny folder in the release's format, for tests and the tiny-random v4 models ------------
