@@ -8,10 +8,7 @@ cache directory filled by hand (tests/hub_cache.py); nothing touches the network
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +16,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from hub_cache import fill_cache
+from hub_cache import fill_cache, run_cli_offline
 from irodori_speaker.cache import PhraseCache
 from irodori_speaker.engine.config import InferenceConfig
 from irodori_speaker.engine.sources import CODEC_REPO, MODELS
@@ -54,17 +51,7 @@ def mf_hub(irodori_home, tmp_path_factory) -> Path:
     return home
 
 
-def cli(args, hf_home: Path, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "irodori_speaker.cli", *map(str, args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-    )
+cli = run_cli_offline
 
 
 # ---- the hub cache: say and the Speaker, no extra flags --------------------------------------
