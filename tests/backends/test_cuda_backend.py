@@ -9,11 +9,12 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
 
-def test_prewarm_captures_every_bucket_and_graphs_match_eager(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["v2", "v4", "v4.1-mf"])  # v4: the backbone in the text graph, MF's dt
+def test_prewarm_captures_every_bucket_and_graphs_match_eager(tmp_path, monkeypatch, kind):
     from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
 
     monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
-    synth = load_synthesizer(tiny_random="v2", backend="cuda", prewarm_seconds=3.0, voice_cache_dir=False)
+    synth = load_synthesizer(tiny_random=kind, backend="cuda", prewarm_seconds=3.0, voice_cache_dir=False)
     synth.prewarm()
     fast = synth.fast_sampler
     buckets = len(range(fast.frame_bucket, 75 + fast.frame_bucket, fast.frame_bucket))  # 3 s = 75 frames
