@@ -245,10 +245,35 @@ def record_to_json(record: SynthesisRecord | None) -> str:
     return json.dumps(d, ensure_ascii=False, default=str)
 
 
+def _field_types(cls: type) -> dict[str, type]:
+    """Field name -> the type of its default (str, int, dict, list) for a dataclass of plain values."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
+        out[f.name] = type(default)
+    return out
+
+
+_RECORD_TYPES = _field_types(SynthesisRecord)
+
+
 def record_from_json(text: str) -> SynthesisRecord:
-    d = json.loads(text or "{}")
-    names = {f.name for f in dataclasses.fields(SynthesisRecord)}
-    return SynthesisRecord(**{k: v for k, v in d.items() if k in names})
+    """The record stored as JSON; ValueError (naming the field) if it is not one."""
+    d = json.loads(text or "{}")  # JSONDecodeError is a ValueError
+    if not isinstance(d, dict):
+        raise ValueError(f"the record is a JSON {type(d).__name__}, not an object")
+    fields: dict[str, Any] = {}
+    for name, kind in _RECORD_TYPES.items():
+        if name not in d:
+            continue
+        value = d[name]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"record field {name!r} is {value!r:.40}, not a {kind.__name__}")
+        fields[name] = value
+    timings = fields.get("timings", {})
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in timings.values()):
+        raise ValueError("record field 'timings' holds a value that is not a number")
+    return SynthesisRecord(**fields)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,10 +346,89 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE INDEX IF NOT EXISTS entries_last_used ON entries(last_used);
 """
 
-_ROW = (
-    "key, file, format, bytes, sha256, sample_rate, samples, text, identity, record, levels, levels_hz, "
-    "source, created"
-)
+_COLUMNS = (
+    "key", "file", "format", "bytes", "sha256", "sample_rate", "samples", "text", "identity", "record",
+    "levels", "levels_hz", "source", "created",
+)  # fmt: skip
+_ROW = ", ".join(_COLUMNS)
+
+
+#: What an index row's `file` may name: a file under audio/ (never a path out of the cache).
+_AUDIO_FILE = re.compile(r"audio/[0-9a-z]+/[0-9a-z]+\.[0-9a-z]+\.[0-9a-z]+")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One index row, every column checked for its type (see `_parse_row`)."""
+
+    key: str
+    file: str
+    format: str
+    bytes: int
+    sha256: str
+    sample_rate: int
+    samples: int
+    text: str
+    identity: dict
+    record: SynthesisRecord
+    levels: np.ndarray
+    levels_hz: float
+    source: str
+    created: float
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _parse_row(row: tuple) -> _Entry | str:
+    """The row as an `_Entry`, or why it is damaged (a rotted byte, a column of the wrong type).
+
+    sqlite keeps whatever a stray write put in a column, so nothing read back is trusted.
+    """
+    key, rel, fmt, nbytes, sha, rate, samples, text, ident, rec, levels, hz, source, created = row
+    checks = (
+        ("key", isinstance(key, str)),
+        ("file", isinstance(rel, str) and _AUDIO_FILE.fullmatch(rel) is not None),
+        ("format", fmt in AUDIO_FORMATS),
+        ("bytes", _is_int(nbytes) and nbytes > 0),
+        ("sha256", isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha) is not None),
+        ("sample_rate", _is_int(rate) and rate > 0),
+        ("samples", _is_int(samples) and samples > 0),
+        ("text", isinstance(text, str)),
+        ("levels", isinstance(levels, bytes) and len(levels) % 4 == 0),
+        ("levels_hz", _is_real(hz) and hz > 0),
+        ("source", isinstance(source, str)),
+        ("created", _is_real(created)),
+        ("identity", isinstance(ident, str)),
+        ("record", isinstance(rec, str)),
+    )
+    for name, ok in checks:
+        if not ok:
+            return f"index row is damaged: column {name!r} holds {_show(row[_COLUMNS.index(name)])}"
+    try:
+        identity = json.loads(ident)
+        if not isinstance(identity, dict):
+            raise ValueError(f"it is a JSON {type(identity).__name__}, not an object")
+    except ValueError as e:
+        return f"index row is damaged: column 'identity' is not a JSON object ({e})"
+    try:
+        record = record_from_json(rec)
+    except ValueError as e:
+        return f"index row is damaged: column 'record' is not a synthesis record ({e})"
+    return _Entry(
+        key, rel, fmt, nbytes, sha, rate, samples, text, identity, record,
+        np.frombuffer(levels, dtype="<f4").astype(np.float32), float(hz), source, float(created),
+    )  # fmt: skip
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class PhraseCache:
@@ -358,6 +462,7 @@ class PhraseCache:
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._session = {"hits": 0, "misses": 0}
+        self._warned: set[Any] = set()  # keys of damaged rows already logged
         self._closed = False
         try:
             (self.directory / "audio").mkdir(parents=True, exist_ok=True)
@@ -526,9 +631,16 @@ class PhraseCache:
 
         Does not count as a hit or miss, nor refresh its LRU position.
         """
-        if not verify:
-            return self._row(key) is not None
-        return self._read(key) is not None
+        if verify:
+            return self._read(key) is not None
+        row = self._row(key)
+        if row is None:
+            return False
+        why = _parse_row(row)
+        if isinstance(why, str):  # a rotted row is not an entry: drop it so it is rendered again
+            self._drop(row[0], row[1], why)
+            return False
+        return True
 
     def _row(self, key: str) -> tuple | None:
         try:
@@ -540,50 +652,58 @@ class PhraseCache:
         row = self._row(key)
         if row is None:
             return None
-        (_, rel, fmt, nbytes, sha, rate, samples, text, ident, rec, levels, hz, source, created) = row
-        why = None
-        try:
-            data = (self.directory / rel).read_bytes()
-        except FileNotFoundError:
-            why = "audio file missing"
-        except OSError as e:
-            why = f"audio file unreadable: {e}"
-        else:
-            if len(data) != nbytes:
-                why = f"audio file is {len(data)} bytes, the index says {nbytes} (truncated?)"
-            elif hashlib.sha256(data).hexdigest() != sha:
-                why = "audio checksum mismatch (corrupted)"
-        audio = None
-        if why is None:
-            try:
-                audio = _decode(data, fmt)
-            except Exception as e:  # a file that hashes right but does not decode: still never play it
-                why = f"audio does not decode: {e}"
-            else:
-                if len(audio) != samples:
-                    why = f"audio has {len(audio)} samples, the index says {samples}"
-                elif not np.isfinite(audio).all():
-                    why = "audio contains NaN or inf"
-        if why is not None:
-            self._drop(key, rel, why)
+        loaded = self._load(row)
+        if isinstance(loaded, str):
+            self._drop(row[0], row[1], loaded)
             return None
-        record = record_from_json(rec)
-        record.extra["cache"] = {"hit": True, "key": key, "created": created, "source": source}
+        entry, audio = loaded
+        record = entry.record
+        record.extra["cache"] = {"hit": True, "key": key, "created": entry.created, "source": entry.source}
         return CachedLine(
             key=key,
-            text=text,
+            text=entry.text,
             audio=audio,
-            sample_rate=int(rate),
+            sample_rate=entry.sample_rate,
             record=record,
-            levels=np.frombuffer(levels, dtype="<f4").astype(np.float32),
-            levels_hz=float(hz),
-            created=float(created),
-            source=source,
-            identity=json.loads(ident),
+            levels=entry.levels,
+            levels_hz=entry.levels_hz,
+            created=entry.created,
+            source=entry.source,
+            identity=entry.identity,
         )
 
-    def _drop(self, key: str, rel: str, why: str) -> None:
-        log.warning("phrase cache: dropping entry %s: %s", key[:16], why)
+    def _load(self, row: tuple) -> tuple[_Entry, np.ndarray] | str:
+        """The row and its audio, checked (types, size, checksum, sample count); else why not."""
+        entry = _parse_row(row)
+        if isinstance(entry, str):
+            return entry
+        try:
+            data = (self.directory / entry.file).read_bytes()
+        except FileNotFoundError:
+            return "audio file missing"
+        except OSError as e:
+            return f"audio file unreadable: {e}"
+        if len(data) != entry.bytes:
+            return f"audio file is {len(data)} bytes, the index says {entry.bytes} (truncated?)"
+        if hashlib.sha256(data).hexdigest() != entry.sha256:
+            return "audio checksum mismatch (corrupted)"
+        try:
+            audio = _decode(data, entry.format)
+        except Exception as e:  # a file that hashes right but does not decode: still never play it
+            return f"audio does not decode: {e}"
+        if len(audio) != entry.samples:
+            return f"audio has {len(audio)} samples, the index says {entry.samples}"
+        if not np.isfinite(audio).all():
+            return "audio contains NaN or inf"
+        return entry, audio
+
+    def _drop(self, key: Any, rel: Any, why: str) -> None:
+        """Delete the row (key, rel) and its audio file. The values are compared as sqlite holds
+        them, so a row with a damaged column is found too; its file is only removed when the
+        row named a file of this cache."""
+        if key not in self._warned:  # once: a row that cannot be deleted (read-only) stays quiet
+            self._warned.add(key)
+            log.warning("phrase cache: dropping entry %s: %s", _show(key)[:18], why)
         conn = self._conn()
         try:
             with self._write(conn):
@@ -595,8 +715,7 @@ class PhraseCache:
             log.warning("phrase cache: could not drop %s: %s", key[:16], e)
             return
         if gone:  # the row named exactly this file, so nothing else refers to it
-            with contextlib.suppress(OSError):
-                (self.directory / rel).unlink()
+            self._unlink_audio(rel)
 
     def _count(self, name: str, key: str | None) -> None:
         with self._lock:
@@ -717,17 +836,14 @@ class PhraseCache:
                 evicted = self._evict_locked(conn, keep=key)
         except sqlite3.Error as e:
             if old != rel:
-                with contextlib.suppress(OSError):
-                    (self.directory / rel).unlink()
+                self._unlink_audio(rel)
             raise CacheError(f"cannot write the cache index {self.index_path}: {e}") from e
         except BaseException:
             if old != rel:
-                with contextlib.suppress(OSError):
-                    (self.directory / rel).unlink()
+                self._unlink_audio(rel)
             raise
         for f in [*evicted, *([old] if old and old != rel else [])]:
-            with contextlib.suppress(OSError):
-                (self.directory / f).unlink()
+            self._unlink_audio(f)
         out_record = record_from_json(rec_json) if record is not None else SynthesisRecord(text=text)
         out_record.extra["cache"] = {"hit": False, "key": key, "created": now, "source": source}
         return CachedLine(
@@ -742,6 +858,13 @@ class PhraseCache:
             source=source,
             identity=identity or {},
         )
+
+    def _unlink_audio(self, rel: Any) -> None:
+        """Remove an audio file an index row named, only if it is one of this cache's (a damaged
+        row must not delete something else)."""
+        if isinstance(rel, str) and _AUDIO_FILE.fullmatch(rel):
+            with contextlib.suppress(OSError):
+                (self.directory / rel).unlink()
 
     def _write_file(self, rel: str, data: bytes) -> None:
         final = self.directory / rel
@@ -767,7 +890,9 @@ class PhraseCache:
         files: list[str] = []
         while total > limit:
             victims = conn.execute(
-                "SELECT key, file, bytes FROM entries WHERE key != ? ORDER BY last_used ASC LIMIT 64", (keep,)
+                "SELECT key, file, CAST(bytes AS INTEGER) FROM entries WHERE key != ? "
+                "ORDER BY last_used ASC LIMIT 64",
+                (keep,),
             ).fetchall()
             if not victims:
                 break
@@ -790,8 +915,7 @@ class PhraseCache:
         except sqlite3.Error as e:
             raise CacheError(f"cannot write the cache index: {e}") from e
         for f in files:
-            with contextlib.suppress(OSError):
-                (self.directory / f).unlink()
+            self._unlink_audio(f)
         return len(files)
 
     def render(
@@ -857,7 +981,16 @@ class PhraseCache:
             rows = self._conn().execute(sql).fetchall()
         except sqlite3.Error as e:
             raise CacheError(f"cannot read the cache index: {e}") from e
-        return [EntryInfo(*r) for r in rows]
+        # A damaged row (see verify) is left out rather than shown with a column of the wrong type.
+        kinds = (str, str, float, int, int, float, float, str)
+        return [
+            EntryInfo(*r)
+            for r in rows
+            if all(
+                _is_real(v) if k is float else isinstance(v, k) and not isinstance(v, bool)
+                for k, v in zip(kinds, r)
+            )
+        ]
 
     def verify(
         self,
@@ -870,46 +1003,30 @@ class PhraseCache:
         remove orphan audio files and stale temp files older than `grace_s`."""
         report = VerifyReport(repaired=repair)
         try:
-            rows = self._conn().execute("SELECT key, file, text FROM entries").fetchall()
+            rowids = [r[0] for r in self._conn().execute("SELECT rowid FROM entries").fetchall()]
         except sqlite3.Error as e:
             raise CacheError(f"cannot read the cache index: {e}") from e
-        for i, (key, rel, text) in enumerate(rows):
+        for i, rowid in enumerate(rowids):
+            try:
+                row = self._conn().execute(f"SELECT {_ROW} FROM entries WHERE rowid=?", (rowid,)).fetchone()
+            except sqlite3.Error as e:
+                raise CacheError(f"cannot read the cache index: {e}") from e
             report.checked += 1
-            why = self._check(key)
-            if why is None:
-                report.ok += 1
-            elif why != "gone":
-                report.bad.append((key, text, why))
+            if row is None:  # gone meanwhile (another process evicted it)
+                pass
+            elif isinstance(why := self._load(row), str):
+                key, text = row[0], row[7]
+                report.bad.append((str(key), text if isinstance(text, str) else _show(text), why))
                 if repair:
-                    self._drop(key, rel, why)
+                    self._drop(key, row[1], why)
+            else:
+                report.ok += 1
             if on_entry is not None:
-                on_entry(i + 1, len(rows))
+                on_entry(i + 1, len(rowids))
         if repair:
             report.temp_removed = self._sweep_temp(grace_s)
             report.orphans_removed = self._sweep_orphans(grace_s)
         return report
-
-    def _check(self, key: str) -> str | None:
-        """None if the entry is sound, "gone" if it vanished meanwhile, else what is wrong."""
-        row = self._row(key)
-        if row is None:
-            return "gone"
-        rel, fmt, nbytes, sha, samples = row[1], row[2], row[3], row[4], row[6]
-        try:
-            data = (self.directory / rel).read_bytes()
-        except FileNotFoundError:
-            return "audio file missing"
-        except OSError as e:
-            return f"audio file unreadable: {e}"
-        if len(data) != nbytes:
-            return f"audio file is {len(data)} bytes, the index says {nbytes} (truncated?)"
-        if hashlib.sha256(data).hexdigest() != sha:
-            return "audio checksum mismatch (corrupted)"
-        try:
-            n = len(_decode(data, fmt))
-        except Exception as e:
-            return f"audio does not decode: {e}"
-        return None if n == samples else f"audio has {n} samples, the index says {samples}"
 
     def _sweep_temp(self, grace_s: float) -> int:
         removed = 0
@@ -949,14 +1066,13 @@ class PhraseCache:
         conn = self._conn()
         try:
             with self._write(conn):
-                rows = conn.execute("SELECT file, bytes FROM entries").fetchall()
+                rows = conn.execute("SELECT file, CAST(bytes AS INTEGER) FROM entries").fetchall()
                 conn.execute("DELETE FROM entries")
                 conn.execute("UPDATE counters SET value=0")
         except sqlite3.Error as e:
             raise CacheError(f"cannot write the cache index: {e}") from e
         for rel, _ in rows:
-            with contextlib.suppress(OSError):
-                (self.directory / rel).unlink()
+            self._unlink_audio(rel)
         self._sweep_temp(TMP_GRACE_S)
         with self._lock:
             self._session = {"hits": 0, "misses": 0}
