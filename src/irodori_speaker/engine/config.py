@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import typing
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +24,42 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 GELU_ACTIVATIONS = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 # Reference cap of files that do not store `ref_max_seconds` (v2, v3).
 DEFAULT_REF_MAX_SECONDS = 30.0
+
+
+def _field_type_error(name: str, value: Any, hint: Any) -> str | None:
+    """Why `value` is not of the annotated type `hint` (int, float, bool, str, X | None), else None.
+
+    JSON has no int/float split we can trust for floats, so an int is a valid float; a bool is
+    never a number (json gives True for `true`, and True == 1 would hide the mistake)."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint in (bool, str):
+        ok = isinstance(value, hint)
+    else:
+        return None  # nested objects are checked by their own parser
+    if ok:
+        return None
+    shown = json.dumps(value, ensure_ascii=False, default=str)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    kind = {float: "a finite number", int: "an integer", bool: "true or false", str: "a string"}[hint]
+    return f"config field {name!r} must be {kind}, got {shown}"
+
+
+def _check_field_types(cls: type, data: dict[str, Any], source: str, what: str = "config_json") -> None:
+    """A `CheckpointError` naming the first field of `data` whose value is not of its dataclass type."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in data and (why := _field_type_error(f.name, data[f.name], hints[f.name])):
+            raise CheckpointError(
+                f"{source}: {what}: {why}", hint="the file's metadata is damaged or hand-edited"
+            )
 
 
 @dataclass(frozen=True)
@@ -293,6 +331,7 @@ class ModelConfig:
 
         `text_backbone` is the parsed `text_encoder_config_json` of a v4 file."""
         known = {f.name for f in dataclasses.fields(cls)} - {"unknown", "text_backbone"}
+        _check_field_types(cls, {k: v for k, v in data.items() if k in known}, source)
         kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
         kwargs["text_backbone"] = text_backbone
         unknown = {k: v for k, v in data.items() if k not in known and k not in INFERENCE_KEYS}
@@ -324,13 +363,24 @@ class ModelConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise bad(f"unsupported {name} {getattr(self, name)!r} (supported: {', '.join(allowed)})")
-        positive = ["model_dim", "num_layers", "num_heads", "latent_dim", "text_dim"]
-        positive += ["latent_patch_size", "speaker_patch_size"]
+        positive = ["model_dim", "num_layers", "num_heads", "latent_dim", "text_dim", "speaker_dim"]
+        positive += ["latent_patch_size", "speaker_patch_size", "timestep_embed_dim", "adaln_rank"]
+        positive += ["mlp_ratio", "text_mlp_ratio", "speaker_mlp_ratio", "norm_eps", "text_vocab_size"]
         if not self.pretrained_text:
             positive.append("text_heads")
+        if self.speaker_enabled:
+            positive.append("speaker_heads")
+        if self.use_duration_predictor:
+            positive += ["duration_hidden_dim", "duration_layers", "duration_attention_heads"]
         for name in positive:
-            if int(getattr(self, name)) <= 0:
+            if not getattr(self, name) > 0:
                 raise bad(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("text_layers", "speaker_layers", "duration_aux_dim"):
+            if getattr(self, name) < 0:
+                raise bad(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("dropout", "duration_dropout", "pretrained_projector_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise bad(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.model_dim % self.num_heads:
             raise bad(f"model_dim {self.model_dim} is not divisible by num_heads {self.num_heads}")
         if self.head_dim % 2:
@@ -382,8 +432,9 @@ class InferenceConfig:
     ref_max_seconds: float | None = None  # v4: 120 s; stored only when > 0
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> InferenceConfig:
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> InferenceConfig:
         kw = {k: data[k] for k in INFERENCE_KEYS if k in data}
+        _check_field_types(cls, kw, source)
         if kw.get("max_text_len") is None:
             kw["max_text_len"] = 256
         if kw.get("ref_max_seconds") is not None and not float(kw["ref_max_seconds"]) > 0:
@@ -415,6 +466,11 @@ def parse_config_json(
     backbone = None
     if text_encoder_config is not None:
         raw = _json_object(text_encoder_config, "text_encoder_config_json", source)
-        backbone = BackboneConfig.from_dict(raw, source=source)
+        try:
+            backbone = BackboneConfig.from_dict(raw, source=source)
+        except (TypeError, ValueError) as e:  # a number field holding a string, a list, ...
+            raise CheckpointError(
+                f"{source}: text_encoder_config_json: a field of the wrong type ({e})"
+            ) from e
     cfg = ModelConfig.from_dict(data, source=source, text_backbone=backbone)
-    return cfg, InferenceConfig.from_dict(data)
+    return cfg, InferenceConfig.from_dict(data, source=source)
