@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from . import lifetime
 from .backends.lock import hold_model_lock
 from .cancel import CancelToken, check
 from .errors import BackendError, Cancelled, InputError
@@ -369,6 +370,7 @@ class Speaker:
         self._series = {k: Series() for k in ("queue_wait", "first_chunk", "ttfa", "rtf", "gap")}
         self._counts = dict.fromkeys(("queued", "played", "interrupted", "skipped", "failed", "underruns"), 0)
         self._last_finished: Utterance | None = None
+        self._created_at = lifetime.creation_site()  # for the unclosed-Speaker warning
 
     @staticmethod
     def _parse_ttl(ttl: Any) -> dict[Priority, float | None]:
@@ -443,6 +445,7 @@ class Speaker:
             clock=time.monotonic,
         )
         self._open = True
+        lifetime.track(self)
         self._task = loop.create_task(self._run(), name="irodori-speaker")
 
     def _load(self) -> SynthesizerLike:
@@ -548,8 +551,51 @@ class Speaker:
         if self._own_cache and self.cache is not None:
             self.cache.close()
         self._open = False
+        lifetime.untrack(self)
         self._emit(Closed(time.monotonic()))
         self._bus.close()
+
+    def _abandon(self, at_exit: bool = False) -> None:
+        """Release an open Speaker that was never closed, without its event loop (see lifetime.py).
+
+        Warns like an unclosed file, cancels every line (the worker stops within one step or
+        chunk, so the exit's join of it is immediate), closes the outputs (PortAudio streams)
+        and shuts the executors down. At interpreter exit a Speaker whose loop still runs (in
+        another thread) is left to it.
+        """
+        if not self._open or self._closing:
+            return
+        loop = self._loop
+        if at_exit and loop is not None and loop.is_running() and not loop.is_closed():
+            return
+        self._closing = True
+        self._open = False
+        lifetime.untrack(self)
+        warnings.warn(
+            f"unclosed Speaker created at {self._created_at}: use `async with Speaker(...)` or "
+            "`await speaker.aclose()`",
+            ResourceWarning,
+            stacklevel=2,
+            source=self,
+        )
+        self._open_token.cancel("the Speaker was never closed")
+        for utt in list(self._by_uid.values()):
+            utt._token.cancel("the Speaker was never closed")
+        for o in self.outputs:
+            with contextlib.suppress(Exception):
+                o.close()
+        for ex in (self._executor, self._cache_executor):
+            if ex is not None:
+                ex.shutdown(wait=False, cancel_futures=True)
+        if self._own_cache and self.cache is not None:
+            with contextlib.suppress(Exception):
+                self.cache.close()
+        with contextlib.suppress(Exception):
+            self._bus.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_open", False) and not getattr(self, "_closing", True):
+            self._abandon()
 
     async def drain(self) -> None:
         """Wait until every queued line has played (or ended otherwise)."""
@@ -877,6 +923,14 @@ class Speaker:
             yield from self._lanes[p]
 
     async def _run(self) -> None:
+        try:
+            await self._schedule()
+        except asyncio.CancelledError:
+            if not self._closing:  # the loop ends without aclose() (asyncio.run returning)
+                self._abandon()
+            raise
+
+    async def _schedule(self) -> None:
         while not self._stop_loop:
             if self._player is not None and self._player.busy:
                 timeout: float | None = self.tick_s
@@ -983,7 +1037,8 @@ class Speaker:
             self._on_synth_failed(utt, e)
         finally:
             self._synth_task = None
-            self._wake.set()
+            with contextlib.suppress(RuntimeError):  # an abandoned Speaker's loop may be closed
+                self._wake.set()
 
     def _synth_blocking(self, loop: asyncio.AbstractEventLoop, utt: Utterance, rates: list[int]) -> None:
         synth = self.synthesizer
