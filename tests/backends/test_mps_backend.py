@@ -13,12 +13,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_mps_preset_matches_the_cpu_within_fp32_tolerance(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["v2", "v4.1-mf"])  # v4.1-MF: the ModernBERT backbone and MeanFlow on MPS
+def test_mps_preset_matches_the_cpu_within_fp32_tolerance(tmp_path, monkeypatch, kind):
     from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
 
     monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
-    mps = load_synthesizer(tiny_random="v2", backend="mps", voice_cache_dir=False)
-    cpu = load_synthesizer(tiny_random="v2", backend="cpu", voice_cache_dir=False)
+    mps = load_synthesizer(tiny_random=kind, backend="mps", voice_cache_dir=False)
+    cpu = load_synthesizer(tiny_random=kind, backend="cpu", voice_cache_dir=False)
     assert mps.preset.dtype == torch.float32 and mps.preset.steps == 8 and mps.preset.schedule == "sway"
     assert mps.prewarm() > 0
     opts = SynthesisOptions(seed=5, seconds=2.0, tail_trim=False)
