@@ -269,3 +269,21 @@ def test_quantize_calibrates_a_v4_model_with_its_tokenizer_folder(irodori_home, 
     r = cli(args, tmp_path / "hf", tmp_path)
     assert r.returncode == 0, r.stderr
     assert "gptq" in r.stdout and load_int4_model(out, dtype="fp32").model.cfg.meanflow
+
+
+def test_hf_uris_and_subfolders_find_the_tokenizer_folder_in_the_cache(tmp_path):
+    from irodori_speaker.engine.sources import resolve_files
+
+    files = tiny_random_files("v4.1-mf")
+    tok = {f"tokenizer/{n}": (files.tokenizer.parent / n).read_bytes() for n in TOKENIZER_FILES}
+    model = files.model.read_bytes()
+    fill_cache(tmp_path, "org/v4", {"model.safetensors": model, "int8/model.safetensors": model, **tok})
+    fill_cache(tmp_path, CODEC_REPO, {"weights.pth": b"codec"})
+    for source, folder in [
+        ("hf://org/v4/model.safetensors", "tokenizer"),
+        ("org/v4", "tokenizer"),
+        ("hf://org/v4/int8/model.safetensors", "tokenizer"),  # sub/model.safetensors: the repo's folder
+    ]:
+        _, _, tok_path = resolve_files(source, CODEC_REPO, None, cache_dir=tmp_path)
+        assert tok_path.name == "tokenizer.json" and tok_path.parent.name == folder, source
+        assert (tok_path.parent / "tokenizer_config.json").is_file()

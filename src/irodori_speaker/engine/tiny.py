@@ -8,6 +8,7 @@ into the cache directory and reused.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,7 +147,12 @@ def tiny_random_files(kind: str = "v2", directory: str | os.PathLike | None = No
 
             tmp_dir = files.tokenizer.parent.with_name(f"tokenizer.tmp{os.getpid()}")
             build_tiny_backbone_tokenizer(TINY_VOCAB, tmp_dir)
-            os.replace(tmp_dir, files.tokenizer.parent)
+            try:
+                os.replace(tmp_dir, files.tokenizer.parent)
+            except OSError:  # another process made the folder first: keep its copy
+                if not files.tokenizer.is_file():
+                    raise
+                shutil.rmtree(tmp_dir, ignore_errors=True)
         elif not files.tokenizer.is_file():
             tmp = root / f"tokenizer.json.tmp{os.getpid()}"
             build_tiny_tokenizer(TINY_VOCAB, tmp)
