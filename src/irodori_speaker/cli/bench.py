@@ -139,6 +139,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     preset = synth.preset
     options = synth.resolve_options(options)  # the preset's steps and schedule filled in, once
     steps, schedule = options.steps, options.schedule
+    if synth.config.meanflow:  # a MeanFlow file reads no schedule
+        schedule = "meanflow"
     model_fp = (synth.fingerprints.get("model") or "?")[:12]
     header = {
         "benchmark": name,
@@ -149,7 +151,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "int4": preset.int4,
         "codec_int4": preset.codec_int4,
         "codec_device": preset.codec_device or preset.device,
-        "model": args.model or ("tiny-random" if args.tiny_random else "default (v2)"),
+        "model": args.model
+        or (
+            f"tiny-random {args.tiny_kind}"
+            if args.tiny_kind
+            else "tiny-random"
+            if args.tiny_random
+            else "default (v2)"
+        ),
+        "family": synth.config.family,
         "model_sha256": model_fp,
         "steps": steps,
         "schedule": schedule,
@@ -164,7 +174,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"note: {synth.note}", file=sys.stderr)
     print(
         f"{name} on {header['device']}, {header['dtype']}, {steps} steps {schedule}, seed {options.seed}; "
-        f"model {header['model']} [{model_fp}]; {header['date']}"
+        f"model {header['model']} ({header['family']}) [{model_fp}]; {header['date']}"
     )
     print(f"{'#':>3} {'chars':>5} {'audio s':>8} {'gen s':>7} {'RTF':>6} {'TTFA s':>7}  text")
 
