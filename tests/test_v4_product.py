@@ -287,3 +287,17 @@ def test_hf_uris_and_subfolders_find_the_tokenizer_folder_in_the_cache(tmp_path)
         _, _, tok_path = resolve_files(source, CODEC_REPO, None, cache_dir=tmp_path)
         assert tok_path.name == "tokenizer.json" and tok_path.parent.name == folder, source
         assert (tok_path.parent / "tokenizer_config.json").is_file()
+
+
+def test_an_uncached_folder_of_a_subfolder_model_is_named_where_it_is_looked_for_first(tmp_path, monkeypatch):
+    from irodori_speaker.engine.sources import FilesNotAvailable, resolve_files
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network: the cache only
+
+    files = tiny_random_files("v4.1-mf")
+    fill_cache(tmp_path, "org/v4", {"int8/model.safetensors": files.model.read_bytes()})
+    fill_cache(tmp_path, CODEC_REPO, {"weights.pth": b"codec"})
+    with pytest.raises(FilesNotAvailable) as e:
+        resolve_files("hf://org/v4/int8/model.safetensors", CODEC_REPO, None, cache_dir=tmp_path)
+    named = [spec.describe() for _, spec in e.value.missing]
+    assert named == [f"hf://org/v4/int8/tokenizer/{n}" for n in ("tokenizer.json", "tokenizer_config.json")]

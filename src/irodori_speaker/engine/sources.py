@@ -264,15 +264,24 @@ def resolve_files(
     elif want_tokenizer and tokenizer is not None:
         attempt(tokenizer, "tokenizer")
     elif want_tokenizer:
-        folder_sources = _tokenizer_folder_sources(model, found.get("model"))
-        if folder_sources is None:
+        choices = _tokenizer_folder_sources(model, found.get("model"))
+        if choices is None:
             attempt(_tokenizer_named_by(found.get("model")) or TOKENIZER_REPO, "tokenizer")
-        else:
-            for source in folder_sources:  # tokenizer.json first: it stands for the folder
-                before = found.get("tokenizer")
-                attempt(source, "tokenizer")
-                if before is not None:
-                    found["tokenizer"] = before
+        else:  # the first folder whose files all resolve; else the first one's errors
+            first_errors: list[ModelSourceError] | None = None
+            for sources in choices:
+                paths, failed = [], []
+                for source in sources:
+                    try:
+                        paths.append(resolve(source, "tokenizer", cache_dir=cache_dir))
+                    except ModelSourceError as e:
+                        failed.append(e)
+                if not failed:
+                    found["tokenizer"] = paths[0]  # tokenizer.json: it stands for the folder
+                    break
+                first_errors = failed if first_errors is None else first_errors
+            else:
+                errors.extend(first_errors or [])
     if len(errors) == 1:
         raise errors[0]
     if errors and all(isinstance(e, FilesNotAvailable) for e in errors):
@@ -308,11 +317,13 @@ def _pretrained_text(model_file: Path) -> tuple[str | None, str | None] | None:
     return (cfg.text_tokenizer_repo, cfg.text_encoder_revision) if cfg.pretrained_text else None
 
 
-def _tokenizer_folder_sources(model: str | os.PathLike, model_file: Path | None) -> list[str | Path] | None:
-    """The files of a v4 model's tokenizer folder, tokenizer.json first (docs/models.md): the
-    `tokenizer/` beside the model file (or one level up), else the same place in the model's
-    repo, else `text_tokenizer_repo` at `text_encoder_revision`. None for a model that does not
-    use a tokenizer folder (v2, v3)."""
+def _tokenizer_folder_sources(
+    model: str | os.PathLike, model_file: Path | None
+) -> list[list[str | Path]] | None:
+    """Where a v4 model's tokenizer folder may be, in order, each as its files (tokenizer.json
+    first; docs/models.md): the `tokenizer/` beside the model file (or one level up), else the
+    same places in the model's repo, else `text_tokenizer_repo` at `text_encoder_revision`.
+    None for a model that does not use a tokenizer folder (v2, v3)."""
     from ..text.backbone_tokenizer import find_tokenizer_dir
 
     try:
@@ -327,22 +338,26 @@ def _tokenizer_folder_sources(model: str | os.PathLike, model_file: Path | None)
         return None
     folder = find_tokenizer_dir(model_file)
     if folder is not None:
-        return [folder / name for name in FOLDER_TOKENIZER_FILES]
+        return [[folder / name for name in FOLDER_TOKENIZER_FILES]]
     if spec.repo_id is not None:
         return _repo_folder(spec)
     repo, revision = text or (None, None)
     if not repo:
         return None
     at = f"@{revision}" if revision else ""
-    return [f"hf://{repo}{at}/{name}" for name in FOLDER_TOKENIZER_FILES]
+    return [[f"hf://{repo}{at}/{name}" for name in FOLDER_TOKENIZER_FILES]]
 
 
-def _repo_folder(spec: SourceSpec) -> list[str | Path]:
-    """`<dir of the model in its repo>/tokenizer/*` as hf:// sources."""
+def _repo_folder(spec: SourceSpec) -> list[list[str | Path]]:
+    """`<dir of the model in its repo>/tokenizer/*`, then (for `sub/model.safetensors`) the
+    repo's `tokenizer/*`, as hf:// sources."""
     sub = str(Path(spec.filename or "").parent)
-    base = "" if sub in ("", ".") else f"{sub}/"
+    bases = [""] if sub in ("", ".") else [f"{sub}/", ""]
     at = f"@{spec.revision}" if spec.revision else ""
-    return [f"hf://{spec.repo_id}{at}/{base}tokenizer/{name}" for name in FOLDER_TOKENIZER_FILES]
+    return [
+        [f"hf://{spec.repo_id}{at}/{base}tokenizer/{name}" for name in FOLDER_TOKENIZER_FILES]
+        for base in bases
+    ]
 
 
 def _tokenizer_named_by(model_file: Path | None) -> str | None:
