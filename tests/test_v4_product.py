@@ -301,3 +301,26 @@ def test_an_uncached_folder_of_a_subfolder_model_is_named_where_it_is_looked_for
         resolve_files("hf://org/v4/int8/model.safetensors", CODEC_REPO, None, cache_dir=tmp_path)
     named = [spec.describe() for _, spec in e.value.missing]
     assert named == [f"hf://org/v4/int8/tokenizer/{n}" for n in ("tokenizer.json", "tokenizer_config.json")]
+
+
+@pytest.mark.parametrize("kind, refused", [("v4.1-mf", True), ("v2", False)])
+def test_v4_int4_on_cuda_is_refused_before_loading(irodori_home, kind, refused):
+    """v4 int4 faults on CUDA (H200, 2026-12-03): a BackendError before any weight is read."""
+    from types import SimpleNamespace
+
+    from irodori_speaker.errors import BackendError
+    from irodori_speaker.synthesizer import load_dit
+
+    preset = SimpleNamespace(int4=True, device="cuda", dtype=torch.bfloat16)
+    path = tiny_random_files(kind).model
+    if refused:
+        with pytest.raises(BackendError, match="int4 weights of a v4 model") as e:
+            load_dit(path, preset)
+        assert "\n" not in str(e.value).strip()
+    else:  # not refused: it gets as far as building the model on a device this machine lacks
+        try:
+            load_dit(path, preset)
+        except BackendError as e:  # pragma: no cover - only if a future check refuses v2 too
+            pytest.fail(f"v2 int4 on CUDA refused: {e}")
+        except Exception:
+            pass
