@@ -128,6 +128,7 @@ class Utterance:
         self._synth_done = False
         self.cache = cache  # None: looked up, stored per the Speaker's cache_store; False: neither
         self._cache_pending = False  # a phrase-cache lookup is in flight
+        self._preempted = False  # its prefetch was cancelled for a higher lane; it will be requeued
         self._item: PlayItem | None = None
         self._reason = "cancelled"
         self._done = asyncio.Event()
@@ -358,6 +359,7 @@ class Speaker:
         self._player: Player | None = None
         self._task: asyncio.Task[None] | None = None
         self._synth_task: asyncio.Task[None] | None = None
+        self._synth_utt: Utterance | None = None  # the line _synth_task renders
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -971,7 +973,7 @@ class Speaker:
         assert player is not None
         while player.can_push(now, self.schedule_ahead_s):
             utt = next(iter(self._play_order()), None)
-            if utt is None or not (utt._chunks or utt._synth_done):
+            if utt is None or utt._preempted or not (utt._chunks or utt._synth_done):
                 return
             self._lanes[utt.priority].remove(utt)
             env = Envelope(self.sample_rate, hz=self.lipsync_hz)
@@ -984,6 +986,7 @@ class Speaker:
 
     def _dispatch_synthesis(self) -> None:
         if self._synth_task is not None:
+            self._preempt_prefetch()
             return
         player = self._player
         assert player is not None and self._loop is not None
@@ -1006,7 +1009,23 @@ class Speaker:
         if full and not idle:
             return
         candidate.state = UtteranceState.SYNTHESIZING
+        self._synth_utt = candidate
         self._synth_task = self._loop.create_task(self._synthesize(candidate))
+
+    def _preempt_prefetch(self) -> None:
+        """A line of a higher lane is waiting while a lower one is synthesised ahead (nothing of it
+        scheduled to play yet): stop that synthesis; `_synthesize` puts its line back in the queue,
+        in its place, and the higher line is synthesised next."""
+        utt = self._synth_utt
+        if utt is None or utt._item is not None or utt._preempted or utt.state != UtteranceState.SYNTHESIZING:
+            return
+        for other in self._play_order():
+            if other.priority >= utt.priority:
+                return
+            if other.state == UtteranceState.QUEUED and not other._cache_pending:
+                utt._preempted = True
+                utt._token.cancel("pre-empted by a higher lane")
+                return
 
     def _enforce_max_queue(self, newest: Utterance) -> None:
         assert self.max_queue is not None
@@ -1036,9 +1055,25 @@ class Speaker:
         except Exception as e:
             self._on_synth_failed(utt, e)
         finally:
+            if utt._preempted:
+                self._requeue_preempted(utt)
             self._synth_task = None
+            self._synth_utt = None
             with contextlib.suppress(RuntimeError):  # an abandoned Speaker's loop may be closed
                 self._wake.set()
+
+    def _requeue_preempted(self, utt: Utterance) -> None:
+        """Back to QUEUED with a fresh token, in its place in its lane (it never left it); what the
+        stopped run produced was dropped (`_on_chunk`), so it is rendered again in full."""
+        utt._preempted = False
+        if utt.state.terminal:
+            return
+        utt._token = CancelToken()
+        utt._chunks.clear()
+        utt._synth_done = False
+        utt.state = UtteranceState.QUEUED
+        for k in ("synthesis_started", "first_chunk"):
+            utt.timings.pop(k, None)
 
     def _synth_blocking(self, loop: asyncio.AbstractEventLoop, utt: Utterance, rates: list[int]) -> None:
         synth = self.synthesizer
@@ -1149,7 +1184,7 @@ class Speaker:
         self._emit(SynthesisStarted(t0, utt.id, utt.text, wait))
 
     def _on_chunk(self, utt: Utterance, chunk: Chunk, t: float) -> None:
-        if utt.state.terminal:
+        if utt.state.terminal or utt._preempted:  # a pre-empted run's audio is rendered again
             return
         if "first_chunk" not in utt.timings:
             utt.timings["first_chunk"] = t
@@ -1160,7 +1195,7 @@ class Speaker:
         self._wake.set()
 
     def _on_synth_done(self, utt: Utterance, record: SynthesisRecord, t0: float, t1: float) -> None:
-        if utt.state.terminal:
+        if utt.state.terminal or utt._preempted:
             return
         utt._synth_done = True
         utt.record = record
