@@ -52,6 +52,7 @@ from .events import (
     SynthesisStarted,
     Underrun,
 )
+from .jitter import JitterBuffer, LineFeed, line_seconds_estimate
 from .lines import UNSET, LineOptions, Priority
 from .lipsync import Envelope
 from .outputs import Output, OutputSpec, SoundDeviceOutput, make_output
@@ -129,6 +130,8 @@ class Utterance:
         self.cache = cache  # None: looked up, stored per the Speaker's cache_store; False: neither
         self._cache_pending = False  # a phrase-cache lookup is in flight
         self._preempted = False  # its prefetch was cancelled for a higher lane; it will be requeued
+        self._feed = LineFeed()  # when its streamed chunks arrived (the jitter buffer's input)
+        self._live_record: SynthesisRecord | None = None  # the streaming synthesizer's record
         self._item: PlayItem | None = None
         self._reason = "cancelled"
         self._done = asyncio.Event()
@@ -370,6 +373,7 @@ class Speaker:
         self._feeder: _Feeder | None = None
         self._open_token = CancelToken()
         self._series = {k: Series() for k in ("queue_wait", "first_chunk", "ttfa", "rtf", "gap")}
+        self._jitter = JitterBuffer()
         self._counts = dict.fromkeys(("queued", "played", "interrupted", "skipped", "failed", "underruns"), 0)
         self._last_finished: Utterance | None = None
         self._created_at = lifetime.creation_site()  # for the unclosed-Speaker warning
@@ -975,6 +979,10 @@ class Speaker:
             utt = next(iter(self._play_order()), None)
             if utt is None or utt._preempted or not (utt._chunks or utt._synth_done):
                 return
+            if not utt._synth_done and not self._jitter.ready(
+                utt._feed, line_seconds_estimate(utt._live_record, utt._feed.received_s)
+            ):
+                return  # streamed slower than real time: hold enough that it never stops inside
             self._lanes[utt.priority].remove(utt)
             env = Envelope(self.sample_rate, hz=self.lipsync_hz)
             item = player.start(utt.id, utt.text, env)
@@ -1070,6 +1078,7 @@ class Speaker:
             return
         utt._token = CancelToken()
         utt._chunks.clear()
+        utt._feed = LineFeed()
         utt._synth_done = False
         utt.state = UtteranceState.QUEUED
         for k in ("synthesis_started", "first_chunk"):
@@ -1100,6 +1109,7 @@ class Speaker:
 
                 streams = {r: soxr.ResampleStream(src, r, 1, dtype="float32") for r in rates}
                 audio_stream = synth.stream(utt.text, utt.voice, options, cancel=token)
+                utt._live_record = audio_stream.record  # read by the jitter buffer on the loop
                 try:
                     for x in audio_stream:
                         check(token)
@@ -1179,6 +1189,7 @@ class Speaker:
         if utt.state.terminal:
             return
         utt.timings["synthesis_started"] = t0
+        utt._feed.started_t = t0
         wait = t0 - utt.timings["enqueued"]
         self._series["queue_wait"].add(wait)
         self._emit(SynthesisStarted(t0, utt.id, utt.text, wait))
@@ -1190,6 +1201,7 @@ class Speaker:
             utt.timings["first_chunk"] = t
             self._series["first_chunk"].add(t - utt.timings.get("synthesis_started", t))
         utt._chunks.append(chunk)
+        utt._feed.add(t, len(chunk.audio) / max(1, self.sample_rate))
         if utt._item is not None and self._player is not None:
             self._player.add(utt._item, chunk)
         self._wake.set()
@@ -1199,6 +1211,8 @@ class Speaker:
             return
         utt._synth_done = True
         utt.record = record
+        if self.streaming:
+            self._jitter.finished(utt._feed)
         utt.timings["synthesis_finished"] = t1
         if utt.state == UtteranceState.SYNTHESIZING:
             utt.state = UtteranceState.READY
