@@ -53,7 +53,7 @@ from .events import (
     Underrun,
 )
 from .jitter import JitterBuffer, LineFeed, line_seconds_estimate
-from .lines import UNSET, LineOptions, Priority
+from .lines import UNSET, LineOptions, Priority, check_line_text
 from .lipsync import Envelope
 from .outputs import Output, OutputSpec, SoundDeviceOutput, make_output
 from .playback import Chunk, Player, PlayItem, resample, total_seconds_estimate
@@ -636,8 +636,7 @@ class Speaker:
 
     def _enqueue_line(self, text: str, line: LineOptions) -> Utterance:
         self._require_open()
-        if not isinstance(text, str):
-            raise InputError(f"text must be a str, got {type(text).__name__}")
+        check_line_text(text)
         lane = line.priority
         ttl = self._ttl[lane] if line.ttl is UNSET else line.ttl
         options = line.synthesis_options(self.options)

@@ -381,12 +381,11 @@ class Synthesizer:
 
     # ---- stages -----------------------------------------------------------------------------
     def _prepare_text(self, text: str, opts: SynthesisOptions, record: SynthesisRecord) -> list[_Piece]:
+        from .lines import check_line_text
         from .text.split import split_for_synthesis
 
         t0 = time.perf_counter()
-        if not isinstance(text, str):
-            raise InputError(f"text must be a str, got {type(text).__name__}")
-        normalized = self.spoken_text(text)
+        normalized = self.spoken_text(check_line_text(text))
         record.text = normalized
         max_len = self.inference.max_text_len or 256
         queue = split_for_synthesis(normalized) if opts.seconds is None else [normalized]

@@ -23,6 +23,7 @@ import torch
 from tokenizers import Tokenizer
 
 from irodori_speaker.errors import CheckpointError, InputError
+from irodori_speaker.text.normalize import drop_lone_surrogates
 
 __all__ = [
     "LLM_JP3_SPECIAL_TOKENS",
@@ -149,6 +150,7 @@ class TextTokenizer:
         """Ids of ``text`` as plain text (BOS prepended when `add_bos`), cut to `max_len` incl. BOS."""
         if not isinstance(text, str):
             raise InputError(f"text must be a str, got {type(text).__name__}")
+        text = drop_lone_surrogates(text)  # not encodable as UTF-8: the tokenizer would raise
         if not text:
             raise InputError("cannot tokenize empty text", hint="normalise with normalize_or_raise first")
         if max_len is not None and max_len < 1:
