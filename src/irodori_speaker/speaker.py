@@ -57,7 +57,7 @@ from .lines import UNSET, LineOptions, Priority, check_line_text
 from .lipsync import Envelope
 from .outputs import Output, OutputSpec, SoundDeviceOutput, make_output
 from .playback import Chunk, Player, PlayItem, resample, total_seconds_estimate
-from .types import SynthesisOptions, SynthesisRecord, SynthesizerLike
+from .types import SynthesisOptions, SynthesisRecord, SynthesizerLike, option_specs
 
 log = logging.getLogger("irodori_speaker.speaker")
 
@@ -242,7 +242,9 @@ class Speaker:
     preset fields, e.g. `preset={"int4": True}`): the model loads on enter. `device` is the
     torch device the model runs on; where the sound goes is `output`: one output or a list,
     an `Output` (`SoundDeviceOutput`, `FileOutput`, `NullOutput`), a sound device name, a file
-    path, "null", or None for the system's default device.
+    path, "null", or None for the system's default device. Any `SynthesisOptions` field by
+    name (`Speaker(speed=1.2, volume=-6)`) sets it for every line, as in `options=`; a line's
+    own value (`say(text, speed=1.0)`) wins.
     """
 
     def __init__(
@@ -279,7 +281,7 @@ class Speaker:
         voice_cache_dir: str | os.PathLike[str] | bool | None = None,
         user_dict: Any = None,
         preset: Any = None,
-        **deprecated_preset_fields: Any,
+        **deprecated_preset_fields: Any,  # also SynthesisOptions fields by name: speed=1.2
     ) -> None:
         load = {
             "model": model,
@@ -295,6 +297,12 @@ class Speaker:
             "preset": preset,
         }
         load = {k: v for k, v in load.items() if v is not None}
+        line_options = {
+            k: v for k, v in deprecated_preset_fields.items() if k in option_specs(SynthesisOptions)
+        }
+        deprecated_preset_fields = {
+            k: v for k, v in deprecated_preset_fields.items() if k not in line_options
+        }
         if deprecated_preset_fields:
             load["preset"] = _merge_deprecated_preset_fields(preset, deprecated_preset_fields)
         if synthesizer is not None and load:
@@ -327,6 +335,8 @@ class Speaker:
         self.voice = voice
         self._voices = list(voices)
         self.options = None if options is None else SynthesisOptions.coerce(options)
+        if line_options:  # Speaker(speed=1.2, seed=3): options of every line, by name
+            self.options = (self.options or SynthesisOptions()).replace(**line_options)
         self.streaming = streaming
         self.prewarm = prewarm
         self.pause_s = float(pause_s)
@@ -1362,7 +1372,7 @@ def _merge_deprecated_preset_fields(preset: Any, fields: dict[str, Any]) -> Any:
     for name in fields:
         if name not in known:
             own = [p for p in inspect.signature(Speaker.__init__).parameters if p != "self"]
-            close = difflib.get_close_matches(name, [*own, *known], n=1)
+            close = difflib.get_close_matches(name, [*own, *known, *option_specs(SynthesisOptions)], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"Speaker() got an unexpected keyword argument {name!r}{hint}")
     warnings.warn(

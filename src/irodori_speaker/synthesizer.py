@@ -8,12 +8,13 @@ and are re-exported here. Options are resolved against the device preset once pe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from .types import (
     SynthesisResult,
     SynthesizerLike,
 )
+
+if TYPE_CHECKING:
+    from .text.pauses import Pause
 
 __all__ = [
     "SAMPLE_RATE",
@@ -69,6 +73,14 @@ class _Piece:
     text: str
     ids: Any  # (1, L) LongTensor
     mask: Any
+    after: float = 0.0  # seconds of exact silence after it (PIECE_GAP_S, or a pause's)
+
+
+class _Plan(list[_Piece]):
+    """A line's pieces in order (each with the silence after it), and `lead`: the silence
+    before the first one (all of a line that is only pauses)."""
+
+    lead: float = 0.0
 
 
 @dataclass
@@ -141,11 +153,35 @@ class Synthesizer:
         return self.model.cfg
 
     def spoken_text(self, text: str) -> str:
-        """What the model reads for `text`: the reference normalisation, then the user dictionary."""
+        """What the model reads for `text`: the reference normalisation, then the user dictionary
+        (pause markup taken out: `spoken_parts` keeps the pauses)."""
+        return "".join(p for p in self.spoken_parts(text) if isinstance(p, str))  # Pauses dropped
+
+    def _spoken(self, text: str) -> str:
         from .text.normalize import normalize_or_raise
 
         normalized = normalize_or_raise(text)
         return normalized if self.user_dict is None else self.user_dict.apply(normalized)
+
+    def spoken_parts(self, text: str) -> list[str | Pause]:
+        """`text` split at its pause markup (`text/pauses.py`): each text part as the model reads
+        it (`spoken_text`), and the Pauses between them. Without markup: `[spoken_text(text)]`.
+        A part with nothing to say between pauses is dropped; a line of only pauses is silence."""
+        from .text.pauses import Pause, split_pauses
+
+        if not isinstance(text, str):
+            raise InputError(f"text must be a str, got {type(text).__name__}")
+        parts = split_pauses(text)
+        if len(parts) == 1 and isinstance(parts[0], str):
+            return [self._spoken(text)]
+        out: list[str | Pause] = []
+        for part in parts:
+            if isinstance(part, Pause):
+                out.append(part)
+            elif part.strip():
+                with contextlib.suppress(InputError):  # e.g. only a bracket between two pauses
+                    out.append(self._spoken(part))
+        return out
 
     def resolve_options(
         self, options: SynthesisOptions | Mapping[str, Any] | None = None
@@ -297,6 +333,7 @@ class Synthesizer:
         (preset defaults filled in), those marked as changing the sound only. `options.seed`
         must be set (a random seed is not reproducible, so such a line cannot be cached).
         """
+        from .text.pauses import canonical
         from .voices import Voice
 
         opts = self.resolve_options(options)
@@ -310,7 +347,10 @@ class Synthesizer:
 
             options_key = {k: v for k, v in options_key.items() if k not in MEANFLOW_IGNORED}
         return {
-            "text": self.spoken_text(text),  # after the user dictionary: a new reading is a new line
+            # after the user dictionary (a new reading is a new line), pauses in one spelling
+            "text": "".join(
+                p if isinstance(p, str) else canonical(p.seconds) for p in self.spoken_parts(text)
+            ),
             "voice": None if voice is None else voice.content_key(),
             "caption": getattr(voice, "caption", None),
             "options": options_key,
@@ -380,23 +420,42 @@ class Synthesizer:
         return latent
 
     # ---- stages -----------------------------------------------------------------------------
-    def _prepare_text(self, text: str, opts: SynthesisOptions, record: SynthesisRecord) -> list[_Piece]:
+    def _prepare_text(self, text: str, opts: SynthesisOptions, record: SynthesisRecord) -> _Plan:
+        """The line as pieces to render with the silences between them: a long text split into
+        pieces joined by PIECE_GAP_S, pause markup as its exact silence."""
         from .lines import check_line_text
+        from .text.pauses import Pause
         from .text.split import split_for_synthesis
 
         t0 = time.perf_counter()
-        normalized = self.spoken_text(check_line_text(text))
-        record.text = normalized
+        parts = self.spoken_parts(check_line_text(text))
+        record.text = "".join(p for p in parts if isinstance(p, str))
         max_len = self.inference.max_text_len or 256
-        queue = split_for_synthesis(normalized) if opts.seconds is None else [normalized]
-        pieces: list[_Piece] = []
-        while queue:
-            part = queue.pop(0)
-            if len(self.tokenizer.encode(part)) > max_len:  # over the token limit: split further
-                queue[:0] = self._split_to_token_limit(part, max_len, record)
+        plan: list[_Piece | float] = []
+        for part in parts:
+            if isinstance(part, Pause):
+                plan.append(part.seconds)
                 continue
-            tok_ids, tok_mask = self.tokenizer.batch([part], max_len=max_len, pad_to=opts.pad_text_to)
-            pieces.append(_Piece(part, tok_ids, tok_mask))
+            queue = split_for_synthesis(part) if opts.seconds is None else [part]
+            first = True
+            while queue:
+                piece = queue.pop(0)
+                if len(self.tokenizer.encode(piece)) > max_len:  # over the token limit: split further
+                    queue[:0] = self._split_to_token_limit(piece, max_len, record)
+                    continue
+                tok_ids, tok_mask = self.tokenizer.batch([piece], max_len=max_len, pad_to=opts.pad_text_to)
+                if not first:
+                    plan.append(PIECE_GAP_S)
+                plan.append(_Piece(piece, tok_ids, tok_mask))
+                first = False
+        pieces = _Plan()
+        for entry in plan:
+            if isinstance(entry, _Piece):
+                pieces.append(entry)
+            elif pieces:
+                pieces[-1].after += entry
+            else:
+                pieces.lead += entry
         record.pieces = len(pieces)
         record.timings["tokenize"] = time.perf_counter() - t0
         return pieces
@@ -465,19 +524,22 @@ class Synthesizer:
         from .text.length import estimate_seconds
 
         if opts.seconds is not None:
+            if opts.speed != 1.0 and "speed is not used with seconds" not in record.warnings:
+                record.warnings.append("speed is not used with seconds")
             return frames_for_seconds(opts.seconds, record.warnings)
+        scale = opts.duration_scale / opts.speed  # speed > 1: a shorter line, the same words
         cap_frames = None if opts.max_seconds is None else frames_for_seconds(opts.max_seconds)
         if self.config.use_duration_predictor:
             has = torch.tensor([has_ref], device=self.device)
             pred = self.model.predict_log_frames(conds, has_speaker=has)
             if opts.predictor_cap is not None:
-                est = estimate_seconds(piece.text) * opts.predictor_cap * opts.duration_scale
+                est = estimate_seconds(piece.text) * opts.predictor_cap * scale
                 cap = frames_for_seconds(est)
                 cap_frames = cap if cap_frames is None else min(cap, cap_frames)
-            frames = frames_from_prediction(pred, opts.duration_scale, cap_frames)[0]
+            frames = frames_from_prediction(pred, scale, cap_frames)[0]
             record.extra.setdefault("duration_source", "predictor")
             return frames
-        seconds = estimate_seconds(piece.text) * opts.duration_scale
+        seconds = estimate_seconds(piece.text) * scale
         record.extra.setdefault("duration_source", "text estimate")
         frames = frames_for_seconds(seconds)
         if cap_frames is not None:
@@ -598,16 +660,31 @@ class Synthesizer:
                 remaining -= len(out)
                 yield out, remaining <= 0
 
-    def _run(self, pieces, voice, opts, record, cancel, progress, *, whole: bool):
+    def _run(self, pieces: _Plan, voice, opts, record, cancel, progress, *, whole: bool):
+        """The line's audio in order: pre_silence, each piece (sampled, decoded, the output
+        controls applied) and the silences between them, post_silence."""
+        from .controls import needs_processing, process_piece, silence
+
         if self.note:
             record.warnings.append(self.note)
         record.seed = int(opts.seed) if opts.seed is not None else secrets.randbits(31)
         record.extra["fingerprints"] = self.fingerprints
-        t0 = time.perf_counter()
-        with hold_model_lock(cancel):
-            content, ref = self._reference(voice, record)
-            voice_states = self._voice_states(content, ref, self._caption(voice))
-        record.timings["reference"] = time.perf_counter() - t0
+        post = needs_processing(opts)
+
+        def quiet(seconds: float) -> np.ndarray:
+            gap = silence(seconds, SAMPLE_RATE)
+            record.samples += len(gap)
+            return gap
+
+        if opts.pre_silence + pieces.lead > 0:
+            yield quiet(opts.pre_silence + pieces.lead)
+        voice_states = None
+        if pieces:  # a line of only pauses needs no model
+            t0 = time.perf_counter()
+            with hold_model_lock(cancel):
+                content, ref = self._reference(voice, record)
+                voice_states = self._voice_states(content, ref, self._caption(voice))
+            record.timings["reference"] = time.perf_counter() - t0
         line_progress = _LineProgress(progress, pieces) if progress is not None else None
         for i, piece in enumerate(pieces):
             first, last = i == 0, i == len(pieces) - 1
@@ -615,18 +692,27 @@ class Synthesizer:
             with hold_model_lock(cancel):
                 rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, step)
             t_dec = time.perf_counter()
+            chunks = self._decode_chunks(rendered, opts, cancel, whole)
+            if post:  # pitch and loudness need the whole piece: decode it, then process it
+                parts = [c for c, _ in chunks]
+                whole_piece = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+                t_post = time.perf_counter()
+                chunks = iter([(process_piece(whole_piece, SAMPLE_RATE, opts, record.warnings), True)])
+                spent = time.perf_counter() - t_post
+                record.timings["controls"] = record.timings.get("controls", 0.0) + spent
+                t_dec += spent  # the decode's time is without it
             head = True  # each chunk goes out as soon as it is decoded (the first one is first audio)
-            for chunk, chunk_is_last in self._decode_chunks(rendered, opts, cancel, whole):
+            for chunk, chunk_is_last in chunks:
                 yield _fade_edges(chunk, fade_in=head and not first, fade_out=chunk_is_last and not last)
                 head = False
             record.samples += rendered.samples
             record.timings["decode"] = record.timings.get("decode", 0.0) + (time.perf_counter() - t_dec)
             if line_progress is not None:
                 line_progress.decoded(i)
-            if not last:
-                gap = np.zeros(int(PIECE_GAP_S * SAMPLE_RATE), dtype=np.float32)
-                record.samples += len(gap)
-                yield gap
+            if piece.after > 0:
+                yield quiet(piece.after)
+        if opts.post_silence > 0:
+            yield quiet(opts.post_silence)
 
     def _sync(self) -> None:
         import torch

@@ -22,20 +22,21 @@ import difflib
 import math
 import numbers
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from .cancel import CancelToken
+from .controls import parse_loudness, parse_volume, require_pitch
 from .errors import InputError
 
 SAMPLE_RATE = 48_000
 
 SCHEDULES = ("linear", "sway")
 GUIDANCE_MODES = ("independent", "joint", "alternating")
-STAGES = ("sampler", "text", "length", "decode")
+STAGES = ("sampler", "text", "length", "decode", "output")
 
 MAX_STEPS = 200  # upstream uses 40; beyond this nothing improves and a line takes minutes
 MAX_SEED = 2**63  # seeds are drawn by torch.Generator.manual_seed (64-bit); exclusive bound
@@ -64,6 +65,8 @@ class Check:
     choices: tuple[str, ...] = ()
     nullable: bool = False
     shown_hi: str | None = None  # how to print `hi` (e.g. "2**63")
+    parse: Callable[[Any], Any] | None = None  # turns another spelling into the value ("-16 LUFS")
+    unit: str = ""  # shown after the bounds, e.g. "dB"
 
     def allowed(self) -> str:
         """The allowed values in words, e.g. 'an integer in [1, 200] or None'."""
@@ -80,13 +83,15 @@ class Check:
                 text += f" {'>' if self.lo_open else '>='} {self.lo:g}"
             elif self.kind is float:
                 text = "a finite number"
+            if self.unit:
+                text += f" {self.unit}"
         return text + (" or None" if self.nullable else "")
 
     def __call__(self, name: str, value: Any, hint: str | None = None) -> Any:
         """The value in its canonical Python type (numpy scalars become int/float), or InputError."""
         if value is None and self.nullable:
             return None
-        ok, out = self._coerce(value)
+        ok, out = self._coerce(self.parse(value) if self.parse is not None else value)
         if ok and not self.choices and self.kind in (int, float):
             if self.lo is not None and (out < self.lo or (self.lo_open and out == self.lo)):
                 ok = False
@@ -327,6 +332,13 @@ class SynthesisOptions(SamplerConfig):
         "the line's length in seconds (> 30 is clamped to 30; None: the predictor or a text estimate)",
         stage="length",
     )
+    speed: float = option(
+        1.0,
+        Check(float, 0.5, 2.0),
+        "speaking rate (> 1: faster): the predicted or estimated length is divided by it, the "
+        "pitch stays; not used with seconds",
+        stage="length",
+    )
     duration_scale: float = option(
         1.0,
         Check(float, 0.1, 10.0),
@@ -370,6 +382,37 @@ class SynthesisOptions(SamplerConfig):
         stage="text",
         limit="max_text_len",
     )
+    pitch: float = option(
+        0.0,
+        Check(float, -12.0, 12.0, unit="semitones"),
+        "move the voice's pitch by this many semitones (WORLD via pyworld, the length stays; "
+        "extra 'controls')",
+        stage="output",
+    )
+    loudness: float | None = option(
+        None,
+        Check(float, -70.0, 0.0, parse=parse_loudness, unit="LUFS", nullable=True),
+        "scale each piece to this integrated loudness, e.g. -16 or '-16 LUFS' (None: as rendered)",
+        stage="output",
+    )
+    volume: float = option(
+        0.0,
+        Check(float, -100.0, 24.0, parse=parse_volume, unit="dB"),
+        "gain in dB after loudness, e.g. -6 or '-6 dB' (-100: silence); peaks over -1 dBFS are "
+        "limited, with a warning",
+        stage="output",
+    )
+    pre_silence: float = option(
+        0.0, Check(float, 0.0, 60.0, unit="s"), "silence before the line, in seconds", stage="output"
+    )
+    post_silence: float = option(
+        0.0, Check(float, 0.0, 60.0, unit="s"), "silence after the line, in seconds", stage="output"
+    )
+
+    def __post_init__(self, num_steps: int | None) -> None:
+        super().__post_init__(num_steps)
+        if self.pitch != 0.0:
+            require_pitch()  # before any model work: pyworld missing is a clear error
 
     @classmethod
     def coerce(cls, value: Any, *, name: str = "options") -> SynthesisOptions:

@@ -80,9 +80,11 @@ def test_query_fields_are_honoured(server, synth):
     assert rate == 24_000 and audio.shape[1] == 2 and np.array_equal(audio[:, 0], audio[:, 1])
     fast = expected_samples(synth, TEXT, speed=2.0)
     assert fast < 0.7 * expected_samples(synth, TEXT)  # speedScale 2 asks the model for half the length
-    # pre-silence is divided by speedScale, as VOICEVOX does: 0.25 s at 24 kHz
+    # pre-silence is divided by speedScale, as VOICEVOX does: 0.25 s at 24 kHz (exact zeros
+    # at 48 kHz; the resampler's filter rings a bit of the onset back into it: an LSB or two)
     assert len(audio) == pytest.approx(6000 + fast / 2, abs=4)
-    assert np.abs(audio[:6000]).max() == 0
+    assert np.abs(audio[: 6000 - 480]).max() <= 2 / 32768
+    assert np.abs(audio[:3000]).max() == 0
     q["volumeScale"] = 0.0
     silent, _ = wav_info(
         httpx.post(server.url + "/synthesis", params={"speaker": 0}, json=q, timeout=60).content
@@ -90,11 +92,30 @@ def test_query_fields_are_honoured(server, synth):
     assert np.abs(silent).max() == 0
 
 
-def test_pitch_and_intonation_are_refused_not_ignored(server):
+def test_intonation_is_refused_not_ignored(server):
     q = httpx.post(server.url + "/audio_query", params={"text": "テスト", "speaker": 0}).json()
-    for field, value in (("pitchScale", 0.1), ("intonationScale", 1.5)):
-        r = httpx.post(server.url + "/synthesis", params={"speaker": 0}, json={**q, field: value})
-        assert r.status_code == 422 and field in r.json()["detail"]
+    r = httpx.post(server.url + "/synthesis", params={"speaker": 0}, json={**q, "intonationScale": 1.5})
+    assert r.status_code == 422 and "intonationScale" in r.json()["detail"]
+
+
+def test_pitch_scale_is_the_pitch_option(server, synth):
+    """pitchScale 0.1 -> +6.58 semitones (controls.pitch_from_voicevox): the same audio as the
+    synthesizer gives with that pitch; out of the option's range it is a 422 naming pitch."""
+    pytest.importorskip("pyworld")
+    from irodori_speaker.controls import pitch_from_voicevox
+    from irodori_speaker.synthesizer import SynthesisOptions
+
+    q = httpx.post(server.url + "/audio_query", params={"text": "テスト", "speaker": 0}).json()
+    q.update(pitchScale=0.1, prePhonemeLength=0.0, postPhonemeLength=0.0)
+    r = httpx.post(server.url + "/synthesis", params={"speaker": 0}, json=q, timeout=60)
+    assert r.status_code == 200
+    audio, _ = wav_info(r.content)
+    want = synth.synthesize("テスト", None, SynthesisOptions(seed=0, pitch=pitch_from_voicevox(0.1))).audio
+    assert pitch_from_voicevox(0.1) == pytest.approx(6.58, abs=0.01)
+    assert len(audio) == len(want)
+    assert np.abs(audio[:, 0] - np.clip(want, -1, 1)).max() < 2 / 32767  # 16-bit WAV rounding
+    r = httpx.post(server.url + "/synthesis", params={"speaker": 0}, json={**q, "pitchScale": 0.5})
+    assert r.status_code == 422 and "pitch" in r.json()["detail"]
 
 
 def test_pause_length_splits_at_pauses_with_exact_silence(server):
@@ -122,7 +143,9 @@ def test_speakers_info_manifest_devices(server):
     assert httpx.get(server.url + "/speaker_info", params={"speaker_uuid": "nope"}).status_code == 422
     manifest = httpx.get(server.url + "/engine_manifest").json()
     assert manifest["default_sampling_rate"] == 48_000
-    assert manifest["supported_features"]["adjust_pitch_scale"] is False
+    from irodori_speaker.controls import pitch_available
+
+    assert manifest["supported_features"]["adjust_pitch_scale"] is pitch_available()
     assert httpx.get(server.url + "/supported_devices").json()["cpu"] is True
     assert httpx.get(server.url + "/version").json() == httpx.get(server.url + "/core_versions").json()[0]
 

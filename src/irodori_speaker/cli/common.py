@@ -130,6 +130,18 @@ def add_sampling_flags(p: argparse.ArgumentParser, seed_help: str | None = None)
     )
     g.add_argument("--seconds", type=float, help="utterance length (default: predicted or estimated)")
     g.add_argument("--no-tail-trim", action="store_true", help="keep the trailing near-silence")
+    add_control_flags(p)
+
+
+def add_control_flags(p: argparse.ArgumentParser) -> None:
+    """The voice controls (docs/voices.md): speed, pitch, loudness, volume, silences."""
+    g = p.add_argument_group("voice controls")
+    g.add_argument("--speed", type=float, help="speaking rate, 0.5-2.0 (> 1: faster; default 1)")
+    g.add_argument("--pitch", type=float, help="pitch shift in semitones, -12 to 12 (needs pyworld)")
+    g.add_argument("--loudness", metavar="LUFS", help="loudness target, e.g. -16 or '-16 LUFS'")
+    g.add_argument("--volume", metavar="DB", help="gain in dB after --loudness, e.g. -6 or '+3 dB'")
+    g.add_argument("--pre-silence", type=float, metavar="S", help="seconds of silence before the line")
+    g.add_argument("--post-silence", type=float, metavar="S", help="seconds of silence after the line")
 
 
 def add_cache_flags(p: argparse.ArgumentParser, *, switch: bool = False) -> None:
@@ -224,12 +236,18 @@ def check_caption(args: argparse.Namespace, synth: Any) -> None:
 def build_options(args: argparse.Namespace):
     from ..types import SynthesisOptions
 
+    controls = {
+        name: getattr(args, name)
+        for name in ("speed", "pitch", "loudness", "volume", "pre_silence", "post_silence")
+        if getattr(args, name, None) is not None
+    }
     return SynthesisOptions(
         steps=args.steps,
         schedule=args.schedule,
         seed=args.seed,
         seconds=args.seconds,
         tail_trim=not args.no_tail_trim,
+        **controls,
     )
 
 

@@ -71,11 +71,11 @@ def cmd_say(args: argparse.Namespace) -> int:
     if args.play:
         find_output_device(args.output_device, args.hostapi)
     voice = voice_and_checks(args)
+    options = build_options(args)  # a bad --speed / --loudness costs no model load
     use_cache = args.cache or args.cache_dir is not None
     cache = open_cache(args.cache_dir) if use_cache else None
     try:
         synth = load_from_args(args)
-        options = build_options(args)
         hit = False
         progress = Progress(
             "synthesising", enabled=show_progress(args), counts=False

@@ -1,9 +1,6 @@
-"""What the server does to the synthesizer's audio before it leaves: the controls the
-options pipeline has no field for yet (gain, leading/trailing silence, output rate,
-stereo), and the encoders (WAV, raw PCM, MP3, Opus, AAC, FLAC), whole or streamed.
-
-`PostProcess` is the one place these controls live; when the options pipeline grows
-volume / silence fields (the voice-controls issue), `PostProcess` maps onto them.
+"""What the server does to the synthesizer's audio before it leaves: the output rate and
+channels (`PostProcess`; volume and silences are options of the synthesizer), and the
+encoders (WAV, raw PCM, MP3, Opus, AAC, FLAC), whole or streamed.
 """
 
 from __future__ import annotations
@@ -32,11 +29,9 @@ MEDIA_TYPES = {
 
 @dataclass(frozen=True)
 class PostProcess:
-    """Gain, silences, rate and channels applied to 48 kHz mono float32 audio."""
+    """Output rate and channels of 48 kHz mono float32 audio (what the options pipeline leaves
+    to the response format; gain and silences are options: types.SynthesisOptions)."""
 
-    gain: float = 1.0  # linear (VOICEVOX's volumeScale)
-    pre_silence_s: float = 0.0
-    post_silence_s: float = 0.0
     rate: int = SOURCE_RATE
     stereo: bool = False
 
@@ -44,15 +39,9 @@ class PostProcess:
         if not MIN_RATE <= self.rate <= MAX_RATE:
             raise InputError(f"output sampling rate must be {MIN_RATE}-{MAX_RATE} Hz, got {self.rate}")
 
-    def silence(self, seconds: float) -> np.ndarray:
-        return np.zeros(round(max(0.0, seconds) * self.rate), dtype=np.float32)
-
     def apply(self, audio: np.ndarray) -> np.ndarray:
         """The whole line: (samples,) mono or (samples, 2) stereo, float32 in [-1, 1]."""
-        x = self.resample(audio)
-        x = np.concatenate([self.silence(self.pre_silence_s), x * np.float32(self.gain)])
-        x = np.concatenate([x, self.silence(self.post_silence_s)])
-        return self.channels(np.clip(x, -1.0, 1.0))
+        return self.channels(np.clip(self.resample(audio), -1.0, 1.0))
 
     def resample(self, audio: np.ndarray) -> np.ndarray:
         if self.rate == SOURCE_RATE:
@@ -71,22 +60,16 @@ class PostProcess:
             import soxr  # type: ignore[import-untyped,unused-ignore]
 
             resampler = soxr.ResampleStream(SOURCE_RATE, self.rate, 1, dtype="float32")
-        pre = self.silence(self.pre_silence_s)
-        if len(pre):
-            yield self.channels(pre)
         for chunk in chunks:
             x = chunk.astype(np.float32, copy=False)
             if resampler is not None:
                 x = resampler.resample_chunk(x)
             if len(x):
-                yield self.channels(np.clip(x * np.float32(self.gain), -1.0, 1.0))
+                yield self.channels(np.clip(x, -1.0, 1.0))
         if resampler is not None:
             tail = resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
             if len(tail):
-                yield self.channels(np.clip(tail * np.float32(self.gain), -1.0, 1.0))
-        post = self.silence(self.post_silence_s)
-        if len(post):
-            yield self.channels(post)
+                yield self.channels(np.clip(tail, -1.0, 1.0))
 
 
 def to_pcm16(x: np.ndarray) -> bytes:

@@ -61,7 +61,7 @@ def build_router(state: AppState) -> APIRouter:
         voice_name = body.voice if isinstance(body.voice, str) else str(body.voice.get("id", ""))
         style = state.book.resolve_openai(voice_name)
         voice = style.voice()
-        options = state.options(duration_scale=1.0 / body.speed)
+        options = state.options(speed=body.speed)
         started = time.perf_counter()
         chunks: AsyncGenerator[np.ndarray, None] = state.service.stream(  # type: ignore[assignment,unused-ignore]
             body.input,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +12,8 @@ from ..text.userdict import UserDictionary
 from .config import ServerSettings, VoiceBook
 from .metrics import Metrics
 from .service import SpeechService
+
+SPEED_RANGE = (0.5, 2.0)  # the speed option's bounds (types.SynthesisOptions.speed)
 
 
 @dataclass
@@ -34,14 +35,19 @@ class AppState:
     def spoken_text(self, text: str) -> str:
         return self.synth.spoken_text(text)
 
-    def options(self, **fields: Any) -> Any:
+    def options(self, speed: float = 1.0, **fields: Any) -> Any:
         """SynthesisOptions for a request: the server's seed and steps plus `fields`.
 
-        The one place request fields meet the options pipeline (speed -> duration_scale today)."""
+        The one place request fields meet the options pipeline. `speed` is the `speed`
+        option; the APIs allow 0.25-4, beyond its 0.5-2 the rest scales the length the same
+        way through `duration_scale`."""
         from ..synthesizer import SynthesisOptions
 
+        lo, hi = SPEED_RANGE
+        kept = min(max(speed, lo), hi)
+        fields["duration_scale"] = fields.get("duration_scale", 1.0) * kept / speed
         base = SynthesisOptions(seed=self.settings.seed, steps=self.settings.steps)
-        return dataclasses.replace(base, **fields)
+        return base.replace(speed=kept, **fields)
 
     def client_key(self, request: Request) -> str:
         """The fair queue's lane: the client's address and (hashed) credentials."""

@@ -4,8 +4,10 @@ An AudioQuery is built from pyopenjtalk's accent phrases with estimated lengths.
 synthesis the model reads the query's `kana` (the original text, as AivisSpeech does)
 when its moras are the ones that text gives, else the moras' own reading (a client that
 edited readings is heard). Edited lengths scale the length the model is asked for by
-(query's speech length / our estimate); speedScale divides it; pauseLength /
-pauseLengthScale split the line at its pauses into pieces joined by exact silence.
+(query's speech length / our estimate). The scales are the options pipeline's controls
+(`plan_query`): speedScale -> speed, pitchScale -> pitch, volumeScale -> volume,
+pre/postPhonemeLength -> pre/post_silence; pauseLength / pauseLengthScale become pause markup
+(`text/pauses.py`), so the line is split there into pieces joined by exact silence.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
+from ..controls import pitch_available
 from ..errors import InputError
 from ..text import prosody
 from ..text.length import MORAE_PER_SECOND, PAUSE_S
@@ -43,10 +46,10 @@ StyleId = Annotated[int, Query(alias="speaker", description="style id (GET /spea
 
 @dataclasses.dataclass
 class Plan:
-    """What one AudioQuery asks for: pieces of text (each followed by a silence), the
-    SynthesisOptions for the model, and the post-processing of the joined audio."""
+    """What one AudioQuery asks for: the text (with pause markup where the query's pauses are
+    exact), the SynthesisOptions (speed, pitch, volume, silences) and the output format."""
 
-    pieces: list[tuple[str, float]]
+    text: str
     options: Any
     post: PostProcess
 
@@ -56,28 +59,30 @@ def _phrase_moras(phrases: list[Any]) -> list[tuple[tuple[str, ...], bool]]:
 
 
 def plan_query(state: AppState, q: S.AudioQuery) -> Plan:
-    """Map an AudioQuery onto the synthesizer (raises InputError on what we cannot honour)."""
-    if q.pitchScale != 0.0:
-        raise InputError(
-            f"pitchScale {q.pitchScale} is not supported yet (send 0.0)",
-            hint="irodori-speaker has no pitch control yet; docs/server.md lists the AudioQuery fields",
-        )
+    """Map an AudioQuery onto the options pipeline (raises InputError on what we cannot honour).
+
+    speedScale -> speed, pitchScale -> pitch (semitones, `controls.pitch_from_voicevox`),
+    volumeScale -> volume (dB), pre/postPhonemeLength (divided by speedScale, as VOICEVOX
+    does) -> pre/post_silence, pauseLength / pauseLengthScale -> pause markup between the pieces."""
+    from ..controls import pitch_from_voicevox, volume_from_scale
+    from ..text.pauses import canonical
+
     if q.intonationScale != 1.0:
         raise InputError(
-            f"intonationScale {q.intonationScale} is not supported yet (send 1.0)",
+            f"intonationScale {q.intonationScale} is not supported (send 1.0)",
             hint="the model sets its own intonation; docs/server.md lists the AudioQuery fields",
         )
     speed = q.speedScale
-    post = PostProcess(
-        gain=q.volumeScale,
-        pre_silence_s=q.prePhonemeLength / speed,
-        post_silence_s=q.postPhonemeLength / speed,
-        rate=q.outputSamplingRate,
-        stereo=q.outputStereo,
-    )
+    post = PostProcess(rate=q.outputSamplingRate, stereo=q.outputStereo)
+    controls = {
+        "pitch": pitch_from_voicevox(q.pitchScale),
+        "volume": volume_from_scale(q.volumeScale),
+        "pre_silence": q.prePhonemeLength / speed,
+        "post_silence": q.postPhonemeLength / speed,
+    }
     moras = [m for p in q.accent_phrases for m in p.moras]
-    if not moras:
-        return Plan([], None, post)
+    if not moras:  # nothing to say: only the silences
+        return Plan(canonical(0.0), state.options(speed=speed, **controls), post)
     reading_groups: list[str] = []  # the query's reading, one entry per pause group
     silences: list[float] = []
     current = ""
@@ -101,18 +106,17 @@ def plan_query(state: AppState, q: S.AudioQuery) -> Plan:
         p.pause_mora is None or abs(p.pause_mora.vowel_length - PAUSE_S) < 1e-6 for p in q.accent_phrases
     )
     if default_pauses:  # one piece: the model places its own pauses
-        pieces = [(text if from_text else "".join(reading_groups), 0.0)]
+        line = text if from_text else "".join(reading_groups)
     else:
         groups = [g for g in _PAUSE_SPLIT.split(text) if g.strip()] if from_text else []
         if len(groups) != len(reading_groups):
             groups = reading_groups  # the text's punctuation does not line up with the pauses
-        pieces = list(zip(groups, silences))
+        line = "".join(g + (canonical(s) if s > 0 else "") for g, s in zip(groups, silences))
     speech_s = sum(m.seconds for m in moras)
     ratio = speech_s / (len(moras) / MORAE_PER_SECOND)
     if ratio <= 0:
         raise InputError("the query's mora lengths add up to zero")
-    options = state.options(duration_scale=ratio / speed)
-    return Plan(pieces, options, post)
+    return Plan(line, state.options(speed=speed, duration_scale=ratio, **controls), post)
 
 
 def _same_moras(state: AppState, text: str, phrases: list[S.AccentPhrase]) -> bool:
@@ -144,22 +148,16 @@ def build_router(state: AppState) -> APIRouter:
         return [S.AccentPhrase.of(p) for p in prosody.accent_phrases(spoken)]
 
     async def synthesize_query(q: S.AudioQuery, style_id: int, request: Request, route: str):
-        import numpy as np
-
         voice = state.voice(style_id)
         plan = plan_query(state, q)
-        parts = []
-        for text, silence in plan.pieces:
-            audio = await state.service.render(
-                text,
-                voice,
-                plan.options,
-                client=state.client_key(request),
-                route=route,
-                is_disconnected=request.is_disconnected,
-            )
-            parts += [audio, np.zeros(round(silence * SOURCE_RATE), dtype=np.float32)]
-        audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+        audio = await state.service.render(
+            plan.text,
+            voice,
+            plan.options,
+            client=state.client_key(request),
+            route=route,
+            is_disconnected=request.is_disconnected,
+        )
         state.metrics.audio_seconds.inc(len(audio) / SOURCE_RATE)
         return plan.post.apply(audio), plan.post.rate
 
@@ -191,7 +189,7 @@ def build_router(state: AppState) -> APIRouter:
                 adjust_mora_pitch=False,
                 adjust_phoneme_length=True,
                 adjust_speed_scale=True,
-                adjust_pitch_scale=False,
+                adjust_pitch_scale=pitch_available(),
                 adjust_intonation_scale=False,
                 adjust_volume_scale=True,
                 adjust_pause_length=True,

@@ -23,6 +23,10 @@ a character that has not arrived yet waits for it). Rules, in the order they app
    dropped; one that is only emoji and/or tags is carried to the front of the next
    segment. Bracketed tags like ``[happy]`` at a segment start are part of that segment's
    text (they do not count towards `min_chars`); the Speaker may interpret them.
+7. Pause markup (``<break time="500ms"/>``, ``[pause:0.5]``, `irodori_speaker.text.pauses`)
+   is never cut: an unfinished one at the end of a chunk waits for the rest (also through
+   a stall flush), a segment is never cut inside one, and a pause with nothing to say yet
+   is carried to the front of the next segment.
 
 Character counts are non-whitespace characters. Nothing here is time-based: the caller
 runs the stall timer and calls ``flush(final=False)`` when the stream stalls.
@@ -31,6 +35,7 @@ runs the stall timer and calls ``flush(final=False)`` when the stream stalls.
 from __future__ import annotations
 
 from irodori_speaker.errors import InputError
+from irodori_speaker.text.pauses import markup_spans, partial_markup_start
 from irodori_speaker.text.split import (
     DEFAULT_MAX_CHARS,
     WAIT,
@@ -265,7 +270,7 @@ class StreamSegmenter:
         if not isinstance(chunk, str):
             raise InputError(f"chunk must be a str, got {type(chunk).__name__}")
         self._buf += self._filter.push(chunk, final=False)
-        return self._drain(final=False)
+        return self._drain(final=False, hold=True)
 
     def flush(self, *, final: bool = True) -> list[str]:
         """Return everything pending as segments.
@@ -275,14 +280,19 @@ class StreamSegmenter:
         first-segment rule stays used up).
         """
         self._buf += self._filter.push("", final=True)
-        out = self._drain(final=True)
-        self._carry = ""  # emoji or tags with nothing left to say
+        out = self._drain(final=True, hold=not final)
+        if final or not markup_spans(self._carry):
+            self._carry = ""  # emoji or tags with nothing left to say (a pause waits out a stall)
         if final:
             self.reset()
         return out
 
-    def _drain(self, final: bool) -> list[str]:
+    def _drain(self, final: bool, hold: bool = False) -> list[str]:
         out: list[str] = []
+        held = ""  # with `hold`, an unfinished pause markup at the end waits for its rest
+        start = partial_markup_start(self._buf) if hold else None
+        if start is not None:
+            self._buf, held = self._buf[:start], self._buf[start:]
         while self._buf:
             cut = self._next_cut(self._buf, final)
             if cut is None:
@@ -293,6 +303,7 @@ class StreamSegmenter:
                 break
             seg, self._buf = self._buf[:cut], self._buf[cut:]
             self._emit(seg, out)
+        self._buf += held
         return out
 
     def _emit(self, seg: str, out: list[str]) -> None:
@@ -300,11 +311,15 @@ class StreamSegmenter:
         self._carry = ""
         if not text:
             return
-        if is_speakable(text):
+        spans = markup_spans(text)
+        words = text
+        for a, b in reversed(spans):
+            words = words[:a] + " " + words[b:]
+        if is_speakable(words):
             out.append(text)
             self._emitted = True
-        elif any(is_emoji_part(ch) for ch in text) or leading_tag_ends(text):
-            self._carry = text
+        elif spans or any(is_emoji_part(ch) for ch in text) or leading_tag_ends(text):
+            self._carry = text  # a pause with nothing to say yet goes with the next segment
         # else: only punctuation, nothing to say: dropped
 
     def _next_cut(self, s: str, final: bool) -> int | _Wait | None:
@@ -316,10 +331,15 @@ class StreamSegmenter:
         nonws = [0] * (len(s) + 1)
         for k, ch in enumerate(s):
             nonws[k + 1] = nonws[k] + (not ch.isspace())
+        inside = [False] * len(s)  # never cut within a pause markup (text/pauses.py)
+        for a, b in markup_spans(s):
+            inside[a : b - 1] = [True] * (b - 1 - a)
         t = 0  # tags complete within s[:i+1] do not count
         for i in range(len(s)):
             while t < len(tag_ends) and tag_ends[t] <= i + 1:
                 t += 1
+            if inside[i]:
+                continue
             size = nonws[i + 1] - (nonws[tag_ends[t - 1]] if t else 0)
             kind = classify(s, i, final, mask)
             if isinstance(kind, _Wait):

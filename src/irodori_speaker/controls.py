@@ -1,0 +1,186 @@
+"""Voice controls on the audio -> output side: pitch, loudness, volume, peak limit, silences.
+
+The synthesizer calls `process_piece` on each rendered piece (whole: pitch and loudness
+need all of it) when `needs_processing(options)`, and `silence` for the line's pre / post
+silence and the pauses of the text's markup (`text/pauses.py`). Order per piece:
+
+1. pitch (`pitch` semitones): WORLD (pyworld) Harvest analysis, f0 times 2**(st/12), resynthesis
+   at the same length; the spectral envelope is kept, so the timbre and the rate stay.
+2. loudness (`loudness` LUFS): the piece is scaled to that integrated loudness
+   (ITU-R BS.1770 via pyloudnorm, `audio.loudness_lufs`); silence is left alone.
+3. volume (`volume` dB) on top: a relative gain (-100 dB is silence).
+4. peak limit: a piece whose peak would pass `PEAK_CEILING` is scaled down to it
+   (`audio.peak_limit`) and a note says by how much: never clipped, never silently quieter.
+
+The option values are parsed and checked by `types.SynthesisOptions` (the parsers of the
+"-16 LUFS" / "+3 dB" strings live here); the VOICEVOX scales map onto them here too.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import math
+import re
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError
+
+log = logging.getLogger("irodori_speaker.controls")
+
+PEAK_CEILING = 10 ** (-1.0 / 20)  # -1 dBFS: room for the inter-sample peaks of a lossy encoder
+MUTE_DB = -100.0  # volume at (or below) this is silence (VOICEVOX volumeScale 0)
+WORLD_FRAME_MS = 5.0
+PITCH_INSTALL_HINT = "pitch needs pyworld: pip install 'irodori-speaker[controls]' (or pip install pyworld)"
+# VOICEVOX multiplies each mora's log f0 (ln Hz) by 2**pitchScale, so its shift in semitones
+# depends on the voice; we take the shift it gives a voice whose f0 is this (docs/server.md).
+VOICEVOX_REFERENCE_F0 = 200.0
+
+_NUMBER_UNIT = re.compile(r"\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*([a-zA-Z]*)\s*")
+
+
+def _number_with_unit(value: Any, units: tuple[str, ...]) -> Any:
+    """'-16 LUFS' -> -16.0 when the unit is one of `units` (case-insensitive); others unchanged."""
+    if not isinstance(value, str):
+        return value
+    m = _NUMBER_UNIT.fullmatch(value)
+    if m is None or m.group(2).lower() not in units:
+        return value  # the option's check reports it
+    return float(m.group(1))
+
+
+def parse_loudness(value: Any) -> Any:
+    """A loudness target: a number (LUFS) or a string like '-16 LUFS' / '-16 LKFS' / '-16'."""
+    return _number_with_unit(value, ("lufs", "lkfs", ""))
+
+
+def parse_volume(value: Any) -> Any:
+    """A volume: a number (dB) or a string like '+3 dB' / '-6dB' / '-6'."""
+    return _number_with_unit(value, ("db", ""))
+
+
+def volume_from_scale(scale: float) -> float:
+    """A linear amplitude scale (VOICEVOX volumeScale, 1.0 = unchanged) -> volume in dB."""
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0):
+        raise InputError(f"volume scale must be a number >= 0, got {scale!r}")
+    return MUTE_DB if scale <= 10 ** (MUTE_DB / 20) else max(MUTE_DB, 20.0 * math.log10(scale))
+
+
+def pitch_from_voicevox(pitch_scale: float) -> float:
+    """VOICEVOX pitchScale -> semitones: ln f0 * (2**s - 1) in octaves at VOICEVOX_REFERENCE_F0."""
+    return 12.0 * math.log(VOICEVOX_REFERENCE_F0) * (2.0**pitch_scale - 1.0) / math.log(2.0)
+
+
+def gain_of(volume_db: float) -> float:
+    """The linear gain of a volume in dB (0 at MUTE_DB and below)."""
+    return 0.0 if volume_db <= MUTE_DB else 10.0 ** (volume_db / 20.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# pitch (pyworld)
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def pitch_available() -> bool:
+    """Whether pyworld can be imported (checked once, without importing it)."""
+    return importlib.util.find_spec("pyworld") is not None
+
+
+def require_pitch() -> None:
+    """InputError with the install hint when pitch shifting is asked for without pyworld."""
+    if not pitch_available():
+        raise InputError(
+            "option pitch needs the pyworld package, which is not installed", hint=PITCH_INSTALL_HINT
+        )
+
+
+def _pyworld() -> Any:
+    try:
+        with warnings.catch_warnings():
+            # pyworld <= 0.3.5 reads its own version through the deprecated pkg_resources
+            warnings.simplefilter("ignore", UserWarning)
+            import pyworld
+    except ImportError as e:
+        hint = PITCH_INSTALL_HINT
+        if getattr(e, "name", None) == "pkg_resources":
+            hint = "pyworld 0.3.5 needs pkg_resources: pip install 'setuptools<81' (or pyworld >= 0.3.6)"
+        raise InputError(f"option pitch: pyworld cannot be imported ({e})", hint=hint) from e
+    return pyworld
+
+
+def pitch_shift(audio: np.ndarray, sr: int, semitones: float, analysis: str = "harvest") -> np.ndarray:
+    """`audio` (float32 mono) with its f0 moved by `semitones`, same length, via WORLD.
+
+    Harvest f0 (`analysis="dio"`: DIO + StoneMask, about half the cost but with more octave
+    errors on TTS speech: benchmarks/pitch_shift.py), CheapTrick envelope, D4C aperiodicity,
+    resynthesis with the f0 scaled by 2**(semitones/12); unvoiced frames stay unvoiced.
+    """
+    if semitones == 0.0 or len(audio) == 0:
+        return audio
+    if analysis not in ("harvest", "dio"):
+        raise InputError(f"pitch analysis must be 'harvest' or 'dio', got {analysis!r}")
+    pw = _pyworld()
+    x = np.ascontiguousarray(audio, dtype=np.float64)
+    if analysis == "harvest":
+        f0, t = pw.harvest(x, sr, frame_period=WORLD_FRAME_MS)
+    else:
+        f0, t = pw.dio(x, sr, frame_period=WORLD_FRAME_MS)
+        f0 = pw.stonemask(x, f0, t, sr)
+    sp = pw.cheaptrick(x, f0, t, sr)
+    ap = pw.d4c(x, f0, t, sr)
+    y = pw.synthesize(f0 * 2.0 ** (semitones / 12.0), sp, ap, sr, WORLD_FRAME_MS)
+    out = np.zeros(len(x), dtype=np.float32)  # WORLD's length is whole frames: cut or pad to ours
+    n = min(len(x), len(y))
+    out[:n] = y[:n]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# one piece, and silence
+# ---------------------------------------------------------------------------------------------
+
+
+def needs_processing(options: Any) -> bool:
+    """Whether `process_piece` changes anything for these options."""
+    return options.pitch != 0.0 or options.loudness is not None or options.volume != 0.0
+
+
+def process_piece(audio: np.ndarray, sr: int, options: Any, notes: list[str] | None = None) -> np.ndarray:
+    """Pitch, loudness, volume and peak limit of one rendered piece (see the module doc).
+
+    `notes` collects what the caller should tell the user (a peak-limited piece)."""
+    from .audio import loudness_lufs, peak_limit
+
+    x = np.asarray(audio, dtype=np.float32)
+    if len(x) == 0:
+        return x
+    if options.pitch != 0.0:
+        x = pitch_shift(x, sr, options.pitch)
+    gain = gain_of(options.volume)
+    if options.loudness is not None and gain > 0.0:
+        measured = loudness_lufs(x, sr)
+        if math.isfinite(measured):
+            gain *= 10.0 ** ((options.loudness - measured) / 20.0)
+    if gain != 1.0:
+        x = (x.astype(np.float64) * gain).astype(np.float32)
+    peak = float(np.max(np.abs(x)))
+    if peak > PEAK_CEILING:
+        x = peak_limit(x, PEAK_CEILING)
+        note = (
+            f"peak-limited by {20 * math.log10(peak / PEAK_CEILING):.1f} dB (its peak would have been "
+            f"{20 * math.log10(peak):+.1f} dBFS): lower volume/loudness to keep the level asked for"
+        )
+        log.info("a piece was %s", note)
+        if notes is not None:
+            notes.append("audio " + note)
+    return x
+
+
+def silence(seconds: float, sr: int) -> np.ndarray:
+    """Exactly round(seconds * sr) samples of digital silence."""
+    return np.zeros(round(seconds * sr), dtype=np.float32)

@@ -1,0 +1,105 @@
+"""Pause markup in the text: split a line into speech and exact silences.
+
+Two spellings, anywhere in a line (case-insensitive, spaces allowed inside):
+
+    こんにちは<break time="500ms"/>今日は      SSML-like: time in ms or s ("1s", "1.5s")
+    こんにちは[pause:0.5]今日は                 seconds, or with a unit ("[pause:500ms]")
+
+`split_pauses` turns a line into text pieces and `Pause`s; the synthesizer renders the
+pieces and joins them with exactly round(seconds * 48000) zero samples. The markup never
+reaches the model. Something that starts like markup but is not valid (`<break time="x"/>`,
+`[pause:]`, a pause over `MAX_PAUSE_S`) is an `InputError` naming it, not text read aloud.
+
+`partial_markup_start` serves the LLM stream segmenter: where an unfinished markup may begin
+at the end of a chunk, so it waits for the rest instead of cutting it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+__all__ = ["MAX_PAUSE_S", "Pause", "canonical", "markup_spans", "partial_markup_start", "split_pauses"]
+
+MAX_PAUSE_S = 30.0
+_HINT = 'write <break time="500ms"/>, <break time="1s"/> or [pause:0.5] (seconds, at most 30)'
+
+# Anything that announces itself as pause markup; validated by _VALID below.
+_CANDIDATE = re.compile(r"<\s*break\b[^<>]*>|\[\s*pause\s*:[^\[\]]*\]", re.IGNORECASE)
+_BREAK = re.compile(
+    r"<\s*break\s+time\s*=\s*(?P<q>[\"']?)\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s)\s*(?P=q)\s*/?\s*>",
+    re.IGNORECASE,
+)
+_PAUSE = re.compile(r"\[\s*pause\s*:\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s)?\s*\]", re.IGNORECASE)
+# the longest prefix that can still become markup: "<", "<br", "<break time=\"1", "[pa", ...
+_PREFIXES = ("<break", "[pause")
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A silence of `seconds` in a line."""
+
+    seconds: float
+
+
+def _seconds(markup: str) -> float:
+    m = _BREAK.fullmatch(markup) or _PAUSE.fullmatch(markup)
+    if m is None:
+        raise InputError(f"cannot read the pause markup {markup[:40]!r}", hint=_HINT)
+    value = float(m.group("num"))
+    if (m.group("unit") or "s").lower() == "ms":
+        value /= 1000.0
+    if value > MAX_PAUSE_S:
+        raise InputError(f"pause {markup[:40]!r} is longer than {MAX_PAUSE_S:g} s", hint=_HINT)
+    return value
+
+
+def markup_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of every pause markup (valid or not) in `text`."""
+    return [m.span() for m in _CANDIDATE.finditer(text)]
+
+
+def split_pauses(text: str) -> list[str | Pause]:
+    """`text` as text pieces and Pauses in order (no markup: `[text]`). Adjacent pauses add up;
+    text pieces are kept as they are (possibly only whitespace: the caller decides)."""
+    out: list[str | Pause] = []
+    pos = 0
+    for m in _CANDIDATE.finditer(text):
+        if m.start() > pos:
+            out.append(text[pos : m.start()])
+        seconds = _seconds(m.group(0))
+        if out and isinstance(out[-1], Pause):
+            out[-1] = Pause(out[-1].seconds + seconds)
+        else:
+            out.append(Pause(seconds))
+        pos = m.end()
+    if pos < len(text) or not out:
+        out.append(text[pos:])
+    return out
+
+
+def canonical(seconds: float) -> str:
+    """The one spelling of a pause in identities (the phrase-cache key): '<break time="500ms"/>'."""
+    return f'<break time="{round(seconds * 1000, 3):g}ms"/>'
+
+
+def partial_markup_start(text: str) -> int | None:
+    """Index where an unfinished pause markup may start at the end of `text`, else None.
+
+    "…です<bre" -> the index of "<"; "…[pause:0." -> the index of "["; a complete markup,
+    or a "<" / "[" that cannot begin one ("<b>" , "[happy"), gives None."""
+    for opener in ("<", "["):
+        i = text.rfind(opener)
+        if i < 0:
+            continue
+        tail = text[i:]
+        if (">" if opener == "<" else "]") in tail:
+            continue
+        squeezed = re.sub(r"\s+", "", tail).lower()
+        prefix = _PREFIXES[0] if opener == "<" else _PREFIXES[1]
+        could_be = prefix.startswith(squeezed) or squeezed.startswith(prefix)
+        if could_be and len(tail) <= 64:  # longer is not markup waiting to finish
+            return i
+    return None
