@@ -18,7 +18,9 @@ What it shows:
   speech starts with the first sentence while the rest is still being "generated".
 - The lip-sync events (`mouth`, ~50 Hz, timed to the sound card) driving a mouth
   parameter: printed, or sent to VTube Studio's plugin API (`--vts`; needs the optional
-  `websockets` package: `pip install websockets`).
+  `websockets` package: `pip install websockets`). With `--visemes` the mouth follows the
+  `viseme` events instead (あいうえお + closed, from the estimated mora timing): VTube
+  Studio's `MouthOpen` and `MouthSmile` take a shape per vowel (`VISEME_SHAPES`).
 """
 
 from __future__ import annotations
@@ -110,13 +112,29 @@ async def fake_llm(question: str, speed: float = 1.0) -> AsyncIterator[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+# (MouthOpen, MouthSmile) per viseme: あ wide open, い spread, う rounded and small, え half
+# open and spread, お open and rounded; closed with a neutral smile.
+VISEME_SHAPES: dict[str, tuple[float, float]] = {
+    "a": (1.0, 0.5),
+    "i": (0.35, 1.0),
+    "u": (0.3, 0.0),
+    "e": (0.6, 0.8),
+    "o": (0.75, 0.1),
+    "closed": (0.0, 0.5),
+}
+
+
 class PrintMouth:
-    """Prints the mouth level as a bar, at most `hz` lines a second."""
+    """Prints the mouth level as a bar, at most `hz` lines a second (or the viseme)."""
 
     def __init__(self, hz: float = 8.0) -> None:
         self.period = 1.0 / hz
         self.last = 0.0
         self.count = 0
+
+    async def send_shape(self, viseme: str) -> None:
+        self.count += 1
+        print(f"  viseme {viseme}", flush=True)
 
     async def send(self, level: float) -> None:
         self.count += 1
@@ -143,12 +161,17 @@ def vts_request(message_type: str, data: dict[str, Any], request_id: str | None 
 
 def vts_inject(parameter: str, value: float) -> dict[str, Any]:
     """InjectParameterDataRequest setting one (default or custom) tracking parameter."""
+    return vts_inject_many({parameter: value})
+
+
+def vts_inject_many(values: dict[str, float]) -> dict[str, Any]:
+    """InjectParameterDataRequest setting several tracking parameters at once."""
     return vts_request(
         "InjectParameterDataRequest",
         {
             "faceFound": False,
             "mode": "set",
-            "parameterValues": [{"id": parameter, "value": float(min(1.0, max(0.0, value)))}],
+            "parameterValues": [{"id": k, "value": float(min(1.0, max(0.0, v)))} for k, v in values.items()],
         },
         "irodori-mouth",
     )
@@ -173,6 +196,7 @@ class VTubeStudioMouth:
         self.token_file = token_file or Path(".vts_token")
         self.ws: Any = None
         self.value = 0.0
+        self.values: dict[str, float] = {}  # the last shape (viseme mode), re-sent by the keepalive
         self.count = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._last_sent = 0.0
@@ -209,17 +233,27 @@ class VTubeStudioMouth:
         while True:
             await asyncio.sleep(1.0)
             if time.monotonic() - self._last_sent > 1.0:
-                await self._inject(self.value)
+                await self._inject_many(self.values or {self.parameter: self.value})
 
     async def _inject(self, value: float) -> None:
+        await self._inject_many({self.parameter: value})
+
+    async def _inject_many(self, values: dict[str, float]) -> None:
         self._last_sent = time.monotonic()
         with contextlib.suppress(Exception):
-            await self.ws.send(json.dumps(vts_inject(self.parameter, value)))
+            await self.ws.send(json.dumps(vts_inject_many(values)))
 
     async def send(self, level: float) -> None:
         self.value = level
         self.count += 1
         await self._inject(level)
+
+    async def send_shape(self, viseme: str) -> None:
+        """A viseme as MouthOpen (this mouth's parameter) and MouthSmile."""
+        opened, smile = VISEME_SHAPES.get(viseme, VISEME_SHAPES["closed"])
+        self.values = {self.parameter: opened, "MouthSmile": smile}
+        self.count += 1
+        await self._inject_many(self.values)
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -227,7 +261,7 @@ class VTubeStudioMouth:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         if self.ws is not None:
-            await self._inject(0.0)  # leave the mouth closed
+            await self._inject_many({self.parameter: 0.0, **({"MouthSmile": 0.5} if self.values else {})})
             await self.ws.close()
             self.ws = None
 
@@ -249,10 +283,17 @@ class Bot:
     """Chat messages -> lines in the Speaker's lanes; mouth events -> the mouth output."""
 
     def __init__(
-        self, speaker: Speaker, mouth: Any, *, speed: float = 1.0, idle_after_s: float = 6.0
+        self,
+        speaker: Speaker,
+        mouth: Any,
+        *,
+        speed: float = 1.0,
+        idle_after_s: float = 6.0,
+        visemes: bool = False,
     ) -> None:
         self.speaker = speaker
         self.mouth = mouth
+        self.visemes = visemes  # drive the mouth from viseme events (あいうえお) instead of levels
         self.speed = speed
         self.idle_after_s = idle_after_s
         self.replying: asyncio.Task[Any] | None = None
@@ -304,7 +345,10 @@ class Bot:
 
     async def run(self, source: AsyncIterator[ChatMessage] | Any, duration: float | None) -> None:
         """Read `source` for `duration` seconds (scaled by speed; None: until it ends)."""
-        self.speaker.on("mouth", lambda ev: self.mouth.send(ev.level))
+        if self.visemes:
+            self.speaker.on("viseme", lambda ev: self.mouth.send_shape(ev.viseme))
+        else:
+            self.speaker.on("mouth", lambda ev: self.mouth.send(ev.level))
         self._say(STOCK["opening"], "high")
         deadline = None if duration is None else time.monotonic() + duration / self.speed
         it = aiter(source)
@@ -367,7 +411,7 @@ async def amain(args: argparse.Namespace) -> int:
             ttl={"low": 5 / args.speed},
             max_queue=20,
         ) as speaker:
-            bot = Bot(speaker, mouth, speed=args.speed)
+            bot = Bot(speaker, mouth, speed=args.speed, visemes=args.visemes)
             try:
                 await bot.run(SimulatedChat(speed=args.speed), args.duration)
                 if bot.replying is not None:  # let the answer being spoken finish
@@ -401,6 +445,9 @@ class _CountMouth(PrintMouth):
     async def send(self, level: float) -> None:
         self.count += 1
 
+    async def send_shape(self, viseme: str) -> None:
+        self.count += 1
+
 
 def _fmt(x: float) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
@@ -419,6 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speed", type=float, default=1.0, help="run the simulated chat and a --out file faster")
     p.add_argument("--drain-s", type=float, default=60.0, help="at the end, wait this long for the queue")
     p.add_argument("--quiet-mouth", action="store_true", help="count mouth events instead of printing them")
+    p.add_argument(
+        "--visemes", action="store_true", help="move the mouth by visemes (あいうえお + closed), not levels"
+    )
     p.add_argument("--vts", action="store_true", help="drive VTube Studio's mouth parameter")
     p.add_argument("--vts-url", default="ws://localhost:8001", help="VTube Studio API address")
     p.add_argument("--vts-parameter", default="MouthOpen", help="parameter to set (default MouthOpen)")

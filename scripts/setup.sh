@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development checkout (Linux; macOS and Windows: docs/getting-started.md): PortAudio,
 # a virtual environment in .venv, torch, and the project in editable mode with the ja, audio, yaml,
-# serve, controls (pyworld: pitch)
+# english, serve, controls (pyworld: pitch)
 # and dev extras (dev brings pytest, ruff, build, triton for the kernel interpreter tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,5 +28,5 @@ python3 -m venv .venv
 torch_args=("${TORCH_SPEC:-torch==2.13.0}")
 [ -n "${TORCH_INDEX:-}" ] && torch_args+=(--index-url "$TORCH_INDEX")
 .venv/bin/python -m pip install -q "${torch_args[@]}"
-.venv/bin/python -m pip install -q -e ".[ja,audio,yaml,serve,controls,dev]"
+.venv/bin/python -m pip install -q -e ".[ja,english,audio,yaml,serve,controls,dev]"
 echo "ready: . .venv/bin/activate"

@@ -205,3 +205,42 @@ def test_vts_messages_follow_the_public_api():
     assert msg["data"]["parameterValues"] == [{"id": "MouthOpen", "value": 1.0}]  # clamped to [0, 1]
     assert msg["data"]["mode"] == "set"
     json.dumps(msg)
+
+
+def test_livestream_bot_drives_vts_by_visemes(home, tmp_path):
+    """--visemes: VTube Studio's MouthOpen and MouthSmile follow the viseme events (the VTS side
+    is MockVTubeStudio: the real app cannot run here)."""
+    pytest.importorskip("websockets", reason="the 'vts' / 'dev' extra (websockets) is not installed")
+    pytest.importorskip("pyopenjtalk", reason="visemes come from pyopenjtalk's reading")
+    spec = importlib.util.spec_from_file_location("livestream_bot", REPO / "examples" / "livestream_bot.py")
+    bot = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bot
+    try:
+        spec.loader.exec_module(bot)
+    finally:
+        del sys.modules[spec.name]
+    cache = tmp_path / "cache"
+    with MockVTubeStudio() as vts:
+        args = [
+            *TINY,
+            *BOT,
+            "--cache-dir",
+            cache,
+            "--vts",
+            "--vts-url",
+            f"ws://127.0.0.1:{vts.port}",
+            "--visemes",
+        ]
+        r = run(REPO / "examples" / "livestream_bot.py", args, tmp_path)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    shapes = [
+        {p["id"]: p["value"] for p in q["data"]["parameterValues"]}
+        for q in vts.requests
+        if q["messageType"] == "InjectParameterDataRequest"
+    ]
+    both = [s for s in shapes if set(s) == {"MouthOpen", "MouthSmile"}]
+    assert len(both) > 20  # one per viseme change of every line played
+    seen = {(s["MouthOpen"], s["MouthSmile"]) for s in both}
+    expected = set(bot.VISEME_SHAPES.values())
+    assert seen <= expected and len(seen) >= 4  # several vowels, and closed
+    assert both[-1] == {"MouthOpen": 0.0, "MouthSmile": 0.5}  # left closed

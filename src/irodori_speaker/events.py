@@ -112,6 +112,39 @@ class Mouth(Event):
 
 
 @dataclass(frozen=True)
+class LineTimingEvent(UtteranceEvent):
+    """A line's estimated word and mora times (`timing.LineTiming`) on the playback clock:
+    `time` and every time inside `timing` are `time.monotonic()` seconds at which the sound
+    card plays them. Sent once per line when it starts being heard (captions, subtitles)."""
+
+    kind: ClassVar[str] = "line_timing"
+    timing: Any = None
+
+
+@dataclass(frozen=True)
+class WordEvent(UtteranceEvent):
+    """A word starts being heard at `time` (estimated; `text` is the word, `line` the line)."""
+
+    kind: ClassVar[str] = "word"
+    reading: str = ""
+    end: float = 0.0  # when it ends, on the same clock
+    index: int = 0  # its place in the line's words
+    char_start: int = 0  # its span in the spoken text (SynthesisRecord.text)
+    char_end: int = 0
+
+
+@dataclass(frozen=True)
+class Viseme(Event):
+    """The mouth shape from `time` on: "a", "i", "u", "e", "o" (あいうえお) or "closed",
+    from the line's morae (estimated), at the time the sound card plays them (lip-sync lead
+    included, as for `Mouth`)."""
+
+    kind: ClassVar[str] = "viseme"
+    viseme: str = "closed"
+    utterance_id: int | None = None
+
+
+@dataclass(frozen=True)
 class Underrun(Event):
     """An output ran dry in the middle of a line (streaming decode slower than playback)."""
 
@@ -154,6 +187,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         PlaybackFinished,
         PlaybackInterrupted,
         Mouth,
+        LineTimingEvent,
+        WordEvent,
+        Viseme,
         Underrun,
         OutputError,
         OutputRecovered,

@@ -24,12 +24,15 @@ import numpy as np
 
 from .events import (
     Event,
+    LineTimingEvent,
     Mouth,
     OutputError,
     PlaybackFinished,
     PlaybackInterrupted,
     PlaybackStarted,
     Underrun,
+    Viseme,
+    WordEvent,
 )
 from .lipsync import Envelope
 from .outputs import Block, Output, Track
@@ -79,6 +82,11 @@ class PlayItem:
         self.heard_text = ""
         self.latency = 0.0  # enqueue -> first sample heard, set by the Speaker
         self.stop_requested = False
+        self.timing: Any = None  # timing.LineTiming (seconds into the line), set when known
+        self.timing_sent = False
+        self.next_word = 0
+        self.visemes: list[tuple[float, str]] | None = None
+        self.next_viseme = 0
 
 
 class Player:
@@ -221,6 +229,7 @@ class Player:
             for item in list(self.items):
                 self._advance(item, o, now)
         self._lipsync(o, now)
+        self._timing(o, now)
         return lost
 
     def _advance(self, item: PlayItem, o: Output, now: float) -> None:
@@ -236,6 +245,9 @@ class Player:
             self.on_started(item)
             self.emit(PlaybackStarted(item.started_at, item.uid, item.text, item.latency))
         if tr.done and tr.end_pos is not None and heard >= tr.end_pos:
+            if item.timing is not None and not tr.dropped and tr.start_pos is not None:
+                # the end came within this poll: what it reached is still announced, in order
+                self._timing_of(item, o, tr, (tr.end_pos - tr.start_pos) / o.sample_rate, now)
             item.played_s = tr.played / o.sample_rate
             outcome = "interrupted" if tr.stopped else "played"
             if tr.stopped and item.started_at is None:
@@ -252,6 +264,9 @@ class Player:
         if self._mouth_open == item.uid:
             self.emit(Mouth(t, 0.0, item.uid))
             self._mouth_open = None
+        if item.visemes is not None and item.next_viseme < len(item.visemes):
+            item.next_viseme = len(item.visemes)  # the line is over: the mouth closes
+            self.emit(Viseme(t, "closed", item.uid))
         self.on_finished(item)
         if outcome == "played":
             self.emit(PlaybackFinished(t, item.uid, item.text, item.played_s))
@@ -284,6 +299,59 @@ class Player:
                 self._mouth_open = item.uid
             self.emit(Mouth(t, level, item.uid))
             return
+
+    def _timing(self, o: Output | None, now: float) -> None:
+        """Word and viseme events of the lines being heard, stamped with the time the sound card
+        plays them (visemes with the lip-sync lead, like `Mouth`), in the order of those times."""
+        if o is None:
+            return
+        for item in self.items:
+            tr = item.tracks.get(id(o))
+            if (
+                item.timing is None
+                or tr is None
+                or tr.start_pos is None
+                or tr.dropped
+                or item.outcome is not None
+            ):
+                continue
+            self._timing_of(item, o, tr, (o.heard_position(now) - tr.start_pos) / o.sample_rate, now)
+
+    def _timing_of(self, item: PlayItem, o: Output, tr: Any, heard: float, now: float) -> None:
+        """Send `item`'s timing events up to `heard` seconds into it (its last when it ends)."""
+        tm = item.timing
+        if heard < 0:
+            return
+        if item.visemes is None:
+            item.visemes = tm.visemes()
+        if tr.stopped:  # interrupted: what was not heard is not announced
+            item.next_word = len(tm.words)
+            if item.next_viseme < len(item.visemes):
+                item.next_viseme = len(item.visemes)
+                self.emit(Viseme(now, "closed", item.uid))
+            return
+        start = o.time_at(tr.start_pos)
+        if not item.timing_sent:
+            item.timing_sent = True
+            self.emit(LineTimingEvent(start, item.uid, item.text, tm.shifted(start)))
+
+        def at(seconds: float) -> float:  # the clock time of an offset into the line
+            return o.time_at(tr.start_pos + seconds * o.sample_rate)
+
+        due: list[tuple[float, int, Event]] = []
+        while item.next_word < len(tm.words) and tm.words[item.next_word].start <= heard:
+            w = tm.words[item.next_word]
+            event = WordEvent(
+                at(w.start), item.uid, w.text, w.reading, at(w.end), item.next_word, w.char_start, w.char_end
+            )
+            due.append((w.start, 0, event))
+            item.next_word += 1
+        while item.next_viseme < len(item.visemes) and item.visemes[item.next_viseme][0] <= heard + self.lead:
+            t, v = item.visemes[item.next_viseme]
+            due.append((t, 1, Viseme(at(t), v, item.uid)))  # sent up to `lead` early, like Mouth
+            item.next_viseme += 1
+        for _, _, event in sorted(due, key=lambda d: (d[0], d[1])):
+            self.emit(event)
 
     def _check_underruns(self) -> None:
         for o in self.healthy:

@@ -57,6 +57,7 @@ from .lines import UNSET, LineOptions, Priority, check_line_text
 from .lipsync import Envelope
 from .outputs import Output, OutputSpec, SoundDeviceOutput, make_output
 from .playback import Chunk, Player, PlayItem, resample, total_seconds_estimate
+from .timing import SpeechSpan, estimate_timing
 from .types import SynthesisOptions, SynthesisRecord, SynthesizerLike, option_specs
 
 log = logging.getLogger("irodori_speaker.speaker")
@@ -124,6 +125,7 @@ class Utterance:
         self.played_fraction = 0.0
         self.heard_text = ""
         self.timings: dict[str, float] = {"enqueued": now}
+        self.timing: Any = None  # timing.LineTiming: estimated word/mora times, once synthesised
         self._token = CancelToken()
         self._chunks: list[Chunk] = []
         self._synth_done = False
@@ -245,6 +247,11 @@ class Speaker:
     path, "null", or None for the system's default device. Any `SynthesisOptions` field by
     name (`Speaker(speed=1.2, volume=-6)`) sets it for every line, as in `options=`; a line's
     own value (`say(text, speed=1.0)`) wins.
+
+    `tags` maps emotion / stage tags to what a line carrying one gets: ``{"happy": {"voice":
+    "happy.wav"}, "sad": {"caption": "悲しげな声", "options": {"cfg_scale_speaker": 3}},
+    "笑": {"text": "ふふっ"}}`` (`irodori_speaker.text.tags.TagMap`); tags not mapped are
+    stripped (option ``tags="keep"`` reads them).
     """
 
     def __init__(
@@ -281,6 +288,8 @@ class Speaker:
         voice_cache_dir: str | os.PathLike[str] | bool | None = None,
         user_dict: Any = None,
         preset: Any = None,
+        tags: Any = None,
+        timing: bool = True,
         **deprecated_preset_fields: Any,  # also SynthesisOptions fields by name: speed=1.2
     ) -> None:
         load = {
@@ -337,6 +346,11 @@ class Speaker:
         self.options = None if options is None else SynthesisOptions.coerce(options)
         if line_options:  # Speaker(speed=1.2, seed=3): options of every line, by name
             self.options = (self.options or SynthesisOptions()).replace(**line_options)
+        from .text.tags import TagMap
+
+        # tag name -> voice / caption / options / words for lines that carry the tag (text/tags.py)
+        self.tags = TagMap.coerce(tags)
+        self.timing = bool(timing)  # word / viseme / line_timing events (timing.py; needs pyopenjtalk)
         self.streaming = streaming
         self.prewarm = prewarm
         self.pause_s = float(pause_s)
@@ -434,6 +448,8 @@ class Speaker:
             if self.synthesizer is None:
                 self.synthesizer = await loop.run_in_executor(self._executor, self._load)
             self.sample_rate = int(self.synthesizer.sample_rate)
+            if self.timing:  # the reading dictionary loads now, not (holding the GIL) mid-line
+                await loop.run_in_executor(self._executor, estimate_timing, "あ", 1.0)
             if self.prewarm:
                 for voice in self._prewarm_voices():
                     secs = await loop.run_in_executor(self._executor, self._prewarm_blocking, voice)
@@ -650,6 +666,9 @@ class Speaker:
         lane = line.priority
         ttl = self._ttl[lane] if line.ttl is UNSET else line.ttl
         options = line.synthesis_options(self.options)
+        voice = self.voice if line.voice is UNSET else line.voice
+        if self.tags:  # a mapped emotion tag picks the line's voice / caption / options
+            text, voice, options = self.tags.resolve(text, voice, options)
         if self.synthesizer is not None:  # bounds that depend on the model, before any work
             self.synthesizer.resolve_options(options)
         cache = line.cache
@@ -661,7 +680,7 @@ class Speaker:
             uid,
             text,
             lane,
-            self.voice if line.voice is UNSET else line.voice,
+            voice,
             options,
             None if ttl is None else now + ttl,
             now,
@@ -995,6 +1014,7 @@ class Speaker:
             self._lanes[utt.priority].remove(utt)
             env = Envelope(self.sample_rate, hz=self.lipsync_hz)
             item = player.start(utt.id, utt.text, env)
+            item.timing = utt.timing
             utt._item = item
             for chunk in utt._chunks:
                 player.add(item, chunk)
@@ -1110,6 +1130,7 @@ class Speaker:
 
             options = cache_options(options)
         parts: list[np.ndarray] = []
+        span = SpeechSpan(src) if self.timing else None
         with hold_model_lock(token):
             t0 = time.monotonic()
             post(self._on_synth_started, t0)
@@ -1125,6 +1146,8 @@ class Speaker:
                         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
                         if store:
                             parts.append(x)
+                        if span is not None:
+                            span.add(x)
                         by_rate = {r: rs.resample_chunk(x) for r, rs in streams.items()}
                         post(self._on_chunk, Chunk(x, by_rate), time.monotonic())
                     if streams:
@@ -1143,6 +1166,10 @@ class Speaker:
                 x = np.ascontiguousarray(result.audio, dtype=np.float32).reshape(-1)
         if x is not None:  # resample outside the model lock
             post(self._on_chunk, Chunk(x, {r: resample(x, src, r) for r in rates}), t1)
+            if span is not None:
+                span.add(x)
+        if span is not None and not token.cancelled:
+            post(self._on_timing, _line_timing(record, span))
         if store and not token.cancelled:  # a whole line only, outside the model lock
             audio = x if x is not None else np.concatenate(parts) if parts else None
             if audio is not None and len(audio):
@@ -1179,7 +1206,13 @@ class Speaker:
         if line is None:
             return None
         x = np.ascontiguousarray(line.audio, dtype=np.float32)
-        return line, Chunk(x, {r: resample(x, self.sample_rate, r) for r in rates}), t0, time.monotonic()
+        timing = None
+        if self.timing:
+            span = SpeechSpan(self.sample_rate)
+            span.add(x)
+            timing = _line_timing(line.record, span)
+        chunk = Chunk(x, {r: resample(x, self.sample_rate, r) for r in rates})
+        return line, chunk, t0, time.monotonic(), timing
 
     def _on_cache_lookup(self, utt: Utterance, fut: Any) -> None:
         utt._cache_pending = False
@@ -1188,10 +1221,11 @@ class Speaker:
             return
         if utt.state != UtteranceState.QUEUED:  # ended meanwhile
             return
-        line, chunk, t0, t1 = fut.result()
+        line, chunk, t0, t1, timing = fut.result()
         utt.state = UtteranceState.SYNTHESIZING  # the same events as a fresh line, no model work
         self._on_synth_started(utt, t0)
         self._on_chunk(utt, chunk, t1)
+        self._on_timing(utt, timing)
         self._on_synth_done(utt, line.record, t0, t1)
 
     def _on_synth_started(self, utt: Utterance, t0: float) -> None:
@@ -1214,6 +1248,13 @@ class Speaker:
         if utt._item is not None and self._player is not None:
             self._player.add(utt._item, chunk)
         self._wake.set()
+
+    def _on_timing(self, utt: Utterance, timing: Any) -> None:
+        if utt.state.terminal or timing is None:
+            return
+        utt.timing = timing
+        if utt._item is not None:
+            utt._item.timing = timing
 
     def _on_synth_done(self, utt: Utterance, record: SynthesisRecord, t0: float, t1: float) -> None:
         if utt.state.terminal or utt._preempted:
@@ -1339,6 +1380,17 @@ class Speaker:
             self._emit(Skipped(t, utt.id, utt.text, utt._reason))
             state = UtteranceState.EXPIRED if utt._reason == "expired" else UtteranceState.CANCELLED
             self._finish(utt, state)
+
+
+def _line_timing(record: SynthesisRecord | None, span: SpeechSpan) -> Any:
+    """The line's estimated word/mora timing (worker thread), None when it cannot be had."""
+    if record is None or not record.text:
+        return None
+    try:
+        return estimate_timing(record.text, span.samples / span.sample_rate, speech=span.span())
+    except Exception as e:  # the timing is a nicety: it must never cost the line
+        log.debug("no timing for %r: %s", record.text[:40], e)
+        return None
 
 
 def _same(a: Any, b: Any) -> bool:

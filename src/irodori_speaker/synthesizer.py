@@ -152,18 +152,33 @@ class Synthesizer:
     def config(self):
         return self.model.cfg
 
-    def spoken_text(self, text: str) -> str:
-        """What the model reads for `text`: the reference normalisation, then the user dictionary
-        (pause markup taken out: `spoken_parts` keeps the pauses)."""
-        return "".join(p for p in self.spoken_parts(text) if isinstance(p, str))  # Pauses dropped
+    def spoken_text(self, text: str, options: SynthesisOptions | Mapping[str, Any] | None = None) -> str:
+        """What the model reads for `text` (pause markup taken out: `spoken_parts` keeps the pauses)."""
+        return "".join(p for p in self.spoken_parts(text, options) if isinstance(p, str))  # Pauses dropped
 
-    def _spoken(self, text: str) -> str:
-        from .text.normalize import normalize_or_raise
+    def _spoken(self, text: str, opts: SynthesisOptions) -> str:
+        """One text part: the reference normalisation, the user dictionary, the readings pass of
+        `opts` (tags, URLs, laughter, numbers, English: text/readings.py), then the reference
+        normalisation again, so the model always reads text in the form it was trained on."""
+        from .text.normalize import normalize_or_raise, normalize_text
+        from .text.readings import apply_readings
 
         normalized = normalize_or_raise(text)
-        return normalized if self.user_dict is None else self.user_dict.apply(normalized)
+        if self.user_dict is not None:
+            normalized = self.user_dict.apply(normalized)
+        spoken = apply_readings(normalized, opts)
+        if spoken != normalized:
+            spoken = normalize_text(spoken)
+            if not spoken.strip():
+                raise InputError(
+                    f"text {text[:40]!r} has nothing to say once tags and URLs are taken out",
+                    hint="options tags='keep' / urls='keep' read them as text",
+                )
+        return spoken
 
-    def spoken_parts(self, text: str) -> list[str | Pause]:
+    def spoken_parts(
+        self, text: str, options: SynthesisOptions | Mapping[str, Any] | None = None
+    ) -> list[str | Pause]:
         """`text` split at its pause markup (`text/pauses.py`): each text part as the model reads
         it (`spoken_text`), and the Pauses between them. Without markup: `[spoken_text(text)]`.
         A part with nothing to say between pauses is dropped; a line of only pauses is silence."""
@@ -171,16 +186,17 @@ class Synthesizer:
 
         if not isinstance(text, str):
             raise InputError(f"text must be a str, got {type(text).__name__}")
+        opts = options if isinstance(options, SynthesisOptions) else SynthesisOptions.coerce(options)
         parts = split_pauses(text)
         if len(parts) == 1 and isinstance(parts[0], str):
-            return [self._spoken(text)]
+            return [self._spoken(text, opts)]
         out: list[str | Pause] = []
         for part in parts:
             if isinstance(part, Pause):
                 out.append(part)
             elif part.strip():
                 with contextlib.suppress(InputError):  # e.g. only a bracket between two pauses
-                    out.append(self._spoken(part))
+                    out.append(self._spoken(part, opts))
         return out
 
     def resolve_options(
@@ -252,12 +268,14 @@ class Synthesizer:
         text buckets and this voice, so no real line pays a capture. `self.prewarm_report` says
         what was done.
         """
+        from .text.english import english_backends
         from .text.length import estimate_seconds
 
         t0 = time.perf_counter()
         fast = self.fast_sampler
         before = (0, 0) if fast is None else (fast.captures, fast.text_captures)
         estimate_seconds("こんにちは。")  # loads the reading dictionary (pyopenjtalk) once
+        english_backends()  # and the English reader (e2k), so the first English word pays nothing
         self.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
         if fast is not None and fast.use_graphs:
             self._prewarm_graphs(voice, fast)
@@ -347,9 +365,9 @@ class Synthesizer:
 
             options_key = {k: v for k, v in options_key.items() if k not in MEANFLOW_IGNORED}
         return {
-            # after the user dictionary (a new reading is a new line), pauses in one spelling
+            # after the dictionary and the readings (a new reading is a new line), pauses in one spelling
             "text": "".join(
-                p if isinstance(p, str) else canonical(p.seconds) for p in self.spoken_parts(text)
+                p if isinstance(p, str) else canonical(p.seconds) for p in self.spoken_parts(text, opts)
             ),
             "voice": None if voice is None else voice.content_key(),
             "caption": getattr(voice, "caption", None),
@@ -428,7 +446,7 @@ class Synthesizer:
         from .text.split import split_for_synthesis
 
         t0 = time.perf_counter()
-        parts = self.spoken_parts(check_line_text(text))
+        parts = self.spoken_parts(check_line_text(text), opts)
         record.text = "".join(p for p in parts if isinstance(p, str))
         max_len = self.inference.max_text_len or 256
         plan: list[_Piece | float] = []

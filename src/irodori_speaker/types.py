@@ -409,6 +409,44 @@ class SynthesisOptions(SamplerConfig):
         0.0, Check(float, 0.0, 60.0, unit="s"), "silence after the line, in seconds", stage="output"
     )
 
+    # The readings pass (text/readings.py). audio=False: they change the sound only through the
+    # text they produce, and the cache key holds that text (a line they leave alone keeps its key).
+    tags: str = option(
+        "strip",
+        Check(str, choices=("strip", "keep")),
+        "emotion/stage tags ([happy], (笑), *laughs*): stripped, or kept and read as text",
+        stage="text",
+        audio=False,
+    )
+    urls: str = option(
+        "word",
+        Check(str, choices=("word", "domain", "drop", "keep")),
+        "URLs: said as 'URL', by host name, dropped, or kept (read letter by letter)",
+        stage="text",
+        audio=False,
+    )
+    laughter: str = option(
+        "read",
+        Check(str, choices=("read", "drop", "keep")),
+        "chat laughter www: read as ワラワラ, dropped, or kept as letters",
+        stage="text",
+        audio=False,
+    )
+    read_numbers: bool = option(
+        True,
+        Check(bool),
+        "read dates, times, units, currency and signs naturally (15:30 -> 15時30分)",
+        stage="text",
+        audio=False,
+    )
+    read_english: bool = option(
+        True,
+        Check(bool),
+        "read Latin words in katakana (pyopenjtalk's dictionary, then e2k from the english extra)",
+        stage="text",
+        audio=False,
+    )
+
     def __post_init__(self, num_steps: int | None) -> None:
         super().__post_init__(num_steps)
         if self.pitch != 0.0:

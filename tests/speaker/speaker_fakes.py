@@ -245,7 +245,9 @@ class EventLog:
         assert len(got) == 1, f"expected one {kind} for #{uid}, got {got}"
         return got[0]
 
-    def kinds(self, uid: int | None = None, skip: tuple[str, ...] = ("mouth",)) -> list[str]:
+    def kinds(
+        self, uid: int | None = None, skip: tuple[str, ...] = ("mouth", "word", "viseme", "line_timing")
+    ) -> list[str]:
         return [
             e.kind
             for e in self.events

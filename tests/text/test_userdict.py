@@ -152,17 +152,19 @@ def test_synthesizer_applies_it_and_the_cache_key_sees_it(synth, tmp_path):
     from irodori_speaker.synthesizer import SynthesisOptions
 
     cache = PhraseCache(tmp_path / "phrases")
-    opts = SynthesisOptions(seed=1, seconds=1.0)
+    opts = SynthesisOptions(seed=1, seconds=1.0)  # readings alone say ブイチューバー
     before = cache.key(synth, "VTuberです", None, opts)
     old = synth.user_dict
     synth.user_dict = UserDictionary(tmp_path / "d.sqlite3")
     try:
-        synth.user_dict.add("VTuber", "ブイチューバー")
-        assert synth.spoken_text("ＶＴｕｂｅｒです") == "ブイチューバーです"
+        synth.user_dict.add("VTuber", "バーチャルユーチューバー")
+        assert synth.spoken_text("ＶＴｕｂｅｒです") == "バーチャルユーチューバーです"
         result = synth.synthesize("VTuberです", options=opts)
-        assert result.record.text == "ブイチューバーです"
+        assert result.record.text == "バーチャルユーチューバーです"
         after = cache.key(synth, "VTuberです", None, opts)
         assert after != before
-        assert after == cache.key(synth, "ブイチューバーです", None, opts)  # same spoken text, same line
+        assert after == cache.key(
+            synth, "バーチャルユーチューバーです", None, opts
+        )  # same spoken text, same line
     finally:
         synth.user_dict = old

@@ -17,6 +17,7 @@ from .common import (
     Progress,
     add_cache_flags,
     add_model_flags,
+    add_reading_flags,
     add_sampling_flags,
     add_voice_flags,
     build_options,
@@ -143,6 +144,7 @@ def register(sub: Any) -> None:
     add_sampling_flags(
         p, seed_help="seed for phrases that do not set one (default: 0; cached lines need one)"
     )
+    add_reading_flags(p)
     p.set_defaults(func=cmd_prebuild)
 
     p = sub_parser(

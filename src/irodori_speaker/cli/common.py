@@ -144,6 +144,46 @@ def add_control_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--post-silence", type=float, metavar="S", help="seconds of silence after the line")
 
 
+def add_reading_flags(p: argparse.ArgumentParser, *, tag_map: bool = True) -> None:
+    """The readings pass (text/readings.py, docs/text-and-readings.md): each on by default."""
+    g = p.add_argument_group("readings")
+    g.add_argument(
+        "--tags", choices=["strip", "keep"], help="emotion/stage tags: strip (default) or read them"
+    )
+    if tag_map:
+        g.add_argument(
+            "--tag-map",
+            metavar="FILE.json",
+            help='tag -> voice/caption/options/text, e.g. {"happy": {"voice": "h.wav"}}',
+        )
+    g.add_argument(
+        "--urls",
+        choices=["word", "domain", "drop", "keep"],
+        help="URLs: say 'URL' (default), the host, drop, keep",
+    )
+    g.add_argument("--laughter", choices=["read", "drop", "keep"], help="www: ワラワラ (default), drop, keep")
+    g.add_argument("--no-read-numbers", action="store_true", help="leave times, dates and units as written")
+    g.add_argument("--no-read-english", action="store_true", help="leave Latin words as written")
+
+
+def read_tag_map(args: argparse.Namespace) -> Any:
+    """The --tag-map file as a TagMap (None without the flag); a bad file is an InputError."""
+    path = getattr(args, "tag_map", None)
+    if not path:
+        return None
+    import json
+
+    from ..text.tags import TagMap
+
+    try:
+        mapping = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(
+            f"--tag-map {path}: {e}", hint='a JSON object, e.g. {"happy": {"voice": "h.wav"}}'
+        ) from None
+    return TagMap(mapping)
+
+
 def add_cache_flags(p: argparse.ArgumentParser, *, switch: bool = False) -> None:
     """--cache-dir DIR; with `switch`, also the --cache flag that turns the cache on (say)."""
     from ..cache import default_cache_dir
@@ -248,7 +288,22 @@ def build_options(args: argparse.Namespace):
         seconds=args.seconds,
         tail_trim=not args.no_tail_trim,
         **controls,
+        **build_readings(args),
     )
+
+
+def build_readings(args: argparse.Namespace) -> dict[str, Any]:
+    """The readings options the flags set (the others keep their defaults)."""
+    out: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in ("tags", "urls", "laughter")
+        if getattr(args, name, None) is not None
+    }
+    if getattr(args, "no_read_numbers", False):
+        out["read_numbers"] = False
+    if getattr(args, "no_read_english", False):
+        out["read_english"] = False
+    return out
 
 
 def tiny_kind(args: argparse.Namespace) -> str | bool:

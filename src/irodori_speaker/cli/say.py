@@ -13,6 +13,7 @@ from .common import (
     add_cache_flags,
     add_model_flags,
     add_output_flags,
+    add_reading_flags,
     add_sampling_flags,
     add_voice_flags,
     build_options,
@@ -21,6 +22,7 @@ from .common import (
     log,
     open_cache,
     play_audio,
+    read_tag_map,
     show_progress,
     sub_parser,
     voice_and_checks,
@@ -72,10 +74,24 @@ def cmd_say(args: argparse.Namespace) -> int:
         find_output_device(args.output_device, args.hostapi)
     voice = voice_and_checks(args)
     options = build_options(args)  # a bad --speed / --loudness costs no model load
+    tag_map = read_tag_map(args)
+    captions = [f for f in (args.srt, args.vtt, args.caption_file) if f]
+    for f in captions:
+        check_writable(f, make_parent=True)
+    if captions:
+        from ..text.length import mora_method
+
+        if mora_method() != "openjtalk":
+            raise InputError(
+                "--srt / --vtt / --caption-file need pyopenjtalk for the timing",
+                hint="pip install 'irodori-speaker[ja]'",
+            )
     use_cache = args.cache or args.cache_dir is not None
     cache = open_cache(args.cache_dir) if use_cache else None
     try:
         synth = load_from_args(args)
+        if tag_map:  # a mapped tag in the line picks its voice / caption / options
+            text, voice, options = tag_map.resolve(text, voice, options)
         hit = False
         progress = Progress(
             "synthesising", enabled=show_progress(args), counts=False
@@ -96,9 +112,16 @@ def cmd_say(args: argparse.Namespace) -> int:
         log.warning("%s", w)
     if args.output:
         write_sound_file(args.output, audio, rate)
+    line_cues = write_captions(args, rec.text, audio, rate) if captions else []
     played = ""
     if args.play:
-        played = f", played on {describe_device(play_audio(audio, rate, args.output_device, args.hostapi))}"
+        follow = CaptionFollower(args.caption_file, line_cues) if args.caption_file else None
+        try:
+            info = play_audio(audio, rate, args.output_device, args.hostapi)
+        finally:
+            if follow is not None:
+                follow.stop()
+        played = f", played on {describe_device(info)}"
     dest = f" -> {args.output}" if args.output else ""
     if hit:
         print(f"{rec.audio_seconds:.2f} s of audio from the phrase cache, seed {rec.seed}{dest}{played}")
@@ -109,6 +132,52 @@ def cmd_say(args: argparse.Namespace) -> int:
         f"{rec.audio_seconds:.2f} s of audio in {total:.2f} s (RTF {rtf:.3f}), seed {rec.seed}{dest}{played}"
     )
     return EXIT_OK
+
+
+def write_captions(args: argparse.Namespace, spoken: str, audio: Any, rate: int) -> list[Any]:
+    """--srt / --vtt (the line's cues) and --caption-file (its whole text, or cue by cue while
+    --play plays it); returns the cues."""
+    from ..captions import cues, srt, webvtt, write_text_atomic
+    from ..timing import estimate_timing, speech_span
+
+    timing = estimate_timing(spoken, len(audio) / rate, speech=speech_span(audio, rate))
+    line_cues = cues(timing) if timing is not None else []
+    if args.srt:
+        write_text_atomic(args.srt, srt(line_cues))
+    if args.vtt:
+        write_text_atomic(args.vtt, webvtt(line_cues))
+    if args.caption_file and not args.play:
+        write_text_atomic(args.caption_file, spoken)
+    return line_cues
+
+
+class CaptionFollower:
+    """Writes each cue into the caption file when its time comes (a timer thread started with
+    the playback; the file is emptied when it stops)."""
+
+    def __init__(self, path: str, line_cues: list[Any]) -> None:
+        import threading
+
+        from ..captions import CaptionFile
+
+        self.file = CaptionFile(path)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(line_cues,), daemon=True)
+        self._thread.start()
+
+    def _run(self, line_cues: list[Any]) -> None:
+        import time
+
+        t0 = time.monotonic()
+        for c in line_cues:
+            if self._stop.wait(max(0.0, c.start - (time.monotonic() - t0))):
+                return
+            self.file.show(c.text)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+        self.file.clear()
 
 
 def register(sub: Any) -> None:
@@ -134,5 +203,14 @@ def register(sub: Any) -> None:
     add_model_flags(p)
     add_voice_flags(p)
     add_sampling_flags(p)
+    add_reading_flags(p)
+    g = p.add_argument_group("captions (estimated timing; needs pyopenjtalk)")
+    g.add_argument("--srt", metavar="FILE.srt", help="write the line's captions as SubRip subtitles")
+    g.add_argument("--vtt", metavar="FILE.vtt", help="write the line's captions as WebVTT subtitles")
+    g.add_argument(
+        "--caption-file",
+        metavar="FILE.txt",
+        help="a text file for an OBS text source: the caption heard now with --play, else the line",
+    )
     add_cache_flags(p, switch=True)
     p.set_defaults(func=cmd_say)

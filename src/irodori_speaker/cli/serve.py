@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from ..server.config import DEFAULT_HOST, DEFAULT_PORT
-from .common import EXIT_OK, add_model_flags, sub_parser
+from .common import EXIT_OK, add_model_flags, add_reading_flags, build_readings, sub_parser
 
 DESCRIPTION = """\
 Serve the VOICEVOX engine API and OpenAI's speech API on one loaded model.
@@ -57,6 +57,7 @@ def register(sub: Any) -> None:
     g = p.add_argument_group("scale-out (Ray Serve)")
     g.add_argument("--ray", action="store_true", help="run on Ray Serve (needs ray[serve])")
     g.add_argument("--replicas", type=_positive, default=1, help="Ray Serve replicas (one per GPU)")
+    add_reading_flags(p, tag_map=False)
     add_model_flags(p)
     p.set_defaults(func=run)
 
@@ -83,6 +84,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         seed=args.seed,
         steps=args.steps,
         shutdown_grace_s=args.shutdown_grace,
+        readings=tuple(build_readings(args).items()),
     )
 
 

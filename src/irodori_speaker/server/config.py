@@ -257,6 +257,9 @@ class ServerSettings:
     seed: int | None = 0  # fixed: the same request gives the same audio (VOICEVOX-like), cacheable
     steps: int | None = None  # sampler steps (None: the backend preset's)
     shutdown_grace_s: float = 10.0  # in-flight syntheses get this long at shutdown, then are cancelled
+    # the readings options of every request (tags, urls, laughter, read_numbers, read_english:
+    # docs/text-and-readings.md), as (name, value) pairs; empty: the defaults
+    readings: tuple[tuple[str, Any], ...] = ()
 
     def check(self) -> list[str]:
         """Raise on unsafe settings; return warnings to print."""

@@ -232,7 +232,7 @@ class SpeechService:
         QueueFull, ShuttingDown or Cancelled. Closing the iterator cancels the line."""
         if not self._accepting:
             raise ShuttingDown("the server is shutting down", hint="retry in a moment")
-        self.synth.spoken_text(text)  # input errors now, before queueing
+        self.synth.spoken_text(text, options)  # input errors now, before queueing
         if self.cache is not None:
             hit = await asyncio.to_thread(self._lookup, text, voice, options)
             if hit is not None:

@@ -33,7 +33,7 @@ class AppState:
         return self.book.style(style_id).voice()
 
     def spoken_text(self, text: str) -> str:
-        return self.synth.spoken_text(text)
+        return self.synth.spoken_text(text, self.options())
 
     def options(self, speed: float = 1.0, **fields: Any) -> Any:
         """SynthesisOptions for a request: the server's seed and steps plus `fields`.
@@ -46,7 +46,9 @@ class AppState:
         lo, hi = SPEED_RANGE
         kept = min(max(speed, lo), hi)
         fields["duration_scale"] = fields.get("duration_scale", 1.0) * kept / speed
-        base = SynthesisOptions(seed=self.settings.seed, steps=self.settings.steps)
+        base = SynthesisOptions(
+            seed=self.settings.seed, steps=self.settings.steps, **dict(getattr(self.settings, "readings", ()))
+        )
         return base.replace(speed=kept, **fields)
 
     def client_key(self, request: Request) -> str:

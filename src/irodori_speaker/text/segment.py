@@ -6,7 +6,8 @@ a character that has not arrived yet waits for it). Rules, in the order they app
 
 1. Markdown is cleaned first: fenced code blocks (```...```) are dropped entirely (a
    line break stands in for them); inline backticks, ``*``, ``**``, ``__``, ``~~`` are
-   removed; headings (``#``), bullets (``-``/``+``/``*``/``•``), numbered-list markers
+   removed (a stage direction such as ``*laughs*`` is kept for the readings pass);
+   headings (``#``), bullets (``-``/``+``/``*``/``•``), numbered-list markers
    (``1.``), block quotes (``>``) and horizontal rules at a line start are removed;
    links ``[text](url)`` become ``text``. Other brackets, e.g. emotion tags ``[happy]``,
    are kept as text.
@@ -46,8 +47,10 @@ from irodori_speaker.text.split import (
     is_speakable,
     leading_tag_ends,
     run_end,
+    strip_leading_punctuation,
     url_mask,
 )
+from irodori_speaker.text.tags import STAGE_WORDS_EN
 
 __all__ = ["StreamSegmenter"]
 
@@ -102,7 +105,16 @@ class _MarkdownFilter:
                 out.append(c)
                 self.line_start = True
                 i += 1
-            elif c == "\r" or c == "*":
+            elif c == "*":
+                stage = _stage_direction(r, i, final)
+                if isinstance(stage, _Wait):
+                    break
+                if stage:  # "*laughs*" stays whole: the readings pass strips or maps it (text/tags.py)
+                    out.append(r[i : i + stage])
+                    i += stage
+                else:
+                    i += 1  # an emphasis marker
+            elif c == "\r":
                 i += 1
             elif c == "`":
                 if r.startswith("```", i):
@@ -137,6 +149,20 @@ class _MarkdownFilter:
                 i += 1
         self.raw = r[i:]  # empty when final: nothing waits then
         return "".join(out)
+
+
+def _stage_direction(r: str, i: int, final: bool) -> int | _Wait:
+    """Length of a stage direction ``*laughs*`` at ``r[i]`` (English action words of
+    `STAGE_WORDS_EN`, at most 32 characters), 0 if it is not one; WAIT while undecided."""
+    n = len(r)
+    for k in range(i + 1, min(n, i + 34)):
+        ch = r[k]
+        if ch == "*":
+            words = r[i + 1 : k].lower().split()
+            return k + 1 - i if words and all(w in STAGE_WORDS_EN for w in words) else 0
+        if not (ch.isascii() and (ch.isalpha() or ch == " ")):
+            return 0
+    return WAIT if not final and n < i + 34 else 0
 
 
 def _skip(r: str, k: int, chars: str) -> int:
@@ -307,7 +333,7 @@ class StreamSegmenter:
         return out
 
     def _emit(self, seg: str, out: list[str]) -> None:
-        text = (self._carry + seg).strip()
+        text = (self._carry + strip_leading_punctuation(seg)).strip()
         self._carry = ""
         if not text:
             return

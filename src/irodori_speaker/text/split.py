@@ -45,6 +45,7 @@ __all__ = [
     "measure",
     "overshoot_limit",
     "split_for_synthesis",
+    "strip_leading_punctuation",
 ]
 
 # Sentence enders ("." and "．" only when not inside a number; ASCII "." also not before an
@@ -61,6 +62,10 @@ NUMBER_SEPARATORS: Final[frozenset[str]] = frozenset(".．,，")
 # default length estimate reaches 15 s at ~88 characters.
 DEFAULT_MAX_CHARS: Final[int] = 90
 
+# Kana that end a sentence in chat ("楽しかったね", "いくよ", "でした", "やったっ"): an emoji after
+# one closes the sentence even when hiragana follows.
+_FINAL_KANA: Final[frozenset[str]] = frozenset("ねよなわぞぜさかたすうっー")
+_LEADING_DROP: Final[frozenset[str]] = (CLAUSE_CHARS | SENTENCE_END_CHARS | CLOSING_CHARS) - frozenset("…‥")
 _SMALL_KANA: Final[frozenset[str]] = frozenset("ぁぃぅぇぉっゃゅょゎァィゥェォッャュョヮヵヶーｰ")
 #: A URL longer than this is not protected as one (it is text, cut like any unbreakable run).
 MAX_URL_CHARS: Final[int] = 2048
@@ -203,16 +208,28 @@ def _is_pictograph(ch: str) -> bool:
 
 def _emoji_boundary(s: str, i: int, final: bool) -> Kind | _Wait | None:
     """An emoji run starting at ``s[i]`` ends a sentence ("楽しかった😊明日も") unless what
-    follows continues it: hiragana ("🍣が好き"), or punctuation/closers (they end it)."""
+    follows continues it: hiragana ("🍣が好き") unless the emoji follows a sentence-final kana
+    ("楽しかったね😊また" ends), or punctuation/closers (they end it)."""
     j = i + 1
     while j < len(s) and is_emoji_part(s[j]):
         j += 1
     if j >= len(s):
         return "sentence" if final else WAIT
     nxt = s[j]
-    if nxt in SENTENCE_END_CHARS or nxt in CLAUSE_CHARS or nxt in CLOSING_CHARS or _script(nxt) == "hiragana":
+    if nxt in SENTENCE_END_CHARS or nxt in CLAUSE_CHARS or nxt in CLOSING_CHARS:
         return None
-    return "sentence"
+    if _script(nxt) == "hiragana" and not (i > 0 and s[i - 1] in _FINAL_KANA):
+        return None  # "🍣が好き": the emoji is a word of the sentence
+    return "sentence"  # "楽しかったね😊また明日": after a sentence-final ending it closes it
+
+
+def strip_leading_punctuation(text: str) -> str:
+    """`text` without the clause marks, enders (ellipses aside) and closers at its start: what a
+    stall flush left behind belongs to the segment before and is not said again (issue 12)."""
+    k = 0
+    while k < len(text) and (text[k] in _LEADING_DROP or text[k].isspace()):
+        k += 1
+    return text[k:]
 
 
 def run_end(s: str, i: int, kind: Kind, final: bool) -> int | _Wait:
