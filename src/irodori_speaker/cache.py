@@ -754,9 +754,10 @@ class PhraseCache:
         random one) would be served for the wrong key, so it is refused.
         """
         opts = cache_options(options)
-        if record is not None and int(record.seed) != int(opts.seed):
+        key_seed = 0 if opts.seed is None else int(opts.seed)  # cache_options sets it; 0 is its default
+        if record is not None and int(record.seed) != key_seed:
             raise InputError(
-                f"audio rendered with seed {record.seed} cannot be stored under seed {opts.seed}",
+                f"audio rendered with seed {record.seed} cannot be stored under seed {key_seed}",
                 hint="render with irodori_speaker.cache.cache_options(options)",
             )
         identity = self.identity(synth, text, voice, opts)

@@ -239,9 +239,10 @@ class Player:
             if tr is None:
                 return
         heard = o.heard_position(now)
-        audible = tr.start_pos is not None and not tr.dropped and not (tr.stopped and tr.played == 0)
-        if item.started_at is None and audible and heard >= tr.start_pos:
-            item.started_at = min(now, o.time_at(tr.start_pos))
+        start = tr.start_pos
+        audible = start is not None and not tr.dropped and not (tr.stopped and tr.played == 0)
+        if item.started_at is None and audible and start is not None and heard >= start:
+            item.started_at = min(now, o.time_at(start))
             self.on_started(item)
             self.emit(PlaybackStarted(item.started_at, item.uid, item.text, item.latency))
         if tr.done and tr.end_pos is not None and heard >= tr.end_pos:
@@ -350,8 +351,8 @@ class Player:
             t, v = item.visemes[item.next_viseme]
             due.append((t, 1, Viseme(at(t), v, item.uid)))  # sent up to `lead` early, like Mouth
             item.next_viseme += 1
-        for _, _, event in sorted(due, key=lambda d: (d[0], d[1])):
-            self.emit(event)
+        for _, _, due_event in sorted(due, key=lambda d: (d[0], d[1])):
+            self.emit(due_event)
 
     def _check_underruns(self) -> None:
         for o in self.healthy:

@@ -335,7 +335,7 @@ class Speaker:
             raise InputError(f"stall_flush_s must be > 0 or None, got {stall_flush_s!r}")
         if not lipsync_hz > 0:
             raise InputError(f"lipsync_hz must be > 0, got {lipsync_hz!r}")
-        specs = list(output) if isinstance(output, (list, tuple)) else [output]
+        specs: list[Any] = list(output) if isinstance(output, (list, tuple)) else [output]
         if not specs:
             raise InputError("output= is an empty list", hint="use output='null' to play nowhere")
         self._output_specs = specs
@@ -693,7 +693,7 @@ class Speaker:
             self._counts["skipped"] += 1
             asyncio.get_running_loop().call_soon(utt._done.set)
             return utt
-        position = sum(len(self._lanes[p]) for p in Priority if p <= lane) + len(self._player.items)
+        position = sum(len(self._lanes[p]) for p in Priority if p <= lane) + len(self._open_player.items)
         self._lanes[lane].append(utt)
         self._by_uid[uid] = utt
         self._idle.clear()
@@ -792,7 +792,7 @@ class Speaker:
     def skip(self) -> Utterance | None:
         """Fade out the line now playing (~fade_s + output latency); the next one follows."""
         self._require_open()
-        player = self._player
+        player = self._open_player
         for item in list(player.items):
             if item.outcome is None and not item.stop_requested:
                 utt = self._by_uid.get(item.uid)
@@ -808,7 +808,7 @@ class Speaker:
         self._require_open()
         lanes = self._lanes_of(priority)
         dropped: list[Utterance] = []
-        for item in list(self._player.items):
+        for item in list(self._open_player.items):
             utt = self._by_uid.get(item.uid)
             if utt is not None and utt.state != UtteranceState.PLAYING and utt.priority in lanes:
                 dropped.append(utt)
@@ -831,12 +831,12 @@ class Speaker:
     def pause(self) -> None:
         """Fade out and hold; prefetching goes on (within the lookahead). TTLs keep running."""
         self._require_open()
-        self._player.pause()
+        self._open_player.pause()
         self._wake.set()
 
     def resume(self) -> None:
         self._require_open()
-        self._player.resume()
+        self._open_player.resume()
         self._wake.set()
 
     @property
@@ -846,7 +846,7 @@ class Speaker:
     async def reopen_outputs(self, rescan: bool = True) -> list[Output]:
         """Reopen failed outputs (by their device name); raises AudioError if one is still gone."""
         self._require_open()
-        player = self._player
+        player = self._open_player
         assert self._loop is not None
         reopened = []
         for o in self.outputs:
@@ -911,6 +911,13 @@ class Speaker:
         )
 
     # -- internals: scheduling ---------------------------------------------------------------------
+
+    @property
+    def _open_player(self) -> Player:
+        """The player of an open Speaker (callers have checked `_require_open`)."""
+        if self._player is None:
+            raise InputError("the Speaker is not open", hint="use `async with Speaker(...) as s:`")
+        return self._player
 
     def _require_open(self) -> None:
         if not self._open or self._closing:
@@ -989,8 +996,9 @@ class Speaker:
         for utt in [u for u in self._play_order() if u.deadline is not None and now > u.deadline]:
             self._cancel(utt, "expired")
         for item in reversed(player.poll()):  # every output failed: lines not yet heard go back in front
-            utt = self._by_uid.get(item.uid)
-            if utt is not None and not utt.state.terminal:
+            back = self._by_uid.get(item.uid)
+            if back is not None and not back.state.terminal:
+                utt = back
                 utt._item = None
                 utt.state = UtteranceState.READY if utt._synth_done else UtteranceState.SYNTHESIZING
                 self._lanes[utt.priority].appendleft(utt)
@@ -1130,6 +1138,7 @@ class Speaker:
 
             options = cache_options(options)
         parts: list[np.ndarray] = []
+        x: np.ndarray | None = None  # a whole line's audio (streamed: None, the chunks are posted)
         span = SpeechSpan(src) if self.timing else None
         with hold_model_lock(token):
             t0 = time.monotonic()
@@ -1170,11 +1179,12 @@ class Speaker:
                 span.add(x)
         if span is not None and not token.cancelled:
             post(self._on_timing, _line_timing(record, span))
-        if store and not token.cancelled:  # a whole line only, outside the model lock
+        cache = self.cache
+        if store and cache is not None and not token.cancelled:  # a whole line only, outside the lock
             audio = x if x is not None else np.concatenate(parts) if parts else None
             if audio is not None and len(audio):
                 try:
-                    self.cache.store(synth, utt.text, utt.voice, options, audio, record)
+                    cache.store(synth, utt.text, utt.voice, options, audio, record)
                 except Exception as e:  # a full disk must not cost the line
                     log.warning("phrase cache: could not store line #%d: %s", utt.id, e)
         # after the store: a line reported done (and so played) is in the cache, so the same
@@ -1198,6 +1208,7 @@ class Speaker:
     def _cache_lookup(self, utt: Utterance, rates: list[int]) -> Any:
         """Worker (cache thread): the stored line and its audio at the output rates, or None."""
         t0 = time.monotonic()
+        assert self.cache is not None  # lookups are started only with a cache
         try:
             line = self.cache.lookup(self.synthesizer, utt.text, utt.voice, utt.options)
         except Exception as e:  # a synthesizer without render_identity, an unreadable index

@@ -898,6 +898,7 @@ def load_synthesizer(
     if preset.threads:
         torch.set_num_threads(preset.threads)
     note = None
+    tok_path: Path | None
     if tiny_random:
         from .engine.tiny import tiny_random_files
 
@@ -946,15 +947,17 @@ def load_synthesizer(
     codec_model = load_codec_for(codec_path, preset)
     if voice_cache_dir is False:
         cache = VoiceCache()
+    elif voice_cache_dir is None or voice_cache_dir is True:
+        cache = VoiceCache(default_voice_cache_dir())
     else:
-        cache = VoiceCache(voice_cache_dir or default_voice_cache_dir())
+        cache = VoiceCache(voice_cache_dir)
     fingerprints = {
         "model": file_fingerprint(model_path),
         "codec": file_fingerprint(codec_path),
         "tokenizer": (
-            str(getattr(text_tok, "fingerprint", None) or f"object:{type(text_tok).__qualname__}")
-            if given_tok
-            else file_fingerprint(tok_path)
+            file_fingerprint(tok_path)
+            if tok_path is not None and not given_tok
+            else str(getattr(text_tok, "fingerprint", None) or f"object:{type(text_tok).__qualname__}")
         ),
     }
     if caption_tok is not None and not given_tok and cap_path is not None and cap_path != tok_path:

@@ -51,7 +51,8 @@ def build_deployment(args: argparse.Namespace, settings: Any) -> Any:
         # as many requests as that queue holds plus the lines running
         max_ongoing_requests=settings.max_queue + 1,
     )
-    return deployment.bind()  # type: ignore[attr-defined]  (Ray's decorator types hide .bind)
+    # Ray's decorator types hide .bind
+    return deployment.bind()  # type: ignore[attr-defined]
 
 
 def serve_ray(args: argparse.Namespace, settings: Any) -> int:

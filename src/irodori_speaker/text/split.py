@@ -467,7 +467,7 @@ def _attach_unspeakable(text: str, spans: list[tuple[int, int]], limit: int) -> 
             pending = (pending[0], b)
         else:
             pending = (a, b)
-        if not out and (alone is None or alone[0] == pending[0]):
+        if not out and pending is not None and (alone is None or alone[0] == pending[0]):
             alone = pending
     return out or ([alone] if alone is not None else [])
 
