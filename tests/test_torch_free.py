@@ -29,6 +29,7 @@ def test_importing_loads_no_torch(module: str) -> None:
         f"import {module}\n"
         "from irodori_speaker import Speaker, SynthesisOptions, LineOptions\n"
         "SynthesisOptions(seed=1, steps=4); LineOptions(priority='high')\n"
+        "Speaker(output='null', tags={'happy': {'options': {'speed': 1.1}}})\n"  # built, not opened
         "heavy = sorted(m for m in ('torch', 'triton', 'safetensors.torch') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )

@@ -1,4 +1,10 @@
-"""Text front end: normalisation, tokenisation, splitting, stream segmentation, length estimate."""
+"""Text front end: normalisation, tokenisation, splitting, stream segmentation, length estimate.
+
+The tokenizer needs torch, so it is imported on first use: the runtime (the Speaker, its tags
+and stream segmenter) imports this package without paying for torch.
+"""
+
+from typing import Any
 
 from irodori_speaker.text.length import count_morae, count_pauses, estimate_seconds, mora_method
 from irodori_speaker.text.normalize import normalize_or_raise, normalize_text
@@ -10,7 +16,17 @@ from irodori_speaker.text.split import (
     SENTENCE_END_CHARS,
     split_for_synthesis,
 )
-from irodori_speaker.text.tokenizer import TextTokenizer, build_tiny_tokenizer
+
+_LAZY = {"TextTokenizer", "build_tiny_tokenizer"}  # from irodori_speaker.text.tokenizer (torch)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from irodori_speaker.text import tokenizer
+
+        return getattr(tokenizer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CLAUSE_CHARS",
