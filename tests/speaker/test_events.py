@@ -26,14 +26,17 @@ def test_event_order_per_line_and_across_lines(run):
             return log, hs
 
     log, hs = run(body())
+    # an 8x NullOutput on a loaded 2-core CI machine can outrun the player's push tick: an
+    # underrun there is load, not order (test_underrun_* covers underrun reporting). A whole
+    # line is handed to the player before its phrase-cache store, and synthesis_finished
+    # follows the store, so playback_started may come before or after synthesis_finished.
+    order_only = ("mouth", "word", "viseme", "line_timing", "underrun")
     for h in hs:
-        assert log.kinds(h.id) == [
-            "queued",
-            "synthesis_started",
-            "synthesis_finished",
-            "playback_started",
-            "playback_finished",
-        ]
+        kinds = log.kinds(h.id, skip=order_only)
+        assert sorted(kinds) == sorted(
+            ["queued", "synthesis_started", "synthesis_finished", "playback_started", "playback_finished"]
+        )
+        assert kinds[:2] == ["queued", "synthesis_started"] and kinds[-1] == "playback_finished"
     plays = [(e.kind, e.utterance_id) for e in log.events if e.kind.startswith("playback")]
     expected = [(k, h.id) for h in hs for k in ("playback_started", "playback_finished")]
     assert plays == expected
