@@ -777,25 +777,6 @@ def _with_bos(tok: Any, add_bos: bool) -> Any:
     return TextTokenizer(tok._tok, add_bos=add_bos, bos_id=tok.bos_id, pad_id=tok.pad_id, source=tok.source)
 
 
-def _refuse_v4_int4_on_cuda(meta: dict[str, str], path: Any) -> None:
-    """v4 int4 on CUDA faults (an illegal memory access in the graphed text encoder on the H200,
-    2026-12-03, news5 mode o; the CPU path is exact): refuse it before loading, not crash the
-    process's CUDA context mid-line."""
-    import json
-
-    from .errors import BackendError
-
-    try:
-        cfg = json.loads(meta.get("config_json", "{}"))
-    except ValueError:
-        return  # the loader reports a broken config_json
-    if isinstance(cfg, dict) and cfg.get("text_encoder_type", "scratch") != "scratch":
-        raise BackendError(
-            f"{path}: int4 weights of a v4 model do not run on CUDA yet",
-            hint="use its float weights without --int4 (bf16 on CUDA), or the CPU backend",
-        )
-
-
 def load_dit(path: Any, preset: Any) -> Any:
     """The DiT for `preset`, by the loader its file needs: float files by the engine's, int4 files
     by quant's; with preset.int4 a float file is RTN-quantised at load."""
@@ -806,8 +787,6 @@ def load_dit(path: Any, preset: Any) -> Any:
     meta, shapes = read_header(path)
     if is_torchao_file(meta, shapes):  # before any loader: the -Quantized releases are not read
         raise torchao_error(str(path))
-    if (preset.int4 or "quant_method" in meta) and str(preset.device).startswith("cuda"):
-        _refuse_v4_int4_on_cuda(meta, path)
     if "quant_method" in meta:
         from .quant.checkpoint import load_int4_model
 

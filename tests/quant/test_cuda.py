@@ -86,3 +86,31 @@ def test_cuda_graph_replay_matches_eager() -> None:
     graph.replay()
     torch.testing.assert_close(out, layer(x), rtol=0, atol=0)
     assert not torch.equal(out, eager)
+
+
+def test_a_graph_captured_before_the_scratch_grew_still_replays_right() -> None:
+    """The v4 fault (H200, 2026-12-03): the text encoder's graph was captured on the 768-wide
+    backbone, the DiT's larger layers then grew the shared dequant buffer, and the replay wrote into
+    the freed (after empty_cache, unmapped) old one. A grown-out buffer must stay alive."""
+    small = Int4Linear(_layer(768, 768, sym=False, seed=5)).to(DEV)
+    small.impl = "scratch"
+    x = torch.randn(64, 768, device=DEV, dtype=torch.bfloat16)
+    tw.release_scratch()  # a fresh buffer, sized by the small layer
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        small(x)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = small(x)
+    big = Int4Linear(_layer(7360, 1280, sym=False, seed=6)).to(DEV)
+    big.impl = "scratch"
+    big(torch.randn(64, 1280, device=DEV, dtype=torch.bfloat16))  # grows the shared buffer
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, small(x), rtol=0, atol=0)

@@ -135,3 +135,19 @@ def test_conv_shape_mismatch_is_an_error() -> None:
     conv = nn.Conv1d(4, 6, 3)
     with pytest.raises(QuantError, match="expected 6x12"):
         Int4Conv1d.from_conv(conv, rtn_quantize(torch.randn(6, 10), group_size=None))
+
+
+def test_a_grown_out_scratch_buffer_is_retired_not_freed() -> None:
+    """A CUDA graph captured earlier still points into the old buffer (see `_RETIRED`); the
+    mechanism is the same on every device, so it is checked here on the CPU."""
+    from irodori_speaker.quant import triton_w4a16 as tw
+
+    tw.release_scratch()
+    dev = torch.device("cpu")
+    first = tw._scratch(100, torch.float32, dev)
+    assert tw._scratch(50, torch.float32, dev).data_ptr() == first.data_ptr()  # no growth: reused
+    grown = tw._scratch(1000, torch.float32, dev)
+    assert grown.data_ptr() != first.data_ptr()
+    assert any(t.data_ptr() == first.data_ptr() for t in tw._RETIRED)
+    tw.release_scratch()
+    assert not tw._RETIRED and not tw._SCRATCH

@@ -452,24 +452,38 @@ def w4a16_kernel(
 # -------------------------------------------------------------------------------------- scratch path
 
 _SCRATCH: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+# Buffers a larger layer grew out of. A CUDA graph captured earlier still writes into the old one at
+# replay, so it must stay allocated: freeing it (and torch.cuda.empty_cache() unmapping it) made the
+# v4 text encoder's graph, captured before the larger DiT layers grew the buffer, fault at replay
+# (an illegal memory access, H200, 2026-12-03). They are small next to the current buffer.
+_RETIRED: list[torch.Tensor] = []
 _SCRATCH_LOCK = threading.Lock()
 
 
 def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A flat buffer shared by every layer on (device, dtype), grown to the largest layer seen."""
+    """A flat buffer shared by every layer on (device, dtype), grown to the largest layer seen.
+
+    A grown-out buffer is retired, not freed (see `_RETIRED`).
+    """
     key = (str(device), dtype)
     with _SCRATCH_LOCK:
         buf = _SCRATCH.get(key)
         if buf is None or buf.numel() < numel:
+            if buf is not None:
+                _RETIRED.append(buf)
             buf = torch.empty(numel, dtype=dtype, device=device)
             _SCRATCH[key] = buf
     return buf[:numel]
 
 
 def release_scratch() -> None:
-    """Drop the shared dequant buffers (they are re-made on the next scratch-path call)."""
+    """Drop the shared dequant buffers (they are re-made on the next scratch-path call).
+
+    Only when no CUDA graph that ran the scratch path is alive: its replay would write into them.
+    """
     with _SCRATCH_LOCK:
         _SCRATCH.clear()
+        _RETIRED.clear()
 
 
 def dequantize_into(
