@@ -21,7 +21,8 @@ from hub_cache import fill_cache
 from irodori_speaker.engine.sources import CODEC_REPO, MODELS, TOKENIZER_REPO
 
 MODEL_REPO = MODELS["v2"]
-SAY = ["say", "こんにちは", "--backend", "cpu", "--steps", "2", "--seconds", "0.5"]
+DEFAULT_REPO = MODELS["v4.1-mf"]  # what `say` loads with no --model
+SAY = ["say", "こんにちは", "--backend", "cpu", "--steps", "2", "--seconds", "0.5", "--model", "v2"]
 
 
 def run(args, env_extra: dict[str, str], cwd: Path):
@@ -86,6 +87,20 @@ def test_an_empty_cache_names_every_missing_file_at_once(how, tmp_path):
     assert ("HF_HUB_OFFLINE" if how == "HF_HUB_OFFLINE" else "cannot be reached") in line
     assert "--model FILE --codec FILE --tokenizer FILE" in hint
     assert not (tmp_path / "a.wav").exists()
+
+
+def test_with_no_model_named_the_default_is_v4_1_mf_and_every_file_it_needs_is_named(tmp_path):
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "IRODORI_CACHE": str(tmp_path / "irodori")}
+    line, hint = one_error(run(["say", "こんにちは", "-o", tmp_path / "a.wav"], env, tmp_path))
+    assert f"hf download {DEFAULT_REPO} model.safetensors" in hint
+    for repo, name in [
+        (DEFAULT_REPO, "model.safetensors"),
+        (DEFAULT_REPO, "tokenizer/tokenizer.json"),
+        (DEFAULT_REPO, "tokenizer/tokenizer_config.json"),
+        (CODEC_REPO, "weights.pth"),
+    ]:
+        assert f"hf://{repo}/{name}" in line
+    assert "are missing (4 files)" in line and MODEL_REPO not in line and TOKENIZER_REPO not in line
 
 
 def test_a_partly_filled_cache_names_what_is_left_and_a_full_one_speaks(tiny_release, tmp_path):

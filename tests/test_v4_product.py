@@ -57,10 +57,12 @@ cli = run_cli_offline
 # ---- the hub cache: say and the Speaker, no extra flags --------------------------------------
 
 
-@pytest.mark.parametrize("model", [MF_REPO, "v4.1-mf"])
+@pytest.mark.parametrize("model", [None, MF_REPO, "v4.1-mf"])
 def test_say_speaks_a_cached_mf_release_offline(mf_hub, tmp_path, model):
+    """None: no --model at all (v4.1-MF is the default)."""
     out = tmp_path / "a.wav"
-    r = cli(["say", TEXT, "--model", model, "--backend", "cpu", "--seed", "3", "-o", out], mf_hub, tmp_path)
+    pick = [] if model is None else ["--model", model]
+    r = cli(["say", TEXT, *pick, "--backend", "cpu", "--seed", "3", "-o", out], mf_hub, tmp_path)
     assert r.returncode == 0, r.stderr
     audio, sr = sf.read(str(out), dtype="float32")
     assert sr == 48_000 and len(audio) > 0 and np.any(audio != 0)
@@ -83,8 +85,7 @@ def test_the_speaker_speaks_the_cached_release_with_the_release_defaults(mf_hub,
     from irodori_speaker.speaker import Speaker
 
     async def body():
-        async with Speaker(
-            model=MF_REPO,
+        async with Speaker(  # no model named: the default is v4.1-MF
             cache_dir=mf_hub / "hub",
             backend="cpu",
             output="null",

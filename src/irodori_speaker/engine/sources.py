@@ -31,7 +31,9 @@ MODELS = {
 TOKENIZER_FOLDER_REPOS = frozenset(MODELS[k] for k in ("v4", "v4.1", "v4.1-mf"))
 #: The files of such a folder a model needs (special_tokens_map.json is read when present).
 FOLDER_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-DEFAULT_MODEL = "v2"
+#: What `say` / `Speaker()` / `load_synthesizer()` load with no model named: the 4-step MeanFlow
+#: release (one forward per step, no CFG: the fastest family on every backend; docs/models.md).
+DEFAULT_MODEL = "v4.1-mf"
 CODEC_REPO = "Aratako/Semantic-DACVAE-Japanese-32dim"
 TOKENIZER_REPO = "llm-jp/llm-jp-3-150m"
 LITE_INT4_CODEC = "hf://kizuna-intelligence/Irodori-TTS-Lite-int4/dacvae_int4.safetensors"
