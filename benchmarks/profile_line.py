@@ -6,9 +6,10 @@
 - accuracy: the full 500M v2 config with random weights (the file news5.py makes), one 8 s line,
   8 sway steps with guidance: the final latent of each fast variant (unfused / fused, eager /
   CUDA graphs, bf16, int4) against the fp32 reference loop, as a relative L2 error.
-- stages: news5 modes (d) and (e), per-sentence stage timings from the synthesizer's record.
-- kernels: one line of (d) and (e) under torch.profiler: GPU kernels launched, GPU busy time
-  against wall time, the top kernels.
+- stages: news5 modes (`--modes`, default d and e; n and o are v4.1-MF), per-sentence stage
+  timings from the synthesizer's record.
+- kernels: one line of each of those modes under torch.profiler: GPU kernels launched, GPU busy
+  time against wall time, the top kernels.
 - codec: decode of the full line and of one stream window (16 and 66 frames) per dtype, eager,
   with cudnn.benchmark, and CUDA-graphed when the codec offers it.
 Writes `$OUT/profile_line.json` when OUT is set. GPU only (weights random: speed and error only).
@@ -111,9 +112,12 @@ def build(key: str, files):
 
 
 def one_line(synth, voice, text: str) -> dict:
+    opts = SynthesisOptions(seed=1234)
+    if synth.config.family.startswith("v4"):  # random weights: v2's seconds estimate, as news5 does
+        opts = opts.replace(seconds=news5.estimate_seconds(text))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    stream = synth.stream(text, voice, SynthesisOptions(seed=1234))
+    stream = synth.stream(text, voice, opts)
     first = None
     for _chunk in stream:
         if first is None:
@@ -124,9 +128,12 @@ def one_line(synth, voice, text: str) -> dict:
     return {"total_ms": round(1e3 * total, 2), "ttfa_ms": round(1e3 * first, 2), **t}
 
 
+MODES = ["d", "e"]  # --modes
+
+
 def section_stages(files) -> dict:
     out = {}
-    for key in ("d", "e"):
+    for key in MODES:
         mode, synth, voice = build(key, files)
         for text in SENTENCES:
             one_line(synth, voice, text)  # warm-up: graphs for these buckets
@@ -145,7 +152,7 @@ def section_kernels(files) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     out = {}
-    for key in ("d", "e"):
+    for key in MODES:
         _, synth, voice = build(key, files)
         for text in SENTENCES[:2]:
             one_line(synth, voice, text)
@@ -245,8 +252,12 @@ def section_codec(files) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sections", default="accuracy,stages,kernels,codec")
+    ap.add_argument("--modes", default="d,e", help="news5 modes for stages and kernels (n, o: v4.1-MF)")
     args = ap.parse_args()
-    files = news5.prepare_files(int4=True)
+    MODES[:] = args.modes.split(",")
+    table = news5.modes_for("cuda")
+    families = {"v2"} | {table[k].family for k in MODES}
+    files = news5.prepare_files(int4=True, families=families)
     print(
         f"# profile_line  {torch.cuda.get_device_name()}  torch {torch.__version__}  "
         f"{time.strftime('%Y-%m-%d %H:%M')}"

@@ -46,11 +46,11 @@ class Server:
 
     headers: dict | None = None
 
-    def stop(self) -> int:
+    def stop(self, timeout: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
-                self.proc.wait(timeout=60)
+                self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
