@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table, the server under load. Pick with STAGES="tests profile news5 int4 memory server_load" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="tests profile news5 int4 memory memory_phases server_load" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -58,6 +58,9 @@ if stage server_load; then
 fi
 if stage int4; then
   timeout "${INT4_S:-110}" python3 benchmarks/int4_gpu.py ${INT4_ARGS:---quick --graph} 2>&1 | tee "$OUT/int4.txt" | tail -45
+fi
+if stage memory_phases; then
+  timeout "${PHASES_S:-200}" python3 benchmarks/memory_phases.py ${PHASES_ARGS:-} 2>&1 | tee "$OUT/memory_phases.txt" | tail -90
 fi
 if stage memory; then
   timeout "${MEMORY_S:-200}" python3 benchmarks/memory_gpu.py ${MEMORY_ARGS:-} 2>&1 | tee "$OUT/memory.txt" | tail -40
