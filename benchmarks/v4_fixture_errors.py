@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine"))
-from v4_cases import KINDS, encode, load_kind, sampler_settings  # noqa: E402
+from v4_cases import KINDS, encode, load_kind, sampler_settings
 
-from irodori_speaker.engine.sampler import SamplerConfig, sample  # noqa: E402
+from irodori_speaker.engine.sampler import SamplerConfig, sample
 
 
 def err(a: torch.Tensor, b: torch.Tensor) -> float:
