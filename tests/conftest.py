@@ -61,3 +61,32 @@ def synth(irodori_home):
     from irodori_speaker.synthesizer import load_synthesizer
 
     return load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False)
+
+
+@pytest.fixture(scope="module")
+def hostile_loop():
+    """One event loop for a module's hostile cases (tests/hostile.py)."""
+    import asyncio
+
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+@pytest.fixture(scope="module")
+def hostile_speaker(synth, hostile_loop, tmp_path_factory):
+    """One Speaker for a module's hostile cases: the tiny model, NullOutput, a phrase cache that
+    stores every line. Each case hands it bad input, then has it speak a normal line."""
+    import asyncio
+
+    from hostile import OPTS
+    from irodori_speaker.cache import PhraseCache
+    from irodori_speaker.outputs import NullOutput
+    from irodori_speaker.speaker import Speaker
+
+    cache = PhraseCache(tmp_path_factory.mktemp("hostile") / "phrases")
+    s = Speaker(synth, output=NullOutput(speed=float("inf")), options=OPTS, cache=cache, cache_store="all")
+    hostile_loop.run_until_complete(s.open())
+    yield s
+    hostile_loop.run_until_complete(asyncio.wait_for(s.aclose(), 10))
+    cache.close()

@@ -2,7 +2,8 @@
 row (a real sqlite file, damaged with sqlite3 UPDATE or a byte flip in the file) is a miss that is
 rendered again and logged once, never a traceback from lookup / render / wrap / prebuild /
 `say --cache`; `cache verify` reports such rows and drops them. Cache directories that cannot be
-used (a file, read-only) are one clear CacheError."""
+used (a file, read-only) are one clear CacheError. Where a Speaker reads the cache, the same
+Speaker then plays through the damage and speaks a normal line (tests/hostile.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hostile import one_line, real_audio, run, speaks_normally
 from irodori_speaker.cache import PhraseCache
 from irodori_speaker.errors import CacheError
 from irodori_speaker.synthesizer import SynthesisOptions
@@ -91,7 +93,9 @@ def spy(synth):
 
 
 @pytest.mark.parametrize("assignment", [a for _, a in ROT], ids=[n for n, _ in ROT])
-def test_a_rotted_row_is_a_miss_rendered_again_and_logged_once(spy, tmp_path, caplog, assignment):
+def test_a_rotted_row_is_a_miss_rendered_again_and_logged_once(
+    spy, tmp_path, caplog, hostile_loop, hostile_speaker, assignment
+):
     d = tmp_path / "c"
     outside = tmp_path / "outside.f32"  # what a damaged `file` column points at: never deleted
     outside.write_bytes(b"\0" * 8)
@@ -111,6 +115,24 @@ def test_a_rotted_row_is_a_miss_rendered_again_and_logged_once(spy, tmp_path, ca
     assert len(drops(caplog)) == 1, drops(caplog)
     assert "index row is damaged" in drops(caplog)[0] or "audio" in drops(caplog)[0]
     assert outside.exists()
+    speaker_plays_past(hostile_loop, hostile_speaker, assignment)
+
+
+def speaker_plays_past(loop, speaker, assignment: str) -> None:
+    """The same damage in the module Speaker's cache (every row): the line it stored plays
+    again, re-rendered, and the Speaker speaks a normal line."""
+    from irodori_speaker.speaker import UtteranceState
+
+    async def case():
+        first = await speaker.say(TEXT)  # stored (cache_store="all"), or a hit from a case before
+        assert first.state == UtteranceState.PLAYED
+        rot(speaker.cache.directory, assignment)
+        again = await speaker.say(TEXT)
+        assert again.state == UtteranceState.PLAYED and again.audio.size == first.audio.size
+        real_audio(again.audio)
+        await speaks_normally(speaker)
+
+    run(loop, case())
 
 
 @pytest.mark.parametrize("assignment", [a for _, a in ROT[:4]], ids=[n for n, _ in ROT[:4]])
@@ -209,16 +231,29 @@ def test_say_with_the_cache_renders_past_a_rotted_row(irodori_home, tmp_path, ca
     assert "from the phrase cache" in capsys.readouterr().out  # stored again, then a hit
 
 
-def test_a_cache_dir_that_is_a_file_is_one_clear_error(tmp_path):
+def refused_then_the_speaker_speaks(loop, speaker, synth, directory: Path) -> None:
+    """A Speaker given this cache directory is refused at construction (one CacheError line);
+    the process's Speaker goes on speaking."""
+    from irodori_speaker.outputs import NullOutput
+    from irodori_speaker.speaker import Speaker
+
+    with pytest.raises(CacheError) as e:
+        Speaker(synth, output=NullOutput(speed=float("inf")), cache=str(directory))
+    one_line(e.value)
+    run(loop, speaks_normally(speaker))
+
+
+def test_a_cache_dir_that_is_a_file_is_one_clear_error(tmp_path, hostile_loop, hostile_speaker, synth):
     f = tmp_path / "phrases"
     f.write_text("not a directory")
     with pytest.raises(CacheError) as e:
         PhraseCache(f)
     assert "\n" not in str(e.value) and str(f) in str(e.value)
+    refused_then_the_speaker_speaks(hostile_loop, hostile_speaker, synth, f)
 
 
 @pytest.mark.skipif(os.geteuid() == 0 if hasattr(os, "geteuid") else True, reason="root writes anywhere")
-def test_a_read_only_cache_dir_is_one_clear_error(tmp_path):
+def test_a_read_only_cache_dir_is_one_clear_error(tmp_path, hostile_loop, hostile_speaker, synth):
     d = tmp_path / "ro"
     d.mkdir()
     d.chmod(0o500)
@@ -226,5 +261,6 @@ def test_a_read_only_cache_dir_is_one_clear_error(tmp_path):
         with pytest.raises(CacheError) as e:
             PhraseCache(d)
         assert "\n" not in str(e.value)
+        refused_then_the_speaker_speaks(hostile_loop, hostile_speaker, synth, d)
     finally:
         d.chmod(0o700)

@@ -1,6 +1,8 @@
 """Issue 12, hostile checkpoints: a damaged or hand-edited DiT file (empty, truncated, a pickle
 renamed .safetensors, mis-shaped tensors, a `config_json` field of the wrong type) is one
-`CheckpointError` line naming what is wrong, raised before the model is built."""
+`CheckpointError` line naming what is wrong, raised before the model is built. No Speaker can
+exist on such a file: each case asserts instead that the process then loads a good model and
+speaks (`loads_and_speaks`, tests/hostile.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from hostile import loads_and_speaks
 from irodori_speaker.engine import checkpoint as checkpoint_mod
 from irodori_speaker.engine.checkpoint import load_checkpoint
 from irodori_speaker.errors import CheckpointError
@@ -64,7 +67,7 @@ def one_line(e: pytest.ExceptionInfo) -> str:
 
 @pytest.mark.parametrize(("name", "value"), BAD_FIELDS, ids=[f"{n}={v!r}" for n, v in BAD_FIELDS])
 def test_a_config_field_of_the_wrong_type_is_a_checkpoint_error_before_the_build(
-    tiny, tmp_path, monkeypatch, name, value
+    tiny, irodori_home, tmp_path, monkeypatch, name, value
 ):
     cfg = config_of(tiny)
     if name == "norm_eps" or name == "dropout":
@@ -79,6 +82,8 @@ def test_a_config_field_of_the_wrong_type_is_a_checkpoint_error_before_the_build
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(path)
     assert name in one_line(e) and str(path) in str(e.value)
+    monkeypatch.undo()
+    loads_and_speaks()
 
 
 def test_the_untouched_file_still_loads(tiny, tmp_path):
@@ -86,13 +91,14 @@ def test_the_untouched_file_still_loads(tiny, tmp_path):
     assert loaded.config.model_dim == config_of(tiny)["model_dim"]
 
 
-def test_config_json_that_is_not_an_object_is_refused(tiny, tmp_path):
+def test_config_json_that_is_not_an_object_is_refused(tiny, irodori_home, tmp_path):
     for text in ("[1, 2]", '"text"', "null", "{"):
         path = tmp_path / "x.safetensors"
         save_file(load_file(str(tiny)), str(path), metadata={"config_json": text})
         with pytest.raises(CheckpointError) as e:
             load_checkpoint(path)
         assert "config_json" in one_line(e)
+    loads_and_speaks()
 
 
 def _empty(src, dst):
@@ -144,18 +150,20 @@ def _no_metadata(src, dst):
     "damage",
     [_empty, _truncated, _header_only, _pickle, _garbage_header, _misshaped, _int_tensor, _no_metadata],
 )
-def test_a_damaged_checkpoint_file_is_one_checkpoint_error(tiny, tmp_path, damage):
+def test_a_damaged_checkpoint_file_is_one_checkpoint_error(tiny, irodori_home, tmp_path, damage):
     path = tmp_path / "model.safetensors"
     damage(tiny, path)
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(path)
     assert str(path) in one_line(e)
+    loads_and_speaks()
 
 
-def test_a_missing_or_directory_checkpoint_is_one_clear_error(tmp_path):
+def test_a_missing_or_directory_checkpoint_is_one_clear_error(irodori_home, tmp_path):
     from irodori_speaker.errors import IrodoriError
 
     for path in (tmp_path / "absent.safetensors", tmp_path):
         with pytest.raises(IrodoriError) as e:
             load_checkpoint(path)
         one_line(e)
+    loads_and_speaks()

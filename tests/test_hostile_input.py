@@ -1,13 +1,17 @@
 """Issue 12, tracebacks: text that is not valid Unicode or not UTF-8 (lone surrogates, Shift_JIS
-bytes on the command line and on stdin) becomes speech or one clear error, never a traceback."""
+bytes on the command line and on stdin) becomes speech or one clear error, never a traceback; the
+module's Speaker then speaks a normal line (tests/hostile.py). The command-line cases run `say` in
+a fresh process each, so no Speaker outlives a case there."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from hostile import one_line, real_audio, run, speaks_normally
 
-def test_a_lone_surrogate_is_dropped_everywhere(synth, tmp_path) -> None:
+
+def test_a_lone_surrogate_is_dropped_everywhere(synth, tmp_path, hostile_loop, hostile_speaker) -> None:
     """Issue 12: "\\ud800" raised UnicodeEncodeError from the tokenizer and from the cache."""
     from irodori_speaker.cache import PhraseCache
 
@@ -18,6 +22,13 @@ def test_a_lone_surrogate_is_dropped_everywhere(synth, tmp_path) -> None:
         assert pc.lookup(synth, "こん\ud800にちは") is None  # a miss, not a traceback
         _line, hit = pc.render(synth, "こん\ud800にちは", options=synth.resolve_options({"seed": 1}))
         assert not hit and pc.lookup(synth, "こんにちは", options=synth.resolve_options({"seed": 1}))
+
+    async def case():
+        h = await hostile_speaker.say("こん\ud800にちは\udfff")
+        real_audio(h.audio)
+        await speaks_normally(hostile_speaker)
+
+    run(hostile_loop, case())
 
 
 def _say(home, text_arg: bytes | None, stdin: bytes | None = None):
@@ -54,9 +65,11 @@ def test_shift_jis_text_on_the_command_line_and_stdin_is_read(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("bad", [np.full(4800, np.nan, np.float32), np.full((4800, 2), np.inf, np.float32)])
-def test_voice_from_array_refuses_nan_and_inf(bad) -> None:
+def test_voice_from_array_refuses_nan_and_inf(bad, hostile_loop, hostile_speaker) -> None:
     from irodori_speaker.errors import AudioError
     from irodori_speaker.voices import Voice
 
-    with pytest.raises(AudioError, match="NaN or Inf"):
+    with pytest.raises(AudioError, match="NaN or Inf") as e:
         Voice.from_array(bad, 48_000)
+    one_line(e.value)
+    run(hostile_loop, speaks_normally(hostile_speaker))

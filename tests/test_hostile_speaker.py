@@ -2,8 +2,8 @@
 hands it (text, voices, options, cache damage), each case ends in one of two ways, within a
 per-case timeout: the line plays (or is skipped as empty), or there is one `IrodoriError` with a
 one-line message (at `enqueue` for bad arguments, on the line's handle for a voice that cannot be
-read). Then the same Speaker speaks a normal line. One Speaker (tiny model, NullOutput, a phrase
-cache) serves the whole module.
+read). Then the same Speaker speaks a normal line (tests/hostile.py). One Speaker (tiny model,
+NullOutput, a phrase cache: `hostile_speaker` of tests/conftest.py) serves the whole module.
 
 The rest of the suite: tests/test_hostile_text.py (unbreakable runs), test_hostile_input.py
 (surrogates, Shift_JIS), test_hostile_cache.py (rotted rows), test_hostile_checkpoint.py,
@@ -12,7 +12,6 @@ property-based tests of the text front end (text/test_properties.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import struct
 
@@ -22,50 +21,26 @@ import soundfile as sf
 import torch
 from safetensors.torch import save_file
 
+from hostile import one_line, run, speaks_normally
 from irodori_speaker.cache import PhraseCache
 from irodori_speaker.errors import IrodoriError
 from irodori_speaker.lines import MAX_LINE_CHARS
-from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
-from irodori_speaker.synthesizer import SynthesisOptions
 
 pytestmark = pytest.mark.timeout(60)  # per case: a hang fails, it is not merely slow
 
 SR = 48_000
-OPTS = SynthesisOptions(steps=2, seconds=0.4, seed=1)
 ENDED = (UtteranceState.PLAYED, UtteranceState.SKIPPED)
 
 
 @pytest.fixture(scope="module")
-def loop():
-    lp = asyncio.new_event_loop()
-    yield lp
-    lp.close()
+def loop(hostile_loop):
+    return hostile_loop
 
 
 @pytest.fixture(scope="module")
-def speaker(synth, loop, tmp_path_factory):
-    cache = PhraseCache(tmp_path_factory.mktemp("hostile") / "phrases")
-    s = Speaker(synth, output=NullOutput(speed=float("inf")), options=OPTS, cache=cache, cache_store="all")
-    loop.run_until_complete(s.open())
-    yield s
-    loop.run_until_complete(asyncio.wait_for(s.aclose(), 10))
-    cache.close()
-
-
-def run(loop, coro, timeout: float = 45.0):
-    return loop.run_until_complete(asyncio.wait_for(coro, timeout))
-
-
-def one_line(e: BaseException) -> str:
-    text = str(e)
-    assert text and "\n" not in text, repr(text)
-    return text
-
-
-async def speaks_normally(s: Speaker) -> None:
-    h = await s.say("普通の台詞です。")
-    assert h.state == UtteranceState.PLAYED and h.audio is not None and h.audio.size > 0
+def speaker(hostile_speaker):
+    return hostile_speaker
 
 
 def expect_error_at_enqueue(loop, s: Speaker, text, **line) -> IrodoriError:

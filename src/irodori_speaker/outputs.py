@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .errors import AudioError, InputError
+from .sample_clock import SampleClock
 
 log = logging.getLogger("irodori_speaker.speaker")
 
@@ -687,6 +688,7 @@ class SoundDeviceOutput(Output):
         self._stream: Any = None
         self._latency = 0.0
         self._last_cb = 0.0
+        self._sample_clock = SampleClock(48_000)
 
     @property
     def latency(self) -> float:
@@ -711,6 +713,7 @@ class SoundDeviceOutput(Output):
         rate = int(self.samplerate or info["samplerate"])
         channels = int(self.channels_req or min(2, info["channels"]))
         self._prepare(rate, channels)
+        self._sample_clock = SampleClock(rate)
         self.device_info = info
         try:
             stream = sd.OutputStream(
@@ -756,7 +759,12 @@ class SoundDeviceOutput(Output):
         delay = time_info.outputBufferDacTime - time_info.currentTime
         if not 0.0 < delay < 2.0:  # some host APIs report no DAC time
             delay = self._latency
-        self._clock = (self._pos, frames, now + delay)
+        # PortAudio's currentTime is taken before this callback waited for the GIL; where it is
+        # on the monotonic clock (ALSA, CoreAudio) it is the better "now"
+        base = time_info.currentTime if 0.0 <= now - time_info.currentTime < 0.25 else now
+        underflow = bool(getattr(status, "output_underflow", False))
+        heard = self._sample_clock.observe(self._pos, base + delay, discontinuity=underflow)
+        self._clock = (self._pos, frames, heard)
         self._last_cb = now
         self._render(outdata)
         self._pos += frames

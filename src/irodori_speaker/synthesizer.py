@@ -483,12 +483,15 @@ class Synthesizer:
         a run the splitter cannot cut used to come back unchanged forever). The splitter at
         half the length first; where that makes no progress (a piece too short for it, or
         whitespace it does not count), the longest character prefix within the token limit."""
-        from .text.split import split_for_synthesis
+        from .text.split import measure, split_for_synthesis
 
-        half = len(part) // 2
+        # halve what the splitter counts (non-whitespace): halving len() let "a " * 2000 come
+        # back as itself minus a space, 1,874 pieces in all where `seconds` skips the first split
+        size = measure(part)
+        half = size // 2
         if half >= 8:
             split = split_for_synthesis(part, max_chars=half)
-            if split and all(len(p) < len(part) for p in split):
+            if len(split) > 1 and all(measure(p) < size for p in split):
                 return split
         lo, hi = 1, len(part) - 1  # longest prefix part[:n] that fits (n >= 1 always progresses)
         while lo < hi:

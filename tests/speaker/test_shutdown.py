@@ -4,7 +4,8 @@ The hang this guards against: closing (aclose, leaving `async with` by an except
 cancellation) while the first line was still synthesising and nothing played left the scheduler
 task "cancelling" forever on Python 3.10 / 3.11 (`asyncio.wait_for` swallowed the cancel). Each
 case closes within SHUTDOWN_BOUND (asserted with `asyncio.wait_for`, not by timing), leaves no
-worker thread and frees the model lock. The fake synthesizer checks its cancel token between
+worker thread and frees the model lock; then the process's next Speaker on the same synthesizer
+speaks a normal line (`speaks_after`). The fake synthesizer checks its cancel token between
 steps, like the real sampler.
 """
 
@@ -16,6 +17,7 @@ import threading
 import pytest
 from speaker_fakes import FakeSynth
 
+from hostile import real_audio
 from irodori_speaker.backends.lock import MODEL_LOCK
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
@@ -38,6 +40,21 @@ def _clean() -> bool:
         MODEL_LOCK.release()
     threads = [t for t in threading.enumerate() if t.name.startswith("irodori")]
     return got and not threads
+
+
+def speaks_after(run, *fakes: FakeSynth) -> None:
+    """A closed Speaker cannot speak again: the next Speaker on the same synthesizer does, a
+    normal line (the close left no lock held, no thread, nothing wedged in the synthesizer)."""
+    for fake in fakes:
+        fake.steps = 4  # a normal line, not the 10 s one
+
+        async def body(fake=fake):
+            async with Speaker(fake, output=NullOutput(speed=float("inf"))) as s:
+                return await s.say("閉じた後の普通の台詞")
+
+        h = run(body())
+        assert h.state == UtteranceState.PLAYED, (h.state, h.error)
+        real_audio(h.audio)
 
 
 async def _synthesising(s: Speaker, fake: FakeSynth):
@@ -68,6 +85,7 @@ def test_aclose_is_bounded_in_every_state(run, state: str) -> None:
     states = run(body())
     assert all(st.terminal for st in states), states
     assert _clean()
+    speaks_after(run, fake)
 
 
 def test_leaving_async_with_by_an_exception_mid_synthesis_is_bounded(run) -> None:
@@ -82,6 +100,7 @@ def test_leaving_async_with_by_an_exception_mid_synthesis_is_bounded(run) -> Non
 
     run(body(), timeout=SHUTDOWN_BOUND + 5)
     assert _clean()
+    speaks_after(run, fake)
 
 
 def test_cancelling_the_task_that_owns_the_speaker_mid_synthesis_is_bounded(run) -> None:
@@ -103,6 +122,7 @@ def test_cancelling_the_task_that_owns_the_speaker_mid_synthesis_is_bounded(run)
 
     run(body())
     assert _clean()
+    speaks_after(run, fake)
 
 
 def test_two_speakers_closed_together_mid_line(run) -> None:
@@ -119,6 +139,7 @@ def test_two_speakers_closed_together_mid_line(run) -> None:
 
     run(body())
     assert _clean()
+    speaks_after(run, a, b)
 
 
 def test_a_second_concurrent_aclose_waits_for_the_same_close(run) -> None:
@@ -136,3 +157,4 @@ def test_a_second_concurrent_aclose_waits_for_the_same_close(run) -> None:
         return released
 
     assert run(body())
+    speaks_after(run, fake)

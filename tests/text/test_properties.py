@@ -96,15 +96,32 @@ def test_the_stream_segmenter_gives_bounded_segments(chunks: list[str], max_char
     assert all(len(split_for_synthesis(s, max_chars=max_chars)) <= measure(s) // 4 + 2 for s in out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known (issue 12, left to the text-stream owner): StreamSegmenter keeps a digit run "
-    "whole past max_chars (a 440-digit segment at max_chars=10); the synthesizer re-splits it",
-)
 def test_the_stream_segmenter_keeps_segments_within_max_chars() -> None:
+    """A digit run past max_chars was kept whole (a 440-digit segment at max_chars=10)."""
     seg = StreamSegmenter(max_chars=10)
     out = seg.feed("1" * 40) + seg.feed("1" * 400) + seg.flush()
     assert all(measure(s) <= overshoot_limit(10) for s in out), [len(s) for s in out]
+    assert "".join(out) == "1" * 440
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1000])
+def test_a_long_number_is_cut_at_digit_group_boundaries_whatever_the_chunking(chunk: int) -> None:
+    text = "残高は" + "1234" * 30 + "円です。"
+    seg = StreamSegmenter(max_chars=20)
+    out = [s for k in range(0, len(text), chunk) for s in seg.feed(text[k : k + chunk])] + seg.flush()
+    assert "".join(out) == text
+    assert all(measure(s) <= overshoot_limit(20) for s in out), out
+    digits = [s.strip("残高は円です。") for s in out]
+    assert all(len(d) % 4 == 0 for d in digits[:-1]), digits  # whole groups of four
+
+
+def test_a_separated_number_is_cut_after_a_separator() -> None:
+    from irodori_speaker.text.split import digit_group_cut
+
+    s = "1,000,000,000"
+    assert digit_group_cut(s, 10) == 10  # "1,000,000," + "000"
+    assert digit_group_cut("あ12345678", 8) == 5  # after four digits of the run
+    assert digit_group_cut("あいう", 2) is None
 
 
 @SETTINGS

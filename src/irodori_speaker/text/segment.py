@@ -17,7 +17,9 @@ a character that has not arrived yet waits for it). Rules, in the order they app
 3. It ends after a clause mark (``、，,`` ...) once it has at least `min_chars` characters,
    or `first_min_chars` for the first segment of a turn, so the first audio starts sooner.
 4. A run longer than `max_chars` without such marks is hard-cut (never inside a word,
-   number, URL or emoji sequence; see `irodori_speaker.text.split`).
+   number, URL or emoji sequence; see `irodori_speaker.text.split`), unless the run itself
+   passes `overshoot_limit` (1.5 x `max_chars`): then it is cut anyway, a number at a
+   digit-group boundary (`digit_group_cut`), anything else between graphemes.
 5. Never split: "." / "," between digits ("3.5" arriving as "3." then "5"), URLs
    (``http(s)://`` up to whitespace or a non-ASCII character), emoji sequences.
 6. Segments are whitespace-stripped. One with nothing to say (only punctuation) is
@@ -42,10 +44,12 @@ from irodori_speaker.text.split import (
     WAIT,
     _Wait,
     classify,
+    forced_cut,
     hard_cut,
     is_emoji_part,
     is_speakable,
     leading_tag_ends,
+    overshoot_limit,
     run_end,
     strip_leading_punctuation,
     url_mask,
@@ -361,6 +365,7 @@ class StreamSegmenter:
         for a, b in markup_spans(s):
             inside[a : b - 1] = [True] * (b - 1 - a)
         t = 0  # tags complete within s[:i+1] do not count
+        limit, over = overshoot_limit(self.max_chars), None
         for i in range(len(s)):
             while t < len(tag_ends) and tag_ends[t] <= i + 1:
                 t += 1
@@ -375,7 +380,10 @@ class StreamSegmenter:
             if kind == "clause" and size >= threshold:
                 return run_end(s, i, "clause", final)
             if size > self.max_chars:
+                over = i if over is None else over
                 cut = hard_cut(s, i, final)
                 if cut is not None:
                     return cut
+                if size > limit:  # an unbreakable run (a long number, "ｗ" x 300): cut it anyway
+                    return forced_cut(s, over)
         return None

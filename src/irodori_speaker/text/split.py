@@ -369,10 +369,43 @@ def overshoot_limit(max_chars: int) -> int:
     return max_chars + max_chars // 2
 
 
+#: A digit run too long to keep whole is cut after a multiple of this many of its digits (the
+#: Japanese grouping: 万, 億, 兆), so each piece still reads as a number.
+DIGIT_GROUP: Final[int] = 4
+
+
+def digit_group_cut(s: str, i: int) -> int | None:
+    """The last cut ``p`` in the second half of ``(0, i]`` that falls inside a number at a group
+    boundary: after a separator ("1,000," + "000") or after a multiple of `DIGIT_GROUP` digits
+    of the run; None if ``s[i-1:i+1]`` is not inside a number or no such place exists."""
+    if i < 1 or not (s[i].isdecimal() or s[i] in NUMBER_SEPARATORS):
+        return None
+    if not (s[i - 1].isdecimal() or (s[i - 1] in NUMBER_SEPARATORS and i >= 2 and s[i - 2].isdecimal())):
+        return None
+    for p in range(i, max(1, (i + 1) // 2) - 1, -1):
+        a, b = s[p - 1], s[p]
+        if not b.isdecimal():
+            continue
+        if a in NUMBER_SEPARATORS and p >= 2 and s[p - 2].isdecimal():
+            return p
+        if not a.isdecimal():
+            return None  # the number starts within the window: no boundary further back
+        k = 0  # digits of the run before p
+        while k < p and s[p - 1 - k].isdecimal():
+            k += 1
+        if k % DIGIT_GROUP == 0:
+            return p
+    return None
+
+
 def forced_cut(s: str, i: int) -> int:
-    """A cut ``p`` in ``(0, i]`` for when no allowed cut exists: the last one in the second half
-    that splits no grapheme (a joiner, variation selector, skin tone or combining mark stays
-    with the character before it; a flag's two letters stay together), else ``i``."""
+    """A cut ``p`` in ``(0, i]`` for when no allowed cut exists: inside a long number, at a
+    digit-group boundary (`digit_group_cut`); else the last one in the second half that splits
+    no grapheme (a joiner, variation selector, skin tone or combining mark stays with the
+    character before it; a flag's two letters stay together), else ``i``."""
+    group = digit_group_cut(s, i)
+    if group is not None:
+        return group
     for p in range(i, max(1, (i + 1) // 2) - 1, -1):
         a, b = s[p - 1], s[p]
         if _is_glue(b) or a == "\u200d":
