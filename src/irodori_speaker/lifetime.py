@@ -17,6 +17,7 @@ import contextlib
 import os
 import sys
 import threading
+import warnings
 import weakref
 from typing import Any
 
@@ -27,9 +28,20 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 def creation_site() -> str:
     """'file:line' of the first caller outside this package (cheap: no traceback objects)."""
     f = sys._getframe(1)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _HERE:
+    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(_HERE + os.sep):
         f = f.f_back  # type: ignore[assignment]
     return "?" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
+def warn_unclosed(obj: Any, created_at: str) -> None:
+    """The `ResourceWarning` of a Speaker abandoned open (names where it was made)."""
+    warnings.warn(
+        f"unclosed Speaker created at {created_at}: use `async with Speaker(...)` or "
+        "`await speaker.aclose()`",
+        ResourceWarning,
+        stacklevel=3,
+        source=obj,
+    )
 
 
 def track(obj: Any) -> None:

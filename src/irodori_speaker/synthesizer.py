@@ -380,7 +380,8 @@ class Synthesizer:
 
     def reference_latent(self, voice: Any, record: SynthesisRecord | None = None) -> Any:
         """The voice's reference latent (1, T, C) on the model's device, or None; encoded once, cached."""
-        return self._reference(voice, record)[1]
+        with hold_model_lock():
+            return self._reference(voice, record)[1]
 
     def _reference(self, voice: Any, record: SynthesisRecord | None = None) -> tuple[str | None, Any]:
         """(the voice's content key, its reference latent), or (None, None) when it has none used."""
@@ -896,7 +897,8 @@ def load_synthesizer(
             cache_dir=cache_dir,
             want_tokenizer=not given_tok,
         )
-    loaded = load_dit(model_path, preset)
+    with hold_model_lock():  # the weights go to the device: no other model work meanwhile
+        loaded = load_dit(model_path, preset)
     cfg = loaded.config
     cap_path: Any = None
     if given_tok:
@@ -926,7 +928,8 @@ def load_synthesizer(
         caption_tok = TextTokenizer.from_file(
             cap_path, add_bos=add_bos, expected_vocab_size=cfg.caption("vocab_size")
         )
-    codec_model = load_codec_for(codec_path, preset)
+    with hold_model_lock():
+        codec_model = load_codec_for(codec_path, preset)
     if voice_cache_dir is False:
         cache = VoiceCache()
     elif voice_cache_dir is None or voice_cache_dir is True:

@@ -568,7 +568,8 @@ class SynthesizerLike(Protocol):
     """What the Speaker, the phrase cache and prebuild call on a synthesizer.
 
     Calls are synchronous (the Speaker runs them in its worker thread). `options` may be
-    SynthesisOptions, a mapping of options or None.
+    SynthesisOptions, a mapping of options or None. An implementation holds
+    `backends.lock.MODEL_LOCK` around its model work (per stage or chunk); callers never do.
     """
 
     sample_rate: int

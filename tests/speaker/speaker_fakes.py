@@ -2,9 +2,11 @@
 
 Each line is `steps` sampler steps of `step_s` seconds (the cancel token is
 checked between steps, like the real sampler), then `chunks` decode chunks of
-`chunk_s` each. Its audio is a constant level per line (`amplitude(text)`), so
-a recording shows which line played when. Every call is recorded, and a
-`Recorder` shared by several fakes sees whether model work ever overlapped.
+`chunk_s` each. Like the real synthesizer it holds the process-wide model lock
+around each step and chunk (and its prewarm), never around a whole line. Its
+audio is a constant level per line (`amplitude(text)`), so a recording shows
+which line played when. Every call is recorded, and a `Recorder` shared by
+several fakes sees whether model work ever overlapped.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from irodori_speaker.backends.lock import hold_model_lock
 from irodori_speaker.cancel import CancelToken, check
 from irodori_speaker.errors import Cancelled
 from irodori_speaker.types import (
@@ -88,6 +91,7 @@ class FakeSynth:
         recorder: Recorder | None = None,
         name: str = "fake",
         normalise: bool = False,
+        model_lock: bool = True,
     ) -> None:
         self.steps = steps
         self.step_s = step_s
@@ -99,6 +103,7 @@ class FakeSynth:
         self.recorder = recorder or Recorder()
         self.name = name
         self.normalise = normalise
+        self.model_lock = model_lock  # False: nothing serialises its work (a control for the Recorder)
         self.calls: list[Call] = []
         self._lock = threading.Lock()
 
@@ -129,10 +134,21 @@ class FakeSynth:
             self.calls.append(c)
         return c
 
+    @contextlib.contextmanager
+    def _work(self, cancel: CancelToken | None = None) -> Iterator[None]:
+        """One piece of model work: under the model lock (as the real synthesizer), recorded."""
+        with hold_model_lock(cancel) if self.model_lock else contextlib.nullcontext():
+            t0 = self.recorder.enter()
+            try:
+                yield
+            finally:
+                self.recorder.leave(self.name, t0)
+
     def _sample(self, call: Call, cancel: CancelToken | None) -> None:
         for _ in range(self.steps):
             check(cancel)
-            time.sleep(self.step_s)
+            with self._work(cancel):
+                time.sleep(self.step_s)
             call.steps_done += 1
         check(cancel)
         if call.text in self.fail:
@@ -155,15 +171,15 @@ class FakeSynth:
             self._sample(call, cancel)
             for _ in range(self.chunks):
                 check(cancel)
-                time.sleep(self.chunk_s)
+                with self._work(cancel):
+                    time.sleep(self.chunk_s)
                 call.chunks_done += 1
             audio = self.audio_for(text)
             return SynthesisResult(audio, self._record(text, len(audio)))
 
     @contextlib.contextmanager
     def _tracked(self, call) -> Iterator[None]:
-        """Records the call's overlap with others, how it ended (cancelled / error) and when."""
-        t0 = self.recorder.enter()
+        """Records how the call ended (cancelled / error) and when."""
         try:
             yield
         except Cancelled:
@@ -174,7 +190,6 @@ class FakeSynth:
             raise
         finally:
             call.ended = time.monotonic()
-            self.recorder.leave(self.name, t0)
 
     def stream(
         self,
@@ -195,7 +210,8 @@ class FakeSynth:
                     check(cancel)
                     if self.fail_after_chunks is not None and i == self.fail_after_chunks:
                         raise RuntimeError(f"fake decode failure on {text!r}")
-                    time.sleep(self.chunk_s)
+                    with self._work(cancel):
+                        time.sleep(self.chunk_s)
                     call.chunks_done += 1
                     yield audio[bounds[i] : bounds[i + 1]]
                 record.samples = len(audio)
@@ -204,12 +220,11 @@ class FakeSynth:
 
     def prewarm(self, voice: Any = None) -> float:
         call = self._new_call("prewarm", "", voice)
-        t0 = self.recorder.enter()
         try:
-            time.sleep(self.step_s)
+            with self._work():
+                time.sleep(self.step_s)
         finally:
             call.ended = time.monotonic()
-            self.recorder.leave(self.name, t0)
         return call.ended - call.started
 
     def texts(self, kind: str | None = None) -> list[str]:

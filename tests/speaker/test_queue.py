@@ -212,7 +212,9 @@ def test_one_lock_serialises_the_model_work_of_two_speakers(run):
     # control: the recorder does see overlap when nothing serialises the calls
     control = Recorder()
     threads = [
-        threading.Thread(target=FakeSynth(steps=5, step_s=0.01, recorder=control).synthesize, args=("x",))
+        threading.Thread(
+            target=FakeSynth(steps=5, step_s=0.01, recorder=control, model_lock=False).synthesize, args=("x",)
+        )
         for _ in range(2)
     ]
     for t in threads:
@@ -252,3 +254,32 @@ def test_prewarm_runs_once_per_configured_voice_before_the_first_line(run):
     kinds = [(c.kind, c.voice) for c in fake.calls]
     assert kinds[:2] == [("prewarm", "alice"), ("prewarm", "bob")]
     assert kinds[2] == ("stream", "alice")
+
+
+def test_the_model_lock_is_free_between_the_steps_of_a_line_being_synthesised(run):
+    # One lock level: the synthesizer holds the lock per step / chunk, the Speaker never for a
+    # whole line, so other model work (another Speaker, the server, prebuild) runs in between.
+    fake = FakeSynth(steps=400, step_s=0.005)  # a 2 s line
+
+    async def body():
+        async with Speaker(fake, output=NullOutput(speed=float("inf"))) as s:
+            h = s.enqueue("長く合成される台詞")
+            while not (fake.calls and fake.calls[-1].steps_done >= 3):
+                await asyncio.sleep(0.005)
+            loop = asyncio.get_running_loop()
+
+            def take_the_lock() -> tuple[bool, int]:
+                got = MODEL_LOCK.acquire(timeout=0.5)
+                try:
+                    return got, fake.calls[-1].steps_done
+                finally:
+                    if got:
+                        MODEL_LOCK.release()
+
+            got, steps_then = await loop.run_in_executor(None, take_the_lock)
+            await h
+            return got, steps_then, h.state
+
+    got, steps_then, state = run(body(), timeout=60)
+    assert got and steps_then < 400  # taken while the line was still being sampled
+    assert state == UtteranceState.PLAYED

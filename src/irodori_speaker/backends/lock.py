@@ -1,9 +1,11 @@
 """The one process-wide lock that serialises all model work.
 
 MPS command buffers are not thread-safe, and on CUDA one model at a time keeps
-memory and timing predictable. Every Speaker, the CLI and prebuild share it.
-It is re-entrant, so a Speaker may hold it around a Synthesizer call that takes
-it again inside.
+memory and timing predictable. Every Speaker, the CLI, the server and prebuild
+share it. It is taken at one level: inside the synthesizer (`synthesizer.py`),
+around each stage and decode chunk, so other model work can run between two
+chunks of a line and a cancel is seen within one. It is re-entrant (a stage may
+call a helper that takes it too).
 """
 
 from __future__ import annotations

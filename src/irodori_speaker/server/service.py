@@ -291,12 +291,6 @@ class SpeechService:
 
     async def initialize(self, style_id: int, voice: Any) -> None:
         """Encode the voice's reference once (the first line of it then starts sooner)."""
-        if voice is not None and voice.has_reference:
-            from ..backends.lock import hold_model_lock
-
-            def encode() -> None:
-                with hold_model_lock():
-                    self.synth.reference_latent(voice)
-
-            await asyncio.to_thread(encode)
+        if voice is not None and voice.has_reference:  # the synthesizer takes the model lock
+            await asyncio.to_thread(self.synth.reference_latent, voice)
         self.initialized.add(style_id)

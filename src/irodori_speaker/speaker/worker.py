@@ -1,0 +1,278 @@
+"""The line worker: synthesise one line (or serve it from the phrase cache) and report it.
+
+Model work runs on one thread per Speaker; the synthesizer takes the process-wide model
+lock itself, around each stage and decode chunk (backends/lock.py), so a line of another
+Speaker, the server or prebuild can run between two chunks of this one, and a cancel is
+seen within one. Phrase-cache lookups run on a second thread, so a hit never waits behind
+the model. Every result goes to `LineReports` on the event loop: started, chunk, timing,
+done or failed, then ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..cancel import check
+from ..errors import Cancelled
+from ..playback import Chunk, resample
+from ..timing import SpeechSpan, estimate_timing
+from ..types import SynthesisRecord, SynthesizerLike
+from .tasks import TaskScope
+from .utterance import Utterance, UtteranceState
+
+log = logging.getLogger("irodori_speaker.speaker")
+
+__all__ = ["LineReports", "LineWorker"]
+
+
+class LineReports(Protocol):
+    """Where the worker reports a line (all on the event loop); `LineTracker` is the one."""
+
+    def synth_started(self, utt: Utterance, t0: float) -> None: ...
+    def chunk(self, utt: Utterance, chunk: Chunk, t: float) -> None: ...
+    def timing(self, utt: Utterance, timing: Any) -> None: ...
+    def synth_done(self, utt: Utterance, record: SynthesisRecord, t0: float, t1: float) -> None: ...
+    def synth_failed(self, utt: Utterance, error: BaseException) -> None: ...
+    def synth_ended(self, utt: Utterance) -> None: ...
+    def wake(self) -> None: ...
+
+
+class LineWorker:
+    """One line at a time on the model thread; cache lookups beside it."""
+
+    def __init__(
+        self,
+        reports: LineReports,
+        scope: TaskScope,
+        *,
+        streaming: bool,
+        timing: bool,
+        cache: Any = None,
+        cache_store: str = "marked",
+    ) -> None:
+        self.reports = reports
+        self.scope = scope
+        self.streaming = streaming
+        self.timing = timing
+        self.cache = cache
+        self.cache_store = cache_store
+        self.synthesizer: SynthesizerLike | None = None
+        self.sample_rate = 0
+        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._cache_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.current: Utterance | None = None  # the line being synthesised
+
+    def open(self) -> None:
+        self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="irodori-speaker")
+        if self.cache is not None:  # hits are served here, never behind the model worker
+            self._cache_executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="irodori-cache"
+            )
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the model thread (outputs open / close, load, prewarm)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    @property
+    def busy(self) -> bool:
+        return self._task is not None
+
+    # -- synthesis ---------------------------------------------------------------------------------
+
+    def start(self, utt: Utterance, rates: list[int]) -> None:
+        """Synthesise `utt` (QUEUED) now; `rates`: the output rates other than the model's."""
+        utt.state = UtteranceState.SYNTHESIZING
+        self.current = utt
+        self._task = self.scope.spawn(self._line(utt, rates), f"line-{utt.id}")
+
+    def preempt(self, reason: str = "pre-empted by a higher lane") -> None:
+        """Stop the line being prefetched; it is queued again when its run has ended."""
+        utt = self.current
+        if utt is not None:
+            utt._preempted = True
+            utt._token.cancel(reason)
+
+    async def _line(self, utt: Utterance, rates: list[int]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self.executor, self._render, loop, utt, rates)
+        except Cancelled:
+            if not utt._token.cancelled:
+                self.reports.synth_failed(utt, Cancelled("the synthesizer stopped on its own"))
+        except Exception as e:
+            self.reports.synth_failed(utt, e)
+        finally:
+            self._task = None
+            self.current = None
+            with contextlib.suppress(RuntimeError):  # an abandoned Speaker's loop may be closed
+                self.reports.synth_ended(utt)
+
+    def _render(self, loop: asyncio.AbstractEventLoop, utt: Utterance, rates: list[int]) -> None:
+        """Worker thread: synthesise the line, post its chunks to the loop, store it if asked."""
+        synth = self.synthesizer
+        assert synth is not None
+        reports = self.reports
+        token = utt._token
+
+        def post(fn: Callable[..., None], *args: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
+                loop.call_soon_threadsafe(fn, utt, *args)
+
+        check(token)
+        src = self.sample_rate
+        options = utt.options
+        store = self.should_store(utt)
+        if store:  # rendered with the cache seed (0 when unset), so the entry is found again
+            from ..cache import cache_options
+
+            options = cache_options(options)
+        parts: list[np.ndarray] = []
+        x: np.ndarray | None = None  # a whole line's audio (streamed: None, the chunks are posted)
+        span = SpeechSpan(src) if self.timing else None
+        t0 = time.monotonic()
+        post(reports.synth_started, t0)
+        if self.streaming:
+            import soxr
+
+            streams = {r: soxr.ResampleStream(src, r, 1, dtype="float32") for r in rates}
+            audio_stream = synth.stream(utt.text, utt.voice, options, cancel=token)
+            utt._live_record = audio_stream.record  # read by the jitter buffer on the loop
+            try:
+                for x in audio_stream:
+                    check(token)
+                    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+                    if store:
+                        parts.append(x)
+                    if span is not None:
+                        span.add(x)
+                    by_rate = {r: rs.resample_chunk(x) for r, rs in streams.items()}
+                    post(reports.chunk, Chunk(x, by_rate), time.monotonic())
+                if streams:
+                    empty = np.zeros(0, dtype=np.float32)
+                    tail = {r: rs.resample_chunk(empty, last=True) for r, rs in streams.items()}
+                    post(reports.chunk, Chunk(empty, tail), time.monotonic())
+            finally:
+                audio_stream.close()
+            record = audio_stream.record
+            t1 = time.monotonic()
+            x = None
+        else:
+            result = synth.synthesize(utt.text, utt.voice, options, cancel=token)
+            t1 = time.monotonic()
+            record = result.record
+            x = np.ascontiguousarray(result.audio, dtype=np.float32).reshape(-1)
+            post(reports.chunk, Chunk(x, {r: resample(x, src, r) for r in rates}), t1)
+            if span is not None:
+                span.add(x)
+        if span is not None and not token.cancelled:
+            post(reports.timing, line_timing(record, span))
+        cache = self.cache
+        if store and cache is not None and not token.cancelled:  # a whole line only
+            audio = x if x is not None else np.concatenate(parts) if parts else None
+            if audio is not None and len(audio):
+                try:
+                    cache.store(synth, utt.text, utt.voice, options, audio, record)
+                except Exception as e:  # a full disk must not cost the line
+                    log.warning("phrase cache: could not store line #%d: %s", utt.id, e)
+        # after the store: a line reported done (and so played) is in the cache, so the same
+        # line asked for right after is a hit (it raced the store before; its audio is out already)
+        post(reports.synth_done, record, t0, t1)
+
+    # -- the phrase cache ----------------------------------------------------------------------------
+
+    def should_store(self, utt: Utterance) -> bool:
+        if self.cache is None or utt.cache is False:
+            return False
+        return self.cache_store == "all" or (self.cache_store == "marked" and utt.cache is True)
+
+    def start_lookup(self, utt: Utterance, rates: list[int]) -> None:
+        """Look `utt` up in the phrase cache on the cache thread; a hit is reported as a line
+        synthesised at once (the same events, no model work)."""
+        assert self._cache_executor is not None
+        utt._cache_pending = True
+        fut = asyncio.get_running_loop().run_in_executor(self._cache_executor, self._lookup, utt, rates)
+        fut.add_done_callback(lambda f: self._on_lookup(utt, f))
+
+    def _lookup(self, utt: Utterance, rates: list[int]) -> Any:
+        """Cache thread: the stored line and its audio at the output rates, or None."""
+        t0 = time.monotonic()
+        assert self.cache is not None  # lookups are started only with a cache
+        try:
+            line = self.cache.lookup(self.synthesizer, utt.text, utt.voice, utt.options)
+        except Exception as e:  # a synthesizer without render_identity, an unreadable index
+            log.warning("phrase cache lookup failed for line #%d: %s", utt.id, e)
+            return None
+        if line is None:
+            return None
+        x = np.ascontiguousarray(line.audio, dtype=np.float32)
+        timing = None
+        if self.timing:
+            span = SpeechSpan(self.sample_rate)
+            span.add(x)
+            timing = line_timing(line.record, span)
+        chunk = Chunk(x, {r: resample(x, self.sample_rate, r) for r in rates})
+        return line, chunk, t0, time.monotonic(), timing
+
+    def _on_lookup(self, utt: Utterance, fut: Any) -> None:
+        utt._cache_pending = False
+        self.reports.wake()  # a miss: the line may be synthesised now
+        if fut.cancelled() or fut.exception() is not None or fut.result() is None:
+            return
+        if utt.state != UtteranceState.QUEUED:  # ended meanwhile
+            return
+        line, chunk, t0, t1, timing = fut.result()
+        utt.state = UtteranceState.SYNTHESIZING
+        self.reports.synth_started(utt, t0)
+        self.reports.chunk(utt, chunk, t1)
+        self.reports.timing(utt, timing)
+        self.reports.synth_done(utt, line.record, t0, t1)
+
+    # -- closing -------------------------------------------------------------------------------------
+
+    async def stop(self, timeout: float = 10.0) -> bool:
+        """Wait for the line in progress to stop (its token is cancelled); True if it did not."""
+        task = self._task
+        if task is None:
+            return False
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except asyncio.TimeoutError:
+            log.warning("synthesis did not stop within %g s of cancellation; leaving its thread", timeout)
+            return True
+        except Exception:
+            pass  # its failure was reported on its line
+        return False
+
+    def shutdown(self, *, stuck: bool = False, abandon: bool = False) -> None:
+        """Shut the threads down: joined (the cache thread always, the model thread unless stuck),
+        or, for an abandoned Speaker, told to stop without waiting."""
+        for ex, wait in ((self.executor, not stuck), (self._cache_executor, True)):
+            if ex is None:
+                continue
+            if abandon:
+                ex.shutdown(wait=False, cancel_futures=True)
+            else:
+                ex.shutdown(wait=wait)
+        self._cache_executor = None
+        if not abandon:
+            self.executor = None
+
+
+def line_timing(record: SynthesisRecord | None, span: SpeechSpan) -> Any:
+    """The line's estimated word/mora timing (worker thread), None when it cannot be had."""
+    if record is None or not record.text:
+        return None
+    try:
+        return estimate_timing(record.text, span.samples / span.sample_rate, speech=span.span())
+    except Exception as e:  # the timing is a nicety: it must never cost the line
+        log.debug("no timing for %r: %s", record.text[:40], e)
+        return None
