@@ -204,14 +204,15 @@ def run_cli(args, home: Path, **kw):
 
 
 def test_cli_prebuild_ctrl_c_while_another_process_reads_then_re_run(synth, irodori_home, tmp_path):
-    # enough phrases that the Ctrl-C lands half way even when this process reads slowly (CI load)
-    phrases = [f"{i}番目の定型文です。" for i in range(120)]
+    # lines long enough (2 s each) that the Ctrl-C lands half way even when this process reads
+    # slowly on a loaded machine
+    phrases = [f"{i}番目の定型文です。" for i in range(40)]
     f = tmp_path / "phrases.txt"
     f.write_text("# stock lines\n" + "\n".join(phrases) + "\n", "utf-8")
     d = tmp_path / "cache"
     args = ["prebuild", str(f), "--cache-dir", str(d), "--tiny-random", "--backend", "cpu"]
-    args += ["--steps", "2", "--seconds", "0.4"]
-    opts = dataclasses.replace(FAST, seed=0)
+    args += ["--steps", "2", "--seconds", "2.0"]
+    opts = dataclasses.replace(FAST, seed=0, seconds=2.0)
     proc = run_cli(args, irodori_home)
     seen: dict[str, bytes] = {}
     deadline = time.monotonic() + 120
