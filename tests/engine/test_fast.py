@@ -114,27 +114,6 @@ def test_cuda_graph_replay_equals_eager(dit_fixtures):
     assert graphed.captures == 3
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need an NVIDIA GPU (run on the H200)")
-def test_graphs_of_one_condition_shape_share_its_kv_and_eviction_recaptures_right(dit_fixtures):
-    """The condition K/V live once per condition shape (a context graph) and the sampling graphs
-    read them in place; evicting a context graph drops the sampling graphs reading its buffers
-    (memory at full size: benchmarks/memory_phases.py)."""
-    model, io, cases = load_kind(dit_fixtures, "v3_base")
-    model = model.cuda()
-    conds = encode(model, {k: v.cuda() for k, v in io.items()}, FIRST)
-    cfg = SamplerConfig(**case_settings(cases["speaker_kv"]))
-    graphed = FastSampler(model, use_graphs=True, max_graphs=4)  # one context graph at most
-    eager = FastSampler(graphed.fast, use_graphs=False)
-    short = pad_conditions(conds, 8)
-    longer = pad_conditions(conds, 96)  # another condition shape: another context graph
-    for c in (short, longer, short):  # the second and third each evict the other's graphs
-        for n in (16, 48, 80):
-            noise = torch.randn(1, n, model.cfg.latent_dim, device="cuda")
-            got = graphed.sample(c, noise, cfg)
-            torch.testing.assert_close(got, eager.sample(c, noise, cfg), atol=1e-4, rtol=1e-4)
-        assert len(graphed._context_graphs) == 1 and len(graphed._graphs) == 3
-
-
 def test_fast_path_on_an_int4_model(dit_fixtures, tmp_path):
     """Fused int4 projections (one packed GEMM, through Int4Linear.concat) give what the unfused
     int4 layers give; the originals become slices of the fused layer."""

@@ -38,10 +38,8 @@ from .sampler import (
     ProgressFn,
     SamplerConfig,
     check_inputs,
-    context_groups,
     euler_loop,
     initial_x,
-    line_context,
     plan_for,
     prepare_context,
 )
@@ -247,32 +245,15 @@ def pad_conditions(conds: Conditions, bucket: int) -> Conditions:
 class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: list[Tensor | None]  # static input buffers, refilled before each replay
-    out: Any  # a tensor, or a list of them (the context graphs)
+    out: Tensor
 
-    def replay(self, inputs: Sequence[Tensor | None]) -> Any:
+    def replay(self, inputs: Sequence[Tensor | None]) -> Tensor:
         """Copy `inputs` into the static buffers, replay; the output buffer (overwritten next time)."""
         for dst, src in zip(self.inputs, inputs):
             if dst is not None and src is not None:
                 dst.copy_(src)
         self.graph.replay()
         return self.out
-
-
-def _flat_groups(groups: list[ContextKV]) -> list[Tensor]:
-    return [t for g in groups for t in (*g.keys, *g.values, g.mask)]
-
-
-GroupShape = tuple[int, list[tuple[str, int, int]]]  # (layers, segments) of one ContextKV
-
-
-def _unflat_groups(flat: Sequence[Tensor], shape: list[GroupShape]) -> list[ContextKV]:
-    """`_flat_groups`'s tensors back into groups of `shape`."""
-    out, i = [], 0
-    for n, segments in shape:
-        keys, values = list(flat[i : i + n]), list(flat[i + n : i + 2 * n])
-        out.append(ContextKV(keys, values, flat[i + 2 * n], segments))
-        i += 2 * n + 1
-    return out
 
 
 def additive_masks(ctx: LineContext, dtype: torch.dtype) -> LineContext:
@@ -290,13 +271,10 @@ def additive_masks(ctx: LineContext, dtype: torch.dtype) -> LineContext:
 class FastSampler:
     """Runs `sample()`'s loop on a FastDiT, padded to static buckets; CUDA-graphed on CUDA.
 
-    Two graphs run a line after the encoders: a context graph per condition shape computes the
-    keys/values of every guidance group (`context_groups`) into its output buffers, then a
-    sampling graph per (frames, condition shape) builds the masks and runs every step, reading
-    those buffers in place. The K/V are held once per condition shape, not once per sampling
-    graph (inside each of them they were 928 MiB over prewarm's 38 graphs for v2, H200). Inputs
-    (padded conditions, initial noise) are copied into static buffers before each replay.
-    `encode_text` replays a third, small graph per text-length bucket for the text encoder.
+    A graph covers the whole line after the encoders: the condition keys/values of every guidance
+    group (`prepare_context`), then every step. Its inputs are the padded conditions and the
+    initial noise, copied into static buffers before each replay. `encode_text` replays a second,
+    small graph per text-length bucket for the text encoder.
     """
 
     def __init__(
@@ -315,9 +293,6 @@ class FastSampler:
         self.max_graphs = max_graphs
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._text_graphs: dict[tuple, _Graph] = {}
-        # per condition shape: the context graph and the structure of its output
-        self._context_graphs: OrderedDict[tuple, tuple[_Graph, list[GroupShape]]] = OrderedDict()
-        self.max_context_graphs = max(1, max_graphs // 4)
         self._tables: dict[tuple, Tensor] = {}
         self._pool: Any = None  # one memory pool for every graph: replays are sequential
         self.captures = 0  # sampling graphs captured so far (prewarm reports it)
@@ -381,20 +356,15 @@ class FastSampler:
         table = self._table(plan)
         check(cancel)
 
-        fields = _fields(padded)
+        inputs = [x0, *_fields(padded), latent_mask]
         if not self.use_graphs:
-            inputs = [x0, *fields, latent_mask]
             return self._loop_line(plan, cfg, table, S_pad, *inputs, cancel=cancel, progress=progress)[:, :S]
-        ctx_key, g_ctx, shape = self._context_graph(fields, plan)
-        kv = g_ctx.replay(fields)  # the K/V buffers the sampling graph reads in place
-        inputs = [x0, latent_mask]
         key = (
             plan,
             cfg.rescale_k,
             cfg.rescale_sigma,
             cfg.speaker_kv_scale,
             cfg.speaker_kv_max_layers,
-            ctx_key,
             tuple(None if t is None else (tuple(t.shape), t.dtype) for t in inputs),
         )
         g = self._graphs.get(key)
@@ -403,10 +373,9 @@ class FastSampler:
                 self._graphs.popitem(last=False)
             # captured without cancel/progress: a replay runs the whole line at once
             g = self._graphs[key] = self._capture(
-                lambda x, lm: self._loop_kv(plan, cfg, table, S_pad, x, lm, _unflat_groups(kv, shape)), inputs
+                lambda *xs: self._loop_line(plan, cfg, table, S_pad, *xs), inputs
             )
             self.captures += 1
-            g_ctx.replay(fields)  # the capture's warm-up ran the loop on the buffers (K/V scaling)
         else:
             self._graphs.move_to_end(key)
         out = g.replay(inputs)[:, :S].clone()
@@ -420,37 +389,6 @@ class FastSampler:
         *states, lm = cond_and_mask
         ctx = prepare_context(self.fast.model, Conditions(*states), plan, S_pad, lm)
         return self._loop(plan, cfg, x0, additive_masks(ctx, self.fast.dtype), table, cancel, progress)
-
-    def _context_graph(self, fields: list[Any], plan: Plan) -> tuple[tuple, _Graph, list[GroupShape]]:
-        """The context graph of these padded conditions' shapes (captured on first use). Evicting
-        one evicts the sampling graphs that read its buffers."""
-        model = self.fast.model
-        shapes = tuple(None if t is None else (tuple(t.shape), t.dtype) for t in fields)
-        ctx_key = (plan.enabled, plan.groups, shapes)
-        if ctx_key in self._context_graphs:
-            self._context_graphs.move_to_end(ctx_key)
-        else:
-            if len(self._context_graphs) >= self.max_context_graphs:
-                old, _ = self._context_graphs.popitem(last=False)
-                for k in [k for k in self._graphs if k[5] == old]:
-                    del self._graphs[k]
-            groups = context_groups(model, Conditions(*fields), plan)
-            shape = [(len(g.keys), g.segments) for g in groups]
-            del groups
-            g_ctx = self._capture(
-                lambda *xs: _flat_groups(context_groups(model, Conditions(*xs), plan)), list(fields)
-            )
-            self._context_graphs[ctx_key] = (g_ctx, shape)
-        g_ctx, shape = self._context_graphs[ctx_key]
-        return ctx_key, g_ctx, shape
-
-    def _loop_kv(self, plan, cfg, table, S_pad, x0, lm, groups: list[ContextKV]) -> Tensor:
-        """One line from the K/V of its groups (a context graph's buffers): masks, then the loop.
-
-        The speaker K/V scaling (`speaker_kv_scale`) works in place on those buffers, which the
-        context graph rewrites before every line."""
-        ctx = line_context(self.fast.model, groups, plan, x0.shape[0], S_pad, lm)
-        return self._loop(plan, cfg, x0, additive_masks(ctx, self.fast.dtype), table)
 
     def _loop(self, plan, cfg, x0, ctx, table, cancel=None, progress=None) -> Tensor:
         rope = rope_tables(x0.shape[1] // self.fast.cfg.latent_patch_size, self.fast.cfg.head_dim, x0.device)

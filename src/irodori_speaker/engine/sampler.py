@@ -218,36 +218,18 @@ class LineContext:
             c.scale_segment("speaker", factor, max_layers)
 
 
-def context_groups(model: TextToLatentRFDiT, conds: Conditions, plan: Plan) -> list[ContextKV]:
-    """The condition keys/values of each branch group (rows: the group's branches stacked): what
-    depends on the conditions only, not on the line's length."""
-    if plan.groups:
-        return [model.context_kv(Conditions.cat([conds.dropped(*b) for b in g])) for g in plan.groups]
-    return [model.context_kv(conds)]
-
-
-def line_context(
-    model: TextToLatentRFDiT,
-    groups: list[ContextKV],
-    plan: Plan,
-    batch: int,
-    seq_len: int,
-    latent_mask: Tensor | None = None,
-) -> LineContext:
-    """`groups` (from `context_groups`) with the masks of a line of `seq_len` frames."""
-    masks = []
-    if plan.groups:
-        lms = [None if latent_mask is None else latent_mask.repeat(len(g), 1) for g in plan.groups]
-        masks = [model.attention_mask(c, seq_len, m) for c, m in zip(groups, lms)]
-    cond = groups[0].rows(batch)
-    return LineContext(groups, masks, cond, model.attention_mask(cond, seq_len, latent_mask))
-
-
 def prepare_context(
     model: TextToLatentRFDiT, conds: Conditions, plan: Plan, seq_len: int, latent_mask: Tensor | None = None
 ) -> LineContext:
-    groups = context_groups(model, conds, plan)
-    return line_context(model, groups, plan, conds.batch_size, seq_len, latent_mask)
+    B = conds.batch_size
+    if plan.groups:
+        groups = [model.context_kv(Conditions.cat([conds.dropped(*b) for b in g])) for g in plan.groups]
+        lms = [None if latent_mask is None else latent_mask.repeat(len(g), 1) for g in plan.groups]
+        masks = [model.attention_mask(c, seq_len, m) for c, m in zip(groups, lms)]
+    else:
+        groups, masks = [model.context_kv(conds)], []
+    cond = groups[0].rows(B)
+    return LineContext(groups, masks, cond, model.attention_mask(cond, seq_len, latent_mask))
 
 
 def euler_loop(
