@@ -52,9 +52,21 @@ class Server:
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
+                _dump_stacks(self.proc.pid, self.log)
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def _dump_stacks(pid: int, log: Path) -> None:
+    """A server that did not stop: its threads' Python stacks into its log (py-spy, if installed)."""
+    import shutil
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if Path(spy).exists():
+        r = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+        with open(log, "a") as f:
+            f.write("\n--- py-spy dump of the server that did not stop ---\n" + r.stdout + r.stderr)
 
 
 def voices_config(home: Path) -> Path:

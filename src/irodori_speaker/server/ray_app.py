@@ -64,15 +64,40 @@ def serve_ray(args: argparse.Namespace, settings: Any) -> int:
         from ..errors import InputError
 
         raise InputError("--ray needs Ray Serve", hint="pip install 'ray[serve]'") from None
-    ray.init(ignore_reinit_error=True)
-    serve.start(http_options={"host": settings.host, "port": settings.port})
+    from ..errors import BackendError
+
+    try:
+        ray.init(ignore_reinit_error=True)
+        serve.start(http_options={"host": settings.host, "port": settings.port})
+    except ray.exceptions.RayError as e:  # e.g. its proxy failing its health checks on a busy machine
+        _bounded(serve.shutdown, 30)
+        _bounded(ray.shutdown, 30)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BackendError(
+            f"Ray Serve did not start: {first}", hint="see Ray's log above; try again, or serve without --ray"
+        ) from None
     try:
         serve.run(build_deployment(args, settings), route_prefix="/", blocking=True)
     except KeyboardInterrupt:
         pass
     finally:
-        serve.shutdown()
+        # bounded: a Ctrl-C must end the process, whatever state Ray's actors are in
+        _bounded(serve.shutdown, settings.shutdown_grace_s + 30)
+        _bounded(ray.shutdown, 30)
     return 0
+
+
+def _bounded(fn: Any, seconds: float) -> None:
+    """`fn()` in a daemon thread, waited for at most `seconds` (then left behind, with a warning)."""
+    import logging
+    import threading
+
+    t = threading.Thread(target=fn, name=f"irodori-{getattr(fn, '__name__', 'stop')}", daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        log = logging.getLogger(__name__)
+        log.warning("%s did not finish in %.0f s: exiting anyway", fn.__name__, seconds)
 
 
 def _app_from_env() -> Any:
