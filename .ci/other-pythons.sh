@@ -12,7 +12,7 @@ for v in 3.10 3.12 3.13; do
   "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy soundfile soxr sounddevice pytest pytest-timeout 2>&1 | grep -v "^WARNING: Location" || true
   echo "python $v ($py):"
-  PYTHONPATH="$PWD/src" "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts="" --timeout=60 \
+  PYTHONPATH="$PWD/src:$PWD/tests" "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts="" --timeout=60 \
     --confcutdir=tests/speaker tests/speaker/test_shutdown.py
   rm -rf "$(dirname "$venv")"
 done
