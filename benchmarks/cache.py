@@ -117,9 +117,10 @@ def main() -> None:
         spk = speaker_level(synth, cache, lines, options)
         audio_s = statistics.mean(cache.lookup(synth, t, None, options).duration for t in lines)
     model = args.model or "tiny-random"
+    rendered = synth.resolve_options(options)  # what the lines ran with: the preset resolved once
     print(
         f"phrase cache, time to first audio: {model} on {synth.device} "
-        f"({torch.get_num_threads()} threads), {synth.preset.steps} steps {synth.preset.schedule}, "
+        f"({torch.get_num_threads()} threads), {rendered.steps} steps {rendered.schedule}, "
         f"{len(lines)} lines of {audio_s:.2f} s mean, {args.audio_format} entries; "
         f"{platform.node()} {platform.processor() or platform.machine()}, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d %H:%M')}"

@@ -403,9 +403,12 @@ def main() -> None:
     first = next((r for r in results.values() if "error" not in r), {})
     summary["gpu"] = gpu = first.get("gpu", "CPU (smoke)" if args.smoke else "?")
     preset = base_preset("cuda")
+    # the steps the lines were rendered with (each child's record of its resolved options); the
+    # preset's only when no configuration ran
+    steps, schedule = first.get("steps", preset.steps), first.get("schedule", preset.schedule)
     print(
         f"\n# memory_gpu  {gpu}  torch {torch.__version__}  {time.strftime('%Y-%m-%d %H:%M')}  "
-        f"{args.seconds:g} s line, {preset.steps} {preset.schedule} steps, 10 s reference, "
+        f"{args.seconds:g} s line, {steps} {schedule} steps, 10 s reference, "
         "CUDA preset (fast path, CUDA graphs)"
     )
     print_tables(results, disk, rows, codecs)

@@ -192,3 +192,73 @@ def test_the_docs_option_table_is_the_fields_own_metadata():
     expected = ["| option | allowed | stage | what it does |", "|---|---|---|---|"]
     expected += [f"| `{n}` | {allowed} | {stage} | {doc} |" for n, allowed, stage, doc in describe_options()]
     assert table.splitlines() == expected
+
+
+# ---- the sampler settings: defined once, resolved once, read from that one object ---------------
+
+SAMPLER_FIELDS = [f.name for f in dataclasses.fields(SamplerConfig)]
+
+
+def test_every_sampler_setting_is_defined_once_in_sampler_config():
+    """SynthesisOptions nests the sampler settings by inheriting SamplerConfig: a field declared
+    again in the subclass would silently replace the sampler's check, doc or default."""
+    import inspect
+
+    assert not set(inspect.get_annotations(SynthesisOptions)) & set(SAMPLER_FIELDS)
+    specs, sampler_specs = option_specs(SynthesisOptions), option_specs(SamplerConfig)
+    assert all(specs[name] is sampler_specs[name] for name in SAMPLER_FIELDS)
+    # every other option of the sampler stage lives there too, except the seed of the initial
+    # noise, which the synthesizer draws before the sampler runs (the sampler never reads it)
+    outside = [name for name, spec in specs.items() if spec.stage == "sampler" and name not in SAMPLER_FIELDS]
+    assert outside == ["seed"]
+
+
+def test_every_preset_fallback_names_a_setting_of_the_preset_and_of_the_engine_defaults():
+    from irodori_speaker.backends.presets import Preset
+    from irodori_speaker.types import SamplerDefaults
+
+    backed = {name: spec.preset for name, spec in option_specs(SynthesisOptions).items() if spec.preset}
+    assert set(backed) == {"steps", "schedule", "sway_coeff"}
+    for attr in backed.values():
+        assert attr in {f.name for f in dataclasses.fields(Preset)}
+        assert attr in {f.name for f in dataclasses.fields(SamplerDefaults)}
+    filled = SynthesisOptions().with_defaults(SamplerDefaults(steps=7, schedule="sway", sway_coeff=-0.5))
+    assert (filled.steps, filled.schedule, filled.sway_coeff) == (7, "sway", -0.5)
+    given = SynthesisOptions(steps=3).with_defaults(SamplerDefaults(steps=7))
+    assert given.steps == 3  # a value the caller gave is never replaced
+
+
+def test_the_sampler_gets_the_resolved_options_and_reads_only_its_own_fields(synth, monkeypatch):
+    """The synthesizer hands the sampler the object `resolve_options` returns (no second
+    fallback on the way), and the sampler reads nothing but SamplerConfig's fields of it: a bare
+    SamplerConfig with the same settings gives the same latent."""
+    import torch
+
+    seen = []
+    real = synth.sample_latent
+
+    def spy(conds, noise, cfg, **kw):
+        seen.append((conds, noise.clone(), cfg))
+        return real(conds, noise, cfg, **kw)
+
+    monkeypatch.setattr(synth, "sample_latent", spy)
+    opts = SynthesisOptions(seed=3, seconds=0.4, cfg_scale_text=2.0, truncation_factor=0.8)
+    synth.synthesize("こんにちは。", options=opts)
+    conds, noise, cfg = seen[0]
+    assert cfg == synth.resolve_options(opts) and cfg.steps == synth.preset.steps
+    bare = SamplerConfig(**{name: getattr(cfg, name) for name in SAMPLER_FIELDS})
+    with torch.inference_mode():
+        assert torch.equal(real(conds, noise, cfg), real(conds, noise, bare))
+
+
+def test_the_command_line_leaves_the_preset_fallback_to_the_synthesizer():
+    """The CLI builds options from its flags only; an unset --steps / --schedule stays None, to
+    be resolved against the preset once, by `resolve_options`."""
+    from irodori_speaker.cli.common import build_options
+    from irodori_speaker.cli.main import build_parser
+
+    parser = build_parser()
+    unset = build_options(parser.parse_args(["say", "こんにちは", "-o", "x.wav"]))
+    assert (unset.steps, unset.schedule, unset.sway_coeff) == (None, None, None)
+    given = build_options(parser.parse_args(["say", "こんにちは", "-o", "x.wav", "--steps", "3"]))
+    assert given.steps == 3

@@ -169,7 +169,8 @@ def test_event_times_follow_the_stream_sample_clock(virtual_device, tmp_path, mo
     """Issue 12: event times on PortAudio were off by -1.1 to +3.8 ms against the sample
     positions (each callback's own delay entered them). From the stream's sample clock, the time
     of every sample is origin + position / rate: over a steady stretch the origin the callbacks
-    imply stays within 0.5 ms (drift allowance included), whichever callback computed it."""
+    imply moves by the drift allowance from one callback to the next (not by their delays) and
+    stays within 1 ms, whichever callback computed it (0.08 ms measured on an idle machine)."""
     rate, channels = int(virtual_device["samplerate"]), min(2, virtual_device["channels"])
     fifo = str(tmp_path / "tap")
     os.mkfifo(fifo)
@@ -190,4 +191,6 @@ def test_event_times_follow_the_stream_sample_clock(virtual_device, tmp_path, mo
     longest = max(segments, key=len)
     assert longest[-1, 0] - longest[0, 0] > 0.5 * rate, (len(segments), [len(s) for s in segments])
     origin = longest[:, 1] - longest[:, 0] / rate
-    assert np.ptp(origin) < 0.5e-3, np.ptp(origin)
+    step = np.abs(np.diff(origin))  # callback to callback: the drift allowance, not their delays
+    assert np.percentile(step, 90) < 50e-6, np.percentile(step, 90)  # was ~0.9 ms
+    assert np.ptp(origin) < 1e-3, np.ptp(origin)
