@@ -93,6 +93,40 @@ def test_key_is_sha256_of_canonical_identity_with_format_version(synth, pc):
     assert pc.key(synth, "こんにちは", None, FAST) == reference_key(ident)
 
 
+def test_a_new_option_that_changes_the_sound_enters_the_key_by_its_field_alone(synth, pc):
+    # the key takes the options whose field says audio=True (types.option), with no list to edit
+    from irodori_speaker.types import Check, option
+
+    extra = dataclasses.make_dataclass(
+        "WithBreath",
+        [
+            ("breath", float, option(0.0, Check(float, 0.0, 1.0), "breathiness", stage="output")),
+            ("label", str, option("", Check(str), "a name only", stage="output", audio=False)),
+        ],
+        bases=(SynthesisOptions,),
+        frozen=True,
+    )
+    base = extra(steps=2, seconds=0.4, seed=5)
+    key = pc.key(synth, "こんにちは", None, base)
+    assert pc.identity(synth, "こんにちは", None, base)["line"]["options"]["breath"] == 0.0
+    assert pc.key(synth, "こんにちは", None, dataclasses.replace(base, breath=0.5)) != key
+    assert pc.key(synth, "こんにちは", None, dataclasses.replace(base, label="x")) == key
+    # the options that do not change the sound are not in it either
+    plain = pc.identity(synth, "こんにちは", None, FAST)["line"]["options"]
+    assert "chunk_frames" not in plain and "laughter" not in plain and "steps" in plain
+
+
+def test_a_caption_tokenizer_that_is_the_text_tokenizer_is_in_the_key_once(synth):
+    same = copy.copy(synth)
+    tok = synth.fingerprints["tokenizer"]
+    same.fingerprints = {**synth.fingerprints, "caption_tokenizer": tok}  # v4: one tokenizer/ folder
+    ident = same.render_identity("こんにちは", None, FAST)
+    assert canonical_json(ident).count(tok) == 1 and ident["caption_tokenizer"] is None
+    other = copy.copy(synth)
+    other.fingerprints = {**synth.fingerprints, "caption_tokenizer": "3" * 64}
+    assert other.render_identity("こんにちは", None, FAST)["caption_tokenizer"] == "3" * 64
+
+
 def _variants(tmp_path: Path, synth):
     """(name, base kwargs, changed kwargs, synth for changed) for every key component."""
     wav_a = write_wav(tmp_path / "a.wav", 220.0)
@@ -147,7 +181,7 @@ def test_voice_key_follows_content_not_path(synth, pc, tmp_path):
 def test_format_version_change_misses(synth, pc, monkeypatch):
     pc.store(synth, "こんにちは", None, FAST, tone())
     assert pc.lookup(synth, "こんにちは", None, FAST) is not None
-    monkeypatch.setattr(cache_mod, "CACHE_FORMAT_VERSION", cache_mod.CACHE_FORMAT_VERSION + 1)
+    monkeypatch.setattr(cache_mod.keys, "CACHE_FORMAT_VERSION", cache_mod.CACHE_FORMAT_VERSION + 1)
     assert pc.lookup(synth, "こんにちは", None, FAST) is None
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache import PhraseCache, cache_options, identity_key
+from .cache import CachedRender, PhraseCache, Slot
 from .errors import Cancelled, InputError, IrodoriError
 from .types import SynthesisOptions, option_specs
 
@@ -273,15 +273,15 @@ def prebuild(
     report = PrebuildReport(total=len(items))
     voices = _Voices()
     seen: set[str] = set()
-    todo: list[tuple[Phrase, Any, Any, dict, str]] = []
+    todo: list[tuple[Phrase, Any, Slot]] = []
+    cached = CachedRender(cache, synth, store="all", source="prebuild", strict=True)
     try:
         # Pass 1: keys, validity, duplicates (fast: no model work), so progress counts real work.
         for ph in items:
             try:
                 v = voices.get(ph.voice, ph.caption, voice)
-                opts = cache_options(base.replace(**ph.options))
-                identity = cache.identity(synth, ph.text, v, opts)
-                key = identity_key(identity)
+                slot = cached.slot(ph.text, v, base.replace(**ph.options))
+                key = slot.key
             except (IrodoriError, OSError, TypeError, ValueError) as e:
                 report.results.append(LineResult(ph, "failed", error=_message(e)))
                 continue
@@ -292,19 +292,19 @@ def prebuild(
             if cache.contains(key, verify=verify):
                 report.results.append(LineResult(ph, "cached", key))
                 continue
-            todo.append((ph, v, opts, identity, key))
+            todo.append((ph, v, slot))
         # Pass 2: render what is missing.
         spent = 0.0
         if progress is not None and todo:
             progress(0, len(todo), None, None)
-        for i, (ph, v, opts, identity, key) in enumerate(todo):
+        for i, (ph, v, slot) in enumerate(todo):
             if cancel is not None and getattr(cancel, "cancelled", False):
                 raise Cancelled("prebuild cancelled")
             t0 = time.perf_counter()
-            if cache.contains(key):  # another process stored it meanwhile
-                res = LineResult(ph, "cached", key)
+            if cache.contains(slot.key):  # another process stored it meanwhile
+                res = LineResult(ph, "cached", slot.key)
             else:
-                res = _render_one(synth, cache, ph, v, opts, identity, key, cancel)
+                res = _render_one(cached, ph, v, slot, cancel)
             spent += time.perf_counter() - t0
             report.results.append(res)
             if progress is not None:
@@ -316,24 +316,17 @@ def prebuild(
     return report
 
 
-def _render_one(synth, cache, ph: Phrase, voice, opts, identity, key, cancel) -> LineResult:
+def _render_one(cached: CachedRender, ph: Phrase, voice: Any, slot: Slot, cancel: Any) -> LineResult:
     t0 = time.perf_counter()
-    try:
-        result = synth.synthesize(ph.text, voice, opts, cancel=cancel)
-        line = cache.put(
-            key,
-            result.audio,
-            result.record,
-            sample_rate=result.sample_rate,
-            identity=identity,
-            source="prebuild",
-        )
+    try:  # the lookup was done in pass 1 (without counting it as a hit or a miss)
+        line = cached.render(ph.text, voice, slot.options, lookup=False, slot=slot, cancel=cancel).line
+        assert line is not None  # strict: a line that is not stored raises
     except Cancelled:
         raise
     except Exception as e:  # a failing phrase is reported; the run goes on
         log.debug("prebuild: %s failed", ph.where or ph.text, exc_info=True)
-        return LineResult(ph, "failed", key, error=_message(e), compute_seconds=time.perf_counter() - t0)
-    return LineResult(ph, "rendered", key, line.duration, time.perf_counter() - t0)
+        return LineResult(ph, "failed", slot.key, error=_message(e), compute_seconds=time.perf_counter() - t0)
+    return LineResult(ph, "rendered", slot.key, line.duration, time.perf_counter() - t0)
 
 
 def _message(e: BaseException) -> str:

@@ -154,9 +154,18 @@ class FakeSynth:
         if call.text in self.fail:
             raise RuntimeError(f"fake failure on {call.text!r}")
 
-    def _record(self, text: str, samples: int) -> SynthesisRecord:
+    def _seed(self, options: Any) -> int:
+        """The seed the record reports, as the real synthesizer's (0 for a random one here)."""
+        seed = SynthesisOptions.coerce(options).seed
+        return 0 if seed is None else int(seed)
+
+    def _record(self, text: str, samples: int, options: Any = None) -> SynthesisRecord:
         return SynthesisRecord(
-            text=self.norm(text), frames=round(samples / SR * 25), samples=samples, steps=self.steps
+            seed=self._seed(options),
+            text=self.norm(text),
+            frames=round(samples / SR * 25),
+            samples=samples,
+            steps=self.steps,
         )
 
     def synthesize(
@@ -175,7 +184,7 @@ class FakeSynth:
                     time.sleep(self.chunk_s)
                 call.chunks_done += 1
             audio = self.audio_for(text)
-            return SynthesisResult(audio, self._record(text, len(audio)))
+            return SynthesisResult(audio, self._record(text, len(audio), options))
 
     @contextlib.contextmanager
     def _tracked(self, call) -> Iterator[None]:
@@ -200,7 +209,12 @@ class FakeSynth:
     ) -> AudioStream:
         call = self._new_call("stream", text, voice, options)
         audio = self.audio_for(text)
-        record = SynthesisRecord(text=self.norm(text), frames=round(len(audio) / SR * 25), steps=self.steps)
+        record = SynthesisRecord(
+            text=self.norm(text),
+            seed=self._seed(options),
+            frames=round(len(audio) / SR * 25),
+            steps=self.steps,
+        )
 
         def chunks() -> Iterator[np.ndarray]:
             with self._tracked(call):

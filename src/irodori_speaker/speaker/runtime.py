@@ -106,8 +106,8 @@ class Runtime:
                 check(token)
                 synthesizer = await worker.call(load_synthesizer_for, load_options)
             assert synthesizer is not None
-            worker.synthesizer = synthesizer
-            worker.sample_rate = self.tracker.sample_rate = int(synthesizer.sample_rate)
+            worker.attach(synthesizer)
+            self.tracker.sample_rate = worker.sample_rate
             if config.timing:  # the reading dictionary loads now, not (holding the GIL) mid-line
                 await worker.call(estimate_timing, "あ", 1.0)
             for voice in voices:

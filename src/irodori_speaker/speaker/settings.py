@@ -81,14 +81,13 @@ def check_loop(loop: Any) -> None:
 
 def output_specs(output: Any, stall_flush_s: Any, lipsync_hz: Any, cache_store: Any) -> list[Any]:
     """The outputs to open (one or a list), after checking the Speaker's other arguments."""
-    from ..cache import STORE_POLICIES
+    from ..cache import StorePolicy
 
     if stall_flush_s is not None and not stall_flush_s > 0:
         raise InputError(f"stall_flush_s must be > 0 or None, got {stall_flush_s!r}")
     if not lipsync_hz > 0:
         raise InputError(f"lipsync_hz must be > 0, got {lipsync_hz!r}")
-    if cache_store not in STORE_POLICIES:
-        raise InputError(f"cache_store must be one of {STORE_POLICIES}, got {cache_store!r}")
+    StorePolicy.parse(cache_store, "cache_store")  # the one store vocabulary (cache/policy.py)
     specs: list[Any] = list(output) if isinstance(output, (list, tuple)) else [output]
     if not specs:
         raise InputError("output= is an empty list", hint="use output='null' to play nowhere")

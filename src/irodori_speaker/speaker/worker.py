@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from ..playback import Chunk, resample
 from ..timing import SpeechSpan, estimate_timing
 from ..types import SynthesisRecord, SynthesizerLike
 from .tasks import TaskScope
+
+if TYPE_CHECKING:
+    from ..cache import CachedRender
 from .utterance import Utterance, UtteranceState
 
 log = logging.getLogger("irodori_speaker.speaker")
@@ -65,6 +68,7 @@ class LineWorker:
         self.cache = cache
         self.cache_store = cache_store
         self.synthesizer: SynthesizerLike | None = None
+        self.cached: CachedRender | None = None  # the cache integration, once the model is known
         self.sample_rate = 0
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._cache_executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -81,6 +85,15 @@ class LineWorker:
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on the model thread (outputs open / close, load, prewarm)."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def attach(self, synthesizer: SynthesizerLike) -> None:
+        """The model is loaded: lines go to `synthesizer`, through the phrase cache if one is set."""
+        self.synthesizer = synthesizer
+        self.sample_rate = int(synthesizer.sample_rate)
+        if self.cache is not None:
+            from ..cache import CachedRender
+
+            self.cached = CachedRender(self.cache, synthesizer, store=self.cache_store, source="speaker")
 
     @property
     def busy(self) -> bool:
@@ -129,13 +142,7 @@ class LineWorker:
 
         check(token)
         src = self.sample_rate
-        options = utt.options
-        store = self.should_store(utt)
-        if store:  # rendered with the cache seed (0 when unset), so the entry is found again
-            from ..cache import cache_options
-
-            options = cache_options(options)
-        parts: list[np.ndarray] = []
+        cached, marked = self.cached, utt.cache
         x: np.ndarray | None = None  # a whole line's audio (streamed: None, the chunks are posted)
         span = SpeechSpan(src) if self.timing else None
         t0 = time.monotonic()
@@ -144,14 +151,17 @@ class LineWorker:
             import soxr
 
             streams = {r: soxr.ResampleStream(src, r, 1, dtype="float32") for r in rates}
-            audio_stream = synth.stream(utt.text, utt.voice, options, cancel=token)
+            # with a cache: stored by its policy once the last chunk is out (a whole line only)
+            audio_stream = (
+                cached.stream(utt.text, utt.voice, utt.options, marked=marked, lookup=False, cancel=token)
+                if cached is not None
+                else synth.stream(utt.text, utt.voice, utt.options, cancel=token)
+            )
             utt._live_record = audio_stream.record  # read by the jitter buffer on the loop
             try:
                 for x in audio_stream:
                     check(token)
                     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-                    if store:
-                        parts.append(x)
                     if span is not None:
                         span.add(x)
                     by_rate = {r: rs.resample_chunk(x) for r, rs in streams.items()}
@@ -164,9 +174,14 @@ class LineWorker:
                 audio_stream.close()
             record = audio_stream.record
             t1 = time.monotonic()
-            x = None
         else:
-            result = synth.synthesize(utt.text, utt.voice, options, cancel=token)
+            result = (
+                cached.render(
+                    utt.text, utt.voice, utt.options, marked=marked, lookup=False, cancel=token
+                ).result
+                if cached is not None
+                else synth.synthesize(utt.text, utt.voice, utt.options, cancel=token)
+            )
             t1 = time.monotonic()
             record = result.record
             x = np.ascontiguousarray(result.audio, dtype=np.float32).reshape(-1)
@@ -175,24 +190,11 @@ class LineWorker:
                 span.add(x)
         if span is not None and not token.cancelled:
             post(reports.timing, line_timing(record, span))
-        cache = self.cache
-        if store and cache is not None and not token.cancelled:  # a whole line only
-            audio = x if x is not None else np.concatenate(parts) if parts else None
-            if audio is not None and len(audio):
-                try:
-                    cache.store(synth, utt.text, utt.voice, options, audio, record)
-                except Exception as e:  # a full disk must not cost the line
-                    log.warning("phrase cache: could not store line #%d: %s", utt.id, e)
         # after the store: a line reported done (and so played) is in the cache, so the same
         # line asked for right after is a hit (it raced the store before; its audio is out already)
         post(reports.synth_done, record, t0, t1)
 
     # -- the phrase cache ----------------------------------------------------------------------------
-
-    def should_store(self, utt: Utterance) -> bool:
-        if self.cache is None or utt.cache is False:
-            return False
-        return self.cache_store == "all" or (self.cache_store == "marked" and utt.cache is True)
 
     def start_lookup(self, utt: Utterance, rates: list[int]) -> None:
         """Look `utt` up in the phrase cache on the cache thread; a hit is reported as a line
@@ -205,12 +207,8 @@ class LineWorker:
     def _lookup(self, utt: Utterance, rates: list[int]) -> Any:
         """Cache thread: the stored line and its audio at the output rates, or None."""
         t0 = time.monotonic()
-        assert self.cache is not None  # lookups are started only with a cache
-        try:
-            line = self.cache.lookup(self.synthesizer, utt.text, utt.voice, utt.options)
-        except Exception as e:  # a synthesizer without render_identity, an unreadable index
-            log.warning("phrase cache lookup failed for line #%d: %s", utt.id, e)
-            return None
+        assert self.cached is not None  # lookups are started only with a cache
+        line = self.cached.lookup(utt.text, utt.voice, utt.options)  # a failed lookup is a miss
         if line is None:
             return None
         x = np.ascontiguousarray(line.audio, dtype=np.float32)
