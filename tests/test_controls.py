@@ -39,6 +39,8 @@ def test_control_values_are_checked_and_spelt_with_units():
         ({"pre_silence": -1}, "option pre_silence"),
         ({"post_silence": float("nan")}, "option post_silence"),
         ({"pitch": 13}, "option pitch"),
+        ({"intonation": 2.5}, r"option intonation must be a number in \[0, 2\]"),
+        ({"intonation": -0.1}, "option intonation"),
     ):
         with pytest.raises(InputError, match=match) as e:
             SynthesisOptions(**bad)
@@ -53,6 +55,7 @@ def test_every_control_is_part_of_the_cache_key(synth):
         {"loudness": -16.0},
         {"pre_silence": 0.1},
         {"post_silence": 0.1},
+        {"intonation": 1.3},
     ):
         assert synth.render_identity("こんにちは。", None, SynthesisOptions(seed=1, **change)) != base
     a = synth.render_identity("こんにちは[pause:0.5]はい", None, SynthesisOptions(seed=1))
@@ -220,12 +223,66 @@ def test_pitch_moves_the_median_f0_of_real_speech_and_keeps_the_length(semitones
     assert median_f0_shift_cents(speech, piece) == pytest.approx(100 * semitones, abs=10)
 
 
+def f0_cents(x: np.ndarray, floor: float = 71.0, ceil: float = 1200.0) -> np.ndarray:
+    """Harvest f0 per 5 ms frame in cents re 1 Hz (0 where unvoiced); the shift's floor, and a
+    ceiling of 1200 Hz for the raised peaks."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        import pyworld
+
+    f0 = pyworld.harvest(x.astype(np.float64), SR, frame_period=5.0, f0_floor=floor, f0_ceil=ceil)[0]
+    return np.where(f0 > 0, 1200 * np.log2(np.maximum(f0, 1e-9)), 0.0)
+
+
+def intonation_measured(
+    before: np.ndarray, after: np.ndarray, scale: float, shift: float = 0.0
+) -> tuple[float, float]:
+    """(std of the output's f0 / std of the input's, in cents; the median f0 change of the
+    frames within 50 cents of the median the shift scales about), over the frames voiced in
+    both. That median is the one of pitch_shift's own analysis (Harvest at its defaults).
+    Frames the re-analysis puts more than 600 cents off the asked contour are gross
+    estimator errors (octave jumps, 1-5 % of them) and left out, as benchmarks/pitch_shift.py
+    counts them."""
+    own = f0_cents(before, 71.0, 800.0)
+    median = float(np.median(own[own > 0]))
+    a, b = f0_cents(before), f0_cents(after)
+    n = min(len(a), len(b))
+    a, b = a[:n], b[:n]
+    voiced = (a > 0) & (b > 0)
+    good = voiced & (np.abs(b - (median + (a - median) * scale + shift)) < 600)
+    assert good.mean() > 0.5
+    spread = float(np.std(b[good])) / float(np.std(a[good]))
+    centre = good & (np.abs(a - median) < 50)
+    return spread, float(np.median((b - a)[centre]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", [0.5, 1.5])
+def test_intonation_scales_the_f0_spread_of_real_speech_not_its_median_or_length(scale):
+    """On HTS speech: the f0's standard deviation (cents) by the asked factor within 10 %, the
+    median frame's f0 within 10 cents, the length exact (benchmarks/pitch_shift.py: 0-2)."""
+    pytest.importorskip("pyworld")
+    speech = hts_speech()
+    out = controls.pitch_shift(speech, SR, 0.0, intonation=scale)
+    assert len(out) == len(speech)
+    spread, centre = intonation_measured(speech, out, scale)
+    assert spread == pytest.approx(scale, rel=0.10) and abs(centre) < 10
+    # through the options, with a pitch shift on top: the spread scales, the centre moves
+    piece = controls.process_piece(speech, SR, SynthesisOptions(intonation=scale, pitch=2.0))
+    spread, centre = intonation_measured(speech, piece, scale, shift=200)
+    assert spread == pytest.approx(scale, rel=0.10) and centre == pytest.approx(200, abs=10)
+
+
 def test_pitch_option_changes_the_synthesized_audio_not_its_length(synth):
     pytest.importorskip("pyworld")
     plain = synth.synthesize("こんにちは。", options={"seed": 8}).audio
     res = synth.synthesize("こんにちは。", options={"seed": 8, "pitch": 4.0})
     assert len(res.audio) == len(plain) and not np.array_equal(res.audio, plain)
     assert "controls" in res.record.timings
+    livelier = synth.synthesize("こんにちは。", options={"seed": 8, "intonation": 1.6})
+    assert len(livelier.audio) == len(plain) and not np.array_equal(livelier.audio, plain)
 
 
 def test_server_speeds_beyond_the_option_keep_their_length():

@@ -4,8 +4,10 @@ The synthesizer calls `process_piece` on each rendered piece (whole: pitch and l
 need all of it) when `needs_processing(options)`, and `silence` for the line's pre / post
 silence and the pauses of the text's markup (`text/pauses.py`). Order per piece:
 
-1. pitch (`pitch` semitones): WORLD (pyworld) Harvest analysis, f0 times 2**(st/12), resynthesis
-   at the same length; the spectral envelope is kept, so the timbre and the rate stay.
+1. pitch (`pitch` semitones) and intonation (`intonation`, a scale of the f0 contour's
+   deviation from its median): WORLD (pyworld) Harvest analysis, each voiced frame's log f0
+   moved to median + (log f0 - median) * intonation + st/12, resynthesis at the same length;
+   the spectral envelope is kept, so the timbre and the rate stay.
 2. loudness (`loudness` LUFS): the piece is scaled to that integrated loudness
    (ITU-R BS.1770 via pyloudnorm, `audio.loudness_lufs`); silence is left alone.
 3. volume (`volume` dB) on top: a relative gain (-100 dB is silence).
@@ -91,11 +93,11 @@ def pitch_available() -> bool:
     return importlib.util.find_spec("pyworld") is not None
 
 
-def require_pitch() -> None:
-    """InputError with the install hint when pitch shifting is asked for without pyworld."""
+def require_pitch(name: str = "pitch") -> None:
+    """InputError with the install hint when pitch or intonation is asked for without pyworld."""
     if not pitch_available():
         raise InputError(
-            "option pitch needs the pyworld package, which is not installed", hint=PITCH_INSTALL_HINT
+            f"option {name} needs the pyworld package, which is not installed", hint=PITCH_INSTALL_HINT
         )
 
 
@@ -113,14 +115,19 @@ def _pyworld() -> Any:
     return pyworld
 
 
-def pitch_shift(audio: np.ndarray, sr: int, semitones: float, analysis: str = "harvest") -> np.ndarray:
-    """`audio` (float32 mono) with its f0 moved by `semitones`, same length, via WORLD.
+def pitch_shift(
+    audio: np.ndarray, sr: int, semitones: float, analysis: str = "harvest", *, intonation: float = 1.0
+) -> np.ndarray:
+    """`audio` (float32 mono) with its f0 moved by `semitones` and its intonation scaled by
+    `intonation`, same length, via WORLD.
 
     Harvest f0 (`analysis="dio"`: DIO + StoneMask, about half the cost but with more octave
     errors on TTS speech: benchmarks/pitch_shift.py), CheapTrick envelope, D4C aperiodicity,
-    resynthesis with the f0 scaled by 2**(semitones/12); unvoiced frames stay unvoiced.
+    resynthesis with each voiced frame's f0 at median * (f0 / median) ** intonation *
+    2**(semitones/12) (the median over the voiced frames, in log f0: 0 is a monotone at the
+    median, 2 doubles every rise and fall); unvoiced frames stay unvoiced.
     """
-    if semitones == 0.0 or len(audio) == 0:
+    if (semitones == 0.0 and intonation == 1.0) or len(audio) == 0:
         return audio
     if analysis not in ("harvest", "dio"):
         raise InputError(f"pitch analysis must be 'harvest' or 'dio', got {analysis!r}")
@@ -133,10 +140,21 @@ def pitch_shift(audio: np.ndarray, sr: int, semitones: float, analysis: str = "h
         f0 = pw.stonemask(x, f0, t, sr)
     sp = pw.cheaptrick(x, f0, t, sr)
     ap = pw.d4c(x, f0, t, sr)
-    y = pw.synthesize(f0 * 2.0 ** (semitones / 12.0), sp, ap, sr, WORLD_FRAME_MS)
+    y = pw.synthesize(_scaled_f0(f0, semitones, intonation), sp, ap, sr, WORLD_FRAME_MS)
     out = np.zeros(len(x), dtype=np.float32)  # WORLD's length is whole frames: cut or pad to ours
     n = min(len(x), len(y))
     out[:n] = y[:n]
+    return out
+
+
+def _scaled_f0(f0: np.ndarray, semitones: float, intonation: float) -> np.ndarray:
+    """The f0 track with its voiced frames' log f0 scaled about their median, then shifted."""
+    out = f0 * 2.0 ** (semitones / 12.0)
+    voiced = f0 > 0
+    if intonation != 1.0 and voiced.any():
+        log_f0 = np.log2(f0[voiced])
+        median = float(np.median(log_f0))
+        out[voiced] = 2.0 ** (median + (log_f0 - median) * intonation + semitones / 12.0)
     return out
 
 
@@ -147,7 +165,12 @@ def pitch_shift(audio: np.ndarray, sr: int, semitones: float, analysis: str = "h
 
 def needs_processing(options: Any) -> bool:
     """Whether `process_piece` changes anything for these options."""
-    return options.pitch != 0.0 or options.loudness is not None or options.volume != 0.0
+    return (
+        options.pitch != 0.0
+        or getattr(options, "intonation", 1.0) != 1.0
+        or options.loudness is not None
+        or options.volume != 0.0
+    )
 
 
 def process_piece(audio: np.ndarray, sr: int, options: Any, notes: list[str] | None = None) -> np.ndarray:
@@ -159,8 +182,9 @@ def process_piece(audio: np.ndarray, sr: int, options: Any, notes: list[str] | N
     x = np.asarray(audio, dtype=np.float32)
     if len(x) == 0:
         return x
-    if options.pitch != 0.0:
-        x = pitch_shift(x, sr, options.pitch)
+    intonation = getattr(options, "intonation", 1.0)
+    if options.pitch != 0.0 or intonation != 1.0:
+        x = pitch_shift(x, sr, options.pitch, intonation=intonation)
     gain = gain_of(options.volume)
     if options.loudness is not None and gain > 0.0:
         measured = loudness_lufs(x, sr)

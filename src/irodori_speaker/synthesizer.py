@@ -182,11 +182,13 @@ class Synthesizer:
         """`text` split at its pause markup (`text/pauses.py`): each text part as the model reads
         it (`spoken_text`), and the Pauses between them. Without markup: `[spoken_text(text)]`.
         A part with nothing to say between pauses is dropped; a line of only pauses is silence."""
-        from .text.pauses import Pause, split_pauses
+        from .text.pauses import Pause, split_pauses, strip_markup
 
         if not isinstance(text, str):
             raise InputError(f"text must be a str, got {type(text).__name__}")
         opts = options if isinstance(options, SynthesisOptions) else SynthesisOptions.coerce(options)
+        if not opts.pause_markup:  # chat text: no silence from markup, and nothing read of it
+            text = strip_markup(text)
         parts = split_pauses(text)
         if len(parts) == 1 and isinstance(parts[0], str):
             return [self._spoken(text, opts)]

@@ -389,6 +389,14 @@ class SynthesisOptions(SamplerConfig):
         "extra 'controls')",
         stage="output",
     )
+    intonation: float = option(
+        1.0,
+        Check(float, 0.0, 2.0),
+        "scale the f0 contour's rises and falls about its median (1: unchanged, 0: monotone, "
+        "2: twice as lively; WORLD via pyworld like pitch, the length stays; VOICEVOX "
+        "intonationScale)",
+        stage="output",
+    )
     loudness: float | None = option(
         None,
         Check(float, -70.0, 0.0, parse=parse_loudness, unit="LUFS", nullable=True),
@@ -446,11 +454,21 @@ class SynthesisOptions(SamplerConfig):
         stage="text",
         audio=False,
     )
+    pause_markup: bool = option(
+        True,
+        Check(bool),
+        'pause markup (<break time="500ms"/>, [pause:0.5], at most 10 s in a row) is exact '
+        "silence; False (chat text): it is taken out, neither paused at nor read",
+        stage="text",
+        audio=False,
+    )
 
     def __post_init__(self, num_steps: int | None) -> None:
         super().__post_init__(num_steps)
         if self.pitch != 0.0:
             require_pitch()  # before any model work: pyworld missing is a clear error
+        if self.intonation != 1.0:
+            require_pitch("intonation")
 
     @classmethod
     def coerce(cls, value: Any, *, name: str = "options") -> SynthesisOptions:

@@ -92,10 +92,22 @@ def test_query_fields_are_honoured(server, synth):
     assert np.abs(silent).max() == 0
 
 
-def test_intonation_is_refused_not_ignored(server):
+def test_intonation_scale_is_the_intonation_option(server, synth):
+    """intonationScale 1.5 is intonation=1.5: the same audio as the synthesizer gives with it."""
+    pytest.importorskip("pyworld")
+    from irodori_speaker.synthesizer import SynthesisOptions
+
     q = httpx.post(server.url + "/audio_query", params={"text": "テスト", "speaker": 0}).json()
-    r = httpx.post(server.url + "/synthesis", params={"speaker": 0}, json={**q, "intonationScale": 1.5})
-    assert r.status_code == 422 and "intonationScale" in r.json()["detail"]
+    q.update(intonationScale=1.5, prePhonemeLength=0.0, postPhonemeLength=0.0)
+    r = httpx.post(server.url + "/synthesis", params={"speaker": 0}, json=q, timeout=60)
+    assert r.status_code == 200
+    audio, _ = wav_info(r.content)
+    want = synth.synthesize("テスト", None, SynthesisOptions(seed=0, intonation=1.5)).audio
+    plain = synth.synthesize("テスト", None, SynthesisOptions(seed=0)).audio
+    assert len(audio) == len(want) == len(plain) and not np.array_equal(want, plain)
+    assert np.abs(audio[:, 0] - np.clip(want, -1, 1)).max() < 2 / 32767  # 16-bit WAV rounding
+    r = httpx.post(server.url + "/synthesis", params={"speaker": 0}, json={**q, "intonationScale": 2.5})
+    assert r.status_code == 422 and "intonationScale" in r.text
 
 
 def test_pitch_scale_is_the_pitch_option(server, synth):

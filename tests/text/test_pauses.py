@@ -33,7 +33,16 @@ def test_split_pauses(text, want):
 
 
 @pytest.mark.parametrize(
-    "text", ['<break time="x"/>', "<break/>", "[pause:]", "[pause:abc]", "[pause:31]", '<break time="5m"/>']
+    "text",
+    [
+        '<break time="x"/>',
+        "<break/>",
+        "[pause:]",
+        "[pause:abc]",
+        "[pause:11]",
+        '<break time="5m"/>',
+        "[pause:6][pause:5]",
+    ],
 )
 def test_bad_markup_is_a_clear_error_not_text(text, synth):
     with pytest.raises(InputError, match="pause") as e:
@@ -170,3 +179,72 @@ def test_say_stream_with_markup_over_two_chunks_gives_exact_silence(synth):
     np.testing.assert_array_equal(hs[0].audio, said.audio)
     a = synth.synthesize("こんにちは", options={"seed": 3}).audio
     assert not said.audio[len(a) : len(a) + 24_000].any()
+
+
+# ---- the bound and the switch (chat text) -------------------------------------------------------
+
+
+def test_pauses_up_to_the_bound_are_allowed_and_over_it_are_an_error_not_clamped():
+    assert split_pauses("あ[pause:10]い") == ["あ", Pause(10.0), "い"]
+    assert split_pauses('あ[pause:6]<break time="4000ms"/>い') == ["あ", Pause(10.0), "い"]
+    with pytest.raises(InputError, match=r"longer than 10 s") as e:
+        split_pauses('あ<break time="10.5s"/>い')
+    assert "pre_silence" in e.value.hint
+    with pytest.raises(InputError, match=r"add up to 12 s"):
+        split_pauses("あ[pause:6][pause:6]い")
+
+
+CHAT = 'こんにちは<break time="10s"/>[pause:9]さようなら<break time="nonsense"/>[pause:99]'
+
+
+def test_pause_markup_off_takes_every_markup_out_and_reads_none_of_it(synth, monkeypatch):
+    seen = []
+    real = synth.tokenizer.batch
+
+    def spy(texts, **kw):
+        seen.extend(texts)
+        return real(texts, **kw)
+
+    monkeypatch.setattr(synth.tokenizer, "batch", spy)
+    off = {"seed": 2, "pause_markup": False}
+    assert synth.spoken_text(CHAT, off) == synth.spoken_text("こんにちはさようなら")
+    res = synth.synthesize(CHAT, options=off)  # invalid or too long markup: no error either
+    plain = synth.synthesize("こんにちはさようなら", options={"seed": 2})
+    np.testing.assert_array_equal(res.audio, plain.audio)  # no silence, nothing read
+    assert len(seen) == 2 and seen[0] == seen[1] and "break" not in seen[0]
+    # the same line as its plain text in the phrase cache: one entry for both
+    assert synth.render_identity(CHAT, None, off) == synth.render_identity("こんにちはさようなら", None, off)
+    with pytest.raises(InputError, match="pause"):  # on (the default), the same text is refused
+        synth.synthesize(CHAT, options={"seed": 2})
+    with pytest.raises(InputError):  # only markup: nothing to say
+        synth.synthesize("[pause:3]", options=off)
+
+
+def test_pause_markup_off_per_speaker_and_per_line(synth):
+    from irodori_speaker.speaker import Speaker
+
+    line = "はい[pause:0.5]どうぞ"
+
+    async def body():
+        async with Speaker(synth, output="null", prewarm=False, seed=4, pause_markup=False) as s:
+            chat = await s.say(line)
+            bot = await s.say(line, pause_markup=True)
+        return chat, bot
+
+    chat, bot = asyncio.run(asyncio.wait_for(body(), 120))
+    joined = synth.synthesize("はいどうぞ", options={"seed": 4}).audio
+    np.testing.assert_array_equal(chat.audio, joined)
+    a = synth.synthesize("はい", options={"seed": 4}).audio
+    assert len(bot.audio) > len(a) + 24_000 and not bot.audio[len(a) : len(a) + 24_000].any()
+
+
+def test_cli_no_pause_markup(tmp_path, irodori_home):
+    import soundfile as sf
+
+    from irodori_speaker import cli
+
+    out, plain = tmp_path / "a.wav", tmp_path / "b.wav"
+    base = ["--tiny-random", "--backend", "cpu", "--seed", "1"]
+    assert cli.main(["say", "はい[pause:2]どうぞ", "-o", str(out), *base, "--no-pause-markup"]) == 0
+    assert cli.main(["say", "はいどうぞ", "-o", str(plain), *base]) == 0
+    np.testing.assert_array_equal(sf.read(out, dtype="float32")[0], sf.read(plain, dtype="float32")[0])

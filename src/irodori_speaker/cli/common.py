@@ -138,6 +138,11 @@ def add_control_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("voice controls")
     g.add_argument("--speed", type=float, help="speaking rate, 0.5-2.0 (> 1: faster; default 1)")
     g.add_argument("--pitch", type=float, help="pitch shift in semitones, -12 to 12 (needs pyworld)")
+    g.add_argument(
+        "--intonation",
+        type=float,
+        help="scale of the f0's rises and falls, 0-2 (1: unchanged; needs pyworld)",
+    )
     g.add_argument("--loudness", metavar="LUFS", help="loudness target, e.g. -16 or '-16 LUFS'")
     g.add_argument("--volume", metavar="DB", help="gain in dB after --loudness, e.g. -6 or '+3 dB'")
     g.add_argument("--pre-silence", type=float, metavar="S", help="seconds of silence before the line")
@@ -164,6 +169,11 @@ def add_reading_flags(p: argparse.ArgumentParser, *, tag_map: bool = True) -> No
     g.add_argument("--laughter", choices=["read", "drop", "keep"], help="www: ワラワラ (default), drop, keep")
     g.add_argument("--no-read-numbers", action="store_true", help="leave times, dates and units as written")
     g.add_argument("--no-read-english", action="store_true", help="leave Latin words as written")
+    g.add_argument(
+        "--no-pause-markup",
+        action="store_true",
+        help='take <break time="1s"/> / [pause:1] out of the text instead of pausing (chat text)',
+    )
 
 
 def read_tag_map(args: argparse.Namespace) -> Any:
@@ -278,7 +288,7 @@ def build_options(args: argparse.Namespace):
 
     controls = {
         name: getattr(args, name)
-        for name in ("speed", "pitch", "loudness", "volume", "pre_silence", "post_silence")
+        for name in ("speed", "pitch", "intonation", "loudness", "volume", "pre_silence", "post_silence")
         if getattr(args, name, None) is not None
     }
     return SynthesisOptions(
@@ -303,6 +313,8 @@ def build_readings(args: argparse.Namespace) -> dict[str, Any]:
         out["read_numbers"] = False
     if getattr(args, "no_read_english", False):
         out["read_english"] = False
+    if getattr(args, "no_pause_markup", False):
+        out["pause_markup"] = False
     return out
 
 

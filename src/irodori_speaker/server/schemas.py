@@ -68,7 +68,7 @@ class AudioQuery(BaseModel):
     accent_phrases: list[AccentPhrase] = Field(description="アクセント句のリスト", max_length=500)
     speedScale: float = Field(description="全体の話速", ge=0.25, le=4.0)
     pitchScale: float = Field(description="全体の音高 (the pitch option: docs/server.md)", ge=-1, le=1)
-    intonationScale: float = Field(description="全体の抑揚 (only 1.0 for now)", ge=0, le=2)
+    intonationScale: float = Field(description="全体の抑揚 (the intonation option)", ge=0, le=2)
     volumeScale: float = Field(description="全体の音量", ge=0, le=10)
     prePhonemeLength: float = Field(description="音声の前の無音時間", ge=0, le=30)
     postPhonemeLength: float = Field(description="音声の後の無音時間", ge=0, le=30)

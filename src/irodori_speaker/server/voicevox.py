@@ -5,9 +5,10 @@ synthesis the model reads the query's `kana` (the original text, as AivisSpeech 
 when its moras are the ones that text gives, else the moras' own reading (a client that
 edited readings is heard). Edited lengths scale the length the model is asked for by
 (query's speech length / our estimate). The scales are the options pipeline's controls
-(`plan_query`): speedScale -> speed, pitchScale -> pitch, volumeScale -> volume,
-pre/postPhonemeLength -> pre/post_silence; pauseLength / pauseLengthScale become pause markup
-(`text/pauses.py`), so the line is split there into pieces joined by exact silence.
+(`plan_query`): speedScale -> speed, pitchScale -> pitch, intonationScale -> intonation,
+volumeScale -> volume, pre/postPhonemeLength -> pre/post_silence; pauseLength /
+pauseLengthScale become pause markup (`text/pauses.py`), so the line is split there into
+pieces joined by exact silence.
 """
 
 from __future__ import annotations
@@ -62,23 +63,21 @@ def plan_query(state: AppState, q: S.AudioQuery) -> Plan:
     """Map an AudioQuery onto the options pipeline (raises InputError on what we cannot honour).
 
     speedScale -> speed, pitchScale -> pitch (semitones, `controls.pitch_from_voicevox`),
+    intonationScale -> intonation (the same 0-2 scale of log f0 about its median),
     volumeScale -> volume (dB), pre/postPhonemeLength (divided by speedScale, as VOICEVOX
     does) -> pre/post_silence, pauseLength / pauseLengthScale -> pause markup between the pieces."""
     from ..controls import pitch_from_voicevox, volume_from_scale
     from ..text.pauses import canonical
 
-    if q.intonationScale != 1.0:
-        raise InputError(
-            f"intonationScale {q.intonationScale} is not supported (send 1.0)",
-            hint="the model sets its own intonation; docs/server.md lists the AudioQuery fields",
-        )
     speed = q.speedScale
     post = PostProcess(rate=q.outputSamplingRate, stereo=q.outputStereo)
     controls = {
         "pitch": pitch_from_voicevox(q.pitchScale),
+        "intonation": q.intonationScale,  # the same scale: deviation of log f0 from its centre
         "volume": volume_from_scale(q.volumeScale),
         "pre_silence": q.prePhonemeLength / speed,
         "post_silence": q.postPhonemeLength / speed,
+        "pause_markup": True,  # the plan spells the query's own pauses as markup
     }
     moras = [m for p in q.accent_phrases for m in p.moras]
     if not moras:  # nothing to say: only the silences
@@ -98,6 +97,10 @@ def plan_query(state: AppState, q: S.AudioQuery) -> Plan:
     silences += [0.0] * (len(reading_groups) - len(silences))
 
     text = q.kana.strip() if q.kana else ""
+    if not state.options().pause_markup:  # the client's markup goes; the query's own pauses stay
+        from ..text.pauses import strip_markup
+
+        text = strip_markup(text)
     if len(text) > state.settings.max_text_chars:
         raise InputError(f"kana is longer than {state.settings.max_text_chars} characters")
     from_text = bool(text) and _same_moras(state, text, q.accent_phrases)
@@ -190,7 +193,7 @@ def build_router(state: AppState) -> APIRouter:
                 adjust_phoneme_length=True,
                 adjust_speed_scale=True,
                 adjust_pitch_scale=pitch_available(),
-                adjust_intonation_scale=False,
+                adjust_intonation_scale=pitch_available(),
                 adjust_volume_scale=True,
                 adjust_pause_length=True,
                 interrogative_upspeak=False,

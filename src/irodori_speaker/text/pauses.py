@@ -10,6 +10,15 @@ pieces and joins them with exactly round(seconds * 48000) zero samples. The mark
 reaches the model. Something that starts like markup but is not valid (`<break time="x"/>`,
 `[pause:]`, a pause over `MAX_PAUSE_S`) is an `InputError` naming it, not text read aloud.
 
+Pauses are bounded: one markup (or several in a row, which add up) over `MAX_PAUSE_S` (10 s)
+is an `InputError`, not clamped: a bot that asks for 15 s gets told, instead of a shorter pause
+it did not ask for. Longer silences are `pre_silence` / `post_silence` (up to 60 s).
+
+With the option `pause_markup=False` (chat text: a viewer must not be able to put 10 s of
+silence on the stream) the synthesizer calls `strip_markup` instead: every markup, valid or
+not, is taken out of the text and neither paused at nor read (read as text it would be
+spelt out, ブレイクタイム..., which is worse than nothing and still lets chat steer the voice).
+
 `partial_markup_start` serves the LLM stream segmenter: where an unfinished markup may begin
 at the end of a chunk, so it waits for the rest instead of cutting it.
 """
@@ -21,10 +30,21 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 
-__all__ = ["MAX_PAUSE_S", "Pause", "canonical", "markup_spans", "partial_markup_start", "split_pauses"]
+__all__ = [
+    "MAX_PAUSE_S",
+    "Pause",
+    "canonical",
+    "markup_spans",
+    "partial_markup_start",
+    "split_pauses",
+    "strip_markup",
+]
 
-MAX_PAUSE_S = 30.0
-_HINT = 'write <break time="500ms"/>, <break time="1s"/> or [pause:0.5] (seconds, at most 30)'
+MAX_PAUSE_S = 10.0
+_HINT = (
+    'write <break time="500ms"/>, <break time="1s"/> or [pause:0.5] (seconds, at most 10 in a row; '
+    "longer: pre_silence / post_silence)"
+)
 
 # Anything that announces itself as pause markup; validated by _VALID below.
 _CANDIDATE = re.compile(r"<\s*break\b[^<>]*>|\[\s*pause\s*:[^\[\]]*\]", re.IGNORECASE)
@@ -71,13 +91,23 @@ def split_pauses(text: str) -> list[str | Pause]:
             out.append(text[pos : m.start()])
         seconds = _seconds(m.group(0))
         if out and isinstance(out[-1], Pause):
-            out[-1] = Pause(out[-1].seconds + seconds)
+            seconds += out[-1].seconds
+            if seconds > MAX_PAUSE_S + 1e-9:
+                raise InputError(
+                    f"pauses in a row add up to {seconds:g} s, over {MAX_PAUSE_S:g} s", hint=_HINT
+                )
+            out[-1] = Pause(seconds)
         else:
             out.append(Pause(seconds))
         pos = m.end()
     if pos < len(text) or not out:
         out.append(text[pos:])
     return out
+
+
+def strip_markup(text: str) -> str:
+    """`text` with every pause markup (valid or not) taken out: no pause, nothing read."""
+    return _CANDIDATE.sub("", text)
 
 
 def canonical(seconds: float) -> str:
