@@ -103,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     from ..server.config import load_voice_book
 
     book = load_voice_book(args.voices)  # a bad voice config fails here, before any model loads
+    # the config's [readings] under the serve flags: a flag wins
+    settings.readings = tuple({**dict(book.readings), **dict(settings.readings)}.items())
     if args.ray:
         from ..server.ray_app import serve_ray
 

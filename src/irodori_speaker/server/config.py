@@ -10,6 +10,9 @@
     wav = "voices/iro.wav"     # or latent = "x.safetensors"; caption = "..." (VoiceDesign)
     aliases = ["alloy"]        # OpenAI voice names that mean this style
 
+    [readings]                 # optional: the readings options of every request
+    pause_markup = false       # (server/readings.py; serve flags and each request override)
+
 Paths are relative to the config file. A style without `id` gets a stable id derived from
 "speaker/style" (so adding a voice never renumbers the others); ids must be unique. No
 config: one speaker with one style, id 0, the model's own voice.
@@ -89,6 +92,7 @@ class VoiceBook:
     speakers: list[SpeakerEntry]
     default_style: int
     styles: dict[int, Style] = field(default_factory=dict)
+    readings: tuple[tuple[str, Any], ...] = ()  # the config's [readings] table, checked
 
     def __post_init__(self) -> None:
         for sp in self.speakers:
@@ -228,7 +232,13 @@ def load_voice_book(path: str | os.PathLike | None) -> VoiceBook:
             )
         speakers.append(SpeakerEntry(name, sp_uuid, tuple(styles), str(sp.get("policy", ""))))
     first = speakers[0].styles[0].id
-    return VoiceBook(speakers, int(data.get("default_style", first)))
+    readings = data.get("readings") or {}
+    if not isinstance(readings, dict):
+        raise InputError(f"{path}: `readings` must be a table of options, e.g. pause_markup = false")
+    from .readings import check_readings
+
+    checked = check_readings(readings, f"{path}: [readings]")
+    return VoiceBook(speakers, int(data.get("default_style", first)), readings=tuple(checked.items()))
 
 
 def is_loopback(host: str) -> bool:

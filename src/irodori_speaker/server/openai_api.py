@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from ..errors import Cancelled, InputError
 from .audio_out import SOURCE_RATE, Encoder
+from .readings import REQUEST_OPTIONS, check_readings
 from .schemas import SpeechRequest
 from .state import AppState
 
@@ -61,7 +62,8 @@ def build_router(state: AppState) -> APIRouter:
         voice_name = body.voice if isinstance(body.voice, str) else str(body.voice.get("id", ""))
         style = state.book.resolve_openai(voice_name)
         voice = style.voice()
-        options = state.options(speed=body.speed)
+        readings = check_readings({k: getattr(body, k) for k in REQUEST_OPTIONS}, "extra field")
+        options = state.options(speed=body.speed, **readings)
         started = time.perf_counter()
         chunks: AsyncGenerator[np.ndarray, None] = state.service.stream(  # type: ignore[assignment,unused-ignore]
             body.input,

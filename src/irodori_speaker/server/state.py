@@ -32,11 +32,13 @@ class AppState:
         """The Voice of a configured style id (InputError -> 422 for an unknown one)."""
         return self.book.style(style_id).voice()
 
-    def spoken_text(self, text: str) -> str:
-        return self.synth.spoken_text(text, self.options())
+    def spoken_text(self, text: str, **fields: Any) -> str:
+        """What the model reads for `text` with the server's options and `fields` (a request's)."""
+        return self.synth.spoken_text(text, self.options(**fields))
 
     def options(self, speed: float = 1.0, **fields: Any) -> Any:
-        """SynthesisOptions for a request: the server's seed and steps plus `fields`.
+        """SynthesisOptions for a request: the server's seed, steps and readings plus `fields`
+        (a request's own, e.g. its readings options: server/readings.py).
 
         The one place request fields meet the options pipeline. `speed` is the `speed`
         option; the APIs allow 0.25-4, beyond its 0.5-2 the rest scales the length the same

@@ -20,7 +20,7 @@ import re
 import zipfile
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
@@ -30,6 +30,7 @@ from ..text import prosody
 from ..text.length import MORAE_PER_SECOND, PAUSE_S
 from . import schemas as S
 from .audio_out import SOURCE_RATE, PostProcess, wav_bytes
+from .readings import reading_query
 from .state import AppState
 
 ENGINE_UUID = "3b5f4c38-8d4c-4d3e-9a86-6a3a2c1e0f51"
@@ -43,6 +44,7 @@ PNG_1X1 = base64.b64encode(
 _PAUSE_SPLIT = re.compile(r"(?<=[、。，．,.!?！？…])")
 
 StyleId = Annotated[int, Query(alias="speaker", description="style id (GET /speakers)")]
+Readings = Annotated[dict[str, Any], Depends(reading_query)]  # the request's readings options
 
 
 @dataclasses.dataclass
@@ -59,13 +61,14 @@ def _phrase_moras(phrases: list[Any]) -> list[tuple[tuple[str, ...], bool]]:
     return [(tuple(m.text for m in p.moras), p.pause_mora is not None) for p in phrases]
 
 
-def plan_query(state: AppState, q: S.AudioQuery) -> Plan:
+def plan_query(state: AppState, q: S.AudioQuery, readings: dict[str, Any] | None = None) -> Plan:
     """Map an AudioQuery onto the options pipeline (raises InputError on what we cannot honour).
 
     speedScale -> speed, pitchScale -> pitch (semitones, `controls.pitch_from_voicevox`),
     intonationScale -> intonation (the same 0-2 scale of log f0 about its median),
     volumeScale -> volume (dB), pre/postPhonemeLength (divided by speedScale, as VOICEVOX
-    does) -> pre/post_silence, pauseLength / pauseLengthScale -> pause markup between the pieces."""
+    does) -> pre/post_silence, pauseLength / pauseLengthScale -> pause markup between the pieces.
+    `readings`: the request's readings options (server/readings.py)."""
     from ..controls import pitch_from_voicevox, volume_from_scale
     from ..text.pauses import canonical
 
@@ -77,8 +80,10 @@ def plan_query(state: AppState, q: S.AudioQuery) -> Plan:
         "volume": volume_from_scale(q.volumeScale),
         "pre_silence": q.prePhonemeLength / speed,
         "post_silence": q.postPhonemeLength / speed,
-        "pause_markup": True,  # the plan spells the query's own pauses as markup
     }
+    readings = dict(readings or {})
+    strip_client_markup = not state.options(**readings).pause_markup
+    controls.update(readings, pause_markup=True)  # the plan spells the query's own pauses as markup
     moras = [m for p in q.accent_phrases for m in p.moras]
     if not moras:  # nothing to say: only the silences
         return Plan(canonical(0.0), state.options(speed=speed, **controls), post)
@@ -97,13 +102,13 @@ def plan_query(state: AppState, q: S.AudioQuery) -> Plan:
     silences += [0.0] * (len(reading_groups) - len(silences))
 
     text = q.kana.strip() if q.kana else ""
-    if not state.options().pause_markup:  # the client's markup goes; the query's own pauses stay
+    if strip_client_markup:  # the client's markup goes; the query's own pauses stay
         from ..text.pauses import strip_markup
 
         text = strip_markup(text)
     if len(text) > state.settings.max_text_chars:
         raise InputError(f"kana is longer than {state.settings.max_text_chars} characters")
-    from_text = bool(text) and _same_moras(state, text, q.accent_phrases)
+    from_text = bool(text) and _same_moras(state, text, q.accent_phrases, readings)
     default_pauses = q.pauseLength is None and q.pauseLengthScale == 1.0
     default_pauses = default_pauses and all(
         p.pause_mora is None or abs(p.pause_mora.vowel_length - PAUSE_S) < 1e-6 for p in q.accent_phrases
@@ -122,9 +127,9 @@ def plan_query(state: AppState, q: S.AudioQuery) -> Plan:
     return Plan(line, state.options(speed=speed, duration_scale=ratio, **controls), post)
 
 
-def _same_moras(state: AppState, text: str, phrases: list[S.AccentPhrase]) -> bool:
+def _same_moras(state: AppState, text: str, phrases: list[S.AccentPhrase], readings: dict[str, Any]) -> bool:
     try:
-        reference = prosody.accent_phrases(state.spoken_text(text))
+        reference = prosody.accent_phrases(state.spoken_text(text, **readings))
     except InputError:
         return False
     return _phrase_moras(reference) == _phrase_moras(phrases)
@@ -146,13 +151,15 @@ def build_router(state: AppState) -> APIRouter:
             )
         return text
 
-    def phrases_of(text: str) -> list[S.AccentPhrase]:
-        spoken = state.spoken_text(check_text(text)) if text.strip() else ""
+    def phrases_of(text: str, readings: dict[str, Any]) -> list[S.AccentPhrase]:
+        spoken = state.spoken_text(check_text(text), **readings) if text.strip() else ""
         return [S.AccentPhrase.of(p) for p in prosody.accent_phrases(spoken)]
 
-    async def synthesize_query(q: S.AudioQuery, style_id: int, request: Request, route: str):
+    async def synthesize_query(
+        q: S.AudioQuery, style_id: int, request: Request, route: str, readings: dict[str, Any]
+    ):
         voice = state.voice(style_id)
-        plan = plan_query(state, q)
+        plan = plan_query(state, q, readings)
         audio = await state.service.render(
             plan.text,
             voice,
@@ -256,12 +263,16 @@ def build_router(state: AppState) -> APIRouter:
     # ---- queries ------------------------------------------------------------------------------
     @router.post("/audio_query", tags=["クエリ作成"], summary="音声合成用のクエリを作成する")
     def audio_query(
-        text: str, style_id: StyleId, enable_katakana_english: bool = True, core_version: str | None = None
+        text: str,
+        style_id: StyleId,
+        readings: Readings,
+        enable_katakana_english: bool = True,
+        core_version: str | None = None,
     ) -> S.AudioQuery:
         """音声合成用のクエリの初期値を得ます。`kana` には読み上げるテキストが入ります。"""
         state.voice(style_id)
         return S.AudioQuery(
-            accent_phrases=phrases_of(text),
+            accent_phrases=phrases_of(text, readings),
             speedScale=1.0,
             pitchScale=0.0,
             intonationScale=1.0,
@@ -284,13 +295,14 @@ def build_router(state: AppState) -> APIRouter:
     def accent_phrases(
         text: str,
         style_id: StyleId,
+        readings: Readings,
         is_kana: bool = False,
         enable_katakana_english: bool = True,
         core_version: str | None = None,
     ) -> Any:
         state.voice(style_id)
         if not is_kana:
-            return phrases_of(text)
+            return phrases_of(text, readings)
         try:
             return [S.AccentPhrase.of(p) for p in prosody.parse_aquestalk(check_text(text))]
         except prosody.KanaParseError as e:
@@ -362,10 +374,11 @@ def build_router(state: AppState) -> APIRouter:
         query: S.AudioQuery,
         style_id: StyleId,
         request: Request,
+        readings: Readings,
         enable_interrogative_upspeak: bool = True,
         core_version: str | None = None,
     ) -> Response:
-        audio, rate = await synthesize_query(query, style_id, request, "synthesis")
+        audio, rate = await synthesize_query(query, style_id, request, "synthesis", readings)
         return Response(wav_bytes(audio, rate), media_type="audio/wav")
 
     @router.post(
@@ -379,11 +392,12 @@ def build_router(state: AppState) -> APIRouter:
         query: S.AudioQuery,
         style_id: StyleId,
         request: Request,
+        readings: Readings,
         enable_interrogative_upspeak: bool = True,
         core_version: str | None = None,
     ) -> Response:
         """Every synthesis here is cancellable: a client that disconnects stops its line."""
-        audio, rate = await synthesize_query(query, style_id, request, "cancellable_synthesis")
+        audio, rate = await synthesize_query(query, style_id, request, "cancellable_synthesis", readings)
         return Response(wav_bytes(audio, rate), media_type="audio/wav")
 
     @router.post(
@@ -397,6 +411,7 @@ def build_router(state: AppState) -> APIRouter:
         queries: list[S.AudioQuery],
         style_id: StyleId,
         request: Request,
+        readings: Readings,
         enable_interrogative_upspeak: bool = True,
         core_version: str | None = None,
     ) -> Response:
@@ -408,11 +423,11 @@ def build_router(state: AppState) -> APIRouter:
         if any(q.outputSamplingRate != rate for q in queries):
             raise InputError("every query must have the same outputSamplingRate")
         for q in queries:
-            plan_query(state, q)  # every error before any synthesis
+            plan_query(state, q, readings)  # every error before any synthesis
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w") as zf:
             for i, q in enumerate(queries):
-                audio, _ = await synthesize_query(q, style_id, request, "multi_synthesis")
+                audio, _ = await synthesize_query(q, style_id, request, "multi_synthesis", readings)
                 zf.writestr(f"{i + 1:03d}.wav", wav_bytes(audio, rate))
         return Response(buf.getvalue(), media_type="application/zip")
 
