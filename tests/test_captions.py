@@ -59,10 +59,10 @@ def test_say_writes_srt_vtt_and_the_caption_file(tmp_path):
     assert r.returncode == 0, r.stderr
     body = (tmp_path / "a.srt").read_text(encoding="utf-8")
     assert (
-        "やったね配信は15時30分から、" in body and "みんな来てね。" in body and body.startswith("1\n00:00:00")
-    )
+        "やったね配信は15:30から、" in body and "みんな来てね。" in body and body.startswith("1\n00:00:00")
+    )  # as written: the timing is of 15時30分, the caption shows 15:30
     assert (tmp_path / "a.vtt").read_text(encoding="utf-8").startswith("WEBVTT\n\n00:00:")
-    assert (tmp_path / "cap.txt").read_text(encoding="utf-8") == "やったね配信は15時30分から、みんな来てね。"
+    assert (tmp_path / "cap.txt").read_text(encoding="utf-8") == "やったね配信は15:30から、みんな来てね。"
     bad = subprocess.run(
         [
             sys.executable,
@@ -89,3 +89,86 @@ def test_the_break_characters_are_the_splitters():
     from irodori_speaker.text.split import CLAUSE_CHARS, SENTENCE_END_CHARS
 
     assert captions._BREAKS == CLAUSE_CHARS | SENTENCE_END_CHARS
+
+
+# ---- captions show the line as written (issue 16) ----------------------------------------------
+
+LINE = (
+    '[happy]VTuberの配信で草www、推しは15:30から<break time="500ms"/>'
+    "詳しくはhttps://example.com/live を見てね。"
+)
+
+
+@pytest.fixture
+def dict_synth(synth, tmp_path):
+    from irodori_speaker.text.userdict import UserDictionary
+
+    old = synth.user_dict
+    synth.user_dict = UserDictionary(tmp_path / "d.sqlite3")
+    synth.user_dict.add("推し", "オシ")
+    try:
+        yield synth
+    finally:
+        synth.user_dict = old
+
+
+def test_words_and_cues_show_the_original_spelling_with_the_reading_kept(dict_synth):
+    res = dict_synth.synthesize(LINE, options={"seed": 0})
+    rec = res.record
+    assert rec.text == "ブイチューバーの配信で草ワラワラ、オシは15時30分から詳しくはユーアールエル を見てね。"
+    assert rec.source == "VTuberの配信で草www、推しは15:30から詳しくはhttps://example.com/live を見てね。"
+    tm = estimate_timing(rec.text, len(res.audio) / 48_000, source=rec.source)
+    words = {w.text: w for w in tm.words if w.text}
+    assert words["VTuber"].spoken.startswith("ブイ") and words["VTuber"].reading.startswith("ブイ")
+    assert "www" in words and words["www"].spoken.startswith("ワラ")  # ワラ|ワラ: shown once
+    assert any(w.text.startswith("推し") and "オシ" in w.reading for w in tm.words)
+    assert "".join(c.text for c in cues(tm)) == rec.source.replace(" ", "")  # cues are stripped
+    for c in cues(tm):  # tags and pause markup never in a caption, the readings neither
+        assert "[" not in c.text and "break" not in c.text and "ブイチューバー" not in c.text
+    text = srt(cues(tm))
+    assert "VTuberの配信で草www、" in text and "15:30" in text and "https://example.com/live" in text
+    assert "15時30分" not in text and "ワラワラ" not in text
+    # the timing is still of what the model read: same words and times as without the source
+    plain = estimate_timing(rec.text, len(res.audio) / 48_000)
+    assert [(w.start, w.end, w.reading) for w in plain.words] == [
+        (w.start, w.end, w.reading) for w in tm.words
+    ]
+    assert [w.text for w in plain.words] == [w.spoken for w in tm.words]
+
+
+def test_kept_tags_are_shown_and_a_split_rewrite_is_shown_once():
+    from irodori_speaker.source_spans import SourceMap
+
+    m = SourceMap.align("VTuberの配信、15:30", "ブイチューバーの配信、15時30分")
+    assert m.source_text(0, 2) == "VTuber" and m.source_text(2, 7) == ""  # ブイ|チューバー: once
+    assert m.source_text(0, len(m.spoken)) == m.source
+    assert m.source_text(11, 14) == "15:" and m.source_text(14, 17) == "30"
+
+
+def test_speaker_word_events_and_the_caption_file_show_the_original(synth, tmp_path):
+    import asyncio
+
+    from irodori_speaker.captions import CaptionFile
+    from irodori_speaker.speaker import Speaker
+
+    seen_words: list[str] = []
+    shown: list[str] = []
+
+    async def body():
+        async with Speaker(synth, output="null", prewarm=False, seed=1, timing=True) as s:
+            cap = CaptionFile(tmp_path / "cap.txt", keep_last=True)
+            cap.attach(s)
+            real_show = cap.show
+
+            def spy(text):
+                shown.append(text)
+                real_show(text)
+
+            cap.show = spy  # type: ignore[method-assign]
+            s.on("word", lambda e: seen_words.append(e.text))
+            await s.say("[happy]VTuberの配信は15:30から[pause:0.2]だよ。")
+
+    asyncio.run(asyncio.wait_for(body(), 120))
+    assert "VTuber" in seen_words and "ブイチューバー" not in "".join(seen_words)
+    joined = "".join(shown)
+    assert "VTuberの配信は15:30から" in joined and "[" not in joined and "pause" not in joined

@@ -6,8 +6,9 @@ in the spoken text (punctuation kept). `srt()` / `webvtt()` format cues; `Captio
 text file holding the cue being heard, which an OBS "Text (GDI+/FreeType 2)" source with
 "Read from file" shows live (written atomically: OBS never reads half a line).
 
-Captions show the spoken text (`SynthesisRecord.text`: after the user dictionary and the
-readings pass, e.g. ブイチューバー for VTuber), because that is what the timing is of.
+Captions show the line as written (`LineTiming.shown`: "VTuberの配信で草", the timing being
+of what the model read, ブイチューバーの...), less its pause markup and the tags stripped from
+speech; a timing without a source (`estimate_timing` given none) shows the spoken text.
 """
 
 from __future__ import annotations
@@ -40,17 +41,18 @@ def cues(timing: LineTiming, *, max_chars: int = 24, offset: float = 0.0) -> lis
     """The line's cues, `offset` seconds later (e.g. the line's start in a longer file)."""
     words = timing.words
     text = timing.text
+    shown_of = timing.shown
     out: list[Cue] = []
     first = 0
     for i, w in enumerate(words):
         nxt = words[i + 1].char_start if i + 1 < len(words) else len(text)
         between = text[w.char_end : nxt]
-        size = len(text[words[first].char_start : nxt].strip())
+        size = len(shown_of(words[first].char_start, nxt).strip())
         last = i + 1 == len(words)
-        grows_past = not last and size + len(text[nxt : words[i + 1].char_end]) > max_chars
+        grows_past = not last and size + len(shown_of(nxt, words[i + 1].char_end)) > max_chars
         if last or any(c in _BREAKS for c in between) or grows_past:
             a = words[first].char_start if out else 0  # the first cue takes what precedes it
-            shown = text[a:nxt].strip()
+            shown = shown_of(a, nxt).strip()
             if shown:
                 out.append(Cue(offset + words[first].start, offset + w.end, shown))
             first = i + 1

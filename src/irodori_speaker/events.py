@@ -123,7 +123,8 @@ class LineTimingEvent(UtteranceEvent):
 
 @dataclass(frozen=True)
 class WordEvent(UtteranceEvent):
-    """A word starts being heard at `time` (estimated; `text` is the word, `line` the line)."""
+    """A word starts being heard at `time` (estimated; `text` is the word as written, e.g.
+    "VTuber", `spoken` what the model read, ブイチューバー, `reading` its kana: timing.Word)."""
 
     kind: ClassVar[str] = "word"
     reading: str = ""
@@ -131,6 +132,7 @@ class WordEvent(UtteranceEvent):
     index: int = 0  # its place in the line's words
     char_start: int = 0  # its span in the spoken text (SynthesisRecord.text)
     char_end: int = 0
+    spoken: str = ""
 
 
 @dataclass(frozen=True)

@@ -343,7 +343,15 @@ class Player:
         while item.next_word < len(tm.words) and tm.words[item.next_word].start <= heard:
             w = tm.words[item.next_word]
             event = WordEvent(
-                at(w.start), item.uid, w.text, w.reading, at(w.end), item.next_word, w.char_start, w.char_end
+                at(w.start),
+                item.uid,
+                w.text,
+                w.reading,
+                at(w.end),
+                item.next_word,
+                w.char_start,
+                w.char_end,
+                w.spoken,
             )
             due.append((w.start, 0, event))
             item.next_word += 1

@@ -451,6 +451,7 @@ class Synthesizer:
         t0 = time.perf_counter()
         parts = self.spoken_parts(check_line_text(text), opts)
         record.text = "".join(p for p in parts if isinstance(p, str))
+        record.source = caption_source(text, opts)
         max_len = self.inference.max_text_len or 256
         plan: list[_Piece | float] = []
         for part in parts:
@@ -774,6 +775,17 @@ class _LineProgress:
     def decoded(self, i: int) -> None:
         if self.steps:
             self._report(i, self.steps + 1)
+
+
+def caption_source(text: str, options: SynthesisOptions) -> str:
+    """`text` as captions show it: as written, less what is neither said nor shown (pause
+    markup, and the tags `options.tags="strip"` takes out); `source_spans.SourceMap` aligns
+    the spoken text to it."""
+    from .text.pauses import strip_markup
+    from .text.tags import strip_tags
+
+    shown = strip_markup(text)
+    return strip_tags(shown) if options.tags == "strip" else shown
 
 
 def _with_bos(tok: Any, add_bos: bool) -> Any:

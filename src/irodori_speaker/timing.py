@@ -9,6 +9,12 @@ events on the playback clock ("word", "viseme", "line_timing"); `captions.py` wr
 WebVTT and an OBS caption file from them. How far this is from the truth is measured in
 `benchmarks/timing_accuracy.py` (docs/text-and-readings.md, "Timing").
 
+Words and captions show the line as written: given the `source` (`SynthesisRecord.source`),
+each word's `text` is the source characters its spoken characters came from
+(`source_spans.SourceMap`: "VTuber" for ブイチューバー, "15:30" for 15時30分), its `spoken`
+the spoken surface and `reading` the kana; a rewritten run split over two words goes to the
+first (the second's `text` is ""). Without a source, `text` is the spoken surface.
+
 Without pyopenjtalk (the ``ja`` extra) `estimate_timing` returns None: nothing is guessed.
 """
 
@@ -18,6 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 import numpy as np
+
+from .source_spans import SourceMap
 
 __all__ = [
     "PHONEME_SECONDS",
@@ -64,8 +72,9 @@ class Mora:
 
 @dataclass(frozen=True)
 class Word:
-    """A word (a morpheme with something to say): its text, reading and span in the spoken
-    text, and when it is heard (seconds into the line's audio)."""
+    """A word (a morpheme with something to say): its text as written (see the module doc),
+    reading, span in the spoken text and spoken surface, and when it is heard (seconds into
+    the line's audio)."""
 
     text: str
     reading: str
@@ -73,16 +82,23 @@ class Word:
     end: float
     char_start: int
     char_end: int
+    spoken: str = ""  # the spoken text's characters char_start:char_end
 
 
 @dataclass(frozen=True)
 class LineTiming:
-    """Estimated timing of one line; times are seconds from the line's first sample."""
+    """Estimated timing of one line; times are seconds from the line's first sample. `text` is
+    the spoken text (the char spans index it), `source` its alignment to the line as written."""
 
     text: str
     duration: float
     words: tuple[Word, ...]
     moras: tuple[Mora, ...]
+    source: SourceMap | None = None
+
+    def shown(self, start: int, end: int) -> str:
+        """What captions show for the spoken characters start:end (the source's, when known)."""
+        return self.text[start:end] if self.source is None else self.source.source_text(start, end)
 
     def visemes(self) -> list[tuple[float, str]]:
         """(time, viseme) changes: あいうえお as "a".."o", and "closed" for ん, っ, pauses,
@@ -174,10 +190,11 @@ def _phoneme_seconds(p: str) -> float:
 
 
 def estimate_timing(
-    text: str, duration: float, *, speech: tuple[float, float] | None = None
+    text: str, duration: float, *, speech: tuple[float, float] | None = None, source: str | None = None
 ) -> LineTiming | None:
     """The timing of `text` (the spoken text, `SynthesisRecord.text`) spoken in `duration`
-    seconds of audio, the voice filling `speech` = (start, end) of it (default: all of it).
+    seconds of audio, the voice filling `speech` = (start, end) of it (default: all of it);
+    `source` (`SynthesisRecord.source`): the line as written, which words and captions show.
     None when pyopenjtalk is not installed or the text has nothing to read."""
     from .text.length import _load_pyopenjtalk  # lazily: the text package imports torch
 
@@ -228,6 +245,7 @@ def estimate_timing(
                 c_start = t
             consonant = low
         t += d
+    smap = SourceMap.align(source, text) if source and source != text else None
     out_words = []
     named: list[Mora] = []
     for k, (w_start, w_end) in sorted(words.items()):
@@ -238,5 +256,6 @@ def estimate_timing(
             ms = [replace(m, kana=s) for m, s in zip(ms, kana, strict=True)]
         named.extend(ms)
         a, b = e["char_span"]
-        out_words.append(Word(text[a:b], e["pron"].replace("’", ""), w_start, w_end, a, b))
-    return LineTiming(text, duration, tuple(out_words), tuple(named))
+        shown = text[a:b] if smap is None else smap.source_text(a, b)
+        out_words.append(Word(shown, e["pron"].replace("’", ""), w_start, w_end, a, b, text[a:b]))
+    return LineTiming(text, duration, tuple(out_words), tuple(named), smap)

@@ -533,6 +533,7 @@ class SynthesisRecord:
     """What happened while rendering one line."""
 
     text: str = ""  # normalised text actually spoken
+    source: str = ""  # the line as written, less its pause markup and stripped tags (captions show it)
     seed: int = 0
     frames: int = 0  # latent frames sampled (25 per second)
     samples: int = 0  # audio samples returned (after tail trim)

@@ -112,7 +112,7 @@ def cmd_say(args: argparse.Namespace) -> int:
         log.warning("%s", w)
     if args.output:
         write_sound_file(args.output, audio, rate)
-    line_cues = write_captions(args, rec.text, audio, rate) if captions else []
+    line_cues = write_captions(args, rec, audio, rate) if captions else []
     played = ""
     if args.play:
         follow = CaptionFollower(args.caption_file, line_cues) if args.caption_file else None
@@ -134,20 +134,20 @@ def cmd_say(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def write_captions(args: argparse.Namespace, spoken: str, audio: Any, rate: int) -> list[Any]:
+def write_captions(args: argparse.Namespace, rec: Any, audio: Any, rate: int) -> list[Any]:
     """--srt / --vtt (the line's cues) and --caption-file (its whole text, or cue by cue while
     --play plays it); returns the cues."""
     from ..captions import cues, srt, webvtt, write_text_atomic
     from ..timing import estimate_timing, speech_span
 
-    timing = estimate_timing(spoken, len(audio) / rate, speech=speech_span(audio, rate))
+    timing = estimate_timing(rec.text, len(audio) / rate, speech=speech_span(audio, rate), source=rec.source)
     line_cues = cues(timing) if timing is not None else []
     if args.srt:
         write_text_atomic(args.srt, srt(line_cues))
     if args.vtt:
         write_text_atomic(args.vtt, webvtt(line_cues))
     if args.caption_file and not args.play:
-        write_text_atomic(args.caption_file, spoken)
+        write_text_atomic(args.caption_file, rec.source or rec.text)  # as written
     return line_cues
 
 

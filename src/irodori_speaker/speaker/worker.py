@@ -270,7 +270,9 @@ def line_timing(record: SynthesisRecord | None, span: SpeechSpan) -> Any:
     if record is None or not record.text:
         return None
     try:
-        return estimate_timing(record.text, span.samples / span.sample_rate, speech=span.span())
+        return estimate_timing(
+            record.text, span.samples / span.sample_rate, speech=span.span(), source=record.source
+        )
     except Exception as e:  # the timing is a nicety: it must never cost the line
         log.debug("no timing for %r: %s", record.text[:40], e)
         return None
