@@ -301,8 +301,10 @@ class Bot:
         self.log: list[str] = []
         self._idle = 0
 
-    def _say(self, text: str, priority: Priority | str, ttl: float | None = None) -> None:
-        self.speaker.enqueue(text, priority=priority, ttl=None if ttl is None else ttl / self.speed)
+    def _say(self, text: str, priority: Priority | str, ttl: float | None = None, chat: bool = False) -> None:
+        # a viewer's text: its pause markup is taken out (no one may stall the stream with 10 s)
+        ttl = None if ttl is None else ttl / self.speed
+        self.speaker.enqueue(text, priority=priority, ttl=ttl, pause_markup=not chat)
         print(f"[{priority!s:>6}] {text}", flush=True)
 
     def handle(self, msg: ChatMessage) -> None:
@@ -310,14 +312,14 @@ class Bot:
         print(f"chat <{msg.author}> {msg.kind} {msg.text}", flush=True)
         if msg.kind == "superchat":  # high lane, no TTL: it is read whatever else waits
             self._say(STOCK["thanks"], "high")
-            self._say(f"{msg.author}さん、{msg.amount or ''}の{msg.text}", "high")
+            self._say(f"{msg.author}さん、{msg.amount or ''}の{msg.text}", "high", chat=True)
         elif msg.kind == "member":
             self._say(STOCK["member"], "high", ttl=30)
             self._say(f"{msg.author}さん、ようこそ。", "high", ttl=30)
         elif msg.kind == "question" and self.replying is None:
             self.replying = asyncio.create_task(self.reply(msg))
         else:  # an ordinary comment goes stale if the bot is busy for too long
-            self._say(f"{msg.author}さん、「{msg.text}」", "normal", ttl=15)
+            self._say(f"{msg.author}さん、「{msg.text}」", "normal", ttl=15, chat=True)
 
     async def reply(self, msg: ChatMessage) -> None:
         print(f"[ reply] to {msg.author}: {msg.text}", flush=True)
