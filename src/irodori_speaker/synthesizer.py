@@ -779,12 +779,14 @@ class _LineProgress:
 
 def caption_source(text: str, options: SynthesisOptions) -> str:
     """`text` as captions show it: as written, less what is neither said nor shown (pause
-    markup, and the tags `options.tags="strip"` takes out); `source_spans.SourceMap` aligns
-    the spoken text to it."""
+    markup, and the tags `options.tags="strip"` takes out; lone surrogates, which no file or
+    database can hold, as the normalisation drops them); `source_spans.SourceMap` aligns the
+    spoken text to it."""
+    from .text.normalize import drop_lone_surrogates
     from .text.pauses import strip_markup
     from .text.tags import strip_tags
 
-    shown = strip_markup(text)
+    shown = strip_markup(drop_lone_surrogates(text))
     return strip_tags(shown) if options.tags == "strip" else shown
 
 
