@@ -199,6 +199,8 @@ def run_cli(args, home: Path, **kw):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # SIGINT as in a terminal's foreground (a background job of a shell ignores it)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         **kw,
     )
 

@@ -118,7 +118,15 @@ def start_server(
         cmd += ["--voices", str(voices_config(home))]
     cmd = [*cmd, "--port", str(port), *extra]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=environ)
+        # SIGINT as in a terminal's foreground: a shell's background job (CI started with `&`)
+        # ignores it, and a child inherits that, so Ctrl-C would never reach the server
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=environ,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
