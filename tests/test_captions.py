@@ -145,6 +145,23 @@ def test_kept_tags_are_shown_and_a_split_rewrite_is_shown_once():
     assert m.source_text(11, 14) == "15:" and m.source_text(14, 17) == "30"
 
 
+def test_a_long_line_is_aligned_sentence_by_sentence_as_the_whole_line_would_be():
+    import difflib
+
+    from irodori_speaker.source_spans import SourceMap
+
+    source = "VTuberの配信でwww。15:30から！[happy]またね？" * 40
+    spoken = "ブイチューバーの配信でワラワラ。15時30分から！またね？" * 40
+    m = SourceMap.align(source, spoken)
+    whole = SourceMap(
+        source, spoken, tuple(difflib.SequenceMatcher(None, source, spoken, autojunk=False).get_opcodes())
+    )
+    assert len(m.opcodes) > 40  # it did align piece by piece
+    assert m.source_text(0, len(spoken)) == whole.source_text(0, len(spoken)) == source.replace("[happy]", "")
+    for start in range(0, len(spoken), 7):
+        assert m.source_text(start, start + 7) == whole.source_text(start, start + 7), start
+
+
 def test_speaker_word_events_and_the_caption_file_show_the_original(synth, tmp_path):
     import asyncio
 
