@@ -67,8 +67,10 @@ def test_partial_markup_start():
         assert partial_markup_start(text) == at, text
 
 
-def test_markup_never_reaches_the_model(synth, monkeypatch):
-    seen = []
+@pytest.fixture
+def tokenized(synth, monkeypatch) -> list[str]:
+    """Every text the model's tokenizer is given from now on (what the model reads)."""
+    seen: list[str] = []
     real = synth.tokenizer.batch
 
     def spy(texts, **kw):
@@ -76,6 +78,11 @@ def test_markup_never_reaches_the_model(synth, monkeypatch):
         return real(texts, **kw)
 
     monkeypatch.setattr(synth.tokenizer, "batch", spy)
+    return seen
+
+
+def test_markup_never_reaches_the_model(synth, tokenized):
+    seen = tokenized
     res = synth.synthesize('こんにちは<break time="200ms"/>元気？[pause:0.1]はい', options={"seed": 0})
     assert len(seen) == 3 and res.record.pieces == 3
     assert not any(mark in t for t in seen for mark in ("<", ">", "[", "]", "break", "pause", "ms"))
@@ -197,15 +204,8 @@ def test_pauses_up_to_the_bound_are_allowed_and_over_it_are_an_error_not_clamped
 CHAT = 'こんにちは<break time="10s"/>[pause:9]さようなら<break time="nonsense"/>[pause:99]'
 
 
-def test_pause_markup_off_takes_every_markup_out_and_reads_none_of_it(synth, monkeypatch):
-    seen = []
-    real = synth.tokenizer.batch
-
-    def spy(texts, **kw):
-        seen.extend(texts)
-        return real(texts, **kw)
-
-    monkeypatch.setattr(synth.tokenizer, "batch", spy)
+def test_pause_markup_off_takes_every_markup_out_and_reads_none_of_it(synth, tokenized):
+    seen = tokenized
     off = {"seed": 2, "pause_markup": False}
     assert synth.spoken_text(CHAT, off) == synth.spoken_text("こんにちはさようなら")
     res = synth.synthesize(CHAT, options=off)  # invalid or too long markup: no error either
