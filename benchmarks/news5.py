@@ -10,6 +10,7 @@ Silicon, `--device mps` runs the reference and our MPS preset (not run here: no 
 Modes (m)-(q) are the v4.1-Small-MF release (random full-size weights from its manifest:
 the ModernBERT backbone, MeanFlow 4 steps, no CFG): (m) the reference-equivalent path, (n)
 our CUDA preset bf16, (o) int4, (p) our CPU preset; side by side with the v2 modes in one run.
+(q) and (r) are (e) and (o) with the channels-last codec decoder (`codec_channels_last`, opt-in).
 
     python benchmarks/news5.py                      # all v2 modes on CUDA, then (f) on the CPU
     python benchmarks/news5.py --modes a,b,d,e      # a subset
@@ -106,6 +107,7 @@ class Mode:
     int4: bool = False
     int4_codec: bool = False
     family: str = "v2"  # which release's configuration (FAMILIES)
+    codec_cl: bool = False  # the channels-last codec decoder (preset codec_channels_last, opt-in)
     # results (not init fields: `replace` gives each derived mode its own)
     rows: list[dict] = field(default_factory=list, init=False)
     peak_mb: float = field(default=float("nan"), init=False)
@@ -158,6 +160,12 @@ def modes_for(device: str) -> dict[str, Mode]:
         ),
         "e": replace(
             cuda, key="e", desc="our CUDA preset, int4 weights (W4A16, bf16 activations)", int4=True
+        ),
+        "q": replace(
+            cuda, key="q", desc="(e) with the channels-last codec decoder", int4=True, codec_cl=True
+        ),
+        "r": replace(
+            mf_cuda, key="r", desc="(o) with the channels-last codec decoder", int4=True, codec_cl=True
         ),
         "g": replace(
             cuda, key="g", desc="(e) with the int4 codec too (smallest memory)", int4=True, int4_codec=True
@@ -277,6 +285,7 @@ def build(mode: Mode, files: dict[str, Path], int4_impl: str = "auto") -> tuple[
         "fast_path": mode.fast,
         "cuda_graphs": mode.graphs,
         "codec_graphs": mode.graphs,
+        "codec_channels_last": mode.codec_cl,
         "int4": mode.int4,
         "codec_int4": mode.int4_codec,
     }

@@ -130,6 +130,8 @@ class Synthesizer:
         self._fast = None  # engine.fast.FastSampler, built on first use when the preset asks for it
         self._voice_states_cache: dict[tuple, tuple] = {}  # insertion order = least recently used first
         codec_device = getattr(codec, "device", None)
+        if self.preset.codec_channels_last and hasattr(codec, "use_channels_last"):
+            codec.use_channels_last(True)  # before the graphs: they capture whichever path is on
         if self.preset.codec_graphs and codec_device is not None and codec_device.type == "cuda":
             # the stream's first and middle windows replayed from graphs, captured by prewarm; other
             # lengths (a line's last window) stay eager: a capture mid-stream would cost more

@@ -171,3 +171,25 @@ def test_fused_velocity_matches_the_v4_fixtures(kind):
     table = fast.modulation_table([float(io["t"][0])], dts)
     got = fast.velocity(io["x_t"][:1], table[0], ctx, mask, rope_tables(24, model.cfg.head_dim, DEV))
     torch.testing.assert_close(got, io["out_velocity"][:1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "residual, snake, keep", [(False, False, True), (False, True, False), (True, True, True)]
+)
+def test_conv_epilogue_matches_the_torch_path(dtype, residual, snake, keep):
+    from irodori_speaker.engine.codec.fast import epilogue_torch
+
+    torch.manual_seed(4)
+    C, N = 200, 37  # C over one block and not a multiple of it
+    y = _randn(N, C, dtype=dtype)
+    bias = _randn(C, dtype=dtype)
+    res = _randn(N, C, dtype=dtype) if residual else None
+    alpha = (torch.rand(1, C, 1, device=DEV) * 3 + 1e-3) if snake else None  # fp32, as the codec keeps it
+    h, s = fu.conv_epilogue(y, bias, res, alpha, keep)
+    want_h, want_s = epilogue_torch(y, bias, res, alpha, keep)
+    assert (h is None) == (not keep) and (s is None) == (not snake)
+    for got, want in ((h, want_h), (s, want_s)):
+        if want is not None:
+            assert got is not None and got.dtype == dtype and got.shape == y.shape
+            _close(got, want, dtype)

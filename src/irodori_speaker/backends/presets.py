@@ -36,6 +36,9 @@ class Preset:
     fast_path: bool = True  # engine.fast: fused projections, precomputed AdaLN, buckets
     cuda_graphs: bool = False  # capture the whole sampling loop per bucket (CUDA only)
     codec_graphs: bool = False  # replay the stream's decode windows from CUDA graphs (CUDA only)
+    # decode on (B, T, C) with fused conv epilogues (engine/codec/fast.py): exact on the CPU, opt-in
+    # until measured on a GPU (benchmarks/codec_speed.py; docs/codec.md "Channels-last decode")
+    codec_channels_last: bool = False
     int4: bool = False  # run the DiT on int4 weights; a float file is quantised at load (RTN)
     codec_int4: bool = False  # the codec's decoder convs as RTN int4: least memory, slower decode
     codec_device: str | None = None  # where the codec runs (None: `device`), e.g. "cpu" to spare the GPU

@@ -290,3 +290,58 @@ def snake(x: Tensor, alpha: Tensor) -> Tensor:
     block = 2048
     _snake_kernel[(B * C, triton.cdiv(T, block))](x, a, y, C, T, BLOCK=block, INTERP_BF16=interp_bf16(x))
     return y
+
+
+# ------------------------------------------------------- codec: conv epilogue on (rows, channels)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _conv_epilogue_kernel(
+        y_ptr, b_ptr, r_ptr, a_ptr, h_ptr, s_ptr, N, C,
+        HAS_RES: tl.constexpr, KEEP_H: tl.constexpr, SNAKE: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, INTERP_BF16: tl.constexpr,
+    ):  # fmt: skip
+        rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = cols < C
+        m = (rows[:, None] < N) & cm[None, :]
+        offs = rows[:, None] * C + cols[None, :]
+        h = tl.load(y_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        h += tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)[None, :]
+        if HAS_RES:
+            h += tl.load(r_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        if KEEP_H:
+            tl.store(h_ptr + offs, round_to(h, h_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+        if SNAKE:
+            a = tl.load(a_ptr + cols, mask=cm, other=1.0)[None, :]
+            sn = tl.sin(a * h)
+            s = h + sn * sn * (1.0 / (a + 1e-9))
+            tl.store(s_ptr + offs, round_to(s, s_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+
+
+def conv_epilogue(
+    y: Tensor, bias: Tensor, residual: Tensor | None, alpha: Tensor | None, keep: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    """On (..., C) rows: ``h = y + bias (+ residual)`` and ``s = snake(h)`` in one pass.
+
+    Returns (h if `keep`, s if `alpha` is given); h feeds the snake in fp32, unrounded. The codec's
+    channels-last decoder (`codec.fast`) ends every conv with this: bias add, residual add and the
+    next Snake were three to five kernels around a (B, C, T) conv."""
+    y = y.contiguous()
+    C = y.shape[-1]
+    N = y.numel() // C
+    h = torch.empty_like(y) if keep else y
+    s = torch.empty_like(y) if alpha is not None else y
+    r = residual.contiguous() if residual is not None else y
+    a = alpha.reshape(C).float().contiguous() if alpha is not None else bias
+    block_c = min(128, triton.next_power_of_2(C))
+    block_n = max(1, 2048 // block_c)
+    grid = (triton.cdiv(N, block_n), triton.cdiv(C, block_c))
+    _conv_epilogue_kernel[grid](
+        y, bias, r, a, h, s, N, C,
+        HAS_RES=residual is not None, KEEP_H=keep, SNAKE=alpha is not None,
+        BLOCK_N=block_n, BLOCK_C=block_c, INTERP_BF16=interp_bf16(y), num_warps=4,
+    )  # fmt: skip
+    return (h if keep else None), (s if alpha is not None else None)

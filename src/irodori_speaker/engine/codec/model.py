@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from ...cancel import CancelToken
 from ...errors import InputError
 from .config import CodecConfig
+from .fast import ChannelsLastDecoder, supports_channels_last
 from .graphs import GraphCache, WindowGraph, capture_graph
 from .layers import Decoder, Encoder, VAEBottleneck
 from .streaming import RECEPTIVE_FIELD_FRAMES, check_int, chunk_windows, decode_windows
@@ -41,6 +42,7 @@ class DACVAE(nn.Module):
         self.decoder = Decoder(cfg)
         self._graphs: GraphCache | None = None  # set by use_graphs
         self._graph_pool: Any = None  # the one CUDA memory pool all of this codec's graphs share
+        self._channels_last: ChannelsLastDecoder | None = None  # set by use_channels_last
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], *, device: str | torch.device | None = None) -> DACVAE:
@@ -91,7 +93,27 @@ class DACVAE(nn.Module):
 
     def _decode_frames(self, z: Tensor) -> Tensor:
         """(B, codebook_dim, T) in the codec dtype -> (B, 1, hop*T) float32."""
+        if self._channels_last is not None:
+            return self._channels_last(z.transpose(1, 2))
         return self.decoder(self.quantizer.out_proj(z)).float()
+
+    def use_channels_last(self, enabled: bool = True) -> bool:
+        """Decode on (batch, time, channels) activations with fused conv epilogues (`codec.fast`).
+
+        The same sums as the (B, C, T) decoder; on CUDA it avoids cuDNN's layout transposes and
+        the separate bias / residual / Snake kernels. Re-lays the conv weights out in place (no
+        second copy). Returns whether it is on: False when the decoder's convs are not plain convs
+        (the int4 codec). Captured graphs are dropped (they would replay the other path).
+        """
+        self._drop_graphs()
+        self._channels_last = None
+        if enabled and supports_channels_last(self.decoder):
+            self._channels_last = ChannelsLastDecoder(self.quantizer.out_proj, self.decoder)
+        return self._channels_last is not None
+
+    @property
+    def channels_last(self) -> bool:
+        return self._channels_last is not None
 
     def _decode_window(self, z: Tensor, a: int, b: int) -> Tensor:
         """Samples [a, b) of window `z`'s decode as a tensor of its own (a graph replay where one applies)."""
@@ -202,7 +224,10 @@ class DACVAE(nn.Module):
 
     def _apply(self, fn: Any, recurse: bool = True) -> DACVAE:
         self._drop_graphs()  # the graphs would read the old tensors
-        return super()._apply(fn, recurse)
+        out = super()._apply(fn, recurse)
+        if self._channels_last is not None:  # rebuilt on the moved / cast weights
+            self.use_channels_last(True)
+        return out
 
     def _capture_window(self, key: tuple[int, int]) -> WindowGraph:
         """Capture the decode of a (batch, codebook_dim, frames) window on CUDA."""

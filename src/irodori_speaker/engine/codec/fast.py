@@ -1,0 +1,167 @@
+"""The decoder's fast path: activations kept (batch, time, channels), every conv ended by one fused pass.
+
+`layers.Decoder` works on (B, C, T) as the reference does. On a GPU that costs, per conv: cuDNN's
+fp16 tensor-core kernels want NHWC, so it transposes the input in and the output back (3.2 ms of a
+7.6 s line on an H200), then a bias add, then the residual add and the next Snake (two to five
+elementwise kernels). Here activations stay (B, T, C), which cuDNN reads as NHWC with H = 1, convs
+run without bias, and one pass (`fused.conv_epilogue`) adds the bias and the residual and applies
+the next Snake. kernel-1 convs are plain GEMMs. The sums are the decoder's: only the rounding
+differs (the bias / residual sum feeds the Snake unrounded).
+
+`ChannelsLastDecoder` reads the decoder's own parameters: its conv weights are re-laid out in place
+(NHWC strides, the same storage) so no second copy is held; the eager decoder still runs on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..fused import conv_epilogue, fused_available, run_or_fall_back
+from .layers import Decoder, DecoderBlock, ResidualUnit, Snake
+
+__all__ = ["ChannelsLastDecoder", "epilogue_torch", "supports_channels_last"]
+
+
+def epilogue_torch(
+    y: Tensor, bias: Tensor, residual: Tensor | None, alpha: Tensor | None, keep: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    """`fused.conv_epilogue` in torch ops: the path where Triton does not run (CPU, MPS)."""
+    h = y.float() + bias.float()
+    if residual is not None:
+        h += residual.float()
+    s = None
+    if alpha is not None:
+        a = alpha.reshape(-1).float()
+        s = torch.mul(h, a).sin_().square_().mul_((a + 1e-9).reciprocal()).add_(h).to(y.dtype)
+    return (h.to(y.dtype) if keep else None), s
+
+
+@dataclass
+class _Conv:
+    """One conv of the decoder as the fast path runs it: no bias (the epilogue adds it)."""
+
+    weight: Tensor  # (Cout, Cin, K) with NHWC strides; (Cin, Cout, K) for a transposed conv
+    bias: Tensor
+    kernel: int
+    stride: int
+    padding: int
+    dilation: int
+    output_padding: int
+    transposed: bool
+
+    @classmethod
+    def of(cls, conv: nn.Module) -> _Conv:
+        assert isinstance(conv, (nn.Conv1d, nn.ConvTranspose1d)) and conv.bias is not None
+        # In place: (Cout, Cin, K) -> the same values with the channel dim innermost, which is the
+        # NHWC layout of its (Cout, Cin, 1, K) view. Eager conv1d accepts the strided weight.
+        conv.weight.data = conv.weight.data.transpose(1, 2).contiguous().transpose(1, 2)
+        transposed = isinstance(conv, nn.ConvTranspose1d)
+        return cls(
+            conv.weight,
+            conv.bias,
+            conv.kernel_size[0],
+            conv.stride[0],
+            int(conv.padding[0]),  # type: ignore[arg-type]
+            conv.dilation[0],
+            conv.output_padding[0] if transposed else 0,
+            transposed,
+        )
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """(B, T, Cin) -> (B, T', Cout), bias not added."""
+        B, T, C = x.shape
+        if self.kernel == 1 and not self.transposed:
+            return torch.matmul(x, self.weight[:, :, 0].t())
+        x4 = x.view(B, 1, T, C).permute(0, 3, 1, 2)  # (B, C, 1, T) in NHWC memory
+        w4 = self.weight.unsqueeze(2)
+        if self.transposed:
+            y4 = nn.functional.conv_transpose2d(
+                x4, w4, None, (1, self.stride), (0, self.padding), (0, self.output_padding)
+            )
+        else:
+            y4 = nn.functional.conv2d(x4, w4, None, (1, self.stride), (0, self.padding), (1, self.dilation))
+        return y4.permute(0, 2, 3, 1).reshape(B, y4.shape[-1], y4.shape[1])  # a view when NHWC
+
+
+def supports_channels_last(decoder: Decoder) -> bool:
+    """True when every conv of the decoder is a plain Conv1d / ConvTranspose1d (not int4 layers)."""
+    convs = [m for m in decoder.modules() if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d))]
+    plain = all(type(m) in (nn.Conv1d, nn.ConvTranspose1d) and m.bias is not None for m in convs)
+    n_expected = 1 + sum(1 + 2 * 3 for m in decoder.model if isinstance(m, DecoderBlock)) + 1
+    return plain and len(convs) == n_expected and all(isinstance(c.padding[0], int) for c in convs)
+
+
+class ChannelsLastDecoder:
+    """`in_proj` then `Decoder` on (B, T, C) activations: (B, T, latent) latent -> (B, 1, samples) fp32.
+
+    The op list is built once: each conv with the Snake that follows it (if any) and whether its
+    output is needed again as a residual.
+    """
+
+    def __init__(self, in_proj: nn.Conv1d, decoder: Decoder) -> None:
+        if not supports_channels_last(decoder):
+            raise ValueError("the decoder has convs the channels-last path does not know (int4 layers?)")
+        self.in_proj = _Conv.of(in_proj)
+        self.first = _Conv.of(decoder.model[0])
+        # (conv, add the residual x?, alpha of the Snake after it or None, keep the sum as the next x?)
+        self.steps: list[tuple[_Conv, bool, Tensor | None, bool]] = []
+        blocks = [m for m in decoder.model[1:] if isinstance(m, DecoderBlock)]
+        head_snake = decoder.head.pre[0]
+        first_alpha = blocks[0].block["0"].alpha
+        for i, block in enumerate(blocks):
+            after = blocks[i + 1].block["0"] if i + 1 < len(blocks) else head_snake
+            units: list[ResidualUnit] = [block.block[k] for k in ("4", "5", "8")]  # type: ignore[misc]
+            # transposed conv: its output is the first unit's residual and goes through its Snake
+            self.steps.append((_Conv.of(block.block["1"]), False, _alpha(units[0].block[0]), True))
+            for j, unit in enumerate(units):
+                nxt = _alpha(units[j + 1].block[0]) if j + 1 < len(units) else _alpha(after)
+                last = j + 1 == len(units)
+                self.steps.append((_Conv.of(unit.block[1]), False, _alpha(unit.block[2]), False))
+                self.steps.append((_Conv.of(unit.block[3]), True, nxt, not last))
+        self.first_alpha = first_alpha
+        head_conv = decoder.head.pre[1]
+        assert isinstance(head_conv, nn.Conv1d) and head_conv.bias is not None
+        self.head_weight, self.head_bias = head_conv.weight, head_conv.bias
+        self.head_padding = int(head_conv.padding[0])  # type: ignore[arg-type,index]
+
+    def __call__(self, z: Tensor) -> Tensor:
+        """(B, T, latent_channels) in the codec dtype -> (B, 1, hop * T) float32 audio."""
+        if fused_available(z.device):
+            return run_or_fall_back(lambda: self._run(z, conv_epilogue), lambda: self._run(z, epilogue_torch))
+        return self._run(z, epilogue_torch)
+
+    def _run(self, z: Tensor, epilogue: Callable[..., tuple[Tensor | None, Tensor | None]]) -> Tensor:
+        x, _ = epilogue(self.in_proj(z.contiguous()), self.in_proj.bias, None, None, True)
+        assert x is not None
+        _, s = epilogue(self.first(x), self.first.bias, None, self.first_alpha, False)
+        for conv, residual, alpha, keep in self.steps:
+            assert s is not None
+            h, s = epilogue(conv(s), conv.bias, x if residual else None, alpha, keep)
+            if keep:  # the next unit's residual
+                x = h
+        assert s is not None
+        return _head(s, self.head_weight, self.head_bias, self.head_padding)
+
+
+def _alpha(snake: nn.Module) -> Tensor:
+    assert isinstance(snake, Snake)
+    return snake.alpha
+
+
+def _head(s: Tensor, weight: Tensor, bias: Tensor, padding: int) -> Tensor:
+    """tanh(conv1d(s, weight (1, C, K), bias, padding)) for s (B, T, C): (B, 1, T_out) fp32.
+
+    As `layers.conv_to_one_channel`, in this layout: one (T, C) x (C, K) GEMM, then each output
+    sample the sum of K shifted entries (a strided view), in fp32."""
+    B, T, _ = s.shape
+    K = weight.shape[-1]
+    zk = torch.matmul(s, weight[0].to(s.dtype))  # (B, T, K)
+    zk = nn.functional.pad(zk, (0, 0, padding, padding)).contiguous()  # (B, T + 2p, K)
+    T_out = T + 2 * padding - K + 1
+    diag = zk.as_strided((B, T_out, K), (zk.stride(0), K, K + 1))
+    y = diag.sum(-1, dtype=torch.float32) + bias.float()
+    return torch.tanh(y).unsqueeze(1)

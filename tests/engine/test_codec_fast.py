@@ -1,0 +1,141 @@
+"""The channels-last decoder (engine/codec/fast.py) against the (B, C, T) decoder it replaces.
+
+On the CPU its epilogues are the torch path (the real fall-back where Triton does not run); the
+Triton epilogue kernel itself is held to that path in test_fused.py (natively on a GPU, in the
+interpreter here). The GPU tests at the end run on the H200 (benchmarks/gpu_run.sh).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from irodori_speaker.engine.codec import (
+    DACVAE,
+    TINY_CODEC_KWARGS,
+    codec_from_state_dict,
+    random_codec_state_dict,
+)
+from irodori_speaker.engine.codec.fast import supports_channels_last
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+
+def _codec(device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> DACVAE:
+    state = random_codec_state_dict(TINY_CODEC_KWARGS, seed=seed, watermark=False)
+    return codec_from_state_dict(state, TINY_CODEC_KWARGS, device=device, dtype=dtype)
+
+
+def _latent(frames: int, batch: int = 2, seed: int = 0) -> torch.Tensor:
+    return torch.randn(batch, frames, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def test_channels_last_decode_equals_the_decoder() -> None:
+    codec = _codec()
+    lat = _latent(23)
+    want = codec.decode(lat)
+    assert codec.use_channels_last() and codec.channels_last
+    got = codec.decode(lat)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6)  # fp32: only the summation order differs
+    codec.use_channels_last(False)
+    assert not codec.channels_last  # the weights keep their values (in the NHWC strides)
+    torch.testing.assert_close(codec.decode(lat), want, rtol=0, atol=2e-6)
+
+
+def test_channels_last_stream_joins_to_the_one_pass_decode() -> None:
+    codec = _codec(seed=1)
+    lat = _latent(61, batch=1, seed=2)
+    want = codec.decode(lat)
+    codec.use_channels_last()
+    got = torch.cat(list(codec.decode_stream(lat, 25, first_chunk_frames=8)), -1)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+
+
+def test_channels_last_holds_no_second_copy_of_the_weights() -> None:
+    codec = _codec()
+    before = {n: (p.data_ptr(), p.shape) for n, p in codec.named_parameters()}
+    codec.use_channels_last()
+    after = {n: (p.data_ptr(), p.shape) for n, p in codec.named_parameters()}
+    assert {n: s for n, (_, s) in before.items()} == {n: s for n, (_, s) in after.items()}
+    fast = codec._channels_last
+    assert fast is not None
+    params = {p.data_ptr() for p in codec.parameters()}
+    assert all(conv.weight.data_ptr() in params for conv, *_ in fast.steps)  # the module's own storage
+
+
+def test_channels_last_survives_a_cast_and_refuses_int4_convs() -> None:
+    codec = _codec()
+    lat = _latent(19)
+    codec.use_channels_last()
+    codec.to(torch.float64)  # rebuilt on the cast weights
+    assert codec.channels_last
+    codec.to(torch.float32)
+    want = _codec().decode(lat)
+    torch.testing.assert_close(codec.decode(lat), want, rtol=0, atol=2e-6)
+
+    from irodori_speaker.quant.codec import quantize_codec
+
+    q = _codec()
+    quantize_codec(q)
+    assert not supports_channels_last(q.decoder)
+    assert q.use_channels_last() is False and not q.channels_last  # int4 layers: the (B, C, T) path
+
+
+def test_the_preset_field_makes_the_synthesizer_switch_it_on() -> None:
+    from irodori_speaker.backends.presets import base_preset
+    from irodori_speaker.synthesizer import Synthesizer
+
+    # opt-in everywhere until its GPU speed is measured (benchmarks/codec_speed.py)
+    assert not base_preset("cuda").codec_channels_last and not base_preset("cpu").codec_channels_last
+
+    class _Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+    codec = _codec()
+    preset = base_preset("cpu").with_overrides(codec_channels_last=True)
+    Synthesizer(_Model(), codec, tokenizer=None, preset=preset)  # type: ignore[arg-type]
+    assert codec.channels_last
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+
+def _exact_cudnn() -> contextlib.AbstractContextManager:
+    return torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True, allow_tf32=False)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_channels_last_on_cuda_equals_the_decoder(dtype: torch.dtype) -> None:
+    codec = _codec("cuda", dtype)
+    lats = [_latent(n, seed=n).cuda() for n in (41, 16, 66)]
+    with _exact_cudnn(), torch.inference_mode():
+        want = [codec.decode(lat) for lat in lats]
+        codec.use_channels_last()
+        got = [codec.decode(lat) for lat in lats]
+    # fp16: the bias / residual sums feed the Snake unrounded here, rounded in the decoder
+    tol = 2e-5 if dtype == torch.float32 else 4e-3
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=tol)
+
+
+@needs_gpu
+def test_channels_last_graphs_replay_the_eager_channels_last_decode_exactly() -> None:
+    from irodori_speaker.engine.codec import stream_window_lengths
+
+    codec = _codec("cuda", torch.float16)
+    codec.use_channels_last()
+    lines = [_latent(n, seed=n).cuda() for n in (40, 57)]
+    with _exact_cudnn(), torch.inference_mode():
+        want = [torch.cat(list(codec.decode_stream(lat, 25, first_chunk_frames=8)), -1) for lat in lines]
+        codec.use_graphs(max_graphs=3)
+        codec.prewarm_graphs(stream_window_lengths(25, first_chunk_frames=8), batch=2)
+        got = [torch.cat(list(codec.decode_stream(lat, 25, first_chunk_frames=8)), -1) for lat in lines]
+    assert codec.channels_last and codec._graphs is not None and codec._graphs.captures >= 2
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
