@@ -4,7 +4,7 @@ Full-size DACVAE with random weights (built by the product's `codec_from_state_d
 news5 line lengths (37, 190, 252, 118, 118 latent frames = 28.6 s of audio), each line streamed as
 the Synthesizer streams it (a short first window, then `--chunks` frames a window). Per variant:
 total decode ms of the five lines, ms to the first chunk of the first line, and the largest error
-of the joined audio against a one-pass fp32 eager decode of the same line.
+(and the SNR) of the joined audio against a one-pass fp32 eager decode of the same line.
 
   python benchmarks/codec_speed.py                      # CUDA: fp16 eager / channels-last, graphs
   python benchmarks/codec_speed.py --device cpu --threads 16 --lines 1
@@ -18,6 +18,7 @@ Variants: `bcT` the (B, C, T) decoder as the reference lays it out; `cl` the cha
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -99,8 +100,8 @@ def main() -> None:
     print(f"# codec decode, {device.type} ({name}), torch {torch.__version__}")
     print(f"# {len(frames)} lines, {sum(frames) / 25:.2f} s of audio; first window {args.first} frames")
     print()
-    print("| variant | dtype | window | total ms | first chunk ms | RTF | max abs err vs fp32 | peak MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| variant | dtype | window | total ms | first chunk ms | RTF | max abs err | SNR dB | peak MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for dname in dtypes:
         dtype = DTYPES[dname]
         variants = [("bcT", False, False, False), ("cl", True, False, False)]
@@ -144,6 +145,9 @@ def main() -> None:
                             if total < best:
                                 best, first_ms = total, f_ms
                         err = max(float((o.float().cpu() - r).abs().max()) for o, r in zip(outs, refs))
+                        noise = sum(float(((o.float().cpu() - r) ** 2).sum()) for o, r in zip(outs, refs))
+                        signal = sum(float((r**2).sum()) for r in refs)
+                        snr = 10 * math.log10(signal / noise) if noise > 0 else float("inf")
                 except Exception as e:
                     print(f"| {vname} | {dname} | {chunk} | failed: {type(e).__name__}: {str(e)[:100]} |||||")
                     continue
@@ -152,7 +156,7 @@ def main() -> None:
                 window = "one pass" if chunk is None else f"{args.first}/{chunk}"
                 print(
                     f"| {vname} | {dname} | {window} | {best:.1f} | {first_ms:.2f} "
-                    f"| {best / 1e3 / audio_s:.4f} | {err:.2e} | {peak:.0f} |",
+                    f"| {best / 1e3 / audio_s:.4f} | {err:.2e} | {snr:.1f} | {peak:.0f} |",
                     flush=True,
                 )
             del codec
