@@ -45,6 +45,21 @@ def test_channels_last_decode_equals_the_decoder() -> None:
     torch.testing.assert_close(codec.decode(lat), want, rtol=0, atol=2e-6)
 
 
+def test_channels_last_decode_matches_the_reference_golden_output(codec_fixtures) -> None:
+    import gzip
+    import io
+
+    from safetensors.torch import load_file
+
+    with gzip.open(codec_fixtures / "tiny_dacvae_weights.pth.gz", "rb") as f:
+        ckpt = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
+    codec = codec_from_state_dict(ckpt["state_dict"], ckpt["metadata"]["kwargs"])
+    golden = load_file(codec_fixtures / "tiny_dacvae_io.safetensors")
+    assert codec.use_channels_last()
+    audio = codec.decode(golden["decode_latent"])
+    torch.testing.assert_close(audio, golden["decode_audio"], atol=1e-5, rtol=0)  # test_codec.py's ATOL
+
+
 def test_channels_last_stream_joins_to_the_one_pass_decode() -> None:
     codec = _codec(seed=1)
     lat = _latent(61, batch=1, seed=2)
