@@ -1,0 +1,130 @@
+"""Int8 linears for the CPU (`Preset.int8_linears`): int8 weights, activations quantised per row.
+
+`Int8Linear` holds the weight as int8 with one fp32 scale per output channel (symmetric, absmax /
+127). Each call quantises its input per row (per token) the same way, multiplies int8 x int8 into
+int32 with `torch._int_mm` (oneDNN: AMX-INT8 / AVX512-VNNI / AVX-VNNI where the CPU has them) and
+rescales to the input's dtype. This is what torch.ao's deprecated `quantize_dynamic` did, with a
+per-channel weight and a per-row (not per-tensor, 7-bit) activation scale: on the 500M model's
+shapes the GEMM error is about half (benchmarks/cpu_preset.py states the error of each variant).
+
+`quantize_linears_int8(model)` swaps the eight per-step GEMMs of every diffusion block
+(attention wq / wk / wv / gate / wo, MLP w1 / w3 / w2); the encoders, the condition keys/values
+(once per line) and the low-rank AdaLN (once per schedule) stay float. The engine knows nothing of
+this: the modules are swapped after loading (`backends.cpu_tricks`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["BLOCK_LINEARS", "Int8Linear", "quantize_linears_int8", "quantize_weight_int8"]
+
+#: The linears of a diffusion block run at every sampler step (module path inside the block).
+BLOCK_LINEARS = (
+    "attention.wq",
+    "attention.wk",
+    "attention.wv",
+    "attention.gate",
+    "attention.wo",
+    "mlp.w1",
+    "mlp.w3",
+    "mlp.w2",
+)
+_QMAX = 127.0
+
+
+def quantize_weight_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """(N, K) float -> (int8 (N, K), fp32 scale (N,)): symmetric per output channel, absmax / 127."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / _QMAX
+    q = torch.round(w / scale[:, None]).clamp_(-_QMAX, _QMAX).to(torch.int8)
+    return q, scale
+
+
+def _quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(M, K) float -> (int8 (M, K), fp32 scale (M, 1)): per row, absmax / 127, computed in fp32."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(_QMAX)
+    return torch.round(xf / scale).clamp_(-_QMAX, _QMAX).to(torch.int8), scale
+
+
+class Int8Linear(nn.Module):
+    """`nn.Linear` on an int8 weight (per-channel scale) with its input quantised per row at run time.
+
+    Buffers: ``qweight`` int8 (out, in), ``scale`` fp32 (out,), optional ``bias`` (follows the module
+    dtype). The output has the input's dtype. Where `torch._int_mm` cannot run (an old or unusual
+    build) the same integer products are summed in fp32 instead (slower, the same result up to the
+    fp32 rounding of sums past 2^24).
+    """
+
+    qweight: Tensor
+    scale: Tensor
+    bias: Tensor | None
+
+    def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None = None) -> None:
+        super().__init__()
+        if qweight.dtype != torch.int8 or qweight.dim() != 2:
+            raise ValueError(f"qweight must be a 2-d int8 tensor, got {qweight.dtype} {tuple(qweight.shape)}")
+        self.out_features, self.in_features = qweight.shape
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scale", scale.detach().float().reshape(-1).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self._int_mm_ok = True
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        q, scale = quantize_weight_int8(linear.weight)
+        return cls(q, scale, linear.bias)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Int8Linear:
+        # `.to(dtype)` must not cast the int8 weight or the fp32 scales; devices still follow
+        held: dict[str, Tensor] = {"qweight": self.qweight, "scale": self.scale}
+        for k in held:
+            del self._buffers[k]
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            target = fn(torch.empty(0, device=held["qweight"].device)).device
+            for k, t in held.items():
+                self._buffers[k] = t.to(target)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
+
+    def _int_products(self, q: Tensor) -> Tensor:
+        if self._int_mm_ok:
+            try:
+                return torch._int_mm(q, self.qweight.t())
+            except RuntimeError:
+                self._int_mm_ok = False
+        return torch.matmul(q.float(), self.qweight.t().float())
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        q, row_scale = _quantize_rows(x.reshape(-1, self.in_features))
+        y = self._int_products(q).float().mul_(row_scale).mul_(self.scale)
+        if self.bias is not None:
+            y += self.bias.float()
+        return y.to(x.dtype).view(*lead, self.out_features)
+
+
+def quantize_linears_int8(model: nn.Module, names: tuple[str, ...] = BLOCK_LINEARS) -> int:
+    """Swap `names` in every `model.blocks[i]` for `Int8Linear` in place; returns how many.
+
+    Works on the engine's DiT (v2 / v3 / v4 families); layers that are not plain `nn.Linear`
+    (int4 layers, already swapped ones) are left as they are.
+    """
+    count = 0
+    for block in getattr(model, "blocks", ()):
+        for path in names:
+            parent_path, _, attr = path.rpartition(".")
+            parent = block.get_submodule(parent_path) if parent_path else block
+            layer = getattr(parent, attr, None)
+            if type(layer) is nn.Linear:
+                setattr(parent, attr, Int8Linear.from_linear(layer))
+                count += 1
+    return count
