@@ -10,10 +10,12 @@ import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..errors import BackendError
+from .cpu_features import CpuFeatures, cpu_features
 
 MPS_FALLBACK_ENV = "PYTORCH_ENABLE_MPS_FALLBACK"
 
@@ -43,6 +45,8 @@ class Preset:
     codec_int4: bool = False  # the codec's decoder convs as RTN int4: least memory, slower decode
     codec_device: str | None = None  # where the codec runs (None: `device`), e.g. "cpu" to spare the GPU
     prewarm_seconds: float = 12.0  # CUDA graphs: capture every length bucket up to this at prewarm
+    int8_linears: bool = False  # CPU: the DiT's per-step linears as int8 (W8A8, per-row activations)
+    cpu_codec: bool = False  # CPU: decode on channels-last activations (engine/codec/cpu.py)
 
     def with_overrides(self, **overrides) -> Preset:
         names = {f.name for f in dataclasses.fields(self)}
@@ -50,6 +54,14 @@ class Preset:
         if bad:
             raise BackendError(f"unknown preset field(s) {bad}; known: {sorted(names)}")
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def audio_flags(self) -> list[str]:
+        """The switched-on fields that change the audio beyond dtype / codec_dtype (cache keys)."""
+        return [flag for flag in AUDIO_FLAGS if getattr(self, flag)]
+
+
+#: Boolean preset fields that change the sound (rounding included): part of the phrase-cache key.
+AUDIO_FLAGS = ("int4", "codec_int4", "int8_linears", "cpu_codec")
 
 
 def cuda_available() -> bool:
@@ -81,10 +93,28 @@ def base_preset(name: str) -> Preset:
         # A whole line decodes in 25-frame (1 s) chunks: cancellation stops it within one chunk
         # and the model lock is free for the next line; codec_cpu.py measured 10 s of audio at
         # 1.16 s per second (one pass: 1.09) with 155 MiB decode peak instead of 886.
-        return Preset(
-            "cpu", "cpu", dtype=torch.float32, codec_dtype=torch.float32, steps=8, decode_chunk_frames=25
-        )
+        return Preset("cpu", "cpu", steps=8, decode_chunk_frames=25, **cpu_preset_fields())
     raise BackendError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")
+
+
+def cpu_preset_fields(features: CpuFeatures | None = None) -> dict[str, Any]:
+    """The CPU preset's precision and tricks for `features` (default: this CPU's, read once).
+
+    Each only where the instructions that make it pay are there (docs/backends.md has the
+    measurements and the error of each; benchmarks/cpu_preset.py measures them on a machine):
+    - bf16 DiT and codec with native bf16 dot products (AMX-BF16 or AVX512-BF16); without them
+      oneDNN emulates bf16 and it is slower than fp32;
+    - int8 linears with native int8 dot products (AMX-INT8, AVX512-VNNI or AVX-VNNI);
+    - the channels-last decoder (`cpu_codec`) with the bf16 codec, where it was measured faster.
+    """
+    f = features if features is not None else cpu_features()
+    bf16 = f.bf16_matmul
+    return {
+        "dtype": torch.bfloat16 if bf16 else torch.float32,
+        "codec_dtype": torch.bfloat16 if bf16 else torch.float32,
+        "int8_linears": f.int8_matmul,
+        "cpu_codec": bf16,
+    }
 
 
 def ensure_mps_fallback_env() -> bool:
@@ -164,6 +194,16 @@ def select_preset(backend: str = "auto", **overrides) -> Preset:
     preset = base_preset(backend).with_overrides(**overrides)
     for field in ("device", "codec_device"):
         _check_device(field, getattr(preset, field))
+    if preset.int8_linears and torch.device(preset.device).type != "cpu":
+        raise BackendError(
+            f"int8_linears runs on the CPU only, not on {preset.device!r}",
+            hint="on a GPU use int4=True for smaller weights, or leave int8_linears off",
+        )
+    if preset.cpu_codec and torch.device(preset.codec_device or preset.device).type != "cpu":
+        raise BackendError(
+            f"cpu_codec is the codec's CPU path; the codec runs on {preset.codec_device or preset.device!r}",
+            hint="set codec_device='cpu' with it, or leave cpu_codec off",
+        )
     if preset.name == "mps":
         if preset.dtype != torch.float32 or preset.codec_dtype != torch.float32:
             raise BackendError(

@@ -1,0 +1,145 @@
+"""What this CPU offers the CPU preset: the instruction sets behind its bf16 and int8 tricks.
+
+Read once per process (`cpu_features()`): on Linux from /proc/cpuinfo (the flags the CPU has and
+the kernel enabled; AMX needs both); elsewhere (Windows, macOS) from torch's own cpuinfo checks
+(`torch.cpu._is_*_supported`, imported only then). Importing this module does not import torch.
+
+The flags that matter (x86):
+- `amx_bf16`, `amx_int8` (Sapphire Rapids and later Xeons): oneDNN's tile matmuls, several times
+  the AVX-512 rate for bf16 and int8 GEMMs and convolutions;
+- `avx512_bf16` (Cooper Lake, Zen 4 / Zen 5): bf16 dot products, ~2.5x fp32 per core here;
+- `avx512_vnni`, `avx_vnni` (Cascade Lake and later Xeons, Ice / Tiger Lake, Alder Lake and later
+  desktops, Zen 4 / Zen 5): int8 dot products for int8 GEMMs.
+The preset's choices per flag: backends/presets.py (`cpu_preset_fields`); measurements:
+benchmarks/cpu_preset.py and docs/backends.md.
+
+`IRODORI_CPU_FLAGS` replaces the detection: `none` (the CPU preset of before: fp32, no tricks),
+or the flags to assume, e.g. `avx512_bf16,avx512_vnni` (the test suite sets `none`, so its
+results do not depend on the machine).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CPUINFO", "FLAGS_ENV", "CpuFeatures", "cpu_features", "detect", "parse_cpuinfo"]
+
+CPUINFO = Path("/proc/cpuinfo")
+FLAGS_ENV = "IRODORI_CPU_FLAGS"
+#: The flags the preset reads, in the spelling of Linux's /proc/cpuinfo.
+INTERESTING = (
+    "amx_bf16",
+    "amx_int8",
+    "amx_tile",
+    "avx512_bf16",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512f",
+    "avx2",
+)
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """Instruction-set flags of this CPU (lower case, /proc/cpuinfo spelling) and where they came from."""
+
+    flags: frozenset[str] = frozenset()
+    model: str = ""
+    source: str = "none"  # "/proc/cpuinfo", "torch" or "none" (nothing could be read)
+
+    def has(self, flag: str) -> bool:
+        return flag in self.flags
+
+    @property
+    def bf16_matmul(self) -> bool:
+        """Native bf16 dot products (AMX or AVX512_BF16): bf16 GEMMs and convs faster than fp32.
+
+        Without them oneDNN emulates bf16 through fp32 and a bf16 model runs slower than fp32."""
+        return self.has("amx_bf16") or self.has("avx512_bf16")
+
+    @property
+    def int8_matmul(self) -> bool:
+        """Native int8 dot products (AMX-INT8, AVX512-VNNI or AVX-VNNI) for int8 GEMMs."""
+        return self.has("amx_int8") or self.has("avx512_vnni") or self.has("avx_vnni")
+
+    @property
+    def amx(self) -> bool:
+        return self.has("amx_bf16") or self.has("amx_int8")
+
+    def summary(self) -> str:
+        """One line: the interesting flags present, the model and the source."""
+        shown = [f for f in INTERESTING if f in self.flags] or ["none of " + ", ".join(INTERESTING)]
+        model = f" ({self.model})" if self.model else ""
+        return f"{' '.join(shown)}{model} [from {self.source}]"
+
+
+def parse_cpuinfo(text: str) -> CpuFeatures:
+    """The flags of the first processor in /proc/cpuinfo text (x86 `flags`, Arm `Features`)."""
+    flags: frozenset[str] = frozenset()
+    model = ""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip().lower()
+        if key in ("flags", "features") and not flags:
+            flags = frozenset(value.lower().split())
+        elif key == "model name" and not model:
+            model = " ".join(value.split())
+        if flags and model:
+            break
+    return CpuFeatures(flags, model, "/proc/cpuinfo")
+
+
+def _from_torch() -> CpuFeatures:
+    """The flags torch's bundled cpuinfo reports (any OS; no AVX-VNNI check there), or none."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return CpuFeatures()
+    checks = {
+        "avx2": "_is_avx2_supported",
+        "avx512f": "_is_avx512_supported",
+        "avx512_bf16": "_is_avx512_bf16_supported",
+        "avx512_vnni": "_is_vnni_supported",
+        "amx_tile": "_is_amx_tile_supported",
+    }
+    found = set()
+    for flag, name in checks.items():
+        probe = getattr(torch.cpu, name, None)
+        try:
+            if probe is not None and probe():
+                found.add(flag)
+        except Exception:  # a private check that changed: treat as absent
+            continue
+    if "amx_tile" in found:  # every CPU with AMX tiles so far has both the bf16 and int8 units
+        found.update(("amx_bf16", "amx_int8"))
+    return CpuFeatures(frozenset(found), platform.processor(), "torch")
+
+
+def from_env(value: str) -> CpuFeatures:
+    """The flags `IRODORI_CPU_FLAGS` names (`none` or empty: no flags)."""
+    names = value.replace(",", " ").lower().split()
+    return CpuFeatures(frozenset(n for n in names if n != "none"), "", FLAGS_ENV)
+
+
+def detect(cpuinfo: Path = CPUINFO) -> CpuFeatures:
+    """Read the flags now: `IRODORI_CPU_FLAGS` if set, /proc/cpuinfo where there is one, else torch's."""
+    if FLAGS_ENV in os.environ:
+        return from_env(os.environ[FLAGS_ENV])
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return _from_torch()
+    found = parse_cpuinfo(text)
+    return found if found.flags else _from_torch()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_features() -> CpuFeatures:
+    """This machine's flags, detected once per process."""
+    return detect()

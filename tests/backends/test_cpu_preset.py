@@ -1,0 +1,180 @@
+"""The CPU preset's tricks per CPU: flags read from (fake) /proc/cpuinfo text, the picks, overrides."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from irodori_speaker.backends import cpu_features as cf
+from irodori_speaker.backends import presets
+from irodori_speaker.backends.cpu_features import CpuFeatures, parse_cpuinfo
+from irodori_speaker.backends.presets import AUDIO_FLAGS, cpu_preset_fields, select_preset
+from irodori_speaker.errors import BackendError
+
+
+def _cpuinfo(flags: str, model: str = "Test CPU") -> str:
+    """Two processors of /proc/cpuinfo as Linux prints them (the parser reads the first)."""
+    block = (
+        "processor\t: {n}\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n"
+        f"model name\t: {model}\nflags\t\t: {flags}\nbugs\t\t: spectre_v1\n\n"
+    )
+    return block.format(n=0) + block.format(n=1).replace(flags, "fpu")
+
+
+SAPPHIRE_RAPIDS = _cpuinfo(
+    "fpu sse2 avx avx2 avx512f avx512bw avx512_vnni avx512_bf16 avx_vnni amx_bf16 amx_tile amx_int8",
+    "Intel(R) Xeon(R) Platinum 8480+",
+)
+ZEN4 = _cpuinfo("fpu sse2 avx avx2 avx512f avx512bw avx512_vnni avx512_bf16", "AMD EPYC 9654")
+ALDER_LAKE = _cpuinfo("fpu sse2 avx avx2 avx_vnni", "12th Gen Intel(R) Core(TM) i7-12700K")
+CASCADE_LAKE = _cpuinfo("fpu sse2 avx avx2 avx512f avx512bw avx512_vnni", "Intel(R) Xeon(R) Gold 6248")
+HASWELL = _cpuinfo("fpu sse2 avx avx2 fma", "Intel(R) Core(TM) i7-4770")
+ARM = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd bf16 i8mm sve\nCPU implementer\t: 0x41\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "bf16", "int8", "amx"),
+    [
+        (SAPPHIRE_RAPIDS, True, True, True),
+        (ZEN4, True, True, False),
+        (ALDER_LAKE, False, True, False),
+        (CASCADE_LAKE, False, True, False),
+        (HASWELL, False, False, False),
+        (ARM, False, False, False),  # Arm's bf16 / i8mm are not the x86 flags the preset measured
+        ("", False, False, False),
+    ],
+)
+def test_flags_from_cpuinfo_text(text, bf16, int8, amx):
+    f = parse_cpuinfo(text)
+    assert (f.bf16_matmul, f.int8_matmul, f.amx) == (bf16, int8, amx)
+
+
+def test_the_first_processor_and_its_model_are_read():
+    f = parse_cpuinfo(SAPPHIRE_RAPIDS)
+    assert f.model == "Intel(R) Xeon(R) Platinum 8480+" and f.source == "/proc/cpuinfo"
+    assert {"amx_bf16", "amx_int8", "avx512_bf16"} <= f.flags
+    assert "amx_bf16" in f.summary() and "8480+" in f.summary()
+    assert "bf16" in parse_cpuinfo(ARM).flags  # Arm's `Features` line is read too
+
+
+@pytest.mark.parametrize(
+    ("text", "dtype", "int8", "cpu_codec"),
+    [
+        (SAPPHIRE_RAPIDS, torch.bfloat16, True, True),
+        (ZEN4, torch.bfloat16, True, True),
+        (ALDER_LAKE, torch.float32, True, False),
+        (CASCADE_LAKE, torch.float32, True, False),
+        (HASWELL, torch.float32, False, False),
+        (ARM, torch.float32, False, False),
+    ],
+)
+def test_the_preset_picks_each_trick_only_with_its_instructions(text, dtype, int8, cpu_codec):
+    picks = cpu_preset_fields(parse_cpuinfo(text))
+    assert picks == {"dtype": dtype, "codec_dtype": dtype, "int8_linears": int8, "cpu_codec": cpu_codec}
+
+
+def test_select_preset_reads_this_cpus_flags_and_every_field_overrides(monkeypatch):
+    monkeypatch.setattr(presets, "cpu_features", lambda: parse_cpuinfo(SAPPHIRE_RAPIDS))
+    cpu = select_preset("cpu")
+    assert (cpu.dtype, cpu.codec_dtype, cpu.int8_linears, cpu.cpu_codec) == (
+        torch.bfloat16,
+        torch.bfloat16,
+        True,
+        True,
+    )
+    assert (cpu.steps, cpu.decode_chunk_frames) == (8, 25)  # the rest as before
+    off = select_preset(
+        "cpu", dtype=torch.float32, codec_dtype=torch.float32, int8_linears=False, cpu_codec=False
+    )
+    assert (off.dtype, off.codec_dtype, off.int8_linears, off.cpu_codec) == (
+        torch.float32,
+        torch.float32,
+        False,
+        False,
+    )
+    monkeypatch.setattr(presets, "cpu_features", lambda: parse_cpuinfo(HASWELL))
+    plain = select_preset("cpu")
+    assert (plain.dtype, plain.int8_linears, plain.cpu_codec) == (torch.float32, False, False)
+    assert select_preset("cpu", int8_linears=True).int8_linears  # asked for: given, the flags aside
+
+
+def test_the_test_suite_sees_a_cpu_without_the_flags():
+    # conftest sets IRODORI_CPU_FLAGS=none: every test's CPU preset is the fp32 one, on any machine
+    assert cf.cpu_features().flags == frozenset()
+    cpu = select_preset("cpu")
+    assert (cpu.dtype, cpu.codec_dtype, cpu.int8_linears, cpu.cpu_codec) == (
+        torch.float32,
+        torch.float32,
+        False,
+        False,
+    )
+
+
+def test_env_names_the_flags_or_none(monkeypatch, tmp_path):
+    monkeypatch.setenv(cf.FLAGS_ENV, "avx512_bf16, AVX512_VNNI")
+    f = cf.detect(tmp_path / "missing")
+    assert f.flags == {"avx512_bf16", "avx512_vnni"} and f.source == cf.FLAGS_ENV
+    monkeypatch.setenv(cf.FLAGS_ENV, "none")
+    assert cf.detect().flags == frozenset()
+
+
+def test_detect_reads_the_file_else_asks_torch(monkeypatch, tmp_path):
+    monkeypatch.delenv(cf.FLAGS_ENV)
+    info = tmp_path / "cpuinfo"
+    info.write_text(ZEN4)
+    assert cf.detect(info).flags == parse_cpuinfo(ZEN4).flags
+    asked = []
+    monkeypatch.setattr(
+        cf, "_from_torch", lambda: asked.append(1) or CpuFeatures(frozenset({"avx2"}), "", "torch")
+    )
+    assert cf.detect(tmp_path / "missing").source == "torch"  # Windows, macOS: no /proc/cpuinfo
+    info.write_text("processor\t: 0\n")
+    assert cf.detect(info).source == "torch"  # a cpuinfo without flags (some containers)
+    assert len(asked) == 2
+
+
+def test_torch_fallback_maps_amx_tiles_to_both_units(monkeypatch):
+    import torch.cpu
+
+    for name, value in {
+        "_is_avx2_supported": True,
+        "_is_avx512_supported": True,
+        "_is_avx512_bf16_supported": True,
+        "_is_vnni_supported": True,
+        "_is_amx_tile_supported": True,
+    }.items():
+        monkeypatch.setattr(torch.cpu, name, lambda v=value: v, raising=False)
+    f = cf._from_torch()
+    assert f.amx and f.bf16_matmul and f.int8_matmul and f.source == "torch"
+
+
+def test_cpu_features_imports_without_torch():
+    code = (
+        "import sys\n"
+        "from irodori_speaker.backends.cpu_features import cpu_features, parse_cpuinfo\n"
+        "parse_cpuinfo('flags : avx2'); cpu_features()\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_int8_and_cpu_codec_are_refused_off_the_cpu(monkeypatch):
+    monkeypatch.setattr(presets, "cuda_available", lambda: True)
+    monkeypatch.setattr(presets, "_check_device", lambda field, device: None)
+    with pytest.raises(BackendError, match="CPU only") as e:
+        select_preset("cuda", int8_linears=True)
+    assert "int4" in e.value.hint
+    with pytest.raises(BackendError, match="codec's CPU path"):
+        select_preset("cuda", cpu_codec=True)
+    assert select_preset("cuda", cpu_codec=True, codec_device="cpu").cpu_codec  # the codec on the CPU
+
+
+def test_audio_flags_name_every_switch_that_changes_the_sound():
+    cpu = select_preset("cpu")
+    assert cpu.audio_flags() == []
+    on = cpu.with_overrides(int8_linears=True, cpu_codec=True, codec_int4=True)
+    assert on.audio_flags() == ["codec_int4", "int8_linears", "cpu_codec"]
+    assert set(AUDIO_FLAGS) == {"int4", "codec_int4", "int8_linears", "cpu_codec"}

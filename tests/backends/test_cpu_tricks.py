@@ -1,0 +1,88 @@
+"""The CPU preset's tricks end to end on the tiny random model: bf16, int8 linears, the CPU decoder.
+
+Each run loads the tiny-random synthesizer with the preset fields, applies the after-load steps
+(`backends.cpu_tricks`, which the loader runs too once it is wired in: applying twice is harmless),
+renders one line with a fixed seed, and compares the latent and the audio with the fp32 run.
+Nothing is timed (benchmarks/cpu_preset.py measures speed).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from irodori_speaker.backends.cpu_tricks import apply_cpu_tricks
+from irodori_speaker.engine.codec.cpu import CpuDecoder
+from irodori_speaker.quant.int8 import Int8Linear
+from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
+
+F32, BF16 = torch.float32, torch.bfloat16
+TEXT = "今日はいい天気ですね。"
+OPTS = SynthesisOptions(seed=3, seconds=1.0)
+
+
+def _render(**fields):
+    synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, **fields)
+    done = apply_cpu_tricks(synth.model, synth.codec, synth.preset)
+    assert apply_cpu_tricks(synth.model, synth.codec, synth.preset).get("int8_linears", 0) == 0  # idempotent
+    seen = {}
+    inner = synth.sample_latent
+
+    def capture(*a, **k):
+        out = inner(*a, **k)
+        seen["latent"] = out.float().clone()
+        return out
+
+    synth.sample_latent = capture
+    audio = torch.from_numpy(synth.synthesize(TEXT, None, OPTS).audio.copy())
+    return synth, done, seen["latent"], audio
+
+
+@pytest.fixture(scope="module")
+def reference(irodori_home):
+    _, done, latent, audio = _render(dtype=F32, codec_dtype=F32)
+    assert done == {}
+    return latent, audio
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    n = min(len(a), len(b)) if a.dim() == 1 else None
+    a, b = (a[:n], b[:n]) if n else (a, b)
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+# Measured on the tiny model (relative L2 against fp32): latent bf16 2.8e-3, int8 4.4e-4, bf16 + int8
+# 2.8e-3; audio with the bf16 codec 1.2e-2 (38.5 dB SNR), with everything 1.25e-2; the fp32 CPU
+# decoder 5.5e-7. The bounds leave 2.5-4x headroom.
+@pytest.mark.parametrize(
+    ("fields", "latent_tol", "audio_tol"),
+    [
+        ({"dtype": BF16, "codec_dtype": F32}, 1e-2, 1.5e-2),
+        ({"dtype": F32, "codec_dtype": F32, "int8_linears": True}, 2e-3, 3e-3),
+        ({"dtype": BF16, "codec_dtype": F32, "int8_linears": True}, 1e-2, 1.5e-2),
+        ({"dtype": F32, "codec_dtype": F32, "cpu_codec": True}, 0.0, 1e-5),
+        ({"dtype": F32, "codec_dtype": BF16, "cpu_codec": True}, 0.0, 4e-2),
+        ({"dtype": BF16, "codec_dtype": BF16, "int8_linears": True, "cpu_codec": True}, 1e-2, 4e-2),
+    ],
+    ids=["bf16", "int8", "bf16+int8", "cpu-codec", "cpu-codec-bf16", "all"],
+)
+def test_each_trick_renders_close_to_fp32(reference, fields, latent_tol, audio_tol):
+    ref_latent, ref_audio = reference
+    synth, done, latent, audio = _render(**fields)
+    if fields.get("int8_linears"):
+        assert done["int8_linears"] == 2 * 8  # the tiny model's 2 blocks x 8 per-step linears
+        assert isinstance(synth.model.blocks[0].mlp.w1, Int8Linear)
+    if fields.get("cpu_codec"):
+        assert done["cpu_codec"] is True and type(synth.codec.decoder) is CpuDecoder
+    assert synth.model.in_proj.weight.dtype == fields["dtype"]
+    assert synth.codec.dtype == fields["codec_dtype"]
+    assert len(audio) == len(ref_audio) and bool(audio.abs().max() > 0)
+    assert _rel(latent, ref_latent) <= latent_tol
+    assert _rel(audio, ref_audio) < audio_tol
+
+
+def test_the_cache_key_tells_the_tricks_apart(reference):
+    from irodori_speaker.backends.presets import select_preset
+
+    plain, tricks = select_preset("cpu"), select_preset("cpu", int8_linears=True, cpu_codec=True)
+    assert plain.audio_flags() == [] and tricks.audio_flags() == ["int8_linears", "cpu_codec"]
