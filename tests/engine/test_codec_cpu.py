@@ -35,15 +35,25 @@ def eager():
     return _codec()
 
 
-def test_fp32_cpu_decoder_decodes_as_the_eager_decoder(eager):
-    fast = copy.deepcopy(eager)
+def test_bf16_cpu_decoder_decodes_as_the_eager_bf16_decoder():
+    bf16 = _codec(torch.bfloat16)
+    fast = copy.deepcopy(bf16)
     assert use_cpu_decoder(fast) and type(fast.decoder) is CpuDecoder
     lat = _latent(20)
-    want = eager.decode(lat)
-    torch.testing.assert_close(fast.decode(lat), want, atol=2e-5, rtol=1e-4)  # oneDNN's summation order
-    torch.testing.assert_close(fast.decode_chunked(lat, 5), want, atol=2e-5, rtol=1e-4)
+    want = bf16.decode(lat)
+    # the same sums in another order: measured 1.6e-3 relative L2 between the two bf16 decoders
+    assert _rel(fast.decode(lat), want) < 1e-2
+    whole = fast.decode(lat)
+    torch.testing.assert_close(fast.decode_chunked(lat, 5), whole, atol=1e-6, rtol=0)
     streamed = torch.cat(list(fast.decode_stream(lat, 7, first_chunk_frames=3)), dim=-1)
-    torch.testing.assert_close(streamed, want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(streamed, whole, atol=1e-6, rtol=0)
+
+
+def test_fp32_input_takes_the_inherited_forward(eager):
+    fast = copy.deepcopy(eager)
+    assert use_cpu_decoder(fast)
+    lat = _latent(6)
+    torch.testing.assert_close(fast.decode(lat), eager.decode(lat), atol=0, rtol=0)
 
 
 def test_bf16_cpu_decoder_is_within_bf16_rounding(eager):

@@ -7,12 +7,15 @@ keeps the activations as (B, C, 1, T) tensors in channels-last memory from the f
 output head: each conv is a Conv2d of kernel (1, K) on views of the same weights (no copy, no
 re-layout: the eager decoder still runs on them), Snake runs in the same layout
 (`Snake._eager` takes 4-d input). The sums are the decoder's; only the order of the additions in
-oneDNN's kernels differs (fp32: ~1e-6 relative; bf16: within bf16 rounding).
+oneDNN's kernels differs (within bf16 rounding: the same 38.5 dB SNR against fp32 as the bf16
+(B, C, T) decoder on the full codec).
 
-Measured (benchmarks/cpu_preset.py): on a 2-core Zen 4 in bf16 the full decoder is ~1.3x faster
-than the (B, C, T) decoder; in fp32 about level. `use_cpu_decoder(codec)` switches a loaded codec
-over by class (`CpuDecoder` is a `Decoder`: same modules, state_dict and `.to()`); on another
-device, or for the int4 codec (its convs are not plain Conv1d), the inherited forward runs.
+Measured (benchmarks/cpu_preset.py, full-size codec, news5 sentence 1 streamed, one Zen 4 core):
+bf16 2.73 s against 3.48 s for the bf16 (B, C, T) decoder and 5.65 s for fp32; in fp32 this layout
+was slower (6.72 s), so fp32 input takes the inherited forward. `use_cpu_decoder(codec)` switches
+a loaded codec over by class (`CpuDecoder` is a `Decoder`: same modules, state_dict and `.to()`);
+on another device, with grad, or for the int4 codec (its convs are not plain Conv1d) the
+inherited forward runs.
 """
 
 from __future__ import annotations
@@ -59,10 +62,13 @@ def cpu_decoder_supported(decoder: nn.Module) -> bool:
 
 
 class CpuDecoder(Decoder):
-    """`Decoder` whose forward keeps channels-last (B, C, 1, T) activations on the CPU."""
+    """`Decoder` whose forward keeps channels-last (B, C, 1, T) bf16 activations on the CPU.
+
+    bf16 only: in fp32 the channels-last decoder measured 0.84x the (B, C, T) one (oneDNN's fp32
+    kernels gain nothing from the layout), so fp32 input takes the inherited forward."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.device.type != "cpu" or torch.is_grad_enabled():
+        if x.device.type != "cpu" or x.dtype != torch.bfloat16 or torch.is_grad_enabled():
             return super().forward(x)
         h = _conv(self.model[0], x.unsqueeze(2).contiguous(memory_format=torch.channels_last))
         for block in self.model[1:]:
