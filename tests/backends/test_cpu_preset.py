@@ -72,8 +72,50 @@ def test_the_first_processor_and_its_model_are_read():
     ],
 )
 def test_the_preset_picks_each_trick_only_with_its_instructions(text, dtype, int8, cpu_codec):
-    picks = cpu_preset_fields(parse_cpuinfo(text))
-    assert picks == {"dtype": dtype, "codec_dtype": dtype, "int8_linears": int8, "cpu_codec": cpu_codec}
+    picks = cpu_preset_fields(parse_cpuinfo(text), usable=16, torch_threads=16)
+    assert picks == {
+        "dtype": dtype,
+        "codec_dtype": dtype,
+        "int8_linears": int8,
+        "cpu_codec": cpu_codec,
+        "threads": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("usable", "torch_threads", "threads"), [(16, 96, 16), (16, 16, None), (32, 16, None)]
+)
+def test_threads_never_exceed_the_cpus_this_process_may_use(usable, torch_threads, threads):
+    # torch starts a thread per physical core of the machine; a container or job slot may have fewer
+    picks = cpu_preset_fields(parse_cpuinfo(ZEN4), usable=usable, torch_threads=torch_threads)
+    assert picks["threads"] == threads
+
+
+def _cgroup(tmp_path, files: dict[str, str], own: str = "") -> tuple:
+    root = tmp_path / "cgroup"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    proc = tmp_path / "proc_cgroup"
+    proc.write_text(f"0::/{own}\n")
+    return root, proc
+
+
+def test_cgroup_quota_v2_v1_and_unlimited(tmp_path):
+    root, proc = _cgroup(
+        tmp_path / "a", {"job/cpu.max": "1600000 100000\n", "cpu.max": "max 100000\n"}, "job"
+    )
+    assert cf.cgroup_cpu_limit(root, proc) == 16.0
+    assert cf.usable_cpus(root, proc) <= 16
+    root, proc = _cgroup(tmp_path / "b", {"cpu.max": "150000 100000\n"})
+    assert cf.cgroup_cpu_limit(root, proc) == 1.5 and cf.usable_cpus(root, proc) == 1
+    root, proc = _cgroup(
+        tmp_path / "c", {"cpu/cpu.cfs_quota_us": "800000", "cpu/cpu.cfs_period_us": "100000"}
+    )
+    assert cf.cgroup_cpu_limit(root, proc) == 8.0
+    root, proc = _cgroup(tmp_path / "d", {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"})
+    assert cf.cgroup_cpu_limit(root, proc) is None
+    assert cf.cgroup_cpu_limit(tmp_path / "none", tmp_path / "none") is None
 
 
 def test_select_preset_reads_this_cpus_flags_and_every_field_overrides(monkeypatch):

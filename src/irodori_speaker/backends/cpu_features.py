@@ -21,14 +21,25 @@ results do not depend on the machine).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CPUINFO", "FLAGS_ENV", "CpuFeatures", "cpu_features", "detect", "parse_cpuinfo"]
+__all__ = [
+    "CPUINFO",
+    "FLAGS_ENV",
+    "CpuFeatures",
+    "cgroup_cpu_limit",
+    "cpu_features",
+    "detect",
+    "parse_cpuinfo",
+    "usable_cpus",
+]
 
 CPUINFO = Path("/proc/cpuinfo")
+CGROUP = Path("/sys/fs/cgroup")
 FLAGS_ENV = "IRODORI_CPU_FLAGS"
 #: The flags the preset reads, in the spelling of Linux's /proc/cpuinfo.
 INTERESTING = (
@@ -143,3 +154,52 @@ def detect(cpuinfo: Path = CPUINFO) -> CpuFeatures:
 def cpu_features() -> CpuFeatures:
     """This machine's flags, detected once per process."""
     return detect()
+
+
+def _own_cgroup(proc_cgroup: Path) -> str:
+    """This process's cgroup v2 path ("0::/a/b" in /proc/self/cgroup), "" when unknown."""
+    try:
+        for line in proc_cgroup.read_text().splitlines():
+            if line.startswith("0::"):
+                return line[3:].strip().strip("/")
+    except OSError:
+        pass
+    return ""
+
+
+def cgroup_cpu_limit(root: Path = CGROUP, proc_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+    """How many CPUs this process's cgroup may use (quota / period; the tightest of its cgroup and
+    the ones above it), or None when unlimited or unreadable. Containers and job slots set it while
+    the machine's cores stay visible: torch then starts a thread per core of the whole machine."""
+    limits = []
+    own = _own_cgroup(proc_cgroup)
+    parts = own.split("/") if own else []
+    for depth in range(len(parts), -1, -1):  # cgroup v2: cpu.max = "<quota> <period>" or "max <period>"
+        try:
+            quota, period = (root.joinpath(*parts[:depth]) / "cpu.max").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        if quota != "max" and int(period) > 0:
+            limits.append(int(quota) / int(period))
+    for v1 in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):  # cgroup v1: quota -1 is unlimited
+        try:
+            quota_us = int((root / v1 / "cpu.cfs_quota_us").read_text())
+            period_us = int((root / v1 / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        if quota_us > 0 and period_us > 0:
+            limits.append(quota_us / period_us)
+        break
+    return min(limits) if limits else None
+
+
+def usable_cpus(root: Path = CGROUP, proc_cgroup: Path = Path("/proc/self/cgroup")) -> int:
+    """The CPUs this process may run on: its affinity mask, capped by its cgroup's CPU quota."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        n = os.cpu_count() or 1
+    limit = cgroup_cpu_limit(root, proc_cgroup)
+    if limit is not None:
+        n = min(n, max(1, math.floor(limit)))
+    return n

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import BackendError
-from .cpu_features import CpuFeatures, cpu_features
+from .cpu_features import CpuFeatures, cpu_features, usable_cpus
 
 MPS_FALLBACK_ENV = "PYTORCH_ENABLE_MPS_FALLBACK"
 
@@ -97,23 +97,30 @@ def base_preset(name: str) -> Preset:
     raise BackendError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")
 
 
-def cpu_preset_fields(features: CpuFeatures | None = None) -> dict[str, Any]:
-    """The CPU preset's precision and tricks for `features` (default: this CPU's, read once).
+def cpu_preset_fields(
+    features: CpuFeatures | None = None, *, usable: int | None = None, torch_threads: int | None = None
+) -> dict[str, Any]:
+    """The CPU preset's precision, tricks and threads for `features` (default: this CPU's, read once).
 
-    Each only where the instructions that make it pay are there (docs/backends.md has the
+    Each trick only where the instructions that make it pay are there (docs/backends.md has the
     measurements and the error of each; benchmarks/cpu_preset.py measures them on a machine):
     - bf16 DiT and codec with native bf16 dot products (AMX-BF16 or AVX512-BF16); without them
       oneDNN emulates bf16 and it is slower than fp32;
     - int8 linears with native int8 dot products (AMX-INT8, AVX512-VNNI or AVX-VNNI);
-    - the channels-last decoder (`cpu_codec`) with the bf16 codec, where it was measured faster.
+    - the channels-last decoder (`cpu_codec`) with the bf16 codec, where it was measured faster;
+    - threads: no more than the CPUs this process may use (`usable`: affinity and cgroup quota;
+      torch counts the machine's cores), else torch's default (None).
     """
     f = features if features is not None else cpu_features()
+    usable = usable if usable is not None else usable_cpus()
+    torch_threads = torch_threads if torch_threads is not None else torch.get_num_threads()
     bf16 = f.bf16_matmul
     return {
         "dtype": torch.bfloat16 if bf16 else torch.float32,
         "codec_dtype": torch.bfloat16 if bf16 else torch.float32,
         "int8_linears": f.int8_matmul,
         "cpu_codec": bf16,
+        "threads": usable if usable < torch_threads else None,
     }
 
 
