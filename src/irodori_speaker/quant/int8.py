@@ -48,7 +48,7 @@ def _quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """(M, K) float -> (int8 (M, K), fp32 scale (M, 1)): per row, absmax / 127, computed in fp32."""
     xf = x.float()
     scale = xf.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(_QMAX)
-    return torch.round(xf / scale).clamp_(-_QMAX, _QMAX).to(torch.int8), scale
+    return xf.div(scale).round_().clamp_(-_QMAX, _QMAX).to(torch.int8), scale
 
 
 class Int8Linear(nn.Module):
@@ -106,7 +106,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
         q, row_scale = _quantize_rows(x.reshape(-1, self.in_features))
-        y = self._int_products(q).float().mul_(row_scale).mul_(self.scale)
+        y = torch.mul(self._int_products(q), row_scale).mul_(self.scale)  # int32 x fp32: fp32
         if self.bias is not None:
             y += self.bias.float()
         return y.to(x.dtype).view(*lead, self.out_features)
