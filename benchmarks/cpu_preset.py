@@ -9,7 +9,8 @@ chunks: news5's mode (f)). Each row swaps one thing:
 - DiT: fp32 / bf16 weights and activations / int8 linears (`quant.int8`, W8A8 per row) on fp32 or
   bf16 activations / torch.ao's deprecated `quantize_dynamic` (for comparison only);
 - codec: fp32 / bf16 with Snake through fp32 (as before) / bf16 with Snake in bf16 / bf16 on the
-  channels-last CPU decoder (`engine.codec.cpu`);
+  channels-last CPU decoder (`engine.codec.cpu`) / bf16 on the GPU path's channels-last decoder
+  (`codec_channels_last`, engine/codec/fast.py, its torch epilogue on the CPU);
 - combined: what the CPU preset picks on this CPU, at several `torch.set_num_threads` settings;
 - torch.compile (inductor, C++ codegen; needs a compiler) of the preset's decoder, if it works.
 
@@ -353,6 +354,9 @@ def main() -> None:
             c = copy.deepcopy(codecs[dtype_key])
             if "cpu" in key.split("+"):
                 apply_cpu_codec(c)
+            # the GPU path's channels-last decoder (engine/codec/fast.py)
+            if "fast" in key.split("+") and not c.use_channels_last(True):
+                raise RuntimeError("use_channels_last refused this codec")
             codecs[key] = c
         return codecs[key]
 
@@ -368,6 +372,13 @@ def main() -> None:
         Row("c-bf16-rt", "codec bf16, Snake through fp32 (as before)", "fp32", "bf16", t_main, True),
         Row("c-bf16", "codec bf16 (Snake in bf16)", "fp32", "bf16", t_main),
         Row("c-bf16-cpu", "codec bf16 + channels-last CPU decoder", "fp32", "bf16+cpu", t_main),
+        Row(
+            "c-bf16-fast",
+            "codec bf16, codec_channels_last (engine/codec/fast.py)",
+            "fp32",
+            "bf16+fast",
+            t_main,
+        ),
         Row("all-bf16", "DiT bf16 + codec bf16 channels-last", "bf16", "bf16+cpu", t_main),
         Row("all-int8", "DiT bf16 int8 linears + codec bf16 channels-last", "bf16+int8", "bf16+cpu", t_main),
     ]
