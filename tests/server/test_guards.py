@@ -145,6 +145,20 @@ def test_metrics_in_prometheus_text_format(server):
     assert server.metric("irodori_requests_total") >= 1
 
 
+def test_a_repeated_seeded_line_is_served_from_the_phrase_cache(server):
+    """The server's cache path end to end (in process: test_service_cache.py): the second
+    request of a line is a hit (counted), with the same audio, and no sampler step."""
+    body = {"model": "tts-1", "voice": "alloy", "input": "キャッシュの確認です", "response_format": "pcm"}
+    hits = server.metric("irodori_cache_hits_total")
+    first = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=120)
+    steps = server.metric("irodori_sampler_steps_total")
+    again = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=120)
+    assert first.status_code == again.status_code == 200
+    assert again.content == first.content and len(first.content) > 0
+    assert server.metric("irodori_cache_hits_total") == hits + 1
+    assert server.metric("irodori_sampler_steps_total") == steps
+
+
 def test_api_key_and_beyond_localhost(tmp_path):
     import subprocess
     import sys

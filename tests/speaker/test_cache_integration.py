@@ -112,7 +112,9 @@ def test_one_store_policy_for_the_speaker_and_the_wrapped_synthesizer(tmp_path, 
         call(pc, fake, "三行目", store="marked", cache=True)  # marked: stored
         call(pc, fake, "四行目", store="all", cache=False)  # cache=False: never
         call(pc, fake, "五行目", store="all")
-        assert sorted(e.text for e in pc.entries()) == ["三行目", "五行目"]
+        call(pc, fake, "六行目", store="seeded")  # a seed of its own: stored
+        call(pc, fake, "七行目", store="seeded", options=SynthesisOptions())  # random: not
+        assert sorted(e.text for e in pc.entries()) == ["三行目", "五行目", "六行目"]
     with pytest.raises(InputError, match="must be one of"):
         call(pc, fake, "x", store="sometimes")
 
@@ -146,7 +148,10 @@ def test_a_store_that_fails_costs_the_speaker_nothing_and_is_an_error_for_render
 
 
 def test_store_policy_words_are_one_vocabulary():
-    assert [p.value for p in StorePolicy] == ["prebuilt", "marked", "all"]
+    assert [p.value for p in StorePolicy] == ["prebuilt", "marked", "seeded", "all"]
     assert StorePolicy.parse("marked").stores(True) and not StorePolicy.parse("marked").stores(None)
     assert StorePolicy.ALL.stores(None) and not StorePolicy.ALL.stores(False)
     assert not StorePolicy.PREBUILT.stores(True)
+    # "seeded" (the server's): a line with a seed of its own, whatever its mark
+    assert StorePolicy.SEEDED.stores(None, SynthesisOptions(seed=2))
+    assert not StorePolicy.SEEDED.stores(True, SynthesisOptions())

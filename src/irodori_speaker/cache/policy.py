@@ -10,6 +10,8 @@ stream on the model thread), `CachedSynthesizer`, `PhraseCache.render` (`say --c
 
 - ``"prebuilt"``: nothing (only prebuild, or your own `PhraseCache.store` / `render`, fills it);
 - ``"marked"``: lines marked ``cache=True`` (`Speaker.enqueue(..., cache=True)`);
+- ``"seeded"``: every line that rendered whole with a seed of its own (the server: a
+  request with no seed is random, so it is rendered as asked and not stored);
 - ``"all"``: every line that rendered whole.
 
 A line that will be stored is rendered with the cache seed (`cache_options`: `DEFAULT_SEED`
@@ -42,13 +44,14 @@ log = logging.getLogger("irodori_speaker.cache")
 __all__ = ["STORE_POLICIES", "CachedRender", "CachedSynthesizer", "Rendered", "Slot", "StorePolicy"]
 
 #: What is stored after a miss: nothing (only prebuild fills the cache), lines marked
-#: `cache=True`, or every line.
-STORE_POLICIES = ("prebuilt", "marked", "all")
+#: `cache=True`, lines with a seed of their own, or every line.
+STORE_POLICIES = ("prebuilt", "marked", "seeded", "all")
 
 
 class StorePolicy(str, enum.Enum):
     PREBUILT = "prebuilt"
     MARKED = "marked"
+    SEEDED = "seeded"
     ALL = "all"
 
     @classmethod
@@ -59,11 +62,13 @@ class StorePolicy(str, enum.Enum):
             return cls(value)
         raise InputError(f"{name} must be one of {STORE_POLICIES}, got {value!r}")
 
-    def stores(self, marked: bool | None = None) -> bool:
+    def stores(self, marked: bool | None = None, options: Any = None) -> bool:
         """Is a line stored after it rendered? `marked`: the line's `cache=` (True: marked,
-        None: as the policy says, False: never)."""
+        None: as the policy says, False: never); `options`: its options (for "seeded")."""
         if marked is False:
             return False
+        if self is StorePolicy.SEEDED:
+            return SynthesisOptions.coerce(options).seed is not None
         return self is StorePolicy.ALL or (self is StorePolicy.MARKED and marked is True)
 
 
@@ -111,17 +116,20 @@ class CachedRender:
         return Slot(identity_key(identity), identity, opts)
 
     def lookup(self, text: str, voice: Any = None, options: Any = None) -> CachedLine | None:
-        """The stored line, or None. No model work."""
+        """The stored line, or None. No model work. A line the synthesizer refuses (an
+        `InputError`) is the caller's error, raised even when not strict."""
         try:
             return self.cache.get(self.slot(text, voice, options).key)
+        except InputError:
+            raise
         except Exception as e:  # a synthesizer without render_identity, an unreadable index
             if self.strict:
                 raise
             log.warning("phrase cache lookup failed (%s); rendering", e)
             return None
 
-    def stores(self, marked: bool | None = None) -> bool:
-        return self.policy.stores(marked)
+    def stores(self, marked: bool | None = None, options: Any = None) -> bool:
+        return self.policy.stores(marked, options)
 
     def store(self, slot: Slot, audio: np.ndarray, record: SynthesisRecord | None) -> CachedLine | None:
         """Store a line rendered with `slot.options`; None when it was not (non-strict)."""
@@ -157,7 +165,7 @@ class CachedRender:
         hit = self.lookup(text, voice, options) if lookup else None
         if hit is not None:
             return Rendered(hit.result(), True, hit)
-        if not self.stores(marked):
+        if not self.stores(marked, options):
             return Rendered(self.synth.synthesize(text, voice, options, cancel=cancel, **kwargs), False, None)
         slot = slot or self.slot(text, voice, options)
         result = self.synth.synthesize(text, voice, slot.options, cancel=cancel, **kwargs)
@@ -182,7 +190,7 @@ class CachedRender:
         hit = self.lookup(text, voice, options) if lookup else None
         if hit is not None:
             return AudioStream(iter([hit.audio]), hit.record)
-        if not self.stores(marked):
+        if not self.stores(marked, options):
             return self.synth.stream(text, voice, options, cancel=cancel, **kwargs)
         slot = self.slot(text, voice, options)
         inner = self.synth.stream(text, voice, slot.options, cancel=cancel, **kwargs)

@@ -3,7 +3,10 @@
 Every route hands its line to `SpeechService.stream`; a phrase-cache hit is answered at
 once, a miss waits in a queue with one lane per client (round robin across lanes, so one
 client's burst does not starve another), and a single worker thread renders lines one at
-a time (model work also holds the process-wide model lock). Chunks reach the event loop
+a time (model work also holds the process-wide model lock). The cache is the one
+integration, `CachedRender` (cache/policy.py), with store policy "seeded": a line with a
+seed (the server's default, `serve --seed 0`) is stored once rendered whole; a random one is
+rendered as asked and never stored. Chunks reach the event loop
 as the decoder produces them. A request that goes away cancels its line: its CancelToken
 stops the sampler between steps (or takes the line out of the queue). Shutdown lets the
 running line finish for a grace period, then cancels what is left.
@@ -12,20 +15,22 @@ running line finish for a grace period, then cancels what is left.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..cancel import CancelToken
-from ..errors import Cancelled, InputError, IrodoriError
+from ..errors import Cancelled, IrodoriError
 from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from ..cache import CachedRender
 
 _DONE = object()
 CLIENT_GONE = "the client went away"
@@ -127,6 +132,11 @@ class SpeechService:
     ) -> None:
         self.synth = synth
         self.cache = cache
+        self.cached: CachedRender | None = None  # lookup -> render -> store, with the cache
+        if cache is not None:
+            from ..cache import CachedRender
+
+            self.cached = CachedRender(cache, synth, store="seeded", source="server")
         self.max_queue = max_queue
         self.metrics = metrics or Metrics()
         self._queue = FairQueue()
@@ -192,12 +202,15 @@ class SpeechService:
         def progress(done: int, total: int, *_: Any) -> None:
             steps.inc()
 
-        stream = self.synth.stream(line.text, line.voice, line.options, line.cancel, progress=progress)
-        parts: list[np.ndarray] = []
+        if self.cached is not None:  # looked up already (`stream`); stored once its last chunk is out
+            stream = self.cached.stream(
+                line.text, line.voice, line.options, lookup=False, cancel=line.cancel, progress=progress
+            )
+        else:
+            stream = self.synth.stream(line.text, line.voice, line.options, line.cancel, progress=progress)
         try:
             for chunk in stream:
                 line.cancel.raise_if_cancelled()
-                parts.append(chunk)
                 line.send(chunk)
         finally:
             stream.close()
@@ -205,17 +218,6 @@ class SpeechService:
         audio_s = stream.record.samples / 48_000
         if audio_s > 0:
             self.metrics.rtf.observe((time.perf_counter() - line.started) / audio_s)
-        if self.cache is not None and parts:
-            with contextlib.suppress(IrodoriError, OSError):
-                self.cache.store(
-                    self.synth,
-                    line.text,
-                    line.voice,
-                    line.options,
-                    np.concatenate(parts),
-                    stream.record,
-                    source="server",
-                )
 
     # ---- the request side -------------------------------------------------------------------
     async def stream(
@@ -233,8 +235,8 @@ class SpeechService:
         if not self._accepting:
             raise ShuttingDown("the server is shutting down", hint="retry in a moment")
         self.synth.spoken_text(text, options)  # input errors now, before queueing
-        if self.cache is not None:
-            hit = await asyncio.to_thread(self._lookup, text, voice, options)
+        if self.cached is not None:  # a failed lookup is a miss; a refused line an InputError
+            hit = await asyncio.to_thread(self.cached.lookup, text, voice, options)
             if hit is not None:
                 self.metrics.cache_hits.inc()
                 yield hit.audio
@@ -275,14 +277,6 @@ class SpeechService:
                 line.cancel.cancel(CLIENT_GONE)
                 line.send(Cancelled(CLIENT_GONE))
                 return
-
-    def _lookup(self, text: str, voice: Any, options: Any) -> Any:
-        try:
-            return self.cache.lookup(self.synth, text, voice, options)
-        except InputError:
-            raise
-        except IrodoriError:
-            return None
 
     async def render(self, text: str, voice: Any, options: Any, **kwargs: Any) -> np.ndarray:
         """The whole line (48 kHz float32)."""
