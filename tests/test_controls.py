@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -168,6 +169,61 @@ def test_stream_equals_whole_with_controls(synth):
     whole = synth.synthesize(TEXT, options=opts).audio
     streamed = np.concatenate(list(synth.stream(TEXT, options=opts)))
     np.testing.assert_array_equal(streamed, whole)
+
+
+def streamed_pieces(synth, text: str, opts: dict) -> tuple[list[np.ndarray], Any]:
+    stream = synth.stream(text, options=opts)
+    return [c for c in stream if len(c)], stream.record
+
+
+def test_volume_alone_streams_chunk_by_chunk_and_equals_the_whole_piece(synth):
+    """Volume is a gain: it needs no whole piece, so the line streams as it decodes (issue 16);
+    loudness (a LUFS of the piece) still waits for the piece. The whole-piece result is
+    `process_piece` on the same decoded samples (`synthesize` decodes in other chunk sizes:
+    ~4e-7 apart, the decoder's own rounding)."""
+    opts = {"seed": 2, "volume": -6.0}
+    chunks, record = streamed_pieces(synth, TEXT, opts)
+    assert record.pieces == 1 and len(chunks) > 1
+    plain = np.concatenate(streamed_pieces(synth, TEXT, {"seed": 2})[0])
+    notes: list[str] = []
+    whole_piece = controls.process_piece(plain, SR, SynthesisOptions(**opts), notes)
+    assert notes == [] and "peak-limited" not in " ".join(record.warnings)  # no limit at -6 dB
+    # the same float64 product per sample: exact
+    np.testing.assert_array_equal(np.concatenate(chunks), whole_piece)
+    whole = synth.synthesize(TEXT, options=opts).audio
+    np.testing.assert_allclose(np.concatenate(chunks), whole, atol=1e-6)
+    assert rms_db(whole) - rms_db(plain) == pytest.approx(-6.0, abs=0.01)
+    loud, _ = streamed_pieces(synth, TEXT, {"seed": 2, "loudness": -20.0})
+    assert len(loud) == 1  # the piece decoded whole, then processed
+
+
+def test_a_loud_streamed_line_is_limited_and_said_like_the_whole_piece(synth):
+    """Streamed, the limiter cannot know the piece's peak before it comes: its gain falls to what
+    each new peak needs and never rises in the piece. So no sample passes the ceiling; from the
+    peak on the audio equals the whole-piece result (both scale the same float32 samples by
+    ceiling / peak in float64, one multiplying, one dividing: rtol 1e-6 is a few float32 ulps);
+    before it the streamed audio is louder by at most the limited amount (peak / ceiling), never
+    quieter; and the note is the whole piece's, once."""
+    opts = {"seed": 2, "volume": 24.0}
+    chunks, record = streamed_pieces(synth, TEXT, opts)
+    streamed = np.concatenate(chunks)
+    plain = np.concatenate(streamed_pieces(synth, TEXT, {"seed": 2})[0])
+    whole_notes: list[str] = []
+    whole = controls.process_piece(plain, SR, SynthesisOptions(**opts), whole_notes)
+    assert len(chunks) > 1 and len(streamed) == len(whole)
+    notes = [w for w in record.warnings if "peak-limited" in w]
+    assert len(notes) == 1 and notes == whole_notes
+    assert notes == [w for w in synth.synthesize(TEXT, options=opts).record.warnings if "peak-limited" in w]
+    assert float(np.max(np.abs(streamed))) <= np.float32(controls.PEAK_CEILING)
+    gained = plain.astype(np.float64) * controls.gain_of(24.0)
+    top = int(np.argmax(np.abs(gained)))
+    over = float(np.abs(gained[top])) / controls.PEAK_CEILING
+    assert over > 2  # the limiter engaged by more than 6 dB
+    np.testing.assert_allclose(streamed[top:], whole[top:], rtol=1e-6, atol=1e-9)
+    big = np.abs(whole[:top]) > 1e-4  # the ratio of two tiny samples says nothing
+    ratio = np.abs(streamed[:top][big]) / np.abs(whole[:top][big])
+    assert ratio.min() >= 1 - 1e-6 and ratio.max() <= over * (1 + 1e-6)
+    assert ratio.max() > 1.01  # it did stream: the start was not held back for the peak
 
 
 # ---- pitch -------------------------------------------------------------------------------------

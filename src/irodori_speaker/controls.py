@@ -1,8 +1,10 @@
 """Voice controls on the audio -> output side: pitch, loudness, volume, peak limit, silences.
 
-The synthesizer calls `process_piece` on each rendered piece (whole: pitch and loudness
-need all of it) when `needs_processing(options)`, and `silence` for the line's pre / post
-silence and the pauses of the text's markup (`text/pauses.py`). Order per piece:
+The synthesizer calls `process_piece` on each rendered piece (whole: pitch, intonation and
+loudness need all of it) when `needs_whole_piece(options)`; when volume is the only control it
+streams each piece chunk by chunk through a `PieceGain` (the gain and a limiter whose gain only
+falls within the piece); and `silence` for the line's pre / post silence and the pauses of the
+text's markup (`text/pauses.py`). Order per piece:
 
 1. pitch (`pitch` semitones) and intonation (`intonation`, a scale of the f0 contour's
    deviation from its median): WORLD (pyworld) Harvest analysis, each voiced frame's log f0
@@ -13,6 +15,10 @@ silence and the pauses of the text's markup (`text/pauses.py`). Order per piece:
 3. volume (`volume` dB) on top: a relative gain (-100 dB is silence).
 4. peak limit: a piece whose peak would pass `PEAK_CEILING` is scaled down to it
    (`audio.peak_limit`) and a note says by how much: never clipped, never silently quieter.
+   Streamed (`PieceGain`), the limiter cannot know the piece's peak before it comes: its gain
+   falls, within a chunk, to what each new peak needs and never rises again in that piece, so
+   from the piece's peak on the audio is the whole-piece path's and before it at most the
+   limited dB louder, never over the ceiling; the note is the same, once per piece.
 
 The option values are parsed and checked by `types.SynthesisOptions` (the parsers of the
 "-16 LUFS" / "+3 dB" strings live here); the VOICEVOX scales map onto them here too.
@@ -165,12 +171,65 @@ def _scaled_f0(f0: np.ndarray, semitones: float, intonation: float) -> np.ndarra
 
 def needs_processing(options: Any) -> bool:
     """Whether `process_piece` changes anything for these options."""
-    return (
-        options.pitch != 0.0
-        or getattr(options, "intonation", 1.0) != 1.0
-        or options.loudness is not None
-        or options.volume != 0.0
+    return needs_whole_piece(options) or options.volume != 0.0
+
+
+def needs_whole_piece(options: Any) -> bool:
+    """Whether a piece must be decoded whole before it is processed: pitch and intonation (one
+    WORLD analysis of the piece) and loudness (an integrated LUFS of the piece). Volume alone
+    does not: `PieceGain` applies it chunk by chunk."""
+    return options.pitch != 0.0 or getattr(options, "intonation", 1.0) != 1.0 or options.loudness is not None
+
+
+def _limited_note(peak: float, notes: list[str] | None) -> None:
+    """Say that a piece whose peak would have been `peak` was limited to PEAK_CEILING."""
+    note = (
+        f"peak-limited by {20 * math.log10(peak / PEAK_CEILING):.1f} dB (its peak would have been "
+        f"{20 * math.log10(peak):+.1f} dBFS): lower volume/loudness to keep the level asked for"
     )
+    log.info("a piece was %s", note)
+    if notes is not None:
+        notes.append("audio " + note)
+
+
+class PieceGain:
+    """`volume` and the peak limit of one piece, applied chunk by chunk as it streams.
+
+    The limiter's gain starts at 1 and only falls: a chunk whose peak (after the volume) would
+    pass PEAK_CEILING lowers it, ramped from the chunk's start down to what that peak needs (and
+    never above what any sample before it needs), and it stays there for the rest of the piece.
+    No sample passes the ceiling; `finish()` notes the limit as `process_piece` does, once.
+    """
+
+    def __init__(self, options: Any, notes: list[str] | None = None) -> None:
+        self.gain = gain_of(options.volume)
+        self.notes = notes
+        self.limit = 1.0  # the limiter's gain at the end of the last chunk
+        self.peak = 0.0  # the piece's peak so far, after the volume and before the limiter
+
+    def __call__(self, chunk: np.ndarray) -> np.ndarray:
+        x = np.asarray(chunk, dtype=np.float32)
+        if len(x) == 0:
+            return x
+        if self.gain != 1.0:  # the same float64 product as process_piece: equal sample for sample
+            x = (x.astype(np.float64) * self.gain).astype(np.float32)
+        level = np.abs(x).astype(np.float64)
+        top = int(np.argmax(level))
+        self.peak = max(self.peak, float(level[top]))
+        if self.limit * level[top] <= PEAK_CEILING:
+            return x if self.limit == 1.0 else (x.astype(np.float64) * self.limit).astype(np.float32)
+        target = PEAK_CEILING / float(level[top])  # below self.limit: it only falls
+        ramp = np.full(len(x), target)
+        ramp[: top + 1] = np.linspace(self.limit, target, top + 1)
+        with np.errstate(divide="ignore"):
+            needed = np.minimum.accumulate(np.minimum(PEAK_CEILING / level, self.limit))
+        self.limit = target
+        return (x.astype(np.float64) * np.minimum(ramp, needed)).astype(np.float32)
+
+    def finish(self) -> None:
+        """The piece has ended: note the limit if it engaged."""
+        if self.peak > PEAK_CEILING:
+            _limited_note(self.peak, self.notes)
 
 
 def process_piece(audio: np.ndarray, sr: int, options: Any, notes: list[str] | None = None) -> np.ndarray:
@@ -195,13 +254,7 @@ def process_piece(audio: np.ndarray, sr: int, options: Any, notes: list[str] | N
     peak = float(np.max(np.abs(x)))
     if peak > PEAK_CEILING:
         x = peak_limit(x, PEAK_CEILING)
-        note = (
-            f"peak-limited by {20 * math.log10(peak / PEAK_CEILING):.1f} dB (its peak would have been "
-            f"{20 * math.log10(peak):+.1f} dBFS): lower volume/loudness to keep the level asked for"
-        )
-        log.info("a piece was %s", note)
-        if notes is not None:
-            notes.append("audio " + note)
+        _limited_note(peak, notes)
     return x
 
 

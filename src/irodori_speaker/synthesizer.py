@@ -690,13 +690,16 @@ class Synthesizer:
     def _run(self, pieces: _Plan, voice, opts, record, cancel, progress, *, whole: bool):
         """The line's audio in order: pre_silence, each piece (sampled, decoded, the output
         controls applied) and the silences between them, post_silence."""
-        from .controls import needs_processing, process_piece, silence
+        from .controls import PieceGain, needs_processing, needs_whole_piece, process_piece, silence
 
         if self.note:
             record.warnings.append(self.note)
         record.seed = int(opts.seed) if opts.seed is not None else secrets.randbits(31)
         record.extra["fingerprints"] = self.fingerprints
-        post = needs_processing(opts)
+        # pitch, intonation, loudness (and anything in `synthesize`): each piece decoded whole,
+        # then processed; volume alone, streamed: a gain per chunk (no wait for the piece)
+        gained = not whole and needs_processing(opts) and not needs_whole_piece(opts)
+        post = not gained and needs_processing(opts)
 
         def quiet(seconds: float) -> np.ndarray:
             gap = silence(seconds, SAMPLE_RATE)
@@ -720,7 +723,9 @@ class Synthesizer:
                 rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, step)
             t_dec = time.perf_counter()
             chunks = self._decode_chunks(rendered, opts, cancel, whole)
-            if post:  # pitch and loudness need the whole piece: decode it, then process it
+            if gained:
+                chunks = _gained(chunks, PieceGain(opts, record.warnings))
+            elif post:  # decode the whole piece, then process it
                 parts = [c for c, _ in chunks]
                 whole_piece = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
                 t_post = time.perf_counter()
@@ -748,6 +753,14 @@ class Synthesizer:
             torch.cuda.synchronize(self.device)
         elif self.device.type == "mps":
             torch.mps.synchronize()
+
+
+def _gained(chunks: Any, gain: Any) -> Any:
+    """(chunk, is_last) of one piece with `gain` (controls.PieceGain) applied as they come; its
+    note, if the limiter engaged, once the piece has ended."""
+    for chunk, is_last in chunks:
+        yield gain(chunk), is_last
+    gain.finish()
 
 
 class _LineProgress:
