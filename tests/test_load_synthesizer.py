@@ -39,7 +39,7 @@ def test_a_tokenizer_object_is_used_as_given(synth):
 
 
 def test_a_non_tokenizer_object_is_refused_before_loading(monkeypatch):
-    import irodori_speaker.synthesizer as s
+    import irodori_speaker.loading as s  # where load_synthesizer finds load_dit
 
     monkeypatch.setattr(s, "load_dit", lambda *a: pytest.fail("loaded the model before checking"))
     with pytest.raises(InputError, match="tokenizer object"):

@@ -32,6 +32,7 @@ import logging
 import math
 import re
 import warnings
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -230,6 +231,12 @@ class PieceGain:
         """The piece has ended: note the limit if it engaged."""
         if self.peak > PEAK_CEILING:
             _limited_note(self.peak, self.notes)
+
+    def chunks(self, decoded: Iterable[tuple[np.ndarray, bool]]) -> Iterator[tuple[np.ndarray, bool]]:
+        """(chunk, is_last) of the piece with the gain applied as they come, then `finish()`."""
+        for chunk, is_last in decoded:
+            yield self(chunk), is_last
+        self.finish()
 
 
 def process_piece(audio: np.ndarray, sr: int, options: Any, notes: list[str] | None = None) -> np.ndarray:
