@@ -29,7 +29,21 @@ __all__ = ["ChannelsLastDecoder", "epilogue_torch", "supports_channels_last"]
 def epilogue_torch(
     y: Tensor, bias: Tensor, residual: Tensor | None, alpha: Tensor | None, keep: bool
 ) -> tuple[Tensor | None, Tensor | None]:
-    """`fused.conv_epilogue` in torch ops: the path where Triton does not run (CPU, MPS)."""
+    """`fused.conv_epilogue` in torch ops: the path where Triton does not run (CPU, MPS).
+
+    `y` is consumed: a bf16 `y` on the CPU is overwritten (computed in bf16, in place: the fp32
+    round trip cost 1.3-2x the epilogue's time on a 2-core Zen 4 for 1.4 dB less SNR over the whole
+    decoder, 38.2 against 39.6 dB; each op still widens to fp32 in registers)."""
+    if y.dtype == torch.bfloat16 and y.device.type == "cpu":
+        h = y.add_(bias)
+        if residual is not None:
+            h.add_(residual)
+        s = None
+        if alpha is not None:
+            a = alpha.reshape(-1).float()
+            inv = (a + 1e-9).reciprocal().to(h.dtype)
+            s = torch.mul(h, a.to(h.dtype)).sin_().square_().mul_(inv).add_(h)
+        return (h if keep else None), s
     h = y.float() + bias.float()
     if residual is not None:
         h += residual.float()
