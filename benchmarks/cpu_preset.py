@@ -9,8 +9,7 @@ chunks: news5's mode (f)). Each row swaps one thing:
 - DiT: fp32 / bf16 weights and activations / int8 linears (`quant.int8`, W8A8 per row) on fp32 or
   bf16 activations / torch.ao's deprecated `quantize_dynamic` (for comparison only);
 - codec: fp32 / bf16 with Snake through fp32 (as before) / bf16 with Snake in bf16 / bf16 on the
-  channels-last CPU decoder (`engine.codec.cpu`) / bf16 on the GPU path's channels-last decoder
-  (`codec_channels_last`, engine/codec/fast.py, its torch epilogue on the CPU);
+  channels-last decoder (`codec_channels_last`, engine/codec/fast.py, its torch epilogue on the CPU);
 - combined: what the CPU preset picks on this CPU, at several `torch.set_num_threads` settings;
 - torch.compile (inductor, C++ codegen; needs a compiler) of the preset's decoder, if it works.
 
@@ -56,7 +55,7 @@ sys.path.insert(0, str(HERE))
 import news5  # noqa: E402  (the shared random full-size files and the approximate tokenizer)
 
 from irodori_speaker.backends.cpu_features import cgroup_cpu_limit, cpu_features, usable_cpus  # noqa: E402
-from irodori_speaker.backends.cpu_tricks import apply_cpu_codec, apply_int8_linears  # noqa: E402
+from irodori_speaker.backends.cpu_tricks import apply_int8_linears  # noqa: E402
 from irodori_speaker.backends.presets import cpu_preset_fields, select_preset  # noqa: E402
 from irodori_speaker.synthesizer import SynthesisOptions, Synthesizer, load_codec_for, load_dit  # noqa: E402
 from irodori_speaker.text.length import estimate_seconds  # noqa: E402
@@ -323,7 +322,7 @@ def main() -> None:
     sentences = [all_sentences[int(i) - 1] for i in args.sentences.split(",")]
     lines = Lines(args.family, files, sentences, args.seed)
 
-    base = select_preset("cpu", dtype=F32, codec_dtype=F32, int8_linears=False, cpu_codec=False)
+    base = select_preset("cpu", dtype=F32, codec_dtype=F32, int8_linears=False, codec_channels_last=False)
     t0 = time.perf_counter()
     loaded32 = load_dit(dit_path, base)
     dits: dict[str, Any] = {"fp32": loaded32.model}
@@ -352,17 +351,16 @@ def main() -> None:
         if key not in codecs:
             dtype_key = key.split("+")[0]
             c = copy.deepcopy(codecs[dtype_key])
-            if "cpu" in key.split("+"):
-                apply_cpu_codec(c)
-            # the GPU path's channels-last decoder (engine/codec/fast.py)
-            if "fast" in key.split("+") and not c.use_channels_last(True):
+            # the channels-last decoder (engine/codec/fast.py)
+            if "cl" in key.split("+") and not c.use_channels_last(True):
                 raise RuntimeError("use_channels_last refused this codec")
             codecs[key] = c
         return codecs[key]
 
     pick_dit = ("bf16" if picks["dtype"] == BF16 else "fp32") + ("+int8" if picks["int8_linears"] else "")
     pick_dit = pick_dit.replace("fp32+int8", "int8")
-    pick_codec = ("bf16" if picks["codec_dtype"] == BF16 else "fp32") + ("+cpu" if picks["cpu_codec"] else "")
+    pick_codec = "bf16" if picks["codec_dtype"] == BF16 else "fp32"
+    pick_codec += "+cl" if picks["codec_channels_last"] else ""
     rows = [
         Row("ref", "all fp32 (the CPU preset before issue 17)", "fp32", "fp32", t_main),
         Row("d-bf16", "DiT bf16", "bf16", "fp32", t_main),
@@ -371,16 +369,9 @@ def main() -> None:
         Row("d-ao", "DiT torch.ao quantize_dynamic (deprecated), for comparison", "ao-int8", "fp32", t_main),
         Row("c-bf16-rt", "codec bf16, Snake through fp32 (as before)", "fp32", "bf16", t_main, True),
         Row("c-bf16", "codec bf16 (Snake in bf16)", "fp32", "bf16", t_main),
-        Row("c-bf16-cpu", "codec bf16 + channels-last CPU decoder", "fp32", "bf16+cpu", t_main),
-        Row(
-            "c-bf16-fast",
-            "codec bf16, codec_channels_last (engine/codec/fast.py)",
-            "fp32",
-            "bf16+fast",
-            t_main,
-        ),
-        Row("all-bf16", "DiT bf16 + codec bf16 channels-last", "bf16", "bf16+cpu", t_main),
-        Row("all-int8", "DiT bf16 int8 linears + codec bf16 channels-last", "bf16+int8", "bf16+cpu", t_main),
+        Row("c-bf16-cl", "codec bf16 + channels-last decoder", "fp32", "bf16+cl", t_main),
+        Row("all-bf16", "DiT bf16 + codec bf16 channels-last", "bf16", "bf16+cl", t_main),
+        Row("all-int8", "DiT bf16 int8 linears + codec bf16 channels-last", "bf16+int8", "bf16+cl", t_main),
     ]
     if default_threads != t_main:
         what = f"all fp32 at torch's default {default_threads} threads (the CPU preset before, exactly)"
@@ -419,8 +410,8 @@ def main() -> None:
             print(f"running {row.key}: {row.what}", flush=True)
             try:
                 c = copy.deepcopy(codecs["bf16" if pick_codec.startswith("bf16") else "fp32"])
-                if "+cpu" in pick_codec:
-                    apply_cpu_codec(c)
+                if "+cl" in pick_codec:
+                    c.use_channels_last()
                 spent = compile_decoder(c)
                 row.what += f" (compiled in {spent:.0f} s)"
                 synth = make_synth(dit(row.dit), c, inference, tokenizer, preset)

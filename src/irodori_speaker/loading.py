@@ -47,7 +47,11 @@ def load_dit(path: Any, preset: Any) -> Any:
 
         return load_int4_model(path, dtype=preset.dtype, device=preset.device)
     if not preset.int4:
-        return load_checkpoint(path, dtype=preset.dtype, device=preset.device)
+        loaded = load_checkpoint(path, dtype=preset.dtype, device=preset.device)
+        from .backends.cpu_tricks import apply_cpu_tricks
+
+        apply_cpu_tricks(loaded.model, preset)  # int8 linears where the CPU preset asks for them
+        return loaded
     from .quant.checkpoint import model_from_int4
     from .quant.quantize import quantize_checkpoint
 

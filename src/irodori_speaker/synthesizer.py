@@ -310,8 +310,12 @@ class Synthesizer(VoiceConditions):
             "codec": fps.get("codec"),
             "tokenizer": fps.get("tokenizer"),
             "caption_tokenizer": None if caption_tok == fps.get("tokenizer") else caption_tok,
-            "precision": [str(self.preset.dtype), str(self.preset.codec_dtype), self.preset.name]
-            + [flag for flag in ("int4", "codec_int4") if getattr(self.preset, flag, False)],
+            "precision": [
+                str(self.preset.dtype),
+                str(self.preset.codec_dtype),
+                self.preset.name,
+                *self.preset.audio_flags(),
+            ],
         }
 
     def render_identity(

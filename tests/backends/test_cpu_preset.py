@@ -61,7 +61,7 @@ def test_the_first_processor_and_its_model_are_read():
 
 
 @pytest.mark.parametrize(
-    ("text", "dtype", "int8", "cpu_codec"),
+    ("text", "dtype", "int8", "channels_last"),
     [
         (SAPPHIRE_RAPIDS, torch.bfloat16, True, True),
         (ZEN4, torch.bfloat16, True, True),
@@ -71,13 +71,13 @@ def test_the_first_processor_and_its_model_are_read():
         (ARM, torch.float32, False, False),
     ],
 )
-def test_the_preset_picks_each_trick_only_with_its_instructions(text, dtype, int8, cpu_codec):
+def test_the_preset_picks_each_trick_only_with_its_instructions(text, dtype, int8, channels_last):
     picks = cpu_preset_fields(parse_cpuinfo(text), usable=16, torch_threads=16)
     assert picks == {
         "dtype": dtype,
         "codec_dtype": dtype,
         "int8_linears": int8,
-        "cpu_codec": cpu_codec,
+        "codec_channels_last": channels_last,
         "threads": None,
     }
 
@@ -121,7 +121,7 @@ def test_cgroup_quota_v2_v1_and_unlimited(tmp_path):
 def test_select_preset_reads_this_cpus_flags_and_every_field_overrides(monkeypatch):
     monkeypatch.setattr(presets, "cpu_features", lambda: parse_cpuinfo(SAPPHIRE_RAPIDS))
     cpu = select_preset("cpu")
-    assert (cpu.dtype, cpu.codec_dtype, cpu.int8_linears, cpu.cpu_codec) == (
+    assert (cpu.dtype, cpu.codec_dtype, cpu.int8_linears, cpu.codec_channels_last) == (
         torch.bfloat16,
         torch.bfloat16,
         True,
@@ -129,9 +129,9 @@ def test_select_preset_reads_this_cpus_flags_and_every_field_overrides(monkeypat
     )
     assert (cpu.steps, cpu.decode_chunk_frames) == (8, 25)  # the rest as before
     off = select_preset(
-        "cpu", dtype=torch.float32, codec_dtype=torch.float32, int8_linears=False, cpu_codec=False
+        "cpu", dtype=torch.float32, codec_dtype=torch.float32, int8_linears=False, codec_channels_last=False
     )
-    assert (off.dtype, off.codec_dtype, off.int8_linears, off.cpu_codec) == (
+    assert (off.dtype, off.codec_dtype, off.int8_linears, off.codec_channels_last) == (
         torch.float32,
         torch.float32,
         False,
@@ -139,7 +139,7 @@ def test_select_preset_reads_this_cpus_flags_and_every_field_overrides(monkeypat
     )
     monkeypatch.setattr(presets, "cpu_features", lambda: parse_cpuinfo(HASWELL))
     plain = select_preset("cpu")
-    assert (plain.dtype, plain.int8_linears, plain.cpu_codec) == (torch.float32, False, False)
+    assert (plain.dtype, plain.int8_linears, plain.codec_channels_last) == (torch.float32, False, False)
     assert select_preset("cpu", int8_linears=True).int8_linears  # asked for: given, the flags aside
 
 
@@ -147,7 +147,7 @@ def test_the_test_suite_sees_a_cpu_without_the_flags():
     # conftest sets IRODORI_CPU_FLAGS=none: every test's CPU preset is the fp32 one, on any machine
     assert cf.cpu_features().flags == frozenset()
     cpu = select_preset("cpu")
-    assert (cpu.dtype, cpu.codec_dtype, cpu.int8_linears, cpu.cpu_codec) == (
+    assert (cpu.dtype, cpu.codec_dtype, cpu.int8_linears, cpu.codec_channels_last) == (
         torch.float32,
         torch.float32,
         False,
@@ -203,20 +203,18 @@ def test_cpu_features_imports_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_int8_and_cpu_codec_are_refused_off_the_cpu(monkeypatch):
+def test_int8_linears_are_refused_off_the_cpu(monkeypatch):
     monkeypatch.setattr(presets, "cuda_available", lambda: True)
     monkeypatch.setattr(presets, "_check_device", lambda field, device: None)
     with pytest.raises(BackendError, match="CPU only") as e:
         select_preset("cuda", int8_linears=True)
     assert "int4" in e.value.hint
-    with pytest.raises(BackendError, match="codec's CPU path"):
-        select_preset("cuda", cpu_codec=True)
-    assert select_preset("cuda", cpu_codec=True, codec_device="cpu").cpu_codec  # the codec on the CPU
+    assert select_preset("cuda", codec_channels_last=True).codec_channels_last  # any device
 
 
 def test_audio_flags_name_every_switch_that_changes_the_sound():
     cpu = select_preset("cpu")
     assert cpu.audio_flags() == []
-    on = cpu.with_overrides(int8_linears=True, cpu_codec=True, codec_int4=True)
-    assert on.audio_flags() == ["codec_int4", "int8_linears", "cpu_codec"]
-    assert set(AUDIO_FLAGS) == {"int4", "codec_int4", "int8_linears", "cpu_codec"}
+    on = cpu.with_overrides(int8_linears=True, codec_channels_last=True, codec_int4=True)
+    assert on.audio_flags() == ["codec_int4", "int8_linears", "codec_channels_last"]
+    assert set(AUDIO_FLAGS) == {"int4", "codec_int4", "int8_linears", "codec_channels_last"}

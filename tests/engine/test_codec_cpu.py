@@ -1,4 +1,4 @@
-"""The codec's CPU path (engine/codec/cpu.py) and Snake in bf16 on the CPU: same decode, within rounding."""
+"""The codec in bf16 on the CPU: the channels-last decoder and Snake in bf16, within bf16 rounding."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import torch
 
 from irodori_speaker.engine.codec import (
     TINY_CODEC_KWARGS,
-    Decoder,
     Snake,
     codec_from_state_dict,
     random_codec_state_dict,
 )
-from irodori_speaker.engine.codec.cpu import CpuDecoder, cpu_decoder_supported, use_cpu_decoder
 
 
 def _codec(dtype: torch.dtype = torch.float32):
@@ -35,64 +33,30 @@ def eager():
     return _codec()
 
 
-def test_bf16_cpu_decoder_decodes_as_the_eager_bf16_decoder():
+def test_bf16_channels_last_decodes_as_the_eager_bf16_decoder():
     bf16 = _codec(torch.bfloat16)
     fast = copy.deepcopy(bf16)
-    assert use_cpu_decoder(fast) and type(fast.decoder) is CpuDecoder
+    assert fast.use_channels_last()
     lat = _latent(20)
     want = bf16.decode(lat)
-    # the same sums in another order: measured 1.6e-3 relative L2 between the two bf16 decoders
-    assert _rel(fast.decode(lat), want) < 1e-2
+    # the same sums, rounded at other places (each bf16 decoder is ~1.2e-2 relative L2 from fp32):
+    # measured 1.2e-2 between the two
+    assert _rel(fast.decode(lat), want) < 3e-2
     whole = fast.decode(lat)
     torch.testing.assert_close(fast.decode_chunked(lat, 5), whole, atol=1e-6, rtol=0)
     streamed = torch.cat(list(fast.decode_stream(lat, 7, first_chunk_frames=3)), dim=-1)
     torch.testing.assert_close(streamed, whole, atol=1e-6, rtol=0)
 
 
-def test_fp32_input_takes_the_inherited_forward(eager):
-    fast = copy.deepcopy(eager)
-    assert use_cpu_decoder(fast)
-    lat = _latent(6)
-    torch.testing.assert_close(fast.decode(lat), eager.decode(lat), atol=0, rtol=0)
-
-
-def test_bf16_cpu_decoder_is_within_bf16_rounding(eager):
+def test_bf16_channels_last_is_within_bf16_rounding(eager):
     lat = _latent(20)
     want = eager.decode(lat)
     bf16 = _codec(torch.bfloat16)
     plain = _rel(bf16.decode(lat), want)
-    assert use_cpu_decoder(bf16)
+    assert bf16.use_channels_last()
     fast = _rel(bf16.decode(lat), want)
-    # measured on this tiny codec: eager bf16 1.2e-2, channels-last bf16 1.2e-2 (relative L2)
+    # measured on this tiny codec: eager bf16 1.2e-2, channels-last bf16 ~1.3e-2 (relative L2)
     assert plain < 3e-2 and fast < 3e-2
-
-
-def test_switch_keeps_the_modules_and_goes_back(eager):
-    fast = copy.deepcopy(eager)
-    keys = list(fast.state_dict())
-    use_cpu_decoder(fast)
-    assert isinstance(fast.decoder, Decoder) and list(fast.state_dict()) == keys
-    fast.to(torch.bfloat16)  # still one set of weights: a cast reaches the path too
-    assert fast.decoder.model[0].weight.dtype == torch.bfloat16
-    assert not use_cpu_decoder(fast, False) and type(fast.decoder) is Decoder
-
-
-def test_int4_codec_stays_on_its_own_path(eager):
-    from irodori_speaker.quant.codec import quantize_codec
-
-    int4 = copy.deepcopy(eager)
-    quantize_codec(int4)
-    assert not cpu_decoder_supported(int4.decoder)
-    assert not use_cpu_decoder(int4) and type(int4.decoder) is Decoder
-
-
-def test_with_grad_the_inherited_forward_runs(eager):
-    fast = copy.deepcopy(eager)
-    use_cpu_decoder(fast)
-    x = torch.randn(1, TINY_CODEC_KWARGS["latent_dim"], 4)
-    with torch.enable_grad():
-        y = fast.decoder(x)
-    torch.testing.assert_close(y, eager.decoder(x), atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("layout", ["ncw", "channels_last"])

@@ -46,7 +46,6 @@ class Preset:
     codec_device: str | None = None  # where the codec runs (None: `device`), e.g. "cpu" to spare the GPU
     prewarm_seconds: float = 12.0  # CUDA graphs: capture every length bucket up to this at prewarm
     int8_linears: bool = False  # CPU: the DiT's per-step linears as int8 (W8A8, per-row activations)
-    cpu_codec: bool = False  # CPU: decode on channels-last activations (engine/codec/cpu.py)
 
     def with_overrides(self, **overrides) -> Preset:
         names = {f.name for f in dataclasses.fields(self)}
@@ -61,7 +60,7 @@ class Preset:
 
 
 #: Boolean preset fields that change the sound (rounding included): part of the phrase-cache key.
-AUDIO_FLAGS = ("int4", "codec_int4", "int8_linears", "cpu_codec")
+AUDIO_FLAGS = ("int4", "codec_int4", "int8_linears", "codec_channels_last")
 
 
 def cuda_available() -> bool:
@@ -107,7 +106,8 @@ def cpu_preset_fields(
     - bf16 DiT and codec with native bf16 dot products (AMX-BF16 or AVX512-BF16); without them
       oneDNN emulates bf16 and it is slower than fp32;
     - int8 linears with native int8 dot products (AMX-INT8, AVX512-VNNI or AVX-VNNI);
-    - the channels-last decoder (`cpu_codec`) with the bf16 codec, where it was measured faster;
+    - the channels-last decoder (`codec_channels_last`) with the bf16 codec, where it was measured
+      faster (in fp32 on the CPU it was not);
     - threads: no more than the CPUs this process may use (`usable`: affinity and cgroup quota;
       torch counts the machine's cores), else torch's default (None).
     """
@@ -119,7 +119,7 @@ def cpu_preset_fields(
         "dtype": torch.bfloat16 if bf16 else torch.float32,
         "codec_dtype": torch.bfloat16 if bf16 else torch.float32,
         "int8_linears": f.int8_matmul,
-        "cpu_codec": bf16,
+        "codec_channels_last": bf16,
         "threads": usable if usable < torch_threads else None,
     }
 
@@ -205,11 +205,6 @@ def select_preset(backend: str = "auto", **overrides) -> Preset:
         raise BackendError(
             f"int8_linears runs on the CPU only, not on {preset.device!r}",
             hint="on a GPU use int4=True for smaller weights, or leave int8_linears off",
-        )
-    if preset.cpu_codec and torch.device(preset.codec_device or preset.device).type != "cpu":
-        raise BackendError(
-            f"cpu_codec is the codec's CPU path; the codec runs on {preset.codec_device or preset.device!r}",
-            hint="set codec_device='cpu' with it, or leave cpu_codec off",
         )
     if preset.name == "mps":
         if preset.dtype != torch.float32 or preset.codec_dtype != torch.float32:
