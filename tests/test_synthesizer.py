@@ -172,6 +172,26 @@ def test_reference_voice_is_encoded_once_and_cached_on_disk(synth, tmp_path):
     np.testing.assert_allclose(d, a, atol=1e-5)
 
 
+def test_a_bf16_codec_does_not_reuse_an_fp32_codec_reference(synth, tmp_path):
+    t = np.arange(int(1.5 * SR)) / SR
+    wav = tmp_path / "ref16.wav"
+    sf.write(str(wav), (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32), SR)
+    voice = Voice.from_wav(wav)
+    shared = synth.voice_cache
+    half = load_synthesizer(
+        tiny_random="v2", backend="cpu", codec_dtype=torch.bfloat16, voice_cache_dir=shared.directory
+    )
+    half.voice_cache = shared  # one process-wide cache, as the Speaker and the server share it
+    before = shared.encodes
+    full_latent = synth.reference_latent(voice)
+    half_latent = half.reference_latent(voice)
+    assert shared.encodes == before + 2  # the bf16 codec encoded its own
+    assert not torch.equal(full_latent.float(), half_latent.float())
+    half.reference_latent(voice)
+    synth.reference_latent(voice)
+    assert shared.encodes == before + 2  # and each is then reused by its own kind
+
+
 def test_reference_changes_the_output(synth, tmp_path):
     t = np.arange(SR) / SR
     wav = tmp_path / "r.wav"

@@ -94,7 +94,11 @@ class VoiceConditions:
             return latent
         seconds = self.inference.reference_seconds
         cut = "" if seconds == DEFAULT_REF_MAX_SECONDS else f"|cut:{seconds:g}"
-        key = f"{content}|codec:{self.fingerprints.get('codec', id(self.codec))}{cut}"
+        # a half-precision codec encodes ~1e-2 away from fp32: its latents are kept apart (fp32
+        # keys are as before, so caches made in fp32 stay valid)
+        dtype = str(getattr(self.codec, "dtype", "torch.float32"))
+        precision = "" if dtype == "torch.float32" else f"|{dtype.removeprefix('torch.')}"
+        key = f"{content}|codec:{self.fingerprints.get('codec', id(self.codec))}{precision}{cut}"
         latent = self.voice_cache.get(key)
         if latent is None:
             latent = self._encode_reference(clip, record, seconds)
