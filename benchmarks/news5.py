@@ -145,7 +145,7 @@ def modes_for(device: str) -> dict[str, Mode]:
         "n": replace(mf_cuda, key="n", desc="v4.1-MF on our CUDA preset, bf16 weights (4 MF steps, graphs)"),
         "o": replace(mf_cuda, key="o", desc="v4.1-MF on our CUDA preset, int4 DiT (W4A16)", int4=True),
         "p": replace(
-            mf_ours, key="p", desc="v4.1-MF on our CPU preset: fp32, 4 MF steps, fast path", device="cpu"
+            mf_ours, key="p", desc="v4.1-MF on our CPU preset (its picks), 4 MF steps", device="cpu"
         ),
         "a": ref,
         "b": b,
@@ -173,7 +173,7 @@ def modes_for(device: str) -> dict[str, Mode]:
         "f": replace(
             ours,
             key="f",
-            desc="our CPU preset: fp32, 8 sway, fast path, trimmed text, codec fp32 streamed",
+            desc="our CPU preset (its picks for this CPU), 8 sway, trimmed text, streamed",
             device="cpu",
         ),
     }
@@ -285,19 +285,23 @@ def build(mode: Mode, files: dict[str, Path], int4_impl: str = "auto") -> tuple[
         "fast_path": mode.fast,
         "cuda_graphs": mode.graphs,
         "codec_graphs": mode.graphs,
-        "codec_channels_last": mode.codec_cl,
         "int4": mode.int4,
         "codec_int4": mode.int4_codec,
     }
     if mode.stream_chunk is not None:
         overrides["stream_first_chunk_frames"] = mode.stream_chunk
+    # our CPU preset picks its precision and tricks from the CPU's flags (docs/backends.md): left
+    # to it, so (f) / (p) measure what a user of that CPU gets
+    preset_picks = mode.device == "cpu" and mode.fast
+    if not preset_picks:
+        overrides["codec_channels_last"] = mode.codec_cl
     synth = load_synthesizer(
         dit,
         codec=files["codec"],
         tokenizer=ApproxTokenizer(cfg.text_token_vocab),
         backend=mode.device,
-        dtype=mode.dtype,
-        codec_dtype=mode.codec_dtype,
+        dtype=None if preset_picks else mode.dtype,
+        codec_dtype=None if preset_picks else mode.codec_dtype,
         voice_cache_dir=False,
         **overrides,
     )
