@@ -118,25 +118,19 @@ def test_cgroup_quota_v2_v1_and_unlimited(tmp_path):
     assert cf.cgroup_cpu_limit(tmp_path / "none", tmp_path / "none") is None
 
 
+def _picks(p) -> tuple:
+    return (p.dtype, p.codec_dtype, p.int8_linears, p.codec_channels_last)
+
+
 def test_select_preset_reads_this_cpus_flags_and_every_field_overrides(monkeypatch):
     monkeypatch.setattr(presets, "cpu_features", lambda: parse_cpuinfo(SAPPHIRE_RAPIDS))
     cpu = select_preset("cpu")
-    assert (cpu.dtype, cpu.codec_dtype, cpu.int8_linears, cpu.codec_channels_last) == (
-        torch.bfloat16,
-        torch.bfloat16,
-        True,
-        True,
-    )
+    assert _picks(cpu) == (torch.bfloat16, torch.bfloat16, True, True)
     assert (cpu.steps, cpu.decode_chunk_frames) == (8, 25)  # the rest as before
     off = select_preset(
         "cpu", dtype=torch.float32, codec_dtype=torch.float32, int8_linears=False, codec_channels_last=False
     )
-    assert (off.dtype, off.codec_dtype, off.int8_linears, off.codec_channels_last) == (
-        torch.float32,
-        torch.float32,
-        False,
-        False,
-    )
+    assert _picks(off) == (torch.float32, torch.float32, False, False)
     monkeypatch.setattr(presets, "cpu_features", lambda: parse_cpuinfo(HASWELL))
     plain = select_preset("cpu")
     assert (plain.dtype, plain.int8_linears, plain.codec_channels_last) == (torch.float32, False, False)
@@ -147,12 +141,7 @@ def test_the_test_suite_sees_a_cpu_without_the_flags():
     # conftest sets IRODORI_CPU_FLAGS=none: every test's CPU preset is the fp32 one, on any machine
     assert cf.cpu_features().flags == frozenset()
     cpu = select_preset("cpu")
-    assert (cpu.dtype, cpu.codec_dtype, cpu.int8_linears, cpu.codec_channels_last) == (
-        torch.float32,
-        torch.float32,
-        False,
-        False,
-    )
+    assert _picks(cpu) == (torch.float32, torch.float32, False, False)
 
 
 def test_env_names_the_flags_or_none(monkeypatch, tmp_path):
