@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,9 +21,20 @@ httpx = pytest.importorskip("httpx")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768-60999 on Linux). A port the kernel
+    handed us (bind to 0) is one it may hand the next asker too before our server binds it:
+    Ray's agents take theirs that way, and Ray's dashboard agent always takes 52365 (a CI run
+    failed on exactly that port). Ray's own fixed ports (6379, 8265, 10001-19999) stay below."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32767")
 
 
 @dataclass
