@@ -274,3 +274,46 @@ def test_devices_tone_json(virtual_device, capsys):
 def test_say_play_names_the_device(virtual_device, irodori_home, capsys):
     assert cli.main(["say", "はい", "--play", "--output-device", "irodori_virtual", *TINY, "-q"]) == 0
     assert "played on irodori_virtual (ALSA)" in capsys.readouterr().out
+
+
+# ---- serve: a port it cannot listen on fails before the model loads ------------------------------
+
+
+def test_serve_refuses_a_port_in_use(tmp_path, capsys, no_model):
+    import socket
+
+    pytest.importorskip("fastapi")
+    with socket.socket() as held:  # a VOICEVOX engine (or our own second server) on the port
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        line, hint = fails(["serve", "--tiny-random", "--port", port], InputError, "cannot listen", capsys)
+    assert f"127.0.0.1:{port}" in line and "--port" in hint
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--port", "70000"], "not a TCP port"),
+        (["--port", "52365", "--ray"], "Ray's dashboard agent port"),  # Ray binds it before our proxy
+    ],
+)
+def test_serve_refuses_a_port_it_cannot_have(extra, match, tmp_path, capsys, no_model):
+    pytest.importorskip("fastapi")
+    fails(["serve", "--tiny-random", *extra], InputError, match, capsys)
+
+
+def test_serve_refuses_an_address_of_another_machine(capsys, no_model):
+    pytest.importorskip("fastapi")
+    # TEST-NET-1 (RFC 5737): no machine here has it, so nothing can bind it
+    argv = ["serve", "--tiny-random", "--host", "192.0.2.77", "--api-key", "k"]
+    with pytest.raises(InputError, match=r"cannot listen on 192\.0\.2\.77"):
+        cli.run(argv)
+    capsys.readouterr()
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("warning: listening on 192.0.2.77")  # the exposure warning, then the error
+    assert (
+        err[1].startswith("error: ")
+        and err[2] == "hint: --host must be an address of this machine (127.0.0.1, 0.0.0.0)"
+    )

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from ..server.config import DEFAULT_HOST, DEFAULT_PORT
+from ..server.config import DEFAULT_HOST, DEFAULT_PORT, check_port
 from .common import EXIT_OK, add_model_flags, add_reading_flags, build_readings, sub_parser
 
 DESCRIPTION = """\
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     for warning in settings.check():  # refuses unsafe settings before the model loads
         print(f"warning: {warning}", file=sys.stderr)
+    check_port(settings.host, settings.port, ray=args.ray)
     from ..server.config import load_voice_book
 
     book = load_voice_book(args.voices)  # a bad voice config fails here, before any model loads

@@ -20,8 +20,10 @@ config: one speaker with one style, id 0, the model's own voice.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
+import socket
 import sys
 import uuid as uuidlib
 import zlib
@@ -33,6 +35,9 @@ from ..errors import InputError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 50021  # the VOICEVOX engine's port: its clients find us without settings
+# the fixed ports a local Ray instance takes (ray/_private/ray_constants.py, Ray 2.x): its GCS,
+# its dashboard and its dashboard agent, bound by `ray.init` before Serve's proxy binds ours
+RAY_PORTS = {6379: "GCS", 8265: "dashboard", 52365: "dashboard agent"}
 NAMESPACE = uuidlib.UUID("6f0d8a52-4a43-4b8e-9a5e-1f9d3c1b7e21")  # speaker uuids derived from names
 # OpenAI's built-in voice names: clients send them by default; they mean the default style
 # unless a style lists them in `aliases`.
@@ -288,3 +293,37 @@ class ServerSettings:
         if self.cors_policy == "all":
             warnings.append("CORS policy 'all': any web page may call this server")
         return warnings
+
+
+def check_port(host: str, port: int, *, ray: bool = False) -> None:
+    """Refuse a port the server could not listen on, before any model loads: out of range, one
+    of a local Ray instance's own ports (`ray`), or in use (a VOICEVOX engine on 50021, a
+    second server)."""
+    if not 1 <= port <= 65535:
+        raise InputError(f"--port {port} is not a TCP port", hint="pick one from 1 to 65535")
+    if ray and port in RAY_PORTS:
+        raise InputError(
+            f"--port {port} is Ray's {RAY_PORTS[port]} port", hint="pick another port with --port"
+        )
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise InputError(
+            f"--host {host!r} is not an address of this machine: {e.strerror}",
+            hint="--host 127.0.0.1 for this machine, 0.0.0.0 for every interface",
+        ) from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            s.bind(addr)
+        except OSError as e:
+            hints = {
+                errno.EADDRINUSE: "another server (a VOICEVOX engine?) has the port: stop it or pass --port",
+                errno.EADDRNOTAVAIL: "--host must be an address of this machine (127.0.0.1, 0.0.0.0)",
+                errno.EACCES: "ports below 1024 need privileges: pass --port above 1023",
+            }
+            raise InputError(
+                f"cannot listen on {host}:{port}: {e.strerror}",
+                hint=hints.get(e.errno or 0, "pass another --host / --port"),
+            ) from None
