@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .backends.lock import hold_model_lock
+from .batching import SampleBatcher
 from .cancel import CancelToken
 from .errors import InputError
 from .loading import load_codec_for, load_dit, load_synthesizer
@@ -133,6 +134,10 @@ class Synthesizer(VoiceConditions):
         self.user_dict = resolve_user_dict(user_dict)  # None (the default file), a path, or False
         self.device = next(model.parameters()).device
         self._fast = None  # engine.fast.FastSampler, built on first use when the preset asks for it
+        # lines waiting for the sampler at the same time go as one batch (batching.py)
+        self._batcher = SampleBatcher(
+            self._sample_batch, self.preset.max_batch, max_padding=self.preset.max_padding
+        )
         self._voice_states_cache: dict[tuple, tuple] = {}  # insertion order = least recently used first
         codec_device = getattr(codec, "device", None)
         if self.preset.codec_channels_last and hasattr(codec, "use_channels_last"):
@@ -399,6 +404,29 @@ class Synthesizer(VoiceConditions):
             return fast.sample(conds, noise, cfg, cancel=cancel, progress=progress)
         return sample(self.model, conds, noise, cfg, cancel=cancel, progress=progress)
 
+    def _sample_batch(self, reqs: list, cancel: Any, progress: Any) -> list:
+        """Sample `reqs` (SampleRequests of one signature) together; called with the lock held."""
+        from .engine.batch import frame_mask, stack_conditions, stack_noise
+        from .engine.sampler import sample
+
+        if len(reqs) == 1:
+            r = reqs[0]
+            outs = [self.sample_latent(r.conds, r.noise, r.cfg, cancel=cancel, progress=progress)]
+        else:
+            conds = stack_conditions([r.conds for r in reqs])
+            noise, lengths = stack_noise([r.noise for r in reqs])
+            cfg, fast = reqs[0].cfg, self.fast_sampler
+            if fast is not None:
+                latent = fast.sample(conds, noise, cfg, cancel=cancel, progress=progress, frames=lengths)
+            else:
+                mask = frame_mask(lengths, noise.shape[1], self.device)
+                latent = sample(
+                    self.model, conds, noise, cfg, latent_mask=mask, cancel=cancel, progress=progress
+                )
+            outs = [latent[b : b + 1, :n] for b, n in enumerate(lengths)]
+        self._sync()
+        return outs
+
     def _conditions(self, ids: Any, mask: Any, voice_states: tuple) -> Any:
         """Conditions of one piece: the text encoded now (graph-replayed on the fast path)."""
         from .engine.model import Conditions, check_ids
@@ -413,26 +441,40 @@ class Synthesizer(VoiceConditions):
         return Conditions(text_state, mask, *voice_states[1])
 
     def _render(self, piece, voice_states, seed, opts, record, cancel, progress) -> _Rendered:
-        """Encode the text, choose the length, sample; all under the model lock."""
+        """Encode the text and choose the length (under the model lock), sample (with the lines
+        waiting beside it, `batching.py`), trim the tail. `voice_states()`: the line's voice."""
         import torch
 
         with torch.inference_mode():
             return self._render_inner(piece, voice_states, seed, opts, record, cancel, progress)
 
     def _render_inner(self, piece, voice_states, seed, opts, record, cancel, progress) -> _Rendered:
+        from .batching import SampleRequest
+        from .engine.batch import signature
         from .engine.duration import HOP, tail_trim_frames
         from .engine.sampler import draw_noise
 
-        t0 = time.perf_counter()
-        conds = self._conditions(piece.ids, piece.mask, voice_states)
-        frames = self._frames(piece, conds, voice_states[0], opts, record)
-        self._sync()
-        t1 = time.perf_counter()
+        stage: list[float] = []
+
+        def prepare() -> SampleRequest:
+            with hold_model_lock(cancel):
+                states = voice_states()
+                stage.append(time.perf_counter())
+                conds = self._conditions(piece.ids, piece.mask, states)
+                frames = self._frames(piece, conds, states[0], opts, record)
+                noise = draw_noise(seed, 1, frames, self.config.latent_dim, device=self.device)
+                key = signature(self.model, conds, opts)
+                self._sync()
+            stage.append(time.perf_counter())
+            return SampleRequest(conds, noise, opts, key, cancel=cancel, progress=progress, length=frames)
+
+        req, latent = self._batcher.sample(prepare)
+        t0, t1, t2 = stage[0], stage[1], time.perf_counter()
+        frames = int(req.noise.shape[1])
         record.timings["duration"] = record.timings.get("duration", 0.0) + (t1 - t0)
-        noise = draw_noise(seed, 1, frames, self.config.latent_dim, device=self.device)
-        latent = self.sample_latent(conds, noise, opts, cancel=cancel, progress=progress)
-        self._sync()
-        record.timings["sampling"] = record.timings.get("sampling", 0.0) + (time.perf_counter() - t1)
+        # sampling: from the encoders' end to the latent, the wait for a batch included
+        record.timings["sampling"] = record.timings.get("sampling", 0.0) + (t2 - t1)
+        record.extra["sample_batch"] = max(record.extra.get("sample_batch", 1), req.batch_size)
         record.frames += frames
         record.steps, record.schedule = opts.time_grid()[:2]
         if self.config.meanflow:
@@ -442,7 +484,8 @@ class Synthesizer(VoiceConditions):
             samples = min(samples, int(min(opts.seconds, 30.0) * SAMPLE_RATE))
         decode_frames = frames
         if opts.tail_trim:
-            end = tail_trim_frames(latent[0])
+            with hold_model_lock(cancel):
+                end = tail_trim_frames(latent[0])
             if 0 < end < frames:
                 samples = min(samples, end * HOP)
                 # 8 frames of right context make the kept audio equal to a full decode
@@ -500,19 +543,24 @@ class Synthesizer(VoiceConditions):
 
         if opts.pre_silence + pieces.lead > 0:
             yield quiet(opts.pre_silence + pieces.lead)
-        voice_states = None
-        if pieces:  # a line of only pauses needs no model
-            t0 = time.perf_counter()
-            with hold_model_lock(cancel):
-                content, ref = self._reference(voice, record)
-                voice_states = self._voice_states(content, ref, self._caption(voice))
-            record.timings["reference"] = time.perf_counter() - t0
+        states: list[tuple] = []
+
+        def voice_states() -> tuple:
+            """The voice's states, made by the first piece (inside its `prepare`, so a line
+            that is still reading its reference counts as on its way to the sampler)."""
+            if not states:
+                t0 = time.perf_counter()
+                with hold_model_lock(cancel):
+                    content, ref = self._reference(voice, record)
+                    states.append(self._voice_states(content, ref, self._caption(voice)))
+                record.timings["reference"] = time.perf_counter() - t0
+            return states[0]
+
         line_progress = LineProgress(progress, pieces) if progress is not None else None
         for i, piece in enumerate(pieces):
             first, last = i == 0, i == len(pieces) - 1
             step = line_progress.step(i) if line_progress is not None else None
-            with hold_model_lock(cancel):
-                rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, step)
+            rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, step)
             t_dec = time.perf_counter()
             chunks = self._decode_chunks(rendered, opts, cancel, whole)
             if gained:

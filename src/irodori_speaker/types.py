@@ -540,7 +540,8 @@ class SynthesisRecord:
     steps: int = 0
     schedule: str = ""
     pieces: int = 1  # >1 when long text was split
-    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+    # stage -> seconds ("sampling" counts the wait for the line's batch too)
+    timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -46,6 +46,14 @@ class Preset:
     codec_device: str | None = None  # where the codec runs (None: `device`), e.g. "cpu" to spare the GPU
     prewarm_seconds: float = 12.0  # CUDA graphs: capture every length bucket up to this at prewarm
     int8_linears: bool = False  # CPU: the DiT's per-step linears as int8 (W8A8, per-row activations)
+    # lines waiting for the sampler at the same time (several Speakers, server requests) are
+    # sampled as one batch of up to this many (batching.py); 1: one after another. Also the
+    # server's default --streams (lines in synthesis at once). Off (1) until measured a win:
+    # on the CPU 4 streams of news5 lines ran at 0.60-0.83x serial (padding, cache misses;
+    # RESULTS.md "Many streams"); on CUDA it is not yet timed (benchmarks/concurrency.py)
+    max_batch: int = 1
+    # a batch's padded frames at most this fraction of its real ones (a guess: time it on a GPU)
+    max_padding: float = 0.5
 
     def with_overrides(self, **overrides) -> Preset:
         names = {f.name for f in dataclasses.fields(self)}

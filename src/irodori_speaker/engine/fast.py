@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cancel import CancelToken, check
+from .batch import frame_mask
 from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
 from .model import Conditions, ContextKV, DiffusionBlock, TextToLatentRFDiT, rope_tables
 from .sampler import (
@@ -335,29 +336,34 @@ class FastSampler:
         *,
         cancel: CancelToken | None = None,
         progress: ProgressFn | None = None,
+        frames: Sequence[int] | None = None,
     ) -> Tensor:
-        """Same contract as `engine.sampler.sample` (no latent_mask: padding is handled here)."""
+        """Same contract as `engine.sampler.sample`; padding is handled here. `frames`: each row's
+        own length when the rows are several lines of different lengths (`engine.batch`): row b
+        is valid in [0, frames[b]) and the rest is masked (default: every row is all valid)."""
         with torch.inference_mode():  # graph buffers are inference tensors: always use them inside it
-            return self._sample(conds, noise, cfg or SamplerConfig(), cancel, progress)
+            return self._sample(conds, noise, cfg or SamplerConfig(), cancel, progress, frames)
 
-    def _sample(self, conds, noise, cfg, cancel, progress) -> Tensor:
+    def _sample(self, conds, noise, cfg, cancel, progress, frames=None) -> Tensor:
         model = self.fast.model
         check_inputs(model, conds, noise)
         plan = plan_for(model, conds, cfg)
         B, S, _ = noise.shape
+        lengths = [S] * B if frames is None else list(frames)
         S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
         padded = pad_conditions(conds, self.context_bucket)
         latent_mask = None
-        if S_pad != S or self.use_graphs:  # graphs: always a mask, so one graph serves both cases
-            latent_mask = torch.zeros(B, S_pad, dtype=torch.bool, device=self.fast.device)
-            latent_mask[:, :S] = True
+        if S_pad != S or self.use_graphs or frames is not None:  # graphs: always a mask (one graph, both)
+            latent_mask = frame_mask(lengths, S_pad, self.fast.device)
             noise = F.pad(noise, (0, 0, 0, S_pad - S))
         x0 = initial_x(noise, cfg, self.fast.device)
         table = self._table(plan)
         check(cancel)
 
         inputs = [x0, *_fields(padded), latent_mask]
-        if not self.use_graphs:
+        # several lines stacked (`frames`) run eagerly: a graph per combination of their lengths
+        # would be captured mid-stream again and again; one line keeps its graph
+        if not self.use_graphs or frames is not None:
             return self._loop_line(plan, cfg, table, S_pad, *inputs, cancel=cancel, progress=progress)[:, :S]
         key = (
             plan,

@@ -1,0 +1,74 @@
+"""Several lines as one sampler batch: their conditions and noise stacked, padded and masked.
+
+Padding is exact in the same way as the fast path's buckets: a padded condition position has
+a zero state and a false mask, a padded latent frame is masked out of every row's keys, so
+each line's valid frames see what they would see alone (up to the rounding of a larger
+GEMM). Lines share a batch only when their sampler plans and loop settings are equal
+(`signature`); everything else (text, voice, length, seed) may differ per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..types import SamplerConfig
+from .model import Conditions, TextToLatentRFDiT
+from .sampler import plan_for
+
+_FIELDS = ("text", "speaker", "caption")
+
+
+def frame_mask(lengths: Sequence[int], total: int, device: torch.device | str) -> Tensor:
+    """(B, total) bool: row b is valid in [0, lengths[b])."""
+    frames = torch.arange(total, device=device)
+    return frames[None, :] < torch.tensor(list(lengths), device=device)[:, None]
+
+
+def _pad_rows(states: list[Tensor], masks: list[Tensor]) -> tuple[Tensor, Tensor]:
+    n = max(s.shape[1] for s in states)
+    state = torch.cat([F.pad(s, (0, 0, 0, n - s.shape[1])) for s in states])
+    mask = torch.cat([F.pad(m, (0, n - m.shape[1]), value=False) for m in masks])
+    return state, mask
+
+
+def stack_conditions(items: Sequence[Conditions]) -> Conditions:
+    """One row per line (each item has batch 1), every condition padded to the longest."""
+    out: list[Tensor | None] = []
+    for name in _FIELDS:
+        states = [getattr(c, f"{name}_state") for c in items]
+        masks = [getattr(c, f"{name}_mask") for c in items]
+        if states[0] is None:
+            out += [None, None]
+        else:
+            out += list(_pad_rows(states, masks))
+    text_state, text_mask, *voice = out
+    assert text_state is not None and text_mask is not None
+    return Conditions(text_state, text_mask, *voice)
+
+
+def stack_noise(noises: Sequence[Tensor]) -> tuple[Tensor, list[int]]:
+    """Each line's (1, S_b, C) noise padded with zeros to the longest: (B, S_max, C), [S_b]."""
+    lengths = [int(n.shape[1]) for n in noises]
+    longest = max(lengths)
+    return torch.cat([F.pad(n, (0, 0, 0, longest - n.shape[1])) for n in noises]), lengths
+
+
+def signature(model: TextToLatentRFDiT, conds: Conditions, cfg: SamplerConfig) -> tuple:
+    """What lines must share to be sampled together: the plan (steps, schedule, guidance
+    groups and weights), the loop's own settings, which conditions exist and their dtypes."""
+    present = tuple(
+        (name, None if getattr(conds, f"{name}_state") is None else getattr(conds, f"{name}_state").dtype)
+        for name in _FIELDS
+    )
+    loop = (
+        cfg.rescale_k,
+        cfg.rescale_sigma,
+        cfg.speaker_kv_scale,
+        cfg.speaker_kv_max_layers,
+        cfg.truncation_factor,
+    )
+    return (plan_for(model, conds, cfg), loop, present, conds.batch_size)

@@ -1,0 +1,100 @@
+"""Several lines stacked into one sampler batch (engine/batch.py) sample what each does alone."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from irodori_speaker.engine.batch import frame_mask, signature, stack_conditions, stack_noise
+from irodori_speaker.engine.fast import FastSampler
+from irodori_speaker.engine.sampler import draw_noise, sample
+from irodori_speaker.engine.tiny import random_model
+from irodori_speaker.types import SamplerConfig
+
+CFG = SamplerConfig(steps=4, schedule="sway")
+
+
+def _line(model, n_text: int, n_ref: int | None, seed: int):
+    """One line's conditions (batch 1): `n_text` random tokens, a reference of `n_ref` frames."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, model.cfg.text_token_vocab, (1, n_text), generator=g)
+    mask = torch.ones(1, n_text, dtype=torch.bool)
+    ref = ref_mask = None
+    if n_ref is not None:
+        ref = torch.randn(1, n_ref, model.cfg.latent_dim, generator=g)
+        ref_mask = torch.ones(1, n_ref, dtype=torch.bool)
+    w = model.in_proj.weight
+    if ref is not None:
+        ref, ref_mask = ref.to(w.device, w.dtype), ref_mask.to(w.device)
+    with torch.inference_mode():
+        return model.encode_conditions(ids.to(w.device), mask.to(w.device), ref, ref_mask)
+
+
+LINES = [(7, 24, 40), (19, 16, 23), (3, 40, 31), (11, 8, 17)]  # text tokens, ref frames, latent frames
+
+
+@pytest.mark.parametrize("kind", ["v2", "v4.1-mf"])
+@pytest.mark.parametrize("path", ["reference", "fast"])
+def test_a_stacked_batch_samples_each_line_as_alone(kind, path):
+    model = random_model(kind)
+    lines = [
+        (_line(model, t, r, i), draw_noise(i, 1, s, model.cfg.latent_dim))
+        for i, (t, r, s) in enumerate(LINES)
+    ]
+    keys = {signature(model, c, CFG) for c, _ in lines}
+    assert len(keys) == 1, "lines of one voice and options share a batch"
+    conds = stack_conditions([c for c, _ in lines])
+    noise, lengths = stack_noise([n for _, n in lines])
+    assert lengths == [s for _, _, s in LINES] and noise.shape[:2] == (4, 40)
+    with torch.inference_mode():
+        if path == "fast":
+            fast = FastSampler(model, use_graphs=False)
+            alone = [fast.sample(c, n, CFG) for c, n in lines]
+            batched = fast.sample(conds, noise, CFG, frames=lengths)
+        else:
+            alone = [sample(model, c, n, CFG) for c, n in lines]
+            batched = sample(model, conds, noise, CFG, latent_mask=frame_mask(lengths, 40, "cpu"))
+    for b, (one, n) in enumerate(zip(alone, lengths)):
+        assert one.shape[1] == n
+        torch.testing.assert_close(batched[b : b + 1, :n], one, rtol=1e-4, atol=1e-5)
+
+
+def test_lines_that_cannot_share_a_batch_have_different_signatures():
+    model = random_model("v2")
+    with_ref, without = _line(model, 5, 16, 0), _line(model, 5, None, 1)
+    base = signature(model, with_ref, CFG)
+    assert signature(model, _line(model, 9, 30, 2), CFG) == base  # other text and voice: fine
+    assert signature(model, without, CFG) != base  # no reference: other guidance branches
+    assert signature(model, with_ref, dataclasses.replace(CFG, steps=6)) != base
+    assert signature(model, with_ref, dataclasses.replace(CFG, cfg_scale_text=2.0)) != base
+    assert signature(model, with_ref, dataclasses.replace(CFG, truncation_factor=0.8)) != base
+
+
+def test_frame_mask_marks_each_rows_own_length():
+    m = frame_mask([3, 1, 4], 5, "cpu")
+    assert m.tolist() == [
+        [True, True, True, False, False],
+        [True, False, False, False, False],
+        [True, True, True, True, False],
+    ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in benchmarks/gpu_run.sh)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda_a_batch_run_eagerly_equals_each_line_from_its_graph(dtype):
+    model = random_model("v2").to("cuda", dtype)
+    lines = [
+        (_line(model, t, r, i), draw_noise(i, 1, s, model.cfg.latent_dim, device="cuda"))
+        for i, (t, r, s) in enumerate(LINES)
+    ]
+    graphed = FastSampler(model, use_graphs=True)  # fused kernels, one line per graph
+    with torch.inference_mode():
+        alone = [graphed.sample(c, n, CFG) for c, n in lines]
+        conds = stack_conditions([c for c, _ in lines])
+        noise, lengths = stack_noise([n for _, n in lines])
+        batched = graphed.sample(conds, noise, CFG, frames=lengths)  # stacked lines: eager
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for b, (one, n) in enumerate(zip(alone, lengths)):
+        torch.testing.assert_close(batched[b : b + 1, :n].float(), one.float(), rtol=tol, atol=tol)

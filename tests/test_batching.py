@@ -1,0 +1,211 @@
+"""Lines waiting for the sampler at the same time are sampled as one batch (batching.py).
+
+The Synthesizer part runs the real tiny model on the CPU from several threads, as several
+Speakers or the server's streams do; the model lock is held while the threads start so that
+their lines really wait together. `SampleBatcher`'s own rules (a failed batch retried line by
+line) are checked with a run function that fails on purpose.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from irodori_speaker.backends.lock import MODEL_LOCK
+from irodori_speaker.backends.presets import base_preset, select_preset
+from irodori_speaker.batching import SampleBatcher, SampleRequest
+from irodori_speaker.cancel import CancelToken
+from irodori_speaker.errors import Cancelled
+from irodori_speaker.types import SynthesisOptions
+
+TEXTS = [
+    "こんにちは、今日もよろしくお願いします。",
+    "ニュースの時間です。",
+    "明日は晴れるでしょう。",
+    "ありがとう！",
+]
+
+
+@pytest.fixture(scope="module")
+def synth(irodori_home):
+    """The tiny-random synthesizer with batching on (the presets leave it off), any padding
+    allowed (the padding bound has its own test below)."""
+    from irodori_speaker.synthesizer import load_synthesizer
+
+    return load_synthesizer(
+        tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=8, max_padding=100.0
+    )
+
+
+def opts(**kw) -> SynthesisOptions:
+    return SynthesisOptions(**{"seed": 5, "steps": 4, **kw})
+
+
+def together(synth, jobs, *, tokens=None, progress=None):
+    """Run `jobs` [(text, options)] from one thread each, all waiting before any starts.
+    Returns each job's result or the exception it raised."""
+    results: list = [None] * len(jobs)
+    tokens = tokens or [None] * len(jobs)
+
+    def work(i):
+        text, o = jobs[i]
+        try:
+            results[i] = synth.synthesize(text, options=o, cancel=tokens[i], progress=(progress or {}).get(i))
+        except Exception as e:
+            results[i] = e
+
+    batcher = synth._batcher
+    with MODEL_LOCK:  # every line reaches its encoders and waits there
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while batcher._preparing < len(jobs) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert batcher._preparing == len(jobs)
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def test_lines_waiting_together_are_sampled_as_one_batch_and_sound_as_alone(synth):
+    alone = [synth.synthesize(t, options=opts(seed=i)) for i, t in enumerate(TEXTS)]
+    assert all(r.record.extra["sample_batch"] == 1 for r in alone)
+    batched = together(synth, [(t, opts(seed=i)) for i, t in enumerate(TEXTS)])
+    for a, b in zip(alone, batched):
+        assert b.record.extra["sample_batch"] == len(TEXTS)
+        assert len(a.audio) == len(b.audio)  # each line keeps its own length
+        np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
+
+
+def test_only_lines_with_the_same_plan_share_a_batch(synth):
+    jobs = [
+        (TEXTS[0], opts(steps=4)),
+        (TEXTS[1], opts(steps=6)),
+        (TEXTS[2], opts(steps=4)),
+        (TEXTS[3], opts(steps=6)),
+    ]
+    results = together(synth, jobs)
+    assert [r.record.extra["sample_batch"] for r in results] == [2, 2, 2, 2]
+    for (text, o), r in zip(jobs, results):
+        np.testing.assert_allclose(r.audio, synth.synthesize(text, options=o).audio, atol=1e-5)
+
+
+def test_a_line_cancelled_in_a_batch_stops_alone(synth):
+    tokens = [CancelToken() for _ in TEXTS]
+
+    def cancel_line_2(done, total):
+        if done >= 1:  # during the batch's sampling
+            tokens[2].cancel("the viewer left")
+
+    jobs = [(t, opts(seed=i)) for i, t in enumerate(TEXTS)]
+    results = together(synth, jobs, tokens=tokens, progress={0: cancel_line_2})
+    assert isinstance(results[2], Cancelled)
+    for i in (0, 1, 3):
+        assert results[i].record.extra["sample_batch"] == len(TEXTS)
+        np.testing.assert_allclose(
+            results[i].audio, synth.synthesize(*jobs[i][:1], options=jobs[i][1]).audio, atol=1e-5
+        )
+
+
+def test_a_line_alone_is_not_held_back(synth):
+    # nobody else encodes: it samples at once, alone (no batch, no wait for `gather_s`)
+    synth._batcher.gather_s = 60.0
+    try:
+        r = synth.synthesize("ひとりです。", options=opts())
+    finally:
+        synth._batcher.gather_s = 0.25
+    assert r.record.extra["sample_batch"] == 1
+    assert r.record.timings["sampling"] < 30  # not the 60 s gather bound (a guard, not a timing)
+
+
+def test_max_batch_one_samples_one_after_another(synth):
+    batcher = synth._batcher
+    batcher.max_batch, before = 1, batcher.max_batch
+    try:
+        results = together(synth, [(t, opts(seed=i)) for i, t in enumerate(TEXTS[:3])])
+    finally:
+        batcher.max_batch = before
+    assert [r.record.extra["sample_batch"] for r in results] == [1, 1, 1]
+
+
+def test_batching_is_opt_in_until_measured_a_win():
+    # CPU: a batch of 4 news5 lines was 0.60x serial; CUDA: not yet timed (docs/backends.md)
+    assert {base_preset(n).max_batch for n in ("cuda", "mps", "cpu")} == {1}
+    assert select_preset("cpu", max_batch=4).max_batch == 4
+
+
+# ---- SampleBatcher's rules, with a run function that fails on purpose ----------------------------
+
+
+def _batcher_run_in_threads(batcher, keys, lengths=None):
+    out: list = [None] * len(keys)
+    lengths = lengths or [1] * len(keys)
+
+    def work(i):
+        def prepare():
+            return SampleRequest(conds=i, noise=None, cfg=None, key=keys[i], length=lengths[i])
+
+        try:
+            out[i] = batcher.sample(prepare)
+        except Exception as e:
+            out[i] = e
+
+    with MODEL_LOCK:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(keys))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(batcher._waiting) < len(keys) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    for t in threads:
+        t.join(10)
+    return out
+
+
+def test_a_failed_batch_is_retried_line_by_line():
+    calls: list[int] = []
+
+    def run(reqs, cancel, progress):
+        calls.append(len(reqs))
+        if len(reqs) > 1:
+            raise RuntimeError("CUDA out of memory")  # as a too-large batch would
+        if reqs[0].conds == 1:
+            raise ValueError("this line is bad on its own")
+        return [reqs[0].conds * 10]
+
+    batcher = SampleBatcher(run, max_batch=8)
+    out = _batcher_run_in_threads(batcher, ["k"] * 3)
+    assert calls[0] == 3 and sorted(calls[1:]) == [1, 1, 1]
+    assert [o[1] for o in (out[0], out[2])] == [0, 20]
+    assert isinstance(out[1], ValueError)  # only the bad line fails
+
+
+def test_lines_of_other_keys_wait_for_their_own_batch():
+    sizes: list[int] = []
+
+    def run(reqs, cancel, progress):
+        sizes.append(len(reqs))
+        return [r.conds for r in reqs]
+
+    batcher = SampleBatcher(run, max_batch=2)
+    out = _batcher_run_in_threads(batcher, ["a", "b", "a", "a", "b"])
+    assert [o[1] for o in out] == [0, 1, 2, 3, 4]
+    assert sorted(sizes) == [1, 2, 2]  # a: 2 + 1 (max_batch 2), b: 2
+
+
+def test_a_line_far_shorter_than_the_rest_waits_for_its_own_batch():
+    batches: list[list[int]] = []
+
+    def run(reqs, cancel, progress):
+        batches.append(sorted(r.length for r in reqs))
+        return [r.conds for r in reqs]
+
+    batcher = SampleBatcher(run, max_batch=8, max_padding=0.25)
+    out = _batcher_run_in_threads(batcher, ["k"] * 5, lengths=[100, 95, 90, 10, 12])
+    assert [o[1] for o in out] == [0, 1, 2, 3, 4]
+    # the long lines go together, the short ones together: no batch pads more than it computes
+    assert sorted(batches) == [[10, 12], [90, 95, 100]]
