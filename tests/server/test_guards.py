@@ -22,8 +22,10 @@ def wait_until(cond, timeout=30.0):
 
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory):
-    """A server whose lines take long (many sampler steps) and whose queue holds one line."""
-    srv = start_server(tmp_path_factory.mktemp("slow"), "--steps", "64", "--max-queue", "1", "--no-cache")
+    """A server whose lines take long (many sampler steps), one at a time, and whose queue holds
+    one line."""
+    home = tmp_path_factory.mktemp("slow")
+    srv = start_server(home, "--steps", "64", "--max-queue", "1", "--streams", "1", "--no-cache")
     yield srv
     assert srv.stop() == 0
 

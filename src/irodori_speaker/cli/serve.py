@@ -45,6 +45,12 @@ def register(sub: Any) -> None:
     g.add_argument("--voices", help="voice config (.toml/.yaml): speakers, styles, ids (docs/server.md)")
     g.add_argument("--max-text-chars", type=int, default=1000, help="longest text per request (default 1000)")
     g.add_argument("--max-queue", type=int, default=64, help="lines waiting before 503 (default 64)")
+    g.add_argument(
+        "--streams",
+        type=_positive,
+        help="lines in synthesis at once, their sampling batched "
+        "(default: the backend preset's max_batch; 1: one line at a time)",
+    )
     g.add_argument("--max-body-bytes", type=int, default=1_000_000, help="largest body (default 1 MB)")
     g.add_argument("--seed", type=int, default=0, help="noise seed: fixed by default, so a request repeats")
     g.add_argument("--steps", type=int, help="sampler steps (default: the backend preset's)")
@@ -81,6 +87,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         max_text_chars=args.max_text_chars,
         max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue,
+        streams=args.streams,
         seed=args.seed,
         steps=args.steps,
         shutdown_grace_s=args.shutdown_grace,
@@ -114,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     from ..synthesizer import load_synthesizer
     from .common import load_kwargs
 
-    synth = load_synthesizer(**load_kwargs(args), user_dict=args.user_dict)
+    # --streams N: N lines in synthesis at once, sampled as batches of up to N
+    synth = load_synthesizer(**load_kwargs(args), user_dict=args.user_dict, max_batch=args.streams)
     cache = None
     if not args.no_cache:
         from ..cache import PhraseCache, default_cache_dir

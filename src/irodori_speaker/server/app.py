@@ -93,7 +93,10 @@ def create_app(
     for warning in settings.check():
         log.warning(warning)
     metrics = Metrics()
-    service = SpeechService(synth, cache=cache, max_queue=settings.max_queue, metrics=metrics)
+    streams = int(settings.streams or getattr(getattr(synth, "preset", None), "max_batch", 1) or 1)
+    service = SpeechService(
+        synth, cache=cache, max_queue=settings.max_queue, metrics=metrics, streams=streams
+    )
     if user_dict is None:
         user_dict = synth.user_dict if getattr(synth, "user_dict", None) is not None else UserDictionary()
     state = AppState(settings, book or default_voice_book(), service, user_dict, metrics)

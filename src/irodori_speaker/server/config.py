@@ -268,6 +268,7 @@ class ServerSettings:
     max_text_chars: int = 1000
     max_body_bytes: int = 1_000_000
     max_queue: int = 64  # waiting syntheses; more -> 503 with Retry-After
+    streams: int | None = None  # lines in synthesis at once (None: the preset's max_batch)
     max_batch: int = 16  # queries per /multi_synthesis
     seed: int | None = 0  # fixed: the same request gives the same audio (VOICEVOX-like), cacheable
     steps: int | None = None  # sampler steps (None: the backend preset's)

@@ -46,6 +46,12 @@ class Metrics:
             "irodori_cache_hits_total", "Lines served from the phrase cache", registry=r
         )
         self.sampler_steps = Counter("irodori_sampler_steps_total", "Sampler steps run", registry=r)
+        self.sample_batch = Histogram(
+            "irodori_sample_batch_lines",
+            "Lines sampled together with each rendered line (itself included; 1: alone)",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

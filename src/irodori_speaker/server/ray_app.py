@@ -27,7 +27,7 @@ def build_app(args: argparse.Namespace, settings: Any) -> Any:
     from .app import create_app
     from .config import load_voice_book
 
-    synth = load_synthesizer(**load_kwargs(args), user_dict=args.user_dict)
+    synth = load_synthesizer(**load_kwargs(args), user_dict=args.user_dict, max_batch=args.streams)
     cache = None if args.no_cache else PhraseCache(args.cache_dir or default_cache_dir())
     book = load_voice_book(args.voices)
     return create_app(synth, settings, book=book, cache=cache, prewarm=not args.no_prewarm)
@@ -48,8 +48,10 @@ def build_deployment(args: argparse.Namespace, settings: Any) -> Any:
         num_replicas=args.replicas,
         ray_actor_options={"num_gpus": gpus, "num_cpus": 1},
         # the app keeps its own fair queue (--max-queue, 503 beyond it); Ray may hand a replica
-        # as many requests as that queue holds plus the lines running
-        max_ongoing_requests=settings.max_queue + 1,
+        # as many requests as that queue holds plus the lines running (--streams; unset, the
+        # replica's preset decides, 16 at most today: a bound that is too high only means the
+        # app's own 503 answers first)
+        max_ongoing_requests=settings.max_queue + (settings.streams or 16),
     )
     # Ray's decorator types hide .bind
     return deployment.bind()  # type: ignore[attr-defined]

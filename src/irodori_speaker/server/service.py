@@ -1,15 +1,16 @@
-"""The server's one synthesis worker: a fair queue in front of the Synthesizer.
+"""The server's synthesis workers: a fair queue in front of the Synthesizer.
 
 Every route hands its line to `SpeechService.stream`; a phrase-cache hit is answered at
 once, a miss waits in a queue with one lane per client (round robin across lanes, so one
-client's burst does not starve another), and a single worker thread renders lines one at
-a time (model work also holds the process-wide model lock). The cache is the one
-integration, `CachedRender` (cache/policy.py), with store policy "seeded": a line with a
-seed (the server's default, `serve --seed 0`) is stored once rendered whole; a random one is
-rendered as asked and never stored. Chunks reach the event loop
-as the decoder produces them. A request that goes away cancels its line: its CancelToken
-stops the sampler between steps (or takes the line out of the queue). Shutdown lets the
-running line finish for a grace period, then cancels what is left.
+client's burst does not starve another; a client with fewer lines in synthesis goes first).
+`streams` worker threads render lines; lines that reach the sampler together are sampled as
+one batch (batching.py), and their decodes interleave chunk by chunk under the model lock. The
+cache is the one integration, `CachedRender` (cache/policy.py), with store policy "seeded": a
+line with a seed (the server's default, `serve --seed 0`) is stored once rendered whole; a
+random one is rendered as asked and never stored. Chunks reach the event loop as the decoder
+produces them. A request that goes away cancels its line: its CancelToken stops the sampler
+between steps (or takes the line out of the queue). Shutdown lets the running lines finish
+for a grace period, then cancels what is left.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class ShuttingDown(IrodoriError):
     """The server is stopping and takes no new lines."""
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the running set
 class Line:
     """One line in flight: what to render, and the channel its chunks come back on."""
 
@@ -69,11 +70,13 @@ class Line:
 
 
 class FairQueue:
-    """Lanes per client, served round robin. Thread-safe."""
+    """Lanes per client, served round robin; a client with fewer lines in synthesis goes
+    first (so one client's burst cannot fill every stream while another waits). Thread-safe."""
 
     def __init__(self) -> None:
         self._lanes: dict[str, deque[Line]] = {}
         self._order: deque[str] = deque()
+        self._busy: dict[str, int] = {}  # client -> its lines out (`get` until `done`)
         self._cond = threading.Condition()
         self._closed = False
 
@@ -97,14 +100,23 @@ class FairQueue:
                 if self._closed:
                     return None
                 self._cond.wait()
-            client = self._order.popleft()
+            client = min(self._order, key=lambda c: self._busy.get(c, 0))  # the first of the least busy
+            self._order.remove(client)
             lane = self._lanes[client]
             line = lane.popleft()
             if lane:
                 self._order.append(client)
             else:
                 del self._lanes[client]
+            self._busy[client] = self._busy.get(client, 0) + 1
             return line
+
+    def done(self, line: Line) -> None:
+        """`line` (from `get`) is finished."""
+        with self._cond:
+            left = self._busy.pop(line.client, 1) - 1
+            if left > 0:
+                self._busy[line.client] = left
 
     def drain(self) -> list[Line]:
         with self._cond:
@@ -129,6 +141,7 @@ class SpeechService:
         cache: Any = None,
         max_queue: int = 64,
         metrics: Metrics | None = None,
+        streams: int = 1,
     ) -> None:
         self.synth = synth
         self.cache = cache
@@ -140,35 +153,37 @@ class SpeechService:
         self.max_queue = max_queue
         self.metrics = metrics or Metrics()
         self._queue = FairQueue()
-        self._running: Line | None = None
-        self._thread: threading.Thread | None = None
+        self.streams = max(1, int(streams))  # lines in synthesis at once (worker threads)
+        self._running: set[Line] = set()
+        self._threads: list[threading.Thread] = []
         self._accepting = False
         self._mean_line_s = 1.0  # moving average of a miss's render time (Retry-After)
         self.initialized: set[Any] = set()
 
     # ---- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is None:
+        if not self._threads:
             self._accepting = True
-            self._thread = threading.Thread(target=self._work, name="irodori-synthesis", daemon=True)
-            self._thread.start()
+            for i in range(self.streams):
+                t = threading.Thread(target=self._work, name=f"irodori-synthesis-{i}", daemon=True)
+                self._threads.append(t)
+                t.start()
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """No new lines; the queued and running ones get `grace_s`, then are cancelled."""
         self._accepting = False
         deadline = time.monotonic() + grace_s
-        while (len(self._queue) or self._running is not None) and time.monotonic() < deadline:
+        while (len(self._queue) or self._running) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         for line in self._queue.drain():
             line.cancel.cancel("server shutting down")
             line.send(Cancelled("server shutting down"))
-        running = self._running
-        if running is not None:
+        for running in list(self._running):
             running.cancel.cancel("server shutting down")
         self._queue.close()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 30.0)
-            self._thread = None
+        for t in self._threads:
+            await asyncio.to_thread(t.join, 30.0)
+        self._threads = []
 
     @property
     def queue_length(self) -> int:
@@ -182,9 +197,10 @@ class SpeechService:
                 return
             self.metrics.queue_length.set(len(self._queue))
             if line.cancel.cancelled:
+                self._queue.done(line)
                 line.send(Cancelled(line.cancel.reason))
                 continue
-            self._running = line
+            self._running.add(line)
             t0 = line.started = time.perf_counter()
             try:
                 self._render(line)
@@ -193,8 +209,11 @@ class SpeechService:
             else:
                 line.send(_DONE)
             finally:
-                self._running = None
-                self._mean_line_s = 0.8 * self._mean_line_s + 0.2 * (time.perf_counter() - t0)
+                self._running.discard(line)
+                self._queue.done(line)
+                # a line's time per worker: with several streams, lines finish that much faster
+                per_line = (time.perf_counter() - t0) / self.streams
+                self._mean_line_s = 0.8 * self._mean_line_s + 0.2 * per_line
 
     def _render(self, line: Line) -> None:
         steps = self.metrics.sampler_steps
@@ -215,6 +234,8 @@ class SpeechService:
         finally:
             stream.close()
         line.record = stream.record
+        if stream.record.frames:  # sampled (not a cache hit, not only pauses)
+            self.metrics.sample_batch.observe(stream.record.extra.get("sample_batch", 1))
         audio_s = stream.record.samples / 48_000
         if audio_s > 0:
             self.metrics.rtf.observe((time.perf_counter() - line.started) / audio_s)
