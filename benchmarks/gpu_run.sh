@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec news5 int4 memory memory_phases server_load" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec concurrency cpu_preset news5 int4 memory memory_phases server_load" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -26,7 +26,7 @@ else
   export PYTHONPATH="$PWD/src"
 fi
 STAGES="${STAGES:-env tests profile news5 int4 memory}"
-TESTS="${TESTS:-tests/engine/test_codec_fast.py tests/engine/test_fast.py tests/engine/test_fast_v4.py tests/engine/test_fused.py tests/engine/test_codec_graphs.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py}"
+TESTS="${TESTS:-tests/engine/test_batch.py tests/engine/test_codec_fast.py tests/engine/test_fast.py tests/engine/test_fast_v4.py tests/engine/test_fused.py tests/engine/test_codec_graphs.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py}"
 
 stage() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
@@ -43,6 +43,12 @@ if stage profile; then
 fi
 if stage codec; then
   timeout "${CODEC_S:-200}" python3 benchmarks/codec_speed.py ${CODEC_ARGS:-} 2>&1 | tee "$OUT/codec.txt" | tail -40
+fi
+if stage concurrency; then  # many streams: batched vs serial side by side (benchmarks/concurrency.py)
+  timeout "${CONC_S:-300}" python3 benchmarks/concurrency.py ${CONC_ARGS:---streams 1,4,16,64 --lines 3} --json "$OUT/concurrency.json" 2>&1 | tee "$OUT/concurrency.txt" | tail -20
+fi
+if stage cpu_preset; then  # the CPU preset on the host's cores (issue 17: RTF <= 0.3)
+  CUDA_VISIBLE_DEVICES= timeout "${CPU_S:-240}" python3 benchmarks/cpu_preset.py ${CPU_ARGS:-} 2>&1 | tee "$OUT/cpu_preset.txt" | tail -40
 fi
 if stage news5; then
   timeout "${NEWS5_S:-250}" python3 benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 1 --int4-impl scratch} 2>&1 | tee "$OUT/news5.txt" | tail -60
