@@ -25,6 +25,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# A doc's commands run in order in one directory (a later one reads what an earlier one wrote):
+# under pytest-xdist they must all run on one worker, in order (`--dist loadgroup` in pyproject).
+pytestmark = pytest.mark.xdist_group("docs-commands")
 SHELL_LANGS = {"bash", "sh", "shell", "console", "zsh"}
 BLOCK = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.S | re.M)
 # `irodori-speaker` or `python examples/x.py` in a command's place (after |, ;, &&, or VAR=value)
