@@ -497,7 +497,8 @@ class Synthesizer(VoiceConditions):
         """Yield (float32 numpy chunk, is_last) of one rendered piece, cut to its sample count."""
         import torch
 
-        latent = rendered.latent[:, : rendered.decode_frames].to(self.codec.device, self.codec.dtype)
+        with hold_model_lock(cancel):  # a device op (MPS command buffers are not thread-safe)
+            latent = rendered.latent[:, : rendered.decode_frames].to(self.codec.device, self.codec.dtype)
         first = None
         if opts.chunk_frames is not None:
             chunk = opts.chunk_frames
