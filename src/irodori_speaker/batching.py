@@ -132,6 +132,8 @@ class SampleBatcher:
     def _pick(self, req: SampleRequest) -> list[SampleRequest]:
         """`req` and the waiting lines of its key closest to its length, while the batch's
         padding (every row padded to the longest) stays within `max_padding` of its real rows."""
+        if self.max_batch <= 1:
+            return [req]
         live = [
             r
             for r in self._waiting

@@ -394,35 +394,34 @@ class Synthesizer(VoiceConditions):
             frames = min(frames, cap_frames)
         return max(frames, int(0.5 * FRAMES_PER_SECOND))
 
-    def sample_latent(self, conds: Any, noise: Any, cfg: SamplerConfig, *, cancel=None, progress=None) -> Any:
+    def sample_latent(
+        self, conds: Any, noise: Any, cfg: SamplerConfig, *, cancel=None, progress=None, frames=None
+    ) -> Any:
         """Run the sampler (the preset's fast path, or the reference loop) with resolved options
-        (SynthesisOptions is a SamplerConfig: the sampler reads its own fields of it)."""
+        (SynthesisOptions is a SamplerConfig: the sampler reads its own fields of it). `frames`:
+        each row's own length, for rows that are several lines (`engine.batch`)."""
+        from .engine.batch import frame_mask
         from .engine.sampler import sample
 
         fast = self.fast_sampler
         if fast is not None:
-            return fast.sample(conds, noise, cfg, cancel=cancel, progress=progress)
-        return sample(self.model, conds, noise, cfg, cancel=cancel, progress=progress)
+            return fast.sample(conds, noise, cfg, cancel=cancel, progress=progress, frames=frames)
+        mask = None if frames is None else frame_mask(frames, noise.shape[1], self.device)
+        return sample(self.model, conds, noise, cfg, latent_mask=mask, cancel=cancel, progress=progress)
 
     def _sample_batch(self, reqs: list, cancel: Any, progress: Any) -> list:
         """Sample `reqs` (SampleRequests of one signature) together; called with the lock held."""
-        from .engine.batch import frame_mask, stack_conditions, stack_noise
-        from .engine.sampler import sample
+        from .engine.batch import stack_conditions, stack_noise
 
-        if len(reqs) == 1:
+        if len(reqs) == 1:  # alone: as before batching (on CUDA from its graph)
             r = reqs[0]
             outs = [self.sample_latent(r.conds, r.noise, r.cfg, cancel=cancel, progress=progress)]
         else:
             conds = stack_conditions([r.conds for r in reqs])
             noise, lengths = stack_noise([r.noise for r in reqs])
-            cfg, fast = reqs[0].cfg, self.fast_sampler
-            if fast is not None:
-                latent = fast.sample(conds, noise, cfg, cancel=cancel, progress=progress, frames=lengths)
-            else:
-                mask = frame_mask(lengths, noise.shape[1], self.device)
-                latent = sample(
-                    self.model, conds, noise, cfg, latent_mask=mask, cancel=cancel, progress=progress
-                )
+            latent = self.sample_latent(
+                conds, noise, reqs[0].cfg, cancel=cancel, progress=progress, frames=lengths
+            )
             outs = [latent[b : b + 1, :n] for b, n in enumerate(lengths)]
         self._sync()
         return outs
@@ -463,14 +462,15 @@ class Synthesizer(VoiceConditions):
                 conds = self._conditions(piece.ids, piece.mask, states)
                 frames = self._frames(piece, conds, states[0], opts, record)
                 noise = draw_noise(seed, 1, frames, self.config.latent_dim, device=self.device)
-                key = signature(self.model, conds, opts)
+                # the plan's host syncs only where lines may share a batch
+                key = signature(self.model, conds, opts) if self._batcher.max_batch > 1 else None
                 self._sync()
             stage.append(time.perf_counter())
             return SampleRequest(conds, noise, opts, key, cancel=cancel, progress=progress, length=frames)
 
         req, latent = self._batcher.sample(prepare)
         t0, t1, t2 = stage[0], stage[1], time.perf_counter()
-        frames = int(req.noise.shape[1])
+        frames = req.length
         record.timings["duration"] = record.timings.get("duration", 0.0) + (t1 - t0)
         # sampling: from the encoders' end to the latent, the wait for a batch included
         record.timings["sampling"] = record.timings.get("sampling", 0.0) + (t2 - t1)
