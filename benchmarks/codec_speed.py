@@ -76,6 +76,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--compile", action="store_true", help="add torch.compile variants")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument(
+        "--cudnn-benchmark",
+        action="store_true",
+        help="add +bench variants: cuDNN times its algorithms per conv shape (cudnn.benchmark)",
+    )
+    ap.add_argument(
+        "--profile-windows",
+        default="",
+        help="comma list of window frames: the top CUDA kernels of one fp16 decode of each, per variant",
+    )
     args = ap.parse_args()
 
     if args.threads:
@@ -109,7 +119,10 @@ def main() -> None:
             variants += [("bcT+graph", False, True, False), ("cl+graph", True, True, False)]
         if args.compile:
             variants += [("compile", False, cuda and not args.no_graphs, True)]
+        if args.cudnn_benchmark and cuda:
+            variants += [(v + "+bench", cl, g, c) for v, cl, g, c in variants if not c]
         for vname, channels_last, graphs, compiled in variants:
+            torch.backends.cudnn.benchmark = vname.endswith("+bench")
             codec = codec_from_state_dict(state, FULL_CODEC_KWARGS, device=device, dtype=dtype)
             if channels_last:
                 codec.use_channels_last(True)
@@ -162,6 +175,35 @@ def main() -> None:
             del codec
             if cuda:
                 torch.cuda.empty_cache()
+    torch.backends.cudnn.benchmark = False
+    for n in [int(w) for w in args.profile_windows.split(",") if w]:
+        profile_window(state, device, n)
+
+
+def profile_window(state: dict, device: torch.device, frames: int) -> None:
+    """Top CUDA kernels of one eager fp16 decode of a `frames` window: bcT / cl, cudnn.benchmark off / on."""
+    from torch.profiler import ProfilerActivity, profile
+
+    z = torch.randn(1, frames, 32, device=device, dtype=torch.float16)
+    for cl in (False, True):
+        for bench in (False, True):
+            torch.backends.cudnn.benchmark = bench
+            codec = codec_from_state_dict(state, FULL_CODEC_KWARGS, device=device, dtype=torch.float16)
+            codec.use_channels_last(cl)
+            with torch.no_grad():
+                for _ in range(2):
+                    codec.decode(z)
+                sync(device)
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    codec.decode(z)
+                    sync(device)
+            events = prof.key_averages()
+            total = sum(e.self_device_time_total for e in events) / 1e3
+            layout = "cl" if cl else "bcT"
+            print(f"\n## window {frames} frames, {layout}, benchmark={bench}: {total:.2f} ms of kernels")
+            print(events.table(sort_by="device_time_total", row_limit=12, max_name_column_width=70))
+            del codec
+    torch.backends.cudnn.benchmark = False
 
 
 if __name__ == "__main__":

@@ -111,6 +111,12 @@ def main() -> None:
     ap.add_argument("--serial", action=argparse.BooleanOptionalAction, default=True, help=serial_help)
     ap.add_argument("--max-padding", type=float, help="the batcher's padding bound (default: the preset's)")
     ap.add_argument("--json", type=Path, help="write the rows here too")
+    ap.add_argument(
+        "--int4-impl",
+        default="auto",
+        choices=["auto", "kernel", "scratch"],
+        help="int4 GEMM path (auto: the chooser measures each M bucket in prewarm; as news5 --int4-impl)",
+    )
     args = ap.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -120,7 +126,7 @@ def main() -> None:
         raise SystemExit(f"mode {key} needs CUDA")
     files = news5.prepare_files(int4=mode.int4, smoke=args.smoke, families={mode.family})
     sentences = json.loads(news5.NEWS5_JSON.read_text())["sentences"]
-    synth, voice = news5.build(mode, files)
+    synth, voice = news5.build(mode, files, args.int4_impl)
     if args.max_padding is not None:
         synth._batcher.max_padding = args.max_padding
     if mode.fast:

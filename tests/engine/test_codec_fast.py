@@ -154,3 +154,20 @@ def test_channels_last_graphs_replay_the_eager_channels_last_decode_exactly() ->
     assert codec.channels_last and codec._graphs is not None and codec._graphs.captures >= 2
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("padding", "dilation"), [(3, 1), (9, 3), (0, 1)])
+def test_a_conv_run_as_one_gemm_equals_the_conv(padding: int, dilation: int) -> None:
+    from irodori_speaker.engine.codec.fast import _Conv
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(16, 24, 7, padding=padding, dilation=dilation)
+    x = torch.randn(2, 40, 16)  # (B, T, C)
+    want = torch.nn.functional.conv1d(x.transpose(1, 2), conv.weight, None, 1, padding, dilation)
+    want = want.transpose(1, 2)
+    gemm = _Conv.of(conv, as_gemm=True)
+    assert gemm.as_gemm
+    got = gemm(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_Conv.of(conv)(x), want, rtol=1e-5, atol=1e-5)

@@ -114,3 +114,20 @@ def test_a_graph_captured_before_the_scratch_grew_still_replays_right() -> None:
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, small(x), rtol=0, atol=0)
+
+
+def test_a_new_bucket_is_measured_only_in_warm_up() -> None:
+    from irodori_speaker.kernels.tuning import tuning_allowed
+
+    tw.clear_choices()
+    p = _layer(1280, 1280, sym=True, seed=3)
+    layer = Int4Linear(p).to(DEV)
+    x = torch.randn(1100, 1280, device=DEV, dtype=torch.bfloat16)
+    first = tw.choose_impl(x[:75], layer.qweight, layer.scales, None)  # never seen: measured
+    assert first.time_ms is not None
+    mid = tw.choose_impl(x, layer.qweight, layer.scales, None)  # bucket 2048, mid-stream
+    assert mid is first  # the nearest measured bucket's pick, nothing timed
+    with tuning_allowed():
+        warm = tw.choose_impl(x, layer.qweight, layer.scales, None)
+    assert warm is not first and warm.time_ms is not None and len(warm.timings) >= 4
+    assert tw.choose_impl(x, layer.qweight, layer.scales, None) is warm

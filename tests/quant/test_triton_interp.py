@@ -169,3 +169,34 @@ def test_other_group_sizes(tw, gs, bk) -> None:
     out = torch.empty(256, 64, dtype=torch.float16)
     tw.dequantize_into(p.qweight, p.scales, zb, out, group_size=gs)
     assert torch.equal(out, p.dequantize().t().half())
+
+
+def test_new_bucket_mid_stream_takes_the_nearest_measured_choice(tw) -> None:
+    """Outside warm-up a new M bucket reuses the nearest measured one (no stall to measure);
+    inside `tuning_allowed()` on a GPU it would measure (tests/quant/test_cuda.py)."""
+    from irodori_speaker.kernels.tuning import is_tuning_allowed, tuning_allowed
+
+    tw.clear_choices()
+    try:
+        x = torch.zeros(600, 64, dtype=torch.float16)  # bucket 1024
+        p = _layer(64, 64, sym=True, seed=0)
+        key = tw._choice_key(x, 64, 64, True, 32)
+        assert tw.nearest_choice(key) is None
+        assert tw.choose_impl(x, p.qweight, p.scales, None).time_ms is None  # never measured: default
+        small = tw.Choice("kernel", tw.KernelConfig(bm=16, bn=64, bk=64), 0.01)
+        large = tw.Choice("scratch", None, 0.02)
+        tw._CHOICES[(*key[:-1], 128)] = small
+        tw._CHOICES[(*key[:-1], 4096)] = large
+        tw._CHOICES[("other-gpu", *key[1:])] = tw.Choice("kernel", None, 0.0)  # another layer key
+        assert tw.choose_impl(x, p.qweight, p.scales, None) is large  # 1024: 2 octaves from 4096, 3 from 128
+        assert tw.choose_impl(x[:100], p.qweight, p.scales, None) is small  # bucket 128 itself
+        assert tw.choose_impl(x[:300], p.qweight, p.scales, None) is small  # 512: nearer 128
+        tw._CHOICES[(*key[:-1], 256)] = large
+        assert tw.nearest_choice((*key[:-1], 512)) is large  # 256 is one octave away
+        with tuning_allowed():
+            assert is_tuning_allowed()
+            with tuning_allowed():
+                assert is_tuning_allowed()
+        assert not is_tuning_allowed()
+    finally:
+        tw.clear_choices()

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from ..errors import QuantError
 from ..kernels.triton_common import HAS_TRITON, interp_bf16, interpreter_active
+from ..kernels.tuning import is_tuning_allowed
 
 if HAS_TRITON:  # optional (the "cuda" extra); everything here falls back to the reference path without it
     import triton
@@ -53,6 +54,7 @@ __all__ = [
     "dequantize_into",
     "interpreter_active",
     "m_bucket",
+    "nearest_choice",
     "reference_w4a16",
     "w4a16_kernel",
     "w4a16_linear",
@@ -675,8 +677,10 @@ def choose_impl(
     """Pick kernel (with its tile config) or scratch+cuBLAS for this shape's M bucket, measuring on first use.
 
     The choice is cached per (GPU, dtype, N, K, zero kind, group size, M bucket), and persisted to the JSON
-    file named by ``IRODORI_INT4_TUNE_CACHE`` when set. Nothing is measured while a CUDA graph is being
-    captured (the unmeasured default is used and not cached), so warm up before capturing.
+    file named by ``IRODORI_INT4_TUNE_CACHE`` when set. A new bucket is measured inside
+    `kernels.tuning.tuning_allowed()` (warm-up) or when the layer shape was never measured at all;
+    otherwise it takes the nearest measured bucket's choice (`nearest_choice`, not cached: a later
+    warm-up still measures it). Nothing is measured while a CUDA graph is being captured.
     """
     m, n, k = x.shape[0], qweight.shape[1], qweight.shape[0] * 8
     key = _choice_key(x, n, k, zero_bias is None, group_size)
@@ -686,7 +690,12 @@ def choose_impl(
         hit = _CHOICES.get(key)
     if hit is not None:
         return hit
-    if x.device.type != "cuda" or not measure or torch.cuda.is_current_stream_capturing():
+    can_measure = x.device.type == "cuda" and measure and not torch.cuda.is_current_stream_capturing()
+    if not (can_measure and is_tuning_allowed()):
+        near = nearest_choice(key)
+        if near is not None:  # mid-stream: no stall, the nearest measured bucket's pick
+            return near
+    if not can_measure:
         return Choice("kernel", default_config(m, n, k))
     timings: list[tuple[str, float]] = []
     t = _bench_ms(lambda: w4a16_scratch(x, qweight, scales, zero_bias, bias, group_size=group_size))
@@ -711,6 +720,19 @@ def choose_impl(
     with _CHOICES_LOCK:
         _CHOICES[key] = best
         _save_tune_file()
+    return best
+
+
+def nearest_choice(key: tuple) -> Choice | None:
+    """The measured choice of the same layer shape at the M bucket nearest `key`'s (ties: the larger
+    bucket), or None if that shape was never measured. Used outside `tuning_allowed()` so a line
+    that reaches a new bucket mid-stream (a batch of lines, a long line) does not stop to measure."""
+    bucket = key[-1]
+    with _CHOICES_LOCK:
+        same = [(b, c) for kk, c in _CHOICES.items() if kk[:-1] == key[:-1] for b in (kk[-1],)]
+    if not same:
+        return None
+    _, best = min(same, key=lambda bc: (abs(math.log2(bc[0] / bucket)), -bc[0]))
     return best
 
 

@@ -66,9 +66,10 @@ class _Conv:
     dilation: int
     output_padding: int
     transposed: bool
+    as_gemm: bool = False  # run as one im2col GEMM (see `ChannelsLastDecoder.__init__`)
 
     @classmethod
-    def of(cls, conv: nn.Module) -> _Conv:
+    def of(cls, conv: nn.Module, *, as_gemm: bool = False) -> _Conv:
         assert isinstance(conv, (nn.Conv1d, nn.ConvTranspose1d)) and conv.bias is not None
         # In place: (Cout, Cin, K) -> the same values with the channel dim innermost, which is the
         # NHWC layout of its (Cout, Cin, 1, K) view. Eager conv1d accepts the strided weight.
@@ -83,6 +84,7 @@ class _Conv:
             conv.dilation[0],
             conv.output_padding[0] if transposed else 0,
             transposed,
+            as_gemm and not transposed and conv.stride[0] == 1,
         )
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -90,6 +92,12 @@ class _Conv:
         B, T, C = x.shape
         if self.kernel == 1 and not self.transposed:
             return torch.matmul(x, self.weight[:, :, 0].t())
+        if self.as_gemm:  # (B, T_out, K * Cin) windows x (K * Cin, Cout); weight memory is (Cout, K, Cin)
+            xp = nn.functional.pad(x, (0, 0, self.padding, self.padding)).contiguous()
+            t_out = xp.shape[1] - self.dilation * (self.kernel - 1)
+            cols = xp.as_strided((B, t_out, self.kernel, C), (xp.stride(0), C, self.dilation * C, 1))
+            w = self.weight.permute(0, 2, 1).reshape(self.weight.shape[0], -1)
+            return torch.matmul(cols.reshape(B, t_out, -1), w.t())
         x4 = x.view(B, 1, T, C).permute(0, 3, 1, 2)  # (B, C, 1, T) in NHWC memory
         w4 = self.weight.unsqueeze(2)
         if self.transposed:
@@ -120,7 +128,11 @@ class ChannelsLastDecoder:
         if not supports_channels_last(decoder):
             raise ValueError("the decoder has convs the channels-last path does not know (int4 layers?)")
         self.in_proj = _Conv.of(in_proj)
-        self.first = _Conv.of(decoder.model[0])
+        # The first conv (latent rate, 7 taps, the widest channels) as a GEMM: its input is a few
+        # hundred frames, so the unfolded windows are small, and cuDNN's heuristic picked a direct
+        # kernel that took 59 ms of a 116-frame window's 61 ms (H200, 2026-12-04; the (B, C, T)
+        # decoder's legacy implicit GEMM there took 1.2 ms; benchmarks/codec_speed.py --profile-windows)
+        self.first = _Conv.of(decoder.model[0], as_gemm=True)
         # (conv, add the residual x?, alpha of the Snake after it or None, keep the sum as the next x?)
         self.steps: list[tuple[_Conv, bool, Tensor | None, bool]] = []
         blocks = [m for m in decoder.model[1:] if isinstance(m, DecoderBlock)]

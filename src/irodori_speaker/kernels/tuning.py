@@ -1,0 +1,37 @@
+"""When kernels may stop to measure: inside a warm-up, not in the middle of a stream.
+
+A kernel chooser that times its candidates the first time it sees a shape costs tens to hundreds
+of milliseconds per new shape. During `Synthesizer.prewarm` that is what warm-up is for; on a live
+stream it is a stall (2026-12-04, H200: batched lines reached new int4 M buckets mid-stream and
+four streams took 10.6 s instead of 0.4 s). Code that warms up wraps itself in `tuning_allowed()`;
+elsewhere a chooser reuses the nearest shape it already measured and measures only a shape it has
+never seen at all.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["is_tuning_allowed", "tuning_allowed"]
+
+_depth = 0
+_lock = threading.Lock()
+
+
+@contextmanager
+def tuning_allowed() -> Iterator[None]:
+    """Within this block (process-wide: warm-up holds the model lock) choosers measure new shapes."""
+    global _depth
+    with _lock:
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+
+
+def is_tuning_allowed() -> bool:
+    return _depth > 0
