@@ -4,7 +4,8 @@ Full-size v2 DiT (500M) and full-size codec with random weights, built and loade
 product's loaders as benchmarks/news5.py does (its files are shared: /tmp/irodori-news5), then
 news5 sentence 1 (and 2 with `--sentences 1,2`) streamed through a `Synthesizer` as the product
 does (8 sway steps, text trimmed, fast path, the codec's 8-frame first chunk then 25-frame
-chunks: news5's mode (f)). Each row swaps one thing:
+chunks: news5's mode (f); the preset rows stream the windows the preset picks, `preset-w25` the
+same picks with the 25-frame windows). Each row swaps one thing:
 
 - DiT: fp32 / bf16 weights and activations / int8 linears (`quant.int8`, W8A8 per row) on fp32 or
   bf16 activations / torch.ao's deprecated `quantize_dynamic` (for comparison only);
@@ -72,6 +73,7 @@ class Row:
     codec: str  # key of the codec variant
     threads: int
     snake_fp32: bool = False  # Snake through fp32 for bf16 input, as before issue 17
+    windows: tuple[int, float | None] = (25, None)  # stream_chunk_frames, stream_chunk_growth
     result: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 
@@ -376,8 +378,13 @@ def main() -> None:
     if default_threads != t_main:
         what = f"all fp32 at torch's default {default_threads} threads (the CPU preset before, exactly)"
         rows.insert(1, Row("ref-default", what, "fp32", "fp32", default_threads))
+    pick_windows = (picks["stream_chunk_frames"], picks["stream_chunk_growth"])
     for n in thread_list:
-        rows.append(Row(f"preset-t{n}", f"the preset's picks, {n} threads", pick_dit, pick_codec, n))
+        what = f"the preset's picks, {n} threads, windows {_fmt_windows(pick_windows)}"
+        rows.append(Row(f"preset-t{n}", what, pick_dit, pick_codec, n, windows=pick_windows))
+    if pick_windows != (25, None):
+        what = "the preset's picks with the windows before (8 then 25 frames)"
+        rows.append(Row("preset-w25", what, pick_dit, pick_codec, t_main))
     if args.rows:
         wanted = {"ref", *args.rows.split(",")}
         rows = [r for r in rows if r.key in wanted]
@@ -387,7 +394,9 @@ def main() -> None:
         print(f"running {row.key}: {row.what}", flush=True)
         try:
             torch.set_num_threads(row.threads)
-            synth = make_synth(dit(row.dit), codec(row.codec), inference, tokenizer, preset)
+            chunk, growth = row.windows
+            row_preset = dataclasses.replace(preset, stream_chunk_frames=chunk, stream_chunk_growth=growth)
+            synth = make_synth(dit(row.dit), codec(row.codec), inference, tokenizer, row_preset)
             with snake_through_fp32() if row.snake_fp32 else contextlib.nullcontext():
                 row.result = measure(row, synth, lines, args.repeat)
             t = totals(row.result)
@@ -414,7 +423,12 @@ def main() -> None:
                     c.use_channels_last()
                 spent = compile_decoder(c)
                 row.what += f" (compiled in {spent:.0f} s)"
-                synth = make_synth(dit(row.dit), c, inference, tokenizer, preset)
+                chunk, growth = pick_windows
+                row.windows = pick_windows
+                row_preset = dataclasses.replace(
+                    preset, stream_chunk_frames=chunk, stream_chunk_growth=growth
+                )
+                synth = make_synth(dit(row.dit), c, inference, tokenizer, row_preset)
                 row.result = measure(row, synth, lines, args.repeat)
             except Exception as e:
                 row.error = (
@@ -491,6 +505,11 @@ def _e(v: float | None) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     return f"{v:.1e}"
+
+
+def _fmt_windows(windows: tuple[int, float | None]) -> str:
+    chunk, growth = windows
+    return f"8 then {chunk}" if growth is None else f"8, x{growth:g} up to {chunk}"
 
 
 def _fmt_picks(picks: dict[str, Any]) -> str:

@@ -317,3 +317,30 @@ def test_voice_states_are_encoded_once_per_voice(synth, tmp_path, monkeypatch):
     assert calls == [True, True, False]
     synth._voice_states_cache.clear()  # a fresh encode gives what the kept states gave
     np.testing.assert_array_equal(synth.synthesize("一行目です。", a, opts(seconds=1.0)).audio, first)
+
+
+def test_growing_stream_chunks_join_and_skip_the_stretched_last_window(synth, monkeypatch):
+    """`stream_chunk_growth`: 8, 16, 20, 20, ... frames; without graphs (the CPU) the last window
+    is not stretched left, so no frame is decoded twice more than its context needs."""
+    import dataclasses
+
+    windows = []
+    real = synth.codec._decode_window
+
+    def counting(z, a, b):
+        windows.append(z.shape[-1])
+        return real(z, a, b)
+
+    monkeypatch.setattr(synth.codec, "_decode_window", counting)
+    monkeypatch.setattr(
+        synth, "preset", dataclasses.replace(synth.preset, stream_chunk_frames=20, stream_chunk_growth=2.0)
+    )
+    o = opts(seed=3, seconds=3.0, tail_trim=False)
+    chunks = list(synth.stream("ストリーミングでも同じ音です。", options=o))
+    frames = sum(len(c) for c in chunks) // HOP
+    assert [len(c) // HOP for c in chunks] == [8, 16, 20, 20, frames - 64][: len(chunks)]
+    assert len(chunks) == 5 and frames - 64 < 20
+    # windows: each chunk with its 8 context frames on both sides, the line's ends cut them
+    assert windows == [16, 32, 36, 36, frames - 64 + 8]
+    whole = synth.synthesize("ストリーミングでも同じ音です。", options=o).audio
+    np.testing.assert_allclose(np.concatenate(chunks), whole, atol=1e-5)

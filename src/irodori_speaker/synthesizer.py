@@ -277,7 +277,9 @@ class Synthesizer(VoiceConditions):
         if not self.preset.codec_graphs or not hasattr(self.codec, "prewarm_graphs"):
             return 0
         lengths = stream_window_lengths(
-            self.preset.stream_chunk_frames, first_chunk_frames=self.preset.stream_first_chunk_frames
+            self.preset.stream_chunk_frames,
+            first_chunk_frames=self.preset.stream_first_chunk_frames,
+            growth=self.preset.stream_chunk_growth,
         )
         with hold_model_lock():
             return self.codec.prewarm_graphs(lengths)
@@ -501,13 +503,14 @@ class Synthesizer(VoiceConditions):
 
         with hold_model_lock(cancel):  # a device op (MPS command buffers are not thread-safe)
             latent = rendered.latent[:, : rendered.decode_frames].to(self.codec.device, self.codec.dtype)
-        first = None
+        first = growth = None
         if opts.chunk_frames is not None:
             chunk = opts.chunk_frames
         elif whole:
             chunk = self.preset.decode_chunk_frames
         else:
             chunk, first = self.preset.stream_chunk_frames, self.preset.stream_first_chunk_frames
+            growth = self.preset.stream_chunk_growth
         remaining = rendered.samples
         with torch.inference_mode():
             if chunk is None or (chunk >= rendered.decode_frames and first is None):
@@ -515,7 +518,9 @@ class Synthesizer(VoiceConditions):
                     audio = self.codec.decode(latent)
                 yield audio[0, 0, :remaining].float().cpu().numpy(), True
                 return
-            it = self.codec.decode_stream(latent, chunk, cancel=cancel, first_chunk_frames=first)
+            it = self.codec.decode_stream(
+                latent, chunk, cancel=cancel, first_chunk_frames=first, growth=growth
+            )
             while remaining > 0:
                 with hold_model_lock(cancel):
                     part = next(it, None)

@@ -78,6 +78,8 @@ def test_the_preset_picks_each_trick_only_with_its_instructions(text, dtype, int
         "codec_dtype": dtype,
         "int8_linears": int8,
         "codec_channels_last": channels_last,
+        "stream_chunk_frames": 50 if channels_last else 25,
+        "stream_chunk_growth": 3.0 if channels_last else None,
         "threads": None,
     }
 

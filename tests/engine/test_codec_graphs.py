@@ -191,7 +191,11 @@ def _with_fake_graphs(codec: DACVAE, max_graphs: int = 3, **kw) -> FakeCapture:
 def test_stream_through_graph_runners_equals_eager() -> None:
     codec = _codec()
     lat = _latent(23, seed=4)
-    want = list(codec.decode_stream(lat, 5, first_chunk_frames=2))
+    z = lat.transpose(1, 2)
+    # the windows graphs decode (the last one stretched left), decoded eagerly
+    windows = streaming.chunk_windows(23, 5, 8, 2, stretch_last=True)
+    want = list(streaming.decode_windows(codec._decode_window, z, windows, codec.hop_length, None))
+    assert windows != streaming.chunk_windows(23, 5, 8, 2, stretch_last=False)
     cap = _with_fake_graphs(codec, max_graphs=3, capture_on_use=1)
     got = list(codec.decode_stream(lat, 5, first_chunk_frames=2))
     # windows of 10, 15, 20, 19, 14 and 21 frames through 3 slots (the last one reaches back to
@@ -331,3 +335,35 @@ def test_a_long_lines_windows_after_the_first_all_have_the_middle_length() -> No
         assert [hi - lo for lo, _, _, hi in windows[1:]] == [66] * (len(windows) - 1)
         assert all(start - lo >= 8 and (hi - end >= 8 or hi == frames) for lo, start, end, hi in windows[1:])
         assert sorted(set(hi - lo for lo, _, _, hi in windows)) == sorted(stream_window_lengths(50, 8, 8))
+
+
+def test_growing_chunks_and_their_window_lengths() -> None:
+    windows = streaming.chunk_windows(200, 50, 8, 8, growth=3.0)
+    assert [end - start for _, start, end, _ in windows] == [8, 24, 50, 50, 50, 18]
+    assert stream_window_lengths(50, 8, 8, 3.0) == [16, 40, 66]
+    assert stream_window_lengths(50, 8, 8) == [16, 66]
+    # without graphs the last window keeps its own context; with them it reaches back to 66
+    assert streaming.chunk_windows(200, 50, 8, 8, growth=3.0, stretch_last=False)[-1] == (174, 182, 200, 200)
+    assert streaming.chunk_windows(200, 50, 8, 8, growth=3.0)[-1] == (134, 182, 200, 200)
+    for bad in (0.5, "3", True):
+        with pytest.raises(InputError, match="growth"):
+            streaming.chunk_windows(10, 5, 8, 2, growth=bad)
+
+
+@pytest.mark.parametrize(("chunk", "first", "growth"), [(5, 1, 2.0), (7, 2, 1.5), (50, 8, 3.0)])
+def test_growing_stream_lengths_cover_every_window_but_the_last(
+    chunk: int, first: int, growth: float
+) -> None:
+    lengths = set(stream_window_lengths(chunk, 8, first, growth))
+    for frames in range(1, 160):
+        for lo, _, end, hi in streaming.chunk_windows(frames, chunk, 8, first, growth=growth)[:-1]:
+            if end + 8 <= frames:
+                assert hi - lo in lengths, (frames, lo, hi)
+
+
+def test_a_growing_stream_joins_to_the_one_pass_decode() -> None:
+    codec = _codec()
+    lat = _latent(41, seed=5)
+    parts = list(codec.decode_stream(lat, 9, first_chunk_frames=2, growth=2.0))
+    assert [p.shape[-1] // codec.hop_length for p in parts] == [2, 4, 8, 9, 9, 9]
+    torch.testing.assert_close(torch.cat(parts, -1), codec.decode(lat), atol=ATOL, rtol=0)

@@ -34,6 +34,10 @@ class Preset:
     decode_chunk_frames: int | None = None  # None: decode a line in one pass
     stream_chunk_frames: int = 25  # streaming decode: 1 s of audio per chunk ...
     stream_first_chunk_frames: int | None = 8  # ... after a short first chunk (first audio sooner)
+    # chunks after the first grow by this factor up to stream_chunk_frames (None: straight there);
+    # where decode is slow next to real time, each window decodes while the shorter chunk before
+    # it plays, and the longer windows later cost less context overhead
+    stream_chunk_growth: float | None = None
     threads: int | None = None  # CPU threads for torch (None: leave torch's default)
     fast_path: bool = True  # engine.fast: fused projections, precomputed AdaLN, buckets
     cuda_graphs: bool = False  # capture the whole sampling loop per bucket (CUDA only)
@@ -116,6 +120,9 @@ def cpu_preset_fields(
     - int8 linears with native int8 dot products (AMX-INT8, AVX512-VNNI or AVX-VNNI);
     - the channels-last decoder (`codec_channels_last`) with the bf16 codec, where it was measured
       faster (in fp32 on the CPU it was not);
+    - stream windows 8, 24, then 50 frames (`stream_chunk_growth`) where bf16 makes decode fast
+      enough that each window is ready before the chunk before it has played: a 50-frame window
+      costs 1.32x its audio in decoded frames, a 25-frame one 1.64x (slower CPUs keep 8 then 25);
     - threads: no more than the CPUs this process may use (`usable`: affinity and cgroup quota;
       torch counts the machine's cores), else torch's default (None).
     """
@@ -128,6 +135,8 @@ def cpu_preset_fields(
         "codec_dtype": torch.bfloat16 if bf16 else torch.float32,
         "int8_linears": f.int8_matmul,
         "codec_channels_last": bf16,
+        "stream_chunk_frames": 50 if bf16 else 25,
+        "stream_chunk_growth": 3.0 if bf16 else None,
         "threads": usable if usable < torch_threads else None,
     }
 

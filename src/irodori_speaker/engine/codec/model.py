@@ -136,6 +136,7 @@ class DACVAE(nn.Module):
         context_frames: int = RECEPTIVE_FIELD_FRAMES,
         cancel: CancelToken | None = None,
         first_chunk_frames: int | None = None,
+        growth: float | None = None,
     ) -> Iterator[Tensor]:
         """Yield (B, 1, hop*n) audio chunks of `chunk_frames` latent frames each, in order.
 
@@ -143,21 +144,30 @@ class DACVAE(nn.Module):
         sides and the context's audio discarded; with the default 8 (the
         receptive field) the concatenation equals `decode`. `first_chunk_frames`
         makes the first chunk shorter (first audio sooner) without paying the
-        context overhead of small chunks for the rest. `cancel` is checked
-        before each chunk (`Cancelled`). Arguments are checked on the call, not
-        on the first `next()`. With `use_graphs`, `stream_window_lengths` gives
-        the window lengths to pass to `prewarm_graphs`.
+        context overhead of small chunks for the rest; `growth` lets the chunks
+        after it grow by that factor up to `chunk_frames` (see `chunk_windows`).
+        `cancel` is checked before each chunk (`Cancelled`). Arguments are
+        checked on the call, not on the first `next()`. With `use_graphs`,
+        `stream_window_lengths` gives the window lengths to pass to `prewarm_graphs`.
         """
         z = self._check_latent(latent)
-        windows = chunk_windows(z.shape[-1], chunk_frames, context_frames, first_chunk_frames)
+        windows = chunk_windows(
+            z.shape[-1], chunk_frames, context_frames, first_chunk_frames,
+            growth=growth, stretch_last=self._graphed(z),
+        )  # fmt: skip
         return decode_windows(self._decode_window, z, windows, self.hop_length, cancel)
+
+    def _graphed(self, z: Tensor) -> bool:
+        """Whether window decodes of `z` may replay graphs (the last window is then stretched to a
+        graphed length; without graphs that is wasted work)."""
+        return self._graphs is not None and self._graphs.applies_to(z.device)
 
     def decode_chunked(
         self, latent: Tensor, chunk_frames: int, context_frames: int = RECEPTIVE_FIELD_FRAMES
     ) -> Tensor:
         """`decode` in chunks (bounded peak memory); equal to `decode` with the default context."""
         z = self._check_latent(latent)
-        windows = chunk_windows(z.shape[-1], chunk_frames, context_frames)
+        windows = chunk_windows(z.shape[-1], chunk_frames, context_frames, stretch_last=self._graphed(z))
         out = torch.empty(z.shape[0], 1, z.shape[-1] * self.hop_length, device=z.device)
         pos = 0
         for piece in decode_windows(self._decode_window, z, windows, self.hop_length, None):

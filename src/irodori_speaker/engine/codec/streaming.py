@@ -7,6 +7,7 @@ one-pass decode (docs/codec.md). `DACVAE.decode_stream` / `decode_chunked` walk 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,52 +30,78 @@ def check_int(name: str, value: Any, least: int) -> None:
         raise InputError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
-def stream_args(chunk_frames: int, context_frames: int, first_chunk_frames: int | None) -> int:
+def stream_args(
+    chunk_frames: int, context_frames: int, first_chunk_frames: int | None, growth: float | None = None
+) -> int:
     """Check a stream's arguments; returns the first chunk's frames."""
     first = chunk_frames if first_chunk_frames is None else first_chunk_frames
     check_int("chunk_frames", chunk_frames, 1)
     check_int("context_frames", context_frames, 0)
     check_int("first_chunk_frames", first, 1)
+    if growth is not None and (
+        isinstance(growth, bool) or not isinstance(growth, (int, float)) or not growth >= 1
+    ):
+        raise InputError(f"chunk growth must be a number >= 1 or None, got {growth!r}")
     return first
 
 
 def chunk_windows(
-    frames: int, chunk_frames: int, context_frames: int, first_chunk_frames: int | None = None
+    frames: int,
+    chunk_frames: int,
+    context_frames: int,
+    first_chunk_frames: int | None = None,
+    *,
+    growth: float | None = None,
+    stretch_last: bool = True,
 ) -> list[Window]:
     """(lo, start, end, hi) per chunk: emit frames [start, end), decode [lo, hi).
 
-    The last window of a line reaches back further left when it is shorter than a middle window
-    (more context than needed changes nothing), so it has the middle windows' length and reuses
-    their CUDA graph instead of running eagerly.
+    After the first chunk each chunk is `chunk_frames`, or with `growth` at most `growth` times
+    the one before it (8, 24, 50, 50, ... for 8, 3.0, 50): where decode is slow next to real time
+    (a CPU) a chunk's window is decoded while the shorter chunk before it plays.
+
+    With `stretch_last` (CUDA graphs) the last window of a line reaches back further left when it
+    is shorter than a middle window (more context than needed changes nothing), so it has the
+    middle windows' length and reuses their graph instead of running eagerly; without graphs
+    that is wasted work.
     """
-    first = stream_args(chunk_frames, context_frames, first_chunk_frames)
+    first = stream_args(chunk_frames, context_frames, first_chunk_frames, growth)
     middle = chunk_frames + 2 * context_frames
-    windows, start = [], 0
+    windows, start, size = [], 0, first
     while start < frames:
-        end = min(start + (first if start == 0 else chunk_frames), frames)
+        end = min(start + size, frames)
         lo, hi = max(0, start - context_frames), min(frames, end + context_frames)
-        if start > 0 and end == frames and hi - lo < middle:
+        if stretch_last and start > 0 and end == frames and hi - lo < middle:
             lo = max(0, hi - middle)
         windows.append((lo, start, end, hi))
         start = end
+        size = chunk_frames if growth is None else min(chunk_frames, max(size + 1, math.ceil(size * growth)))
     return windows
 
 
 def stream_window_lengths(
-    chunk_frames: int, context_frames: int = RECEPTIVE_FIELD_FRAMES, first_chunk_frames: int | None = None
+    chunk_frames: int,
+    context_frames: int = RECEPTIVE_FIELD_FRAMES,
+    first_chunk_frames: int | None = None,
+    growth: float | None = None,
 ) -> list[int]:
     """The window lengths (frames) `decode_stream` decodes with these arguments, for `prewarm_graphs`.
 
     In order, without repeats: the first window, any next ones still cut short
-    by the line's start, and the middle windows (`chunk_frames + 2 * context_frames`).
+    by the line's start or growing (`growth`), and the middle windows
+    (`chunk_frames + 2 * context_frames`).
     A line's last window is stretched to the middle length when the line is long
     enough (see `chunk_windows`); left out: lines too short for that. `decode_chunked(latent, n)`
     uses the windows of `decode_stream(latent, n)`.
     """
-    first = stream_args(chunk_frames, context_frames, first_chunk_frames)
+    first = stream_args(chunk_frames, context_frames, first_chunk_frames, growth)
     # long enough to reach the middle windows with the line's end still out of reach
-    frames = first + chunk_frames * (context_frames + 2) + context_frames
-    windows = chunk_windows(frames, chunk_frames, context_frames, first_chunk_frames)
+    ramp, size = 0, first
+    while growth is not None and size < chunk_frames:  # the growing chunks before the middle ones
+        size = min(chunk_frames, max(size + 1, math.ceil(size * growth)))
+        ramp += size
+    frames = first + ramp + chunk_frames * (context_frames + 2) + context_frames
+    windows = chunk_windows(frames, chunk_frames, context_frames, first_chunk_frames, growth=growth)
     return list(dict.fromkeys(hi - lo for lo, _, end, hi in windows if end + context_frames <= frames))
 
 
