@@ -123,11 +123,14 @@ def test_a_new_bucket_is_measured_only_in_warm_up() -> None:
     p = _layer(1280, 1280, sym=True, seed=3)
     layer = Int4Linear(p).to(DEV)
     x = torch.randn(1100, 1280, device=DEV, dtype=torch.bfloat16)
-    first = tw.choose_impl(x[:75], layer.qweight, layer.scales, None)  # never seen: measured
+    first = tw.choose_impl(x[:75], layer.qweight, layer.scales, None)  # never seen: measured (128)
     assert first.time_ms is not None
-    mid = tw.choose_impl(x, layer.qweight, layer.scales, None)  # bucket 2048, mid-stream
-    assert mid is first  # the nearest measured bucket's pick, nothing timed
+    assert tw.choose_impl(x[:200], layer.qweight, layer.scales, None) is first  # 256: one octave
+    far = tw.choose_impl(x, layer.qweight, layer.scales, None)  # bucket 2048, mid-stream: not timed
+    assert far.impl == "scratch" and far.time_ms is None
     with tuning_allowed():
         warm = tw.choose_impl(x, layer.qweight, layer.scales, None)
-    assert warm is not first and warm.time_ms is not None and len(warm.timings) >= 4
+    assert warm.time_ms is not None and len(warm.timings) >= 4
     assert tw.choose_impl(x, layer.qweight, layer.scales, None) is warm
+    y = layer(x)  # the layer runs whatever was picked
+    assert _rel(y, x.double() @ p.dequantize().to(DEV).double().t()) < TOL[torch.bfloat16]

@@ -171,28 +171,33 @@ def test_other_group_sizes(tw, gs, bk) -> None:
     assert torch.equal(out, p.dequantize().t().half())
 
 
-def test_new_bucket_mid_stream_takes_the_nearest_measured_choice(tw) -> None:
-    """Outside warm-up a new M bucket reuses the nearest measured one (no stall to measure);
-    inside `tuning_allowed()` on a GPU it would measure (tests/quant/test_cuda.py)."""
+def test_new_bucket_mid_stream_takes_a_measured_neighbour_or_a_fixed_pick(tw) -> None:
+    """Outside warm-up a new M bucket reuses a measured bucket one octave away (no stall to
+    measure), else scratch above M = 64; inside `tuning_allowed()` on a GPU it would measure
+    (tests/quant/test_cuda.py). Off the GPU nothing is measured, so the fixed pick is not taken."""
     from irodori_speaker.kernels.tuning import is_tuning_allowed, tuning_allowed
 
     tw.clear_choices()
     try:
-        x = torch.zeros(600, 64, dtype=torch.float16)  # bucket 1024
+        x = torch.zeros(3000, 64, dtype=torch.float16)
         p = _layer(64, 64, sym=True, seed=0)
-        key = tw._choice_key(x, 64, 64, True, 32)
+        key = tw._choice_key(x[:600], 64, 64, True, 32)  # bucket 1024
         assert tw.nearest_choice(key) is None
-        assert tw.choose_impl(x, p.qweight, p.scales, None).time_ms is None  # never measured: default
+        assert tw.choose_impl(x[:600], p.qweight, p.scales, None).time_ms is None  # never measured
         small = tw.Choice("kernel", tw.KernelConfig(bm=16, bn=64, bk=64), 0.01)
         large = tw.Choice("scratch", None, 0.02)
         tw._CHOICES[(*key[:-1], 128)] = small
         tw._CHOICES[(*key[:-1], 4096)] = large
         tw._CHOICES[("other-gpu", *key[1:])] = tw.Choice("kernel", None, 0.0)  # another layer key
-        assert tw.choose_impl(x, p.qweight, p.scales, None) is large  # 1024: 2 octaves from 4096, 3 from 128
+        assert tw.nearest_choice(key) is large  # 1024: 2 octaves from 4096, 3 from 128
+        assert tw.nearest_choice(key, max_octaves=1) is None
         assert tw.choose_impl(x[:100], p.qweight, p.scales, None) is small  # bucket 128 itself
-        assert tw.choose_impl(x[:300], p.qweight, p.scales, None) is small  # 512: nearer 128
+        assert tw.choose_impl(x[:40], p.qweight, p.scales, None) is small  # 64: one octave from 128
+        assert tw.choose_impl(x[:3000], p.qweight, p.scales, None) is large  # 4096 itself
+        assert tw.nearest_choice((*key[:-1], 2048), max_octaves=1) is large
         tw._CHOICES[(*key[:-1], 256)] = large
-        assert tw.nearest_choice((*key[:-1], 512)) is large  # 256 is one octave away
+        assert tw.nearest_choice((*key[:-1], 512), max_octaves=1) is large  # 256: one octave away
+        assert tw.nearest_choice((*key[:-1], 192), max_octaves=1) is large  # tie 128 / 256: larger
         with tuning_allowed():
             assert is_tuning_allowed()
             with tuning_allowed():

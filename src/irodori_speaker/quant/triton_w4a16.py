@@ -679,8 +679,9 @@ def choose_impl(
     The choice is cached per (GPU, dtype, N, K, zero kind, group size, M bucket), and persisted to the JSON
     file named by ``IRODORI_INT4_TUNE_CACHE`` when set. A new bucket is measured inside
     `kernels.tuning.tuning_allowed()` (warm-up) or when the layer shape was never measured at all;
-    otherwise it takes the nearest measured bucket's choice (`nearest_choice`, not cached: a later
-    warm-up still measures it). Nothing is measured while a CUDA graph is being captured.
+    otherwise it takes a measured bucket's choice one octave away at most (`nearest_choice`), else
+    scratch above M = 64 and the fused kernel below (neither cached: a later warm-up still measures
+    the bucket). Nothing is measured while a CUDA graph is being captured.
     """
     m, n, k = x.shape[0], qweight.shape[1], qweight.shape[0] * 8
     key = _choice_key(x, n, k, zero_bias is None, group_size)
@@ -690,11 +691,17 @@ def choose_impl(
         hit = _CHOICES.get(key)
     if hit is not None:
         return hit
-    can_measure = x.device.type == "cuda" and measure and not torch.cuda.is_current_stream_capturing()
+    capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    can_measure = x.device.type == "cuda" and measure and not capturing
     if not (can_measure and is_tuning_allowed()):
-        near = nearest_choice(key)
-        if near is not None:  # mid-stream: no stall, the nearest measured bucket's pick
+        near = nearest_choice(key, max_octaves=1)
+        if near is not None:  # mid-stream: no stall, a measured neighbour's pick
             return near
+        if can_measure and nearest_choice(key) is not None:
+            # the layer was measured, but far from this M: no stall to measure here either. Above
+            # M = 64 dequantise + cuBLAS was within 1.0-1.4x of cuBLAS bf16 at every DiT shape on
+            # the H200, the fused kernel up to 10x slower (benchmarks/int4_gpu.py, RESULTS.md)
+            return Choice("scratch") if m > 64 else Choice("kernel", default_config(m, n, k))
     if not can_measure:
         return Choice("kernel", default_config(m, n, k))
     timings: list[tuple[str, float]] = []
@@ -723,17 +730,15 @@ def choose_impl(
     return best
 
 
-def nearest_choice(key: tuple) -> Choice | None:
+def nearest_choice(key: tuple, max_octaves: float = math.inf) -> Choice | None:
     """The measured choice of the same layer shape at the M bucket nearest `key`'s (ties: the larger
-    bucket), or None if that shape was never measured. Used outside `tuning_allowed()` so a line
-    that reaches a new bucket mid-stream (a batch of lines, a long line) does not stop to measure."""
+    bucket) within `max_octaves` of it, or None. Used outside `tuning_allowed()` so a line that
+    reaches a new bucket mid-stream (a batch of lines, a long line) does not stop to measure."""
     bucket = key[-1]
     with _CHOICES_LOCK:
-        same = [(b, c) for kk, c in _CHOICES.items() if kk[:-1] == key[:-1] for b in (kk[-1],)]
-    if not same:
-        return None
-    _, best = min(same, key=lambda bc: (abs(math.log2(bc[0] / bucket)), -bc[0]))
-    return best
+        same = [(kk[-1], c) for kk, c in _CHOICES.items() if kk[:-1] == key[:-1]]
+    near = [(abs(math.log2(b / bucket)), -b, c) for b, c in same if abs(math.log2(b / bucket)) <= max_octaves]
+    return min(near, key=lambda t: t[:2])[2] if near else None
 
 
 def clear_choices() -> None:
