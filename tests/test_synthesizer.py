@@ -274,9 +274,9 @@ def test_fast_path_and_reference_loop_give_the_same_audio(synth, tiny_cache):
     np.testing.assert_allclose(a, b, atol=1e-4)
 
 
-def test_first_chunk_leaves_before_the_second_window_is_decoded(synth, monkeypatch):
-    """Time to first audio is one window's decode; chunks join to the one-pass audio (no stray fades)."""
-    windows = []
+def _count_windows(synth, monkeypatch) -> list[int]:
+    """The frames of each window the codec decodes from now on (appended as they are decoded)."""
+    windows: list[int] = []
     real = synth.codec._decode_window
 
     def counting(z, a, b):
@@ -284,6 +284,12 @@ def test_first_chunk_leaves_before_the_second_window_is_decoded(synth, monkeypat
         return real(z, a, b)
 
     monkeypatch.setattr(synth.codec, "_decode_window", counting)
+    return windows
+
+
+def test_first_chunk_leaves_before_the_second_window_is_decoded(synth, monkeypatch):
+    """Time to first audio is one window's decode; chunks join to the one-pass audio (no stray fades)."""
+    windows = _count_windows(synth, monkeypatch)
     stream = synth.stream("最初の音はすぐに出ます。", options=opts(seconds=3.0, tail_trim=False))
     first = next(iter(stream))
     assert len(windows) == 1 and len(first) == 8 * 1920  # the 8-frame first chunk, alone
@@ -324,14 +330,7 @@ def test_growing_stream_chunks_join_and_skip_the_stretched_last_window(synth, mo
     is not stretched left, so no frame is decoded twice more than its context needs."""
     import dataclasses
 
-    windows = []
-    real = synth.codec._decode_window
-
-    def counting(z, a, b):
-        windows.append(z.shape[-1])
-        return real(z, a, b)
-
-    monkeypatch.setattr(synth.codec, "_decode_window", counting)
+    windows = _count_windows(synth, monkeypatch)
     monkeypatch.setattr(
         synth, "preset", dataclasses.replace(synth.preset, stream_chunk_frames=20, stream_chunk_growth=2.0)
     )

@@ -42,8 +42,9 @@ class Preset:
     fast_path: bool = True  # engine.fast: fused projections, precomputed AdaLN, buckets
     cuda_graphs: bool = False  # capture the whole sampling loop per bucket (CUDA only)
     codec_graphs: bool = False  # replay the stream's decode windows from CUDA graphs (CUDA only)
-    # decode on (B, T, C) with fused conv epilogues (engine/codec/fast.py): exact on the CPU, opt-in
-    # until measured on a GPU (benchmarks/codec_speed.py; docs/codec.md "Channels-last decode")
+    # decode on (B, T, C) with fused conv epilogues (engine/codec/fast.py): on in the CPU preset with
+    # bf16; opt-in on CUDA: 38 % faster at its 66-frame windows on an H200, but cuDNN runs one conv
+    # with a slow kernel at some window lengths (docs/codec.md "Channels-last decode")
     codec_channels_last: bool = False
     int4: bool = False  # run the DiT on int4 weights; a float file is quantised at load (RTN)
     codec_int4: bool = False  # the codec's decoder convs as RTN int4: least memory, slower decode
@@ -52,11 +53,11 @@ class Preset:
     int8_linears: bool = False  # CPU: the DiT's per-step linears as int8 (W8A8, per-row activations)
     # lines waiting for the sampler at the same time (several Speakers, server requests) are
     # sampled as one batch of up to this many (batching.py); 1: one after another. Also the
-    # server's default --streams (lines in synthesis at once). Off (1) until measured a win:
-    # on the CPU 4 streams of news5 lines ran at 0.60-0.83x serial (padding, cache misses;
-    # RESULTS.md "Many streams"); on CUDA it is not yet timed (benchmarks/concurrency.py)
+    # server's default --streams (lines in synthesis at once). Off (1): on the CPU 4 streams of
+    # news5 lines ran at 0.60-0.83x serial (padding, cache misses), on the H200 4-64 streams at
+    # 0.51-0.67x (a batch runs eagerly, a lone line from its CUDA graph; RESULTS.md)
     max_batch: int = 1
-    # a batch's padded frames at most this fraction of its real ones (a guess: time it on a GPU)
+    # a batch's padded frames at most this fraction of its real ones (not tuned: batching is off)
     max_padding: float = 0.5
 
     def with_overrides(self, **overrides) -> Preset:

@@ -699,7 +699,7 @@ def choose_impl(
             return near
         if can_measure and nearest_choice(key) is not None:
             # the layer was measured, but far from this M: no stall to measure here either. Above
-            # M = 64 dequantise + cuBLAS was within 1.0-1.4x of cuBLAS bf16 at every DiT shape on
+            # M = 64 dequantise + cuBLAS was 1.1-1.8x cuBLAS bf16 at every DiT shape (M >= 150) on
             # the H200, the fused kernel up to 10x slower (benchmarks/int4_gpu.py, RESULTS.md)
             return Choice("scratch") if m > 64 else Choice("kernel", default_config(m, n, k))
     if not can_measure:

@@ -8,8 +8,7 @@ eviction) and knows nothing of CUDA: `capture` is given to it (tests pass a fake
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ from torch import Tensor
 
 from ...errors import InputError
 
-__all__ = ["GraphCache", "WindowGraph", "capture_graph", "cudnn_benchmark"]
+__all__ = ["GraphCache", "WindowGraph", "capture_graph"]
 
 GraphKey = tuple[int, int]  # (batch, window frames)
 MAX_TRACKED_SHAPES = 64  # ungraphed shapes whose uses are counted (the oldest are forgotten)
@@ -36,18 +35,6 @@ class WindowGraph:
         self.static_in.copy_(z)
         self.graph.replay()
         return self.static_out
-
-
-@contextmanager
-def cudnn_benchmark() -> Iterator[None]:
-    """cuDNN times its algorithms for each new conv shape inside this block (callers hold the model
-    lock: the flag is process-wide)."""
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = before
 
 
 def capture_graph(

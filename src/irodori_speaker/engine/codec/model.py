@@ -18,7 +18,7 @@ from ...cancel import CancelToken
 from ...errors import InputError
 from .config import CodecConfig
 from .fast import ChannelsLastDecoder, supports_channels_last
-from .graphs import GraphCache, WindowGraph, capture_graph, cudnn_benchmark
+from .graphs import GraphCache, WindowGraph, capture_graph
 from .layers import Decoder, Encoder, VAEBottleneck
 from .streaming import RECEPTIVE_FIELD_FRAMES, check_int, chunk_windows, decode_windows
 
@@ -220,12 +220,7 @@ class DACVAE(nn.Module):
             check_int("window length", n, 1)
         if self._graphs is None or not self._graphs.applies_to(self.device):
             return 0
-        # Warm-up only: cuDNN times its algorithms for each conv shape of these windows (the choice is
-        # baked into the graph). Its heuristic alone picked kernels several times slower for some
-        # NHWC window lengths (benchmarks/codec_speed.py --cudnn-benchmark); a lazy capture mid-stream
-        # does not pay the timing.
-        with cudnn_benchmark():
-            return self._graphs.prewarm([(batch, n) for n in lengths])
+        return self._graphs.prewarm([(batch, n) for n in lengths])
 
     @property
     def graph_shapes(self) -> list[tuple[int, int]]:
