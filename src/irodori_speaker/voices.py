@@ -21,6 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from .dirs import cache_root
 from .engine.duration import FRAMES_PER_SECOND
 from .errors import AudioError, InputError
 from .fingerprint import bytes_fingerprint, file_fingerprint
@@ -245,7 +246,4 @@ class VoiceCache:
 
 
 def default_voice_cache_dir() -> Path:
-    base = os.environ.get("IRODORI_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "irodori-speaker"
-    )
-    return Path(base) / "voices"
+    return cache_root() / "voices"

@@ -9,6 +9,7 @@ while the kernels run.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -203,5 +204,51 @@ def test_new_bucket_mid_stream_takes_a_measured_neighbour_or_a_fixed_pick(tw) ->
             with tuning_allowed():
                 assert is_tuning_allowed()
         assert not is_tuning_allowed()
+    finally:
+        tw.clear_choices()
+
+
+def test_measured_choices_persist_in_the_cache_folder(tw, tmp_path, monkeypatch) -> None:
+    """Choices survive the process in `tune_file()` (default: the cache root's kernels/); a file
+    from another torch / triton, a broken one, or "off" costs only a re-measurement."""
+    monkeypatch.delenv("IRODORI_INT4_TUNE_CACHE", raising=False)
+    monkeypatch.setenv("IRODORI_CACHE", str(tmp_path / "home"))
+    path = tw.tune_file()
+    assert path == tmp_path / "home" / "kernels" / "int4-tune.json"
+    tw.clear_choices()
+    try:
+        key = ("NVIDIA H200", "torch.bfloat16", 1280, 1280, True, 32, 256)
+        tw._CHOICES[key] = tw.Choice("kernel", tw.KernelConfig(bm=32, bn=64, bk=64, split_k=2), 0.012)
+        tw._CHOICES[(*key[:-1], 512)] = tw.Choice("scratch", None, None)  # unmeasured: not saved
+        tw._save_tune_file()
+        rows = json.loads(path.read_text())
+        assert [r["key"] for r in rows] == [list(key)] and rows[0]["stamp"] == tw._tune_stamp()
+        tw.clear_choices()
+        tw._load_tune_file()
+        assert {
+            key: tw.Choice("kernel", tw.KernelConfig(bm=32, bn=64, bk=64, split_k=2), 0.012)
+        } == tw._CHOICES
+        # another process's rows are merged, not overwritten
+        other = (*key[:-1], 1024)
+        tw._CHOICES[other] = tw.Choice("scratch", None, 0.02)
+        del tw._CHOICES[key]
+        tw._save_tune_file()
+        assert {tuple(r["key"]) for r in json.loads(path.read_text())} == {key, other}
+        # measured with another torch / triton: ignored
+        rows = json.loads(path.read_text())
+        for r in rows:
+            r["stamp"] = "torch 0.0, triton 0.0"
+        path.write_text(json.dumps(rows))
+        tw.clear_choices()
+        tw._load_tune_file()
+        assert tw._CHOICES == {}
+        path.write_text("{not json")
+        tw._load_tune_file()
+        assert tw._CHOICES == {}
+        monkeypatch.setenv("IRODORI_INT4_TUNE_CACHE", "off")
+        assert tw.tune_file() is None
+        tw._save_tune_file()  # nowhere: no error
+        monkeypatch.setenv("IRODORI_INT4_TUNE_CACHE", str(tmp_path / "mine.json"))
+        assert tw.tune_file() == tmp_path / "mine.json"
     finally:
         tw.clear_choices()

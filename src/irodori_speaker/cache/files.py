@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..dirs import cache_root
 from ..errors import InputError
 
 AUDIO_FORMATS = ("f32", "flac")
@@ -16,10 +17,7 @@ AUDIO_FORMATS = ("f32", "flac")
 
 def default_cache_dir() -> Path:
     """`$IRODORI_CACHE/phrases`, else `$XDG_CACHE_HOME/irodori-speaker/phrases` (~/.cache)."""
-    base = os.environ.get("IRODORI_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "irodori-speaker"
-    )
-    return Path(base) / "phrases"
+    return cache_root() / "phrases"
 
 
 def parse_size(text: str | int) -> int:

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..dirs import cache_root
 from ..errors import QuantError
 from ..kernels.triton_common import HAS_TRITON, interp_bf16, interpreter_active
 from ..kernels.tuning import is_tuning_allowed
@@ -56,6 +57,7 @@ __all__ = [
     "m_bucket",
     "nearest_choice",
     "reference_w4a16",
+    "tune_file",
     "w4a16_kernel",
     "w4a16_linear",
     "w4a16_scratch",
@@ -616,35 +618,69 @@ def _choice_key(x: torch.Tensor, n: int, k: int, sym: bool, group_size: int) -> 
     return (_device_name(x.device), str(x.dtype), n, k, sym, group_size, m_bucket(x.shape[0]))
 
 
-def _load_tune_file() -> None:
-    path = os.environ.get(_TUNE_FILE_ENV)
-    if not path or not Path(path).is_file():
-        return
+def tune_file() -> Path | None:
+    """Where the chooser's measurements persist: ``$IRODORI_INT4_TUNE_CACHE`` if set ("" or "off":
+    nowhere), else ``kernels/int4-tune.json`` under the cache root (`dirs.cache_root`). Without it
+    every process start re-times every (layer shape, M bucket) in prewarm."""
+    env = os.environ.get(_TUNE_FILE_ENV)
+    if env is not None:
+        return None if env.strip().lower() in ("", "0", "off", "none") else Path(env)
+    return cache_root() / "kernels" / "int4-tune.json"
+
+
+def _tune_stamp() -> str:
+    """What a saved choice was measured with: another torch or triton re-measures."""
+    return f"torch {torch.__version__}, triton {getattr(triton, '__version__', '?') if HAS_TRITON else '-'}"
+
+
+def _read_tune_rows(path: Path) -> list[dict]:
     try:
-        rows = json.loads(Path(path).read_text())
-        for row in rows:
+        rows = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []  # a stale or broken file only costs a re-measurement
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def _load_tune_file() -> None:
+    path = tune_file()
+    if path is None or not path.is_file():
+        return
+    stamp = _tune_stamp()
+    for row in _read_tune_rows(path):
+        try:
+            if row.get("stamp") != stamp:
+                continue
             cfg = KernelConfig(**row["config"]) if row.get("config") else None
             timings = tuple((str(a), float(b)) for a, b in row.get("timings", []))
             _CHOICES.setdefault(tuple(row["key"]), Choice(row["impl"], cfg, row.get("time_ms"), timings))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # a stale or broken cache only costs a re-measurement
+        except (KeyError, TypeError, ValueError):
+            continue
 
 
 def _save_tune_file() -> None:
-    path = os.environ.get(_TUNE_FILE_ENV)
-    if not path:
+    """Merge this process's measured choices into the file (atomically: another process may read)."""
+    path = tune_file()
+    if path is None:
         return
-    rows = [
-        {
+    stamp = _tune_stamp()
+    ours = {
+        json.dumps(list(key)): {
             "key": list(key),
             "impl": c.impl,
             "config": asdict(c.config) if c.config else None,
             "time_ms": c.time_ms,
+            "stamp": stamp,
         }
         for key, c in _CHOICES.items()
-    ]
+        if c.time_ms is not None
+    }
+    rows = {json.dumps(r.get("key")): r for r in _read_tune_rows(path)}
+    rows.update(ours)
     with contextlib.suppress(OSError):
-        Path(path).write_text(json.dumps(rows, indent=1))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(list(rows.values()), indent=1))
+        os.replace(tmp, path)
 
 
 _TUNE_MODE_ENV = "IRODORI_INT4_TUNE_MODE"
@@ -676,12 +712,13 @@ def choose_impl(
 ) -> Choice:
     """Pick kernel (with its tile config) or scratch+cuBLAS for this shape's M bucket, measuring on first use.
 
-    The choice is cached per (GPU, dtype, N, K, zero kind, group size, M bucket), and persisted to the JSON
-    file named by ``IRODORI_INT4_TUNE_CACHE`` when set. A new bucket is measured inside
-    `kernels.tuning.tuning_allowed()` (warm-up) or when the layer shape was never measured at all;
-    otherwise it takes a measured bucket's choice one octave away at most (`nearest_choice`), else
-    scratch above M = 64 and the fused kernel below (neither cached: a later warm-up still measures
-    the bucket). Nothing is measured while a CUDA graph is being captured.
+    The choice is cached per (GPU, dtype, N, K, zero kind, group size, M bucket) and persisted to
+    `tune_file()` (the cache folder, or ``IRODORI_INT4_TUNE_CACHE``; per torch and triton version).
+    A new bucket is measured inside `kernels.tuning.tuning_allowed()` (warm-up) or when the layer
+    shape was never measured at all; otherwise it takes a measured bucket's choice one octave away
+    at most (`nearest_choice`), else scratch above M = 64 and the fused kernel below (neither
+    cached: a later warm-up still measures the bucket). Nothing is measured while a CUDA graph is
+    being captured.
     """
     m, n, k = x.shape[0], qweight.shape[1], qweight.shape[0] * 8
     key = _choice_key(x, n, k, zero_bias is None, group_size)
