@@ -24,6 +24,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the subprocesses tests star
 # on every machine before), so results do not depend on the machine. tests/backends/test_cpu_preset.py
 # fakes the flags it needs.
 os.environ["IRODORI_CPU_FLAGS"] = "none"
+# Int4 kernel choices are timed afresh in every test run (GPU): never read from or written to the
+# user's cache; tests/quant/test_triton_interp.py sets its own file to test the persistence.
+os.environ["IRODORI_INT4_TUNE_CACHE"] = "off"
 # The user dictionary every Synthesizer applies: an empty one of the test run, never the user's.
 os.environ["IRODORI_DICT"] = os.path.join(tempfile.mkdtemp(prefix="irodori-dict-"), "user_dict.sqlite3")
 
