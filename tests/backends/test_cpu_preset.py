@@ -209,3 +209,20 @@ def test_audio_flags_name_every_switch_that_changes_the_sound():
     on = cpu.with_overrides(int8_linears=True, codec_channels_last=True, codec_int4=True)
     assert on.audio_flags() == ["codec_int4", "int8_linears", "codec_channels_last"]
     assert set(AUDIO_FLAGS) == {"int4", "codec_int4", "int8_linears", "codec_channels_last"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"stream_chunk_growth": 0.5}, "growth"),
+        ({"stream_chunk_growth": "fast"}, "growth"),
+        ({"stream_chunk_frames": 0}, "chunk_frames"),
+        ({"stream_first_chunk_frames": -1}, "first_chunk_frames"),
+    ],
+)
+def test_stream_window_fields_are_checked_when_the_preset_is_made(overrides, match):
+    from irodori_speaker.errors import InputError
+
+    with pytest.raises(InputError, match=match):
+        select_preset("cpu", **overrides)
+    assert select_preset("cpu", stream_chunk_growth=2.0).stream_chunk_growth == 2.0

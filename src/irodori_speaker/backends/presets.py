@@ -217,6 +217,9 @@ def select_preset(backend: str = "auto", **overrides) -> Preset:
             hint="MPS needs Apple Silicon and macOS 12.3+; use backend='cpu'",
         )
     preset = base_preset(backend).with_overrides(**overrides)
+    from ..engine.codec.streaming import stream_args  # the stream's own checks, before any model loads
+
+    stream_args(preset.stream_chunk_frames, 0, preset.stream_first_chunk_frames, preset.stream_chunk_growth)
     for field in ("device", "codec_device"):
         _check_device(field, getattr(preset, field))
     if preset.int8_linears and torch.device(preset.device).type != "cpu":
