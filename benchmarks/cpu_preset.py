@@ -394,9 +394,7 @@ def main() -> None:
         print(f"running {row.key}: {row.what}", flush=True)
         try:
             torch.set_num_threads(row.threads)
-            chunk, growth = row.windows
-            row_preset = dataclasses.replace(preset, stream_chunk_frames=chunk, stream_chunk_growth=growth)
-            synth = make_synth(dit(row.dit), codec(row.codec), inference, tokenizer, row_preset)
+            synth = make_synth(dit(row.dit), codec(row.codec), inference, tokenizer, windowed(preset, row))
             with snake_through_fp32() if row.snake_fp32 else contextlib.nullcontext():
                 row.result = measure(row, synth, lines, args.repeat)
             t = totals(row.result)
@@ -423,12 +421,8 @@ def main() -> None:
                     c.use_channels_last()
                 spent = compile_decoder(c)
                 row.what += f" (compiled in {spent:.0f} s)"
-                chunk, growth = pick_windows
                 row.windows = pick_windows
-                row_preset = dataclasses.replace(
-                    preset, stream_chunk_frames=chunk, stream_chunk_growth=growth
-                )
-                synth = make_synth(dit(row.dit), c, inference, tokenizer, row_preset)
+                synth = make_synth(dit(row.dit), c, inference, tokenizer, windowed(preset, row))
                 row.result = measure(row, synth, lines, args.repeat)
             except Exception as e:
                 row.error = (
@@ -505,6 +499,12 @@ def _e(v: float | None) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     return f"{v:.1e}"
+
+
+def windowed(preset: Any, row: Row) -> Any:
+    """`preset` streaming in `row`'s windows."""
+    chunk, growth = row.windows
+    return dataclasses.replace(preset, stream_chunk_frames=chunk, stream_chunk_growth=growth)
 
 
 def _fmt_windows(windows: tuple[int, float | None]) -> str:

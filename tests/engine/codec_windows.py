@@ -12,12 +12,10 @@ import torch
 from irodori_speaker.engine.codec import streaming
 
 
-def eager_graph_windows(codec, latent: torch.Tensor, chunk: int, first: int | None) -> torch.Tensor:
-    """The joined audio of `latent` streamed in the windows a graphed `decode_stream` uses, eagerly."""
+def eager_graph_windows(codec, latent: torch.Tensor, chunk: int, first: int | None) -> list[torch.Tensor]:
+    """The chunks of `latent` streamed in the windows a graphed `decode_stream` uses, decoded eagerly."""
     z = codec._check_latent(latent)
     windows = streaming.chunk_windows(
         z.shape[-1], chunk, streaming.RECEPTIVE_FIELD_FRAMES, first, stretch_last=True
     )
-    return torch.cat(
-        list(streaming.decode_windows(codec._decode_window, z, windows, codec.hop_length, None)), -1
-    )
+    return list(streaming.decode_windows(codec._decode_window, z, windows, codec.hop_length, None))

@@ -148,7 +148,7 @@ def test_channels_last_graphs_replay_the_eager_channels_last_decode_exactly() ->
     codec.use_channels_last()
     lines = [_latent(n, seed=n).cuda() for n in (40, 57)]
     with _exact_cudnn(), torch.inference_mode():
-        want = [eager_graph_windows(codec, lat, 25, 8) for lat in lines]
+        want = [torch.cat(eager_graph_windows(codec, lat, 25, 8), -1) for lat in lines]
         codec.use_graphs(max_graphs=3)
         codec.prewarm_graphs(stream_window_lengths(25, first_chunk_frames=8), batch=2)
         got = [torch.cat(list(codec.decode_stream(lat, 25, first_chunk_frames=8)), -1) for lat in lines]

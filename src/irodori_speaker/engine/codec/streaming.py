@@ -75,8 +75,14 @@ def chunk_windows(
             lo = max(0, hi - middle)
         windows.append((lo, start, end, hi))
         start = end
-        size = chunk_frames if growth is None else min(chunk_frames, max(size + 1, math.ceil(size * growth)))
+        size = _next_chunk(size, chunk_frames, growth)
     return windows
+
+
+def _next_chunk(size: int, chunk_frames: int, growth: float | None) -> int:
+    """The chunk after one of `size` frames: `chunk_frames`, or with `growth` at most that times
+    `size` (and at least one frame more)."""
+    return chunk_frames if growth is None else min(chunk_frames, max(size + 1, math.ceil(size * growth)))
 
 
 def stream_window_lengths(
@@ -98,7 +104,7 @@ def stream_window_lengths(
     # long enough to reach the middle windows with the line's end still out of reach
     ramp, size = 0, first
     while growth is not None and size < chunk_frames:  # the growing chunks before the middle ones
-        size = min(chunk_frames, max(size + 1, math.ceil(size * growth)))
+        size = _next_chunk(size, chunk_frames, growth)
         ramp += size
     frames = first + ramp + chunk_frames * (context_frames + 2) + context_frames
     windows = chunk_windows(frames, chunk_frames, context_frames, first_chunk_frames, growth=growth)
