@@ -3,9 +3,9 @@
 A kernel chooser that times its candidates the first time it sees a shape costs tens to hundreds
 of milliseconds per new shape. During `Synthesizer.prewarm` that is what warm-up is for; on a live
 stream it is a stall (2026-12-04, H200: batched lines reached new int4 M buckets mid-stream and
-four streams took 10.6 s instead of 1.0 s). Code that warms up wraps itself in `tuning_allowed()`;
-elsewhere a chooser picks without measuring (the int4 one: a measured neighbour, else a fixed
-pick) and measures only a layer shape it has never seen at all.
+four streams took 10.6 s; 1.0 s after this, in the next call). Code that warms up wraps itself
+in `tuning_allowed()`; elsewhere a chooser picks without measuring (the int4 one: a measured
+neighbour, else a fixed pick) and measures only a layer shape it has never seen at all.
 """
 
 from __future__ import annotations
