@@ -60,7 +60,32 @@ def live_by_owner(snapshot: dict) -> list[tuple[str, float, int]]:
     return sorted(((k, v, counts[k]) for k, v in sizes.items()), key=lambda r: -r[1])
 
 
-def run(key: str, files: dict, sentences: list[str]) -> None:
+def python_holders(min_mib: float = 1.0) -> list[tuple[str, float, int]]:
+    """CUDA tensors reachable from Python (gc), grouped by shape and dtype: MiB and count.
+
+    What the allocator's history calls live but no Python object holds is kept by C++ (a CUDA
+    graph's pool, a cuBLAS workspace)."""
+    sizes: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    seen: set[int] = set()
+    for obj in gc.get_objects():
+        try:
+            if not (isinstance(obj, torch.Tensor) and obj.is_cuda):
+                continue
+            storage = obj.untyped_storage()
+        except Exception:
+            continue
+        ptr = storage.data_ptr()
+        if ptr in seen or storage.nbytes() < min_mib * MIB:
+            continue
+        seen.add(ptr)
+        who = f"{tuple(obj.shape)} {obj.dtype}".replace("torch.", "")
+        sizes[who] += storage.nbytes() / MIB
+        counts[who] += 1
+    return sorted(((k, v, counts[k]) for k, v in sizes.items()), key=lambda r: -r[1])
+
+
+def run(key: str, files: dict, sentences: list[str], holders: bool = False) -> None:
     mode = news5.modes_for("cuda")[key]
     gc.collect()
     torch.cuda.empty_cache()
@@ -71,6 +96,15 @@ def run(key: str, files: dict, sentences: list[str]) -> None:
     rows = [("loaded", *now())]
     synth.prewarm(voice)
     rows.append(("after prewarm", *now()))
+    if holders:
+        gc.collect()
+        found = python_holders()
+        total = sum(r[1] for r in found)
+        print(f"\n({key}) CUDA storages >= 1 MiB reachable from Python after prewarm: {total:.0f} MiB")
+        print("| shape dtype | MiB | count |")
+        print("|---|---|---|")
+        for who, mib, n in found[:20]:
+            print(f"| {who} | {mib:.1f} | {n} |")
     opts = SynthesisOptions(seed=1234)
     for i, text in enumerate(sentences):
         o = opts if mode.family == "v2" else opts.replace(seconds=news5.estimate_seconds(text))
@@ -98,6 +132,9 @@ def run(key: str, files: dict, sentences: list[str]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", default="d,n,o")
+    ap.add_argument(
+        "--holders", action="store_true", help="also list the Python-held CUDA tensors after prewarm"
+    )
     args = ap.parse_args()
     keys = args.modes.split(",")
     table = news5.modes_for("cuda")
@@ -107,7 +144,7 @@ def main() -> None:
     sentences = json.loads(news5.NEWS5_JSON.read_text())["sentences"]
     print(f"# memory_phases  {torch.cuda.get_device_name()}  {time.strftime('%Y-%m-%d %H:%M')}")
     for key in keys:
-        run(key, files, sentences)
+        run(key, files, sentences, args.holders)
 
 
 if __name__ == "__main__":

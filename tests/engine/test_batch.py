@@ -7,7 +7,14 @@ import dataclasses
 import pytest
 import torch
 
-from irodori_speaker.engine.batch import frame_mask, signature, stack_conditions, stack_noise
+from irodori_speaker.engine.batch import (
+    batch_bucket,
+    fill_batch,
+    frame_mask,
+    signature,
+    stack_conditions,
+    stack_noise,
+)
 from irodori_speaker.engine.fast import FastSampler
 from irodori_speaker.engine.sampler import draw_noise, sample
 from irodori_speaker.engine.tiny import random_model
@@ -81,20 +88,50 @@ def test_frame_mask_marks_each_rows_own_length():
     ]
 
 
+def test_batch_buckets_hold_every_size_within_one_and_a_half_times():
+    assert [batch_bucket(n) for n in (2, 3, 4, 5, 7, 9, 13, 17, 33, 64, 65)] == [
+        2, 3, 4, 6, 8, 12, 16, 24, 48, 64, 80,
+    ]  # fmt: skip
+    assert all(n <= batch_bucket(n) <= max(1.5 * n, n + 1) for n in range(2, 200))
+
+
+def test_a_batch_filled_with_copies_of_its_first_line_keeps_every_row():
+    model = random_model("v2")
+    lines = [
+        (_line(model, t, r, i), draw_noise(i, 1, s, model.cfg.latent_dim))
+        for i, (t, r, s) in enumerate(LINES[:3])
+    ]
+    conds = stack_conditions([c for c, _ in lines])
+    noise, lengths = stack_noise([n for _, n in lines])
+    big, big_noise, big_lengths = fill_batch(conds, noise, lengths, 4)
+    assert big.batch_size == 4 and big_noise.shape[0] == 4 and big_lengths == [*lengths, lengths[0]]
+    assert torch.equal(big.text_state[3], conds.text_state[0]) and torch.equal(big_noise[3], noise[0])
+    fast = FastSampler(model, use_graphs=False)
+    with torch.inference_mode():
+        want = fast.sample(conds, noise, CFG, frames=lengths)
+        got = fast.sample(big, big_noise, CFG, frames=big_lengths)
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(got[b, :n], want[b, :n], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in benchmarks/gpu_run.sh)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_on_cuda_a_batch_run_eagerly_equals_each_line_from_its_graph(dtype):
+def test_on_cuda_a_batch_from_its_graph_equals_each_line_from_its_graph(dtype):
     model = random_model("v2").to("cuda", dtype)
+    shapes = [*LINES, (5, 24, 12), (13, 16, 29)]  # six lines, the longest 40 frames
     lines = [
         (_line(model, t, r, i), draw_noise(i, 1, s, model.cfg.latent_dim, device="cuda"))
-        for i, (t, r, s) in enumerate(LINES)
+        for i, (t, r, s) in enumerate(shapes)
     ]
-    graphed = FastSampler(model, use_graphs=True)  # fused kernels, one line per graph
+    graphed = FastSampler(model, use_graphs=True)  # fused kernels
     with torch.inference_mode():
         alone = [graphed.sample(c, n, CFG) for c, n in lines]
-        conds = stack_conditions([c for c, _ in lines])
-        noise, lengths = stack_noise([n for _, n in lines])
-        batched = graphed.sample(conds, noise, CFG, frames=lengths)  # stacked lines: eager
-    tol = 1e-4 if dtype == torch.float32 else 3e-2
-    for b, (one, n) in enumerate(zip(alone, lengths)):
-        torch.testing.assert_close(batched[b : b + 1, :n].float(), one.float(), rtol=tol, atol=tol)
+        for size in (5, 6):  # bucket 6 both times: one batch graph
+            conds = stack_conditions([c for c, _ in lines[:size]])
+            noise, lengths = stack_noise([n for _, n in lines[:size]])
+            batched = graphed.sample(conds, noise, CFG, frames=lengths)
+            assert batched.shape[0] == size
+            tol = 1e-4 if dtype == torch.float32 else 3e-2
+            for b, (one, n) in enumerate(zip(alone, lengths)):
+                torch.testing.assert_close(batched[b : b + 1, :n].float(), one.float(), rtol=tol, atol=tol)
+    assert len(graphed._batch_graphs) == 1

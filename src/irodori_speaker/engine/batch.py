@@ -10,6 +10,7 @@ GEMM). Lines share a batch only when their sampler plans and loop settings are e
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,10 @@ from .model import Conditions, TextToLatentRFDiT
 from .sampler import plan_for
 
 _FIELDS = ("text", "speaker", "caption")
+
+#: Batch sizes a CUDA graph is captured for: a batch is filled up to the next one (at most 1.5x
+#: its rows), so a few graphs serve every size instead of one graph per size.
+BATCH_BUCKETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 def frame_mask(lengths: Sequence[int], total: int, device: torch.device | str) -> Tensor:
@@ -72,3 +77,27 @@ def signature(model: TextToLatentRFDiT, conds: Conditions, cfg: SamplerConfig) -
         cfg.truncation_factor,
     )
     return (plan_for(model, conds, cfg), loop, present, conds.batch_size)
+
+
+def batch_bucket(rows: int) -> int:
+    """The smallest of `BATCH_BUCKETS` holding `rows` (past the largest: `rows` rounded up to 16)."""
+    for bucket in BATCH_BUCKETS:
+        if bucket >= rows:
+            return bucket
+    return -(-rows // 16) * 16
+
+
+def fill_batch(
+    conds: Conditions, noise: Tensor, lengths: Sequence[int], rows: int
+) -> tuple[Conditions, Tensor, list[int]]:
+    """The batch grown to `rows` with copies of its first line (whose outputs the caller drops)."""
+    extra = rows - conds.batch_size
+    if extra <= 0:
+        return conds, noise, list(lengths)
+
+    def grow(t: Tensor) -> Tensor:
+        return torch.cat([t, t[:1].expand(extra, *t.shape[1:])])
+
+    grown = {f.name: getattr(conds, f.name) for f in fields(conds)}
+    grown = {name: None if t is None else grow(t) for name, t in grown.items()}
+    return Conditions(**grown), grow(noise), [*lengths, *[lengths[0]] * extra]  # type: ignore[arg-type]

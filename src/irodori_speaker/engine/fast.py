@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cancel import CancelToken, check
-from .batch import frame_mask
+from .batch import batch_bucket, fill_batch, frame_mask
+from .cuda_graphs import capture
 from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
 from .model import Conditions, ContextKV, DiffusionBlock, TextToLatentRFDiT, rope_tables
 from .sampler import (
@@ -286,13 +287,17 @@ class FastSampler:
         context_bucket: int = 32,
         use_graphs: bool | None = None,
         max_graphs: int = 64,
+        max_batch_graphs: int = 32,
     ) -> None:
         self.fast = model if isinstance(model, FastDiT) else FastDiT(model)
         self.frame_bucket = frame_bucket
         self.context_bucket = context_bucket
         self.use_graphs = self.fast.device.type == "cuda" if use_graphs is None else use_graphs
         self.max_graphs = max_graphs
+        self.max_batch_graphs = max_batch_graphs
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        # batches of several lines, by batch bucket: their own LRU, so they never evict a line's
+        self._batch_graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._text_graphs: dict[tuple, _Graph] = {}
         self._tables: dict[tuple, Tensor] = {}
         self._pool: Any = None  # one memory pool for every graph: replays are sequential
@@ -350,6 +355,9 @@ class FastSampler:
         plan = plan_for(model, conds, cfg)
         B, S, _ = noise.shape
         lengths = [S] * B if frames is None else list(frames)
+        if self.use_graphs and frames is not None and B > 1:
+            # several lines: filled up to a batch bucket, so a graph per bucket serves every size
+            conds, noise, lengths = fill_batch(conds, noise, lengths, batch_bucket(B))
         S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
         padded = pad_conditions(conds, self.context_bucket)
         latent_mask = None
@@ -361,9 +369,7 @@ class FastSampler:
         check(cancel)
 
         inputs = [x0, *_fields(padded), latent_mask]
-        # several lines stacked (`frames`) run eagerly: a graph per combination of their lengths
-        # would be captured mid-stream again and again; one line keeps its graph
-        if not self.use_graphs or frames is not None:
+        if not self.use_graphs:
             return self._loop_line(plan, cfg, table, S_pad, *inputs, cancel=cancel, progress=progress)[:, :S]
         key = (
             plan,
@@ -373,18 +379,20 @@ class FastSampler:
             cfg.speaker_kv_max_layers,
             tuple(None if t is None else (tuple(t.shape), t.dtype) for t in inputs),
         )
-        g = self._graphs.get(key)
+        # the rows' lengths are data (the latent mask), so one graph serves any lengths of a shape
+        graphs, limit = (self._graphs, self.max_graphs)
+        if B > 1:
+            graphs, limit = self._batch_graphs, self.max_batch_graphs
+        g = graphs.get(key)
         if g is None:
-            if len(self._graphs) >= self.max_graphs:
-                self._graphs.popitem(last=False)
+            if len(graphs) >= limit:
+                graphs.popitem(last=False)
             # captured without cancel/progress: a replay runs the whole line at once
-            g = self._graphs[key] = self._capture(
-                lambda *xs: self._loop_line(plan, cfg, table, S_pad, *xs), inputs
-            )
+            g = graphs[key] = self._capture(lambda *xs: self._loop_line(plan, cfg, table, S_pad, *xs), inputs)
             self.captures += 1
         else:
-            self._graphs.move_to_end(key)
-        out = g.replay(inputs)[:, :S].clone()
+            graphs.move_to_end(key)
+        out = g.replay(inputs)[:B, :S].clone()
         check(cancel)
         if progress is not None:
             progress(len(plan.steps), len(plan.steps))
@@ -409,19 +417,12 @@ class FastSampler:
 
     # ---- CUDA graphs -------------------------------------------------------------------------------
     def _capture(self, fn, inputs: list[Tensor | None]) -> _Graph:
-        """Capture `fn(*static_inputs)` as a CUDA graph after a warm-up run on a side stream."""
+        """Capture `fn(*static_inputs)` as a CUDA graph after a warm-up run (`cuda_graphs.capture`)."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         static = [None if t is None else t.clone() for t in inputs]
-        # Warm-up (cuBLAS handles, Triton autotune, the int4 kernel chooser) before capture.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn(*[None if t is None else t.clone() for t in static])
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = fn(*static)
+        warm = [None if t is None else t.clone() for t in static]
+        graph, out = capture(fn, static, self._pool, warm=warm)
         return _Graph(graph, static, out)
 
 

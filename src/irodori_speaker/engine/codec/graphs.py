@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ...errors import InputError
+from ..cuda_graphs import capture
 
 __all__ = ["GraphCache", "WindowGraph", "capture_graph"]
 
@@ -42,17 +43,10 @@ def capture_graph(
 ) -> WindowGraph:
     """Capture `decode(static_in)` into a CUDA graph (memory from `pool`), after a warm-up run.
 
-    The warm-up runs on a side stream first (cuDNN algorithm choice, cuBLAS handles) so none of
-    that setup lands in the capture. `keep`: the tensors a replay reads (the weights).
+    The warm-up (cuDNN algorithm choice, cuBLAS handles) stays out of the capture
+    (`engine.cuda_graphs.capture`). `keep`: the tensors a replay reads (the weights).
     """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        decode(static_in)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        static_out = decode(static_in)
+    graph, static_out = capture(decode, [static_in], pool)
     return WindowGraph(graph, static_in, static_out, keep)
 
 
