@@ -86,6 +86,12 @@ def main() -> None:
         default="",
         help="comma list of window frames: the top CUDA kernels of one fp16 decode of each, per variant",
     )
+    ap.add_argument(
+        "--conv-table",
+        default="",
+        help="comma list of window frames: every conv of the fp16 channels-last decoder, cuDNN against "
+        "its one-GEMM form, us per call (CUDA)",
+    )
     args = ap.parse_args()
 
     if args.threads:
@@ -178,6 +184,76 @@ def main() -> None:
     torch.backends.cudnn.benchmark = False
     for n in [int(w) for w in args.profile_windows.split(",") if w]:
         profile_window(state, device, n)
+    if args.conv_table:
+        conv_table(state, device, [int(w) for w in args.conv_table.split(",")])
+
+
+def time_us(fn, reps: int = 20) -> float:
+    """Median us of `fn()` by CUDA events (after two warm-up calls)."""
+    fn(), fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def conv_table(state: dict, device: torch.device, windows: list[int]) -> None:
+    """Each conv of the channels-last fp16 decoder at each window: cuDNN, and its one-GEMM form."""
+    from dataclasses import replace
+
+    from irodori_speaker.engine.codec import fast
+
+    codec = codec_from_state_dict(state, FULL_CODEC_KWARGS, device=device, dtype=torch.float16)
+    codec.use_channels_last(True)
+    cl = codec._channels_last
+    seen: list[tuple[fast._Conv, torch.Tensor]] = []
+    original = fast._Conv.__call__
+
+    def record(self, x):
+        seen.append((self, x))
+        return original(self, x)
+
+    print("\n| window | conv | Cin>Cout | K | stride/dil | T in | cuDNN us | GEMM us | GEMM / cuDNN |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for frames in windows:
+        seen.clear()
+        fast._Conv.__call__ = record  # type: ignore[method-assign]
+        try:
+            with torch.no_grad():
+                cl(torch.randn(1, frames, 32, device=device, dtype=cl.in_proj.weight.dtype))
+        finally:
+            fast._Conv.__call__ = original  # type: ignore[method-assign]
+        total = {"cudnn": 0.0, "best": 0.0, "now": 0.0}
+        for i, (conv, x) in enumerate(seen):
+            direct = replace(conv, as_gemm=False)
+            gemm = replace(conv, as_gemm=True)._with_gemm(True)
+            with torch.no_grad():
+                t_direct = time_us(lambda c=direct, x=x: c(x))
+                t_gemm = (
+                    time_us(lambda c=gemm, x=x: c(x)) if gemm.as_gemm and conv.kernel > 1 else float("nan")
+                )
+            kind = "up" if conv.transposed else ("k1" if conv.kernel == 1 else "conv")
+            step = conv.stride if conv.transposed else conv.dilation
+            cin, cout = conv.weight.shape[:2]  # (Cin, Cout, K) transposed, else (Cout, Cin, K)
+            if not conv.transposed:
+                cin, cout = cout, cin
+            total["cudnn"] += t_direct
+            total["best"] += min(t_direct, t_gemm) if t_gemm == t_gemm else t_direct
+            total["now"] += t_gemm if conv.as_gemm else t_direct
+            print(
+                f"| {frames} | {i} {kind} | {cin}>{cout} | {conv.kernel} | {step} | {x.shape[1]} "
+                f"| {t_direct:.1f} | {t_gemm:.1f} | {t_gemm / t_direct:.2f} |"
+            )
+        print(
+            f"| {frames} | all | | | | | {total['cudnn']:.1f} | best {total['best']:.1f} | "
+            f"now {total['now']:.1f} |"
+        )
+    del codec
 
 
 def profile_window(state: dict, device: torch.device, frames: int) -> None:

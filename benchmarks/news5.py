@@ -10,7 +10,8 @@ Silicon, `--device mps` runs the reference and our MPS preset (not run here: no 
 Modes (m)-(q) are the v4.1-Small-MF release (random full-size weights from its manifest:
 the ModernBERT backbone, MeanFlow 4 steps, no CFG): (m) the reference-equivalent path, (n)
 our CUDA preset bf16, (o) int4, (p) our CPU preset; side by side with the v2 modes in one run.
-(q) and (r) are (e) and (o) with the channels-last codec decoder (`codec_channels_last`, opt-in).
+(q) and (r) are (e) and (o) with the (B, C, T) codec decoder (the CUDA preset decodes
+channels-last since 2026-12-04).
 
     python benchmarks/news5.py                      # all v2 modes on CUDA, then (f) on the CPU
     python benchmarks/news5.py --modes a,b,d,e      # a subset
@@ -107,7 +108,7 @@ class Mode:
     int4: bool = False
     int4_codec: bool = False
     family: str = "v2"  # which release's configuration (FAMILIES)
-    codec_cl: bool = False  # the channels-last codec decoder (preset codec_channels_last, opt-in)
+    codec_cl: bool | None = None  # the channels-last codec decoder (None: the preset's choice)
     # results (not init fields: `replace` gives each derived mode its own)
     rows: list[dict] = field(default_factory=list, init=False)
     peak_mb: float = field(default=float("nan"), init=False)
@@ -162,10 +163,14 @@ def modes_for(device: str) -> dict[str, Mode]:
             cuda, key="e", desc="our CUDA preset, int4 weights (W4A16, bf16 activations)", int4=True
         ),
         "q": replace(
-            cuda, key="q", desc="(e) with the channels-last codec decoder", int4=True, codec_cl=True
+            cuda,
+            key="q",
+            desc="(e) with the (B, C, T) codec decoder (the preset's before 2026-12-04)",
+            int4=True,
+            codec_cl=False,
         ),
         "r": replace(
-            mf_cuda, key="r", desc="(o) with the channels-last codec decoder", int4=True, codec_cl=True
+            mf_cuda, key="r", desc="(o) with the (B, C, T) codec decoder", int4=True, codec_cl=False
         ),
         "g": replace(
             cuda, key="g", desc="(e) with the int4 codec too (smallest memory)", int4=True, int4_codec=True
@@ -293,7 +298,7 @@ def build(mode: Mode, files: dict[str, Path], int4_impl: str = "auto") -> tuple[
     # our CPU preset picks its precision and tricks from the CPU's flags (docs/backends.md): left
     # to it, so (f) / (p) measure what a user of that CPU gets
     preset_picks = mode.device == "cpu" and mode.fast
-    if not preset_picks:
+    if not preset_picks and mode.codec_cl is not None:
         overrides["codec_channels_last"] = mode.codec_cl
     synth = load_synthesizer(
         dit,

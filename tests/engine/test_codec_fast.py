@@ -104,8 +104,9 @@ def test_the_preset_field_makes_the_synthesizer_switch_it_on() -> None:
     from irodori_speaker.backends.presets import base_preset
     from irodori_speaker.synthesizer import Synthesizer
 
-    # opt-in everywhere until its GPU speed is measured (benchmarks/codec_speed.py)
-    assert not base_preset("cuda").codec_channels_last and not base_preset("cpu").codec_channels_last
+    # on in the CUDA preset (measured faster on every news5 line, RESULTS.md); the CPU preset picks
+    # it by the CPU's bf16 support (select_preset)
+    assert base_preset("cuda").codec_channels_last and not base_preset("cpu").codec_channels_last
 
     class _Model(torch.nn.Module):
         def __init__(self) -> None:
@@ -172,3 +173,55 @@ def test_a_conv_run_as_one_gemm_equals_the_conv(padding: int, dilation: int) -> 
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(_Conv.of(conv)(x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("stride", [2, 3, 8, 12])
+def test_an_upsampling_conv_run_as_one_gemm_equals_the_conv(stride: int) -> None:
+    from irodori_speaker.engine.codec.fast import _Conv
+    from irodori_speaker.engine.codec.layers import _upsample_conv
+
+    torch.manual_seed(stride)
+    conv = _upsample_conv(16, 8, stride)
+    x = torch.randn(2, 11, 16)  # (B, T, C)
+    want = conv(x.transpose(1, 2)).transpose(1, 2) - conv.bias  # _Conv leaves the bias to the epilogue
+    gemm = _Conv.of(conv, as_gemm=True)
+    assert gemm.as_gemm and gemm.transposed
+    got = gemm(x)
+    assert got.shape == want.shape == (2, 11 * stride, 8)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_Conv.of(conv)(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_as_gemm_is_refused_where_it_does_not_apply() -> None:
+    from irodori_speaker.engine.codec.fast import _Conv
+
+    strided = torch.nn.Conv1d(4, 4, 4, stride=2)
+    odd_kernel = torch.nn.ConvTranspose1d(4, 4, 5, stride=2)
+    assert not _Conv.of(strided, as_gemm=True).as_gemm
+    assert not _Conv.of(odd_kernel, as_gemm=True).as_gemm
+
+
+def test_only_the_convs_cudnn_runs_slowly_in_nhwc_become_gemms() -> None:
+    from irodori_speaker.engine.codec.fast import _cudnn_slow
+
+    assert _cudnn_slow(torch.nn.Conv1d(384, 384, 7, dilation=9, padding=27))
+    assert not _cudnn_slow(torch.nn.Conv1d(384, 384, 7, dilation=3, padding=9))
+    assert not _cudnn_slow(torch.nn.Conv1d(768, 768, 7, dilation=9, padding=27))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the rule is cuDNN's: needs an NVIDIA GPU")
+def test_the_full_size_decoder_runs_its_slow_cudnn_conv_as_a_gemm_on_cuda() -> None:
+    from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
+
+    state = random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False)
+    codec = codec_from_state_dict(state, FULL_CODEC_KWARGS, device="cuda", dtype=torch.float16)
+    assert codec.use_channels_last(True)
+    cl = codec._channels_last
+    gemms = [(c.weight.shape[1], c.dilation) for c, *_ in cl.steps if c.as_gemm]
+    assert gemms == [(384, 9)]
+    z = torch.randn(1, 37, 32, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        got = codec.decode(z).float()
+        codec.use_channels_last(False)
+        want = codec.decode(z).float()
+    assert (got - want).abs().max() < 5e-3

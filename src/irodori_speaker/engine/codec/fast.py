@@ -66,7 +66,7 @@ class _Conv:
     dilation: int
     output_padding: int
     transposed: bool
-    as_gemm: bool = False  # run as one im2col GEMM (see `ChannelsLastDecoder.__init__`)
+    as_gemm: bool = False  # one GEMM (im2col, or overlap-add when transposed): `gemm_able`
 
     @classmethod
     def of(cls, conv: nn.Module, *, as_gemm: bool = False) -> _Conv:
@@ -84,14 +84,26 @@ class _Conv:
             conv.dilation[0],
             conv.output_padding[0] if transposed else 0,
             transposed,
-            as_gemm and not transposed and conv.stride[0] == 1,
-        )
+        )._with_gemm(as_gemm)
+
+    def gemm_able(self) -> bool:
+        """Whether `as_gemm` applies: a stride-1 conv (im2col), or an upsampling conv whose kernel
+        is twice its stride (each output frame sums two input frames' GEMM rows)."""
+        if self.transposed:
+            return self.kernel == 2 * self.stride and self.output_padding <= self.padding
+        return self.stride == 1 and self.kernel > 1
+
+    def _with_gemm(self, as_gemm: bool) -> _Conv:
+        self.as_gemm = as_gemm and self.gemm_able()
+        return self
 
     def __call__(self, x: Tensor) -> Tensor:
         """(B, T, Cin) -> (B, T', Cout), bias not added."""
         B, T, C = x.shape
         if self.kernel == 1 and not self.transposed:
             return torch.matmul(x, self.weight[:, :, 0].t())
+        if self.as_gemm and self.transposed:
+            return self._upsample_gemm(x)
         if self.as_gemm:  # (B, T_out, K * Cin) windows x (K * Cin, Cout); weight memory is (Cout, K, Cin)
             xp = nn.functional.pad(x, (0, 0, self.padding, self.padding)).contiguous()
             t_out = xp.shape[1] - self.dilation * (self.kernel - 1)
@@ -107,6 +119,22 @@ class _Conv:
         else:
             y4 = nn.functional.conv2d(x4, w4, None, (1, self.stride), (0, self.padding), (1, self.dilation))
         return y4.permute(0, 2, 3, 1).reshape(B, y4.shape[-1], y4.shape[1])  # a view when NHWC
+
+    def _upsample_gemm(self, x: Tensor) -> Tensor:
+        """The transposed conv (kernel 2s, stride s) as one GEMM and one add.
+
+        Input frame t writes output frames [t*s - p, t*s - p + 2s): its first s taps land in
+        output block t, its last s in block t + 1. So block j = taps[:s] of frame j + taps[s:] of
+        frame j - 1; the (T + 1) * s frames are then cropped by the padding p."""
+        B, T, _ = x.shape
+        s, p = self.stride, self.padding
+        cout = self.weight.shape[1]
+        w = self.weight.permute(0, 2, 1).reshape(self.weight.shape[0], -1)  # (Cin, K * Cout): a view
+        taps = torch.matmul(x, w).view(B, T, 2, s, cout)
+        blocks = nn.functional.pad(taps[:, :, 0], (0, 0, 0, 0, 0, 1))  # (B, T + 1, s, Cout)
+        blocks[:, 1:] += taps[:, :, 1]
+        t_out = (T + 1) * s - 2 * p + self.output_padding
+        return blocks.view(B, (T + 1) * s, cout)[:, p : p + t_out]
 
 
 def supports_channels_last(decoder: Decoder) -> bool:
@@ -133,6 +161,7 @@ class ChannelsLastDecoder:
         # kernel that took 59 ms of a 116-frame window's 61 ms (H200, 2026-12-04; the (B, C, T)
         # decoder's legacy implicit GEMM there took 1.2 ms; benchmarks/codec_speed.py --profile-windows)
         self.first = _Conv.of(decoder.model[0], as_gemm=True)
+        on_cuda = in_proj.weight.is_cuda
         # (conv, add the residual x?, alpha of the Snake after it or None, keep the sum as the next x?)
         self.steps: list[tuple[_Conv, bool, Tensor | None, bool]] = []
         blocks = [m for m in decoder.model[1:] if isinstance(m, DecoderBlock)]
@@ -146,7 +175,9 @@ class ChannelsLastDecoder:
             for j, unit in enumerate(units):
                 nxt = _alpha(units[j + 1].block[0]) if j + 1 < len(units) else _alpha(after)
                 last = j + 1 == len(units)
-                self.steps.append((_Conv.of(unit.block[1]), False, _alpha(unit.block[2]), False))
+                dilated = unit.block[1]
+                slow = on_cuda and _cudnn_slow(dilated)
+                self.steps.append((_Conv.of(dilated, as_gemm=slow), False, _alpha(unit.block[2]), False))
                 self.steps.append((_Conv.of(unit.block[3]), True, nxt, not last))
         self.first_alpha = first_alpha
         head_conv = decoder.head.pre[1]
@@ -171,6 +202,19 @@ class ChannelsLastDecoder:
                 x = h
         assert s is not None
         return _head(s, self.head_weight, self.head_bias, self.head_padding)
+
+
+#: (in channels, kernel, dilation) of the released decoder's convs for which cuDNN's NHWC heuristic
+#: picks `conv2d_grouped_direct_kernel` at some lengths: the 384-channel dilation-9 conv took 19 ms
+#: at a 37-frame window and 59 ms at 116 frames, against 0.08 / 0.15 ms as one GEMM, while every
+#: other conv stayed under 0.35 ms (H200, cuDNN of torch 2.11; `codec_speed.py --conv-table`,
+#: benchmarks/RESULTS.md). Elsewhere cuDNN is 1.1-4x faster than the GEMM, so only these run as one.
+CUDNN_SLOW_NHWC = {(384, 7, 9)}
+
+
+def _cudnn_slow(conv: nn.Module) -> bool:
+    assert isinstance(conv, nn.Conv1d)
+    return (conv.in_channels, conv.kernel_size[0], conv.dilation[0]) in CUDNN_SLOW_NHWC
 
 
 def _alpha(snake: nn.Module) -> Tensor:
