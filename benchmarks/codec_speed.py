@@ -44,7 +44,7 @@ def sync(device: torch.device) -> None:
 
 
 def decode_line(
-    codec, latent: torch.Tensor, chunk: int | None, first: int | None
+    codec, latent: torch.Tensor, chunk: int | None, first: int | None, growth: float | None = None
 ) -> tuple[torch.Tensor, float]:
     """The joined audio of one streamed line, and the ms until its first chunk was on the host."""
     t0 = time.perf_counter()
@@ -54,7 +54,7 @@ def decode_line(
         sync(latent.device)
         return audio, (time.perf_counter() - t0) * 1e3
     parts = []
-    for i, part in enumerate(codec.decode_stream(latent, chunk, first_chunk_frames=first)):
+    for i, part in enumerate(codec.decode_stream(latent, chunk, first_chunk_frames=first, growth=growth)):
         parts.append(part.float().cpu())  # the Synthesizer hands each chunk to the host
         if i == 0:
             first_ms = (time.perf_counter() - t0) * 1e3
@@ -71,6 +71,9 @@ def main() -> None:
         "--chunks", default="50,100", help="middle window sizes in frames (comma list; 0: one pass)"
     )
     ap.add_argument("--first", type=int, default=8, help="first window's frames")
+    ap.add_argument(
+        "--growth", default="", help="comma list of chunk growth factors after the first (0: none), as rows"
+    )
     ap.add_argument("--lines", type=int, default=5, help="how many news5 lines")
     ap.add_argument("--repeat", type=int, default=3, help="timed passes (the best is kept)")
     ap.add_argument("--threads", type=int, default=None)
@@ -100,6 +103,7 @@ def main() -> None:
     cuda = device.type == "cuda"
     dtypes = (args.dtypes or ("fp16" if cuda else "fp32")).split(",")
     chunks = [int(c) or None for c in args.chunks.split(",")]
+    growths = [float(g) or None for g in args.growth.split(",")] if args.growth else [None]
     frames = NEWS5_FRAMES[: args.lines]
     state = random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False)
     gen = torch.Generator().manual_seed(1)
@@ -138,24 +142,26 @@ def main() -> None:
                 except Exception as e:
                     print(f"| {vname} | {dname} | - | compile failed: {type(e).__name__}: {e} | | | | |")
                     continue
-            for chunk in chunks:
+            for chunk, growth in [(c, g) for c in chunks for g in (growths if c else [None])]:
                 if graphs:
                     codec.use_graphs(True, capture_on_use=1, max_graphs=16, max_frames=512)
                     if chunk is not None:
-                        codec.prewarm_graphs(stream_window_lengths(chunk, first_chunk_frames=args.first))
+                        codec.prewarm_graphs(
+                            stream_window_lengths(chunk, first_chunk_frames=args.first, growth=growth)
+                        )
                 if cuda:
                     torch.cuda.reset_peak_memory_stats(device)
                 try:
                     with torch.no_grad():
                         for z in latents:  # warm-up: cuDNN choices, lazy graph captures, compiles
-                            decode_line(codec, z, chunk, args.first)
+                            decode_line(codec, z, chunk, args.first, growth)
                         best, first_ms, err = float("inf"), 0.0, 0.0
                         for _ in range(args.repeat):
                             sync(device)
                             t0 = time.perf_counter()
                             outs = []
                             for i, z in enumerate(latents):
-                                audio, ms = decode_line(codec, z, chunk, args.first)
+                                audio, ms = decode_line(codec, z, chunk, args.first, growth)
                                 outs.append(audio)
                                 if i == 0:
                                     f_ms = ms
@@ -173,6 +179,7 @@ def main() -> None:
                 peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else float("nan")
                 audio_s = sum(frames) / 25
                 window = "one pass" if chunk is None else f"{args.first}/{chunk}"
+                window += f" x{growth:g}" if growth else ""
                 print(
                     f"| {vname} | {dname} | {window} | {best:.1f} | {first_ms:.2f} "
                     f"| {best / 1e3 / audio_s:.4f} | {err:.2e} | {snr:.1f} | {peak:.0f} |",
