@@ -84,3 +84,38 @@ def test_the_cache_key_tells_the_tricks_apart(reference):
 
     plain, tricks = select_preset("cpu"), select_preset("cpu", int8_linears=True, codec_channels_last=True)
     assert plain.audio_flags() == [] and tricks.audio_flags() == ["int8_linears", "codec_channels_last"]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["int8", "bf16+int8"])
+def test_int8_siblings_share_one_quantisation_and_render_the_same(irodori_home, monkeypatch, dtype):
+    """The preset's int8 model: q/k/v/gate and w1/w3 quantise their common input once; the line's
+    latent and audio are bit for bit those of linears that each quantise their own."""
+    import irodori_speaker.quant.int8 as int8
+
+    calls = []
+    inner = int8._quantize_rows
+
+    def counted(x):
+        calls.append(1)
+        return inner(x)
+
+    monkeypatch.setattr(int8, "_quantize_rows", counted)
+    synth, _, latent, audio = _render(dtype=dtype, codec_dtype=F32, int8_linears=True)
+    shared_calls = len(calls)
+    layers = [m for m in synth.model.modules() if isinstance(m, Int8Linear)]
+    assert sum(m.shared is not None for m in layers) == 2 * 6  # the tiny model's 2 blocks x 6 siblings
+    for m in layers:
+        m.shared = None  # each quantises its own input, as before
+    calls.clear()
+    seen = {}
+    inner_sample = synth.sample_latent
+
+    def capture(*a, **k):
+        out = inner_sample(*a, **k)
+        seen["latent"] = out.float().clone()
+        return out
+
+    synth.sample_latent = capture
+    alone_audio = torch.from_numpy(synth.synthesize(TEXT, None, OPTS).audio.copy())
+    assert shared_calls > 0 and len(calls) == 2 * shared_calls  # 8 quantisations per block, not 4
+    assert torch.equal(seen["latent"], latent) and torch.equal(alone_audio, audio)

@@ -74,3 +74,101 @@ def test_quantize_swaps_the_per_step_linears_of_every_block():
     assert type(blk.attention.wk_text) is nn.Linear and type(blk.attention_adaln.shift_up) is nn.Linear
     assert type(model.in_proj) is nn.Linear
     assert quantize_linears_int8(model) == 0  # already swapped
+
+
+def _tiny_int8_pair(dtype):
+    """The tiny v2 model twice, int8 linears each quantising its own input / siblings sharing it."""
+    import copy
+
+    from irodori_speaker.engine.checkpoint import build_model
+    from irodori_speaker.engine.config import ModelConfig
+    from irodori_speaker.engine.tiny import TINY_CONFIGS
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig.from_dict(TINY_CONFIGS["v2"]), device="cpu").to(dtype)
+    alone, shared = copy.deepcopy(model), model
+    quantize_linears_int8(alone, share_inputs=False)
+    quantize_linears_int8(shared)
+    return alone, shared
+
+
+def _velocity(model, seed=1):
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, cfg.text_vocab_size, (2, 12), generator=g)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 9:] = False
+    ref = torch.randn(2, 20, cfg.latent_dim, generator=g)
+    x_t = torch.randn(2, 16, cfg.latent_dim, generator=g)
+    with torch.inference_mode():
+        conds = model.encode_conditions(ids, mask, ref, torch.ones(2, 20, dtype=torch.bool))
+        ctx = model.context_kv(conds)
+        return model.velocity(x_t, torch.tensor([0.9, 0.4]), ctx)
+
+
+def _count_quantisations(monkeypatch):
+    import irodori_speaker.quant.int8 as int8
+
+    calls = []
+    inner = int8._quantize_rows
+
+    def counted(x):
+        calls.append(tuple(x.shape))
+        return inner(x)
+
+    monkeypatch.setattr(int8, "_quantize_rows", counted)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_siblings_quantise_their_shared_input_once_with_the_same_result(monkeypatch, dtype):
+    alone, shared = _tiny_int8_pair(dtype)
+    blocks = len(shared.blocks)
+    calls = _count_quantisations(monkeypatch)
+    expected = _velocity(alone)
+    assert len(calls) == 8 * blocks  # each of the 8 linears quantises its input
+    calls.clear()
+    got = _velocity(shared)
+    # one quantisation per distinct input: q/k/v/gate's, wo's, w1/w3's, w2's
+    assert len(calls) == 4 * blocks
+    assert torch.equal(got, expected)  # the same int8 values and scales: bit for bit
+    for blk in shared.blocks:  # nothing held between calls
+        assert blk.attention.wq.shared._held is None and blk.mlp.w1.shared._held is None
+
+
+def test_quantize_links_the_siblings_once():
+    _, model = _tiny_int8_pair(torch.float32)
+    a, mlp = model.blocks[0].attention, model.blocks[0].mlp
+    assert a.wq.shared is a.wk.shared is a.wv.shared is a.gate.shared is not None
+    assert mlp.w1.shared is mlp.w3.shared is not None and mlp.w1.shared is not a.wq.shared
+    assert a.wo.shared is None and mlp.w2.shared is None  # their inputs are their own
+    assert model.blocks[1].attention.wq.shared is not a.wq.shared
+    hooks = (len(a._forward_pre_hooks), len(a._forward_hooks))
+    assert quantize_linears_int8(model) == 0  # a second call links nothing again
+    assert (len(a._forward_pre_hooks), len(a._forward_hooks)) == hooks == (1, 1)
+
+
+def test_shared_rows_are_keyed_on_the_input_tensor():
+    from irodori_speaker.quant.int8 import SharedRows
+
+    rows = SharedRows()
+    x, y = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    qx, sx = rows.rows(x, 8)
+    again = rows.rows(x, 8)
+    assert again[0] is qx and again[1] is sx  # the same tensor: reused
+    qy, sy = rows.rows(y, 8)  # another tensor (of the same shape): quantised anew
+    assert qy is not qx and torch.equal(sy, y.reshape(-1, 8).abs().amax(1, keepdim=True) / 127)
+    rows.clear()
+    assert rows.rows(y, 8)[0] is not qy
+
+
+def test_a_deep_copy_shares_within_itself():
+    import copy
+
+    alone, model = _tiny_int8_pair(torch.float32)
+    twin = copy.deepcopy(model)
+    a = twin.blocks[0].attention
+    assert a.wq.shared is a.gate.shared and a.wq.shared is not model.blocks[0].attention.wq.shared
+    # the copy's hooks clear the copy's shared rows (bound methods are re-bound by deepcopy)
+    assert next(iter(a._forward_pre_hooks.values())).__self__ is a.wq.shared
+    assert torch.equal(_velocity(twin), _velocity(alone))

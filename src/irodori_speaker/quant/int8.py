@@ -11,16 +11,31 @@ shapes the GEMM error is about half (benchmarks/cpu_preset.py states the error o
 (attention wq / wk / wv / gate / wo, MLP w1 / w3 / w2); the encoders, the condition keys/values
 (once per line) and the low-rank AdaLN (once per schedule) stay float. The engine knows nothing of
 this: the modules are swapped after loading (`backends.cpu_tricks`).
+
+Siblings that read the same activation (wq / wk / wv / gate on the attention's input, w1 / w3 on
+the MLP's) share one `SharedRows`: the first of them quantises the input, the others reuse the
+(int8, scale) pair, so each activation is quantised once, not four or two times (the same int8
+values and scales: the outputs are bit for bit those of unshared layers). The pair is keyed on the
+input tensor itself (`is`) and lives for one call of the parent module (hooks on the attention /
+the MLP clear it before and after), within which the block's code does not change its input.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["BLOCK_LINEARS", "Int8Linear", "quantize_linears_int8", "quantize_weight_int8"]
+__all__ = [
+    "BLOCK_LINEARS",
+    "SHARED_INPUTS",
+    "Int8Linear",
+    "SharedRows",
+    "quantize_linears_int8",
+    "quantize_weight_int8",
+    "share_rows",
+]
 
 #: The linears of a diffusion block run at every sampler step (module path inside the block).
 BLOCK_LINEARS = (
@@ -32,6 +47,11 @@ BLOCK_LINEARS = (
     "mlp.w1",
     "mlp.w3",
     "mlp.w2",
+)
+#: Siblings reading the same input within one call of their parent (parent path, linear names).
+SHARED_INPUTS = (
+    ("attention", ("wq", "wk", "wv", "gate")),
+    ("mlp", ("w1", "w3")),
 )
 _QMAX = 127.0
 
@@ -51,18 +71,43 @@ def _quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return xf.div(scale).round_().clamp_(-_QMAX, _QMAX).to(torch.int8), scale
 
 
+class SharedRows:
+    """One quantised input shared by sibling `Int8Linear`s within one call of their parent module.
+
+    `rows(x, k)` quantises x (viewed as (M, k)) unless the held pair is x's; `clear` drops it (the
+    parent's forward pre-hook and hook). One attribute holds (x, int8, scale) and is read once per
+    call, so a model run from several threads at once stays right (it only shares less).
+    """
+
+    def __init__(self) -> None:
+        self._held: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def rows(self, x: Tensor, in_features: int) -> tuple[Tensor, Tensor]:
+        held = self._held
+        if held is not None and held[0] is x:
+            return held[1], held[2]
+        q, scale = _quantize_rows(x.reshape(-1, in_features))
+        self._held = (x, q, scale)
+        return q, scale
+
+    def clear(self, *_: Any) -> None:
+        """Drop the held pair (signature of a forward pre-hook and of a forward hook)."""
+        self._held = None
+
+
 class Int8Linear(nn.Module):
     """`nn.Linear` on an int8 weight (per-channel scale) with its input quantised per row at run time.
 
     Buffers: ``qweight`` int8 (out, in), ``scale`` fp32 (out,), optional ``bias`` (follows the module
     dtype). The output has the input's dtype. Where `torch._int_mm` cannot run (an old or unusual
     build) the same integer products are summed in fp32 instead (slower, the same result up to the
-    fp32 rounding of sums past 2^24).
+    fp32 rounding of sums past 2^24). ``shared``: the `SharedRows` of its siblings, if any.
     """
 
     qweight: Tensor
     scale: Tensor
     bias: Tensor | None
+    shared: SharedRows | None
 
     def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()
@@ -73,6 +118,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.detach().float().reshape(-1).contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self._int_mm_ok = True
+        self.shared = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
@@ -105,18 +151,24 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
-        q, row_scale = _quantize_rows(x.reshape(-1, self.in_features))
+        if self.shared is None:
+            q, row_scale = _quantize_rows(x.reshape(-1, self.in_features))
+        else:
+            q, row_scale = self.shared.rows(x, self.in_features)
         y = torch.mul(self._int_products(q), row_scale).mul_(self.scale)  # int32 x fp32: fp32
         if self.bias is not None:
             y += self.bias.float()
         return y.to(x.dtype).view(*lead, self.out_features)
 
 
-def quantize_linears_int8(model: nn.Module, names: tuple[str, ...] = BLOCK_LINEARS) -> int:
+def quantize_linears_int8(
+    model: nn.Module, names: tuple[str, ...] = BLOCK_LINEARS, *, share_inputs: bool = True
+) -> int:
     """Swap `names` in every `model.blocks[i]` for `Int8Linear` in place; returns how many.
 
     Works on the engine's DiT (v2 / v3 / v4 families); layers that are not plain `nn.Linear`
-    (int4 layers, already swapped ones) are left as they are.
+    (int4 layers, already swapped ones) are left as they are. `share_inputs`: siblings reading
+    one input quantise it once (`SHARED_INPUTS`, `share_rows`); off, each quantises its own.
     """
     count = 0
     for block in getattr(model, "blocks", ()):
@@ -127,4 +179,27 @@ def quantize_linears_int8(model: nn.Module, names: tuple[str, ...] = BLOCK_LINEA
             if type(layer) is nn.Linear:
                 setattr(parent, attr, Int8Linear.from_linear(layer))
                 count += 1
+        if share_inputs:
+            for parent_path, siblings in SHARED_INPUTS:
+                share_rows(block.get_submodule(parent_path), siblings)
     return count
+
+
+def share_rows(parent: nn.Module, siblings: tuple[str, ...]) -> bool:
+    """Let the `Int8Linear`s `siblings` of `parent` quantise their common input once per call of
+    `parent` (one `SharedRows`, cleared by hooks on `parent`); True if linked now.
+
+    Nothing is done unless they are all unlinked `Int8Linear`s of one input width: a second call
+    is harmless. The parent must not change the input in place between the siblings' calls.
+    """
+    layers = [getattr(parent, name, None) for name in siblings]
+    ok = all(isinstance(m, Int8Linear) and m.shared is None for m in layers)
+    if not ok or len({cast(Int8Linear, m).in_features for m in layers}) != 1:
+        return False
+    shared = SharedRows()
+    for m in layers:
+        cast(Int8Linear, m).shared = shared
+    # bound methods: a deep copy of the model re-binds them to its own copy of `shared`
+    parent.register_forward_pre_hook(shared.clear)
+    parent.register_forward_hook(shared.clear)
+    return True
