@@ -4,12 +4,12 @@ Each stream is a thread that speaks news5 sentences one after another through ON
 `Synthesizer`, streamed (the first chunk is its first audio), as several Speakers or the
 server's workers do. Per concurrency N, two runs side by side in this process:
 
-- batched: `max_batch` = N (lines waiting for the sampler together are sampled as one batch,
-  `batching.py`);
+- batched: `max_batch` = N, at most `--max-batch` (lines waiting for the sampler together are
+  sampled as one batch, `batching.py`);
 - serial: `max_batch` = 1 (one line after another behind the model lock, as before).
 
-On CUDA a batch replays a graph per batch bucket and shape (`engine.batch.BATCH_BUCKETS`), captured
-the first time it is met: the batched run goes twice, the first printed as "batched (cold)".
+On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
+captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
 
 Per row: lines, audio seconds, wall seconds, aggregate audio seconds per second, p50 / p95
 time to first audio (from a line's start to its first chunk), the batch sizes that ran, and on
@@ -54,10 +54,6 @@ class Run:
     lines: int = 0
     batches: dict[int, int] = field(default_factory=dict)
     peak_mb: float = float("nan")
-    cold: bool = False  # the first run of this size: its batch graphs were captured during it
-
-    def label(self) -> str:
-        return ("batched (cold)" if self.cold else "batched") if self.batched else "serial"
 
     def pct(self, q: float) -> float:
         xs = sorted(self.ttfa)
@@ -66,7 +62,8 @@ class Run:
 
 def run(synth, voice, sentences: list[str], streams: int, lines: int, batched: bool, device: str) -> Run:
     """`streams` threads, each speaking `lines` sentences (stream i starts at sentence i)."""
-    synth._batcher.max_batch = streams if batched else 1  # a measurement knob: the preset's max_batch
+    # a measurement knob: the preset's max_batch (what prewarm captured batch graphs for) caps it
+    synth._batcher.max_batch = min(streams, synth.preset.max_batch) if batched else 1
     synth._batcher.batches = {}
     out = Run(streams, batched)
     lock = threading.Lock()
@@ -117,6 +114,7 @@ def main() -> None:
     serial_help = "also run each concurrency with max_batch 1 (the side-by-side baseline)"
     ap.add_argument("--serial", action=argparse.BooleanOptionalAction, default=True, help=serial_help)
     ap.add_argument("--max-padding", type=float, help="the batcher's padding bound (default: the preset's)")
+    ap.add_argument("--max-batch", type=int, default=16, help="the preset max_batch: the largest batch")
     ap.add_argument("--json", type=Path, help="write the rows here too")
     ap.add_argument(
         "--int4-impl",
@@ -133,7 +131,7 @@ def main() -> None:
         raise SystemExit(f"mode {key} needs CUDA")
     files = news5.prepare_files(int4=mode.int4, smoke=args.smoke, families={mode.family})
     sentences = json.loads(news5.NEWS5_JSON.read_text())["sentences"]
-    synth, voice = news5.build(mode, files, args.int4_impl)
+    synth, voice = news5.build(mode, files, args.int4_impl, max_batch=args.max_batch)
     if args.max_padding is not None:
         synth._batcher.max_padding = args.max_padding
     if mode.fast:
@@ -152,12 +150,7 @@ def main() -> None:
           "| TTFA p95 ms | batches (size: count) | peak MiB |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n in [int(x) for x in args.streams.split(",")]:
-        pair = []
-        if mode.graphs and n > 1:  # the first batches of a size capture their graphs: a cold row
-            cold = run(synth, voice, sentences, n, args.lines, True, device)
-            cold.cold = True
-            pair.append(cold)
-        pair.append(run(synth, voice, sentences, n, args.lines, True, device))
+        pair = [run(synth, voice, sentences, n, args.lines, True, device)]
         if args.serial and n > 1:
             pair.append(run(synth, voice, sentences, n, args.lines, False, device))
         serial_rate = pair[-1].audio_s / pair[-1].wall_s  # the batched run itself when alone
@@ -165,7 +158,7 @@ def main() -> None:
             rate = r.audio_s / r.wall_s
             ratio = rate / serial_rate  # batched: its speed-up over serial; serial: 1
             print(
-                f"| {n} | {r.label()} | {r.lines} | {r.audio_s:.1f} "
+                f"| {n} | {'batched' if r.batched else 'serial'} | {r.lines} | {r.audio_s:.1f} "
                 f"| {r.wall_s:.2f} "
                 f"| {rate:.1f} | {ratio:.2f} | {1e3 * r.pct(0.5):.0f} | {1e3 * r.pct(0.95):.0f} "
                 f"| {' '.join(f'{k}:{v}' for k, v in r.batches.items())} | {r.peak_mb:.0f} |",

@@ -286,9 +286,12 @@ def _header_meta(path: Path) -> tuple[dict[str, str], str]:
     return read_header(path)[0], str(path)
 
 
-def build(mode: Mode, files: dict[str, Path], int4_impl: str = "auto") -> tuple[Synthesizer, Voice]:
+def build(
+    mode: Mode, files: dict[str, Path], int4_impl: str = "auto", **preset: object
+) -> tuple[Synthesizer, Voice]:
     """The Synthesizer of `mode` as users get it (`load_synthesizer`: the product's DiT and codec
-    loaders, its preset with the mode's overrides), with the approximate tokenizer, and the voice."""
+    loaders, its preset with the mode's overrides and `preset`), with the approximate tokenizer,
+    and the voice."""
     suffix = "" if mode.family == "v2" else f":{mode.family}"
     dit = files[("int4" if mode.int4 else "dit") + suffix]
     cfg, _ = config_from_metadata(*_header_meta(dit))
@@ -319,6 +322,7 @@ def build(mode: Mode, files: dict[str, Path], int4_impl: str = "auto") -> tuple[
         codec_dtype=None if preset_picks else mode.codec_dtype,
         voice_cache_dir=False,
         **overrides,
+        **preset,
     )
     if mode.int4 and int4_impl != "auto":  # a measurement knob of the int4 kernel's chooser
         from irodori_speaker.quant.layers import Int4Linear

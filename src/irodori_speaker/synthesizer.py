@@ -301,6 +301,21 @@ class Synthesizer(VoiceConditions):
                 for frames in range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket):
                     noise = torch.zeros(1, frames, self.config.latent_dim, device=self.device)
                     self.sample_latent(conds, noise, cfg)
+                self._prewarm_batch_graphs(conds, cfg, top, fast)
+
+    def _prewarm_batch_graphs(self, conds: Any, cfg: Any, top: int, fast: Any) -> None:
+        """With `max_batch` > 1: a graph per batch bucket up to it and per coarse frame bucket; a
+        batch whose shape has none runs line by line (engine/fast.py), so none is captured live."""
+        import torch
+
+        from .engine.batch import BATCH_BUCKETS, stack_conditions
+
+        step = fast.batch_frame_bucket
+        for rows in [b for b in BATCH_BUCKETS if b <= self.preset.max_batch]:
+            batch = stack_conditions([conds] * rows)
+            for frames in range(step, top + step, step):
+                noise = torch.zeros(rows, frames, self.config.latent_dim, device=self.device)
+                self.sample_latent(batch, noise, cfg, frames=[frames] * rows)
 
     @property
     def identity(self) -> dict[str, Any]:

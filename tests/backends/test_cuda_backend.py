@@ -36,6 +36,22 @@ def test_prewarm_captures_every_bucket_and_graphs_match_eager(tmp_path, monkeypa
     np.testing.assert_allclose(graphed, eager, atol=2e-3)
 
 
+def test_with_max_batch_prewarm_captures_the_batch_buckets_and_batches_replay_them(tmp_path, monkeypatch):
+    from irodori_speaker.synthesizer import load_synthesizer
+
+    monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
+    synth = load_synthesizer(
+        tiny_random="v2", backend="cuda", prewarm_seconds=3.0, max_batch=4, voice_cache_dir=False
+    )
+    synth.prewarm()
+    fast = synth.fast_sampler
+    lines = len(range(fast.frame_bucket, 75 + fast.frame_bucket, fast.frame_bucket))
+    coarse = len(range(fast.batch_frame_bucket, 75 + fast.batch_frame_bucket, fast.batch_frame_bucket))
+    # batch buckets 2 and 4, each coarse frame bucket, both text buckets
+    assert synth.prewarm_report["graphs_captured"] == 2 * lines + 2 * 2 * coarse
+    assert len(fast._batch_graphs) == 2 * 2 * coarse
+
+
 def test_the_codec_can_run_on_the_cpu_and_as_int4(tmp_path, monkeypatch):
     """codec_device="cpu" keeps the DiT on the GPU and the codec off it; codec_int4 packs its decoder
     on the CPU before moving it. Both render the same line as the plain CUDA preset (as noise)."""

@@ -22,9 +22,9 @@ from .sampler import plan_for
 
 _FIELDS = ("text", "speaker", "caption")
 
-#: Batch sizes a CUDA graph is captured for: a batch is filled up to the next one (at most 1.5x
-#: its rows), so a few graphs serve every size instead of one graph per size.
-BATCH_BUCKETS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: Batch sizes a CUDA graph is captured for (prewarm captures them up to the preset's `max_batch`):
+#: a batch is filled up to the next one, so a few graphs serve every size.
+BATCH_BUCKETS = (2, 4, 8, 16, 32, 64)
 
 
 def frame_mask(lengths: Sequence[int], total: int, device: torch.device | str) -> Tensor:

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cancel import CancelToken, check
+from ..kernels.tuning import is_tuning_allowed
 from .batch import batch_bucket, fill_batch, frame_mask
 from .cuda_graphs import capture
 from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
@@ -285,6 +286,7 @@ class FastSampler:
         *,
         frame_bucket: int = 16,
         context_bucket: int = 32,
+        batch_frame_bucket: int = 64,
         use_graphs: bool | None = None,
         max_graphs: int = 64,
         max_batch_graphs: int = 32,
@@ -292,6 +294,7 @@ class FastSampler:
         self.fast = model if isinstance(model, FastDiT) else FastDiT(model)
         self.frame_bucket = frame_bucket
         self.context_bucket = context_bucket
+        self.batch_frame_bucket = batch_frame_bucket  # coarser for batches: fewer graphs to prewarm
         self.use_graphs = self.fast.device.type == "cuda" if use_graphs is None else use_graphs
         self.max_graphs = max_graphs
         self.max_batch_graphs = max_batch_graphs
@@ -355,10 +358,13 @@ class FastSampler:
         plan = plan_for(model, conds, cfg)
         B, S, _ = noise.shape
         lengths = [S] * B if frames is None else list(frames)
+        bucket = self.frame_bucket
         if self.use_graphs and frames is not None and B > 1:
             # several lines: filled up to a batch bucket, so a graph per bucket serves every size
+            lines = (conds, noise, lengths)
             conds, noise, lengths = fill_batch(conds, noise, lengths, batch_bucket(B))
-        S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
+            bucket = self.batch_frame_bucket
+        S_pad = round_up(S, bucket * model.cfg.latent_patch_size)
         padded = pad_conditions(conds, self.context_bucket)
         latent_mask = None
         if S_pad != S or self.use_graphs or frames is not None:  # graphs: always a mask (one graph, both)
@@ -384,6 +390,10 @@ class FastSampler:
         if B > 1:
             graphs, limit = self._batch_graphs, self.max_batch_graphs
         g = graphs.get(key)
+        if g is None and B > 1 and frames is not None and not is_tuning_allowed():
+            # a batch shape prewarm did not capture: a capture here would stall every waiting line
+            # for longer than running them one by one, each from its own graph
+            return self._one_by_one(*lines, cfg, cancel, progress)
         if g is None:
             if len(graphs) >= limit:
                 graphs.popitem(last=False)
@@ -396,6 +406,14 @@ class FastSampler:
         check(cancel)
         if progress is not None:
             progress(len(plan.steps), len(plan.steps))
+        return out
+
+    def _one_by_one(self, conds, noise, lengths, cfg, cancel, progress) -> Tensor:
+        """The rows of a batch sampled as lone lines, stacked back: (B, S, C), zero past each length."""
+        out = torch.zeros(noise.shape, dtype=torch.float32, device=self.fast.device)
+        for b, n in enumerate(lengths):
+            row = Conditions(*[None if t is None else t[b : b + 1] for t in _fields(conds)])  # type: ignore[arg-type]
+            out[b, :n] = self._sample(row, noise[b : b + 1, :n], cfg, cancel, progress)[0]
         return out
 
     def _loop_line(self, plan, cfg, table, S_pad, x0, *cond_and_mask, cancel=None, progress=None) -> Tensor:
