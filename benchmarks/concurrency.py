@@ -12,9 +12,11 @@ On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
 
 Per row: lines, audio seconds, wall seconds, aggregate audio seconds per second, p50 / p95
-time to first audio (from a line's start to its first chunk), the batch sizes that ran, and on
-CUDA the peak memory of the run. The model is news5's (benchmarks/news5.py: random full-size
-weights, the same files, `--mode` picks its preset: (e) int4 on CUDA, (f) the CPU preset).
+time to first audio (from a line's start to its first chunk), each stage's mean time a line (its
+record's timings: text encoder and length, sampling (a batch's lines each count the batch),
+decode), the batch sizes that ran, and on CUDA the peak memory of the run. The model is
+news5's (benchmarks/news5.py: random full-size weights, the same files, `--mode` picks its
+preset: (e) int4 on CUDA, (f) the CPU preset).
 
     python benchmarks/concurrency.py                           # CUDA: mode e, 1,4,16,64 streams
     python benchmarks/concurrency.py --mode f --streams 1,4 --lines 2   # the CPU preset
@@ -54,6 +56,10 @@ class Run:
     lines: int = 0
     batches: dict[int, int] = field(default_factory=dict)
     peak_mb: float = float("nan")
+    stages: dict[str, float] = field(default_factory=dict)  # summed seconds per stage, every line
+
+    def per_line_ms(self, stage: str) -> float:
+        return 1e3 * self.stages.get(stage, 0.0) / max(self.lines, 1)
 
     def pct(self, q: float) -> float:
         xs = sorted(self.ttfa)
@@ -82,7 +88,10 @@ def run(synth, voice, sentences: list[str], streams: int, lines: int, batched: b
                     news5.sync(device)
                     first = time.perf_counter() - t0
                 samples += len(chunk)
+            timings = s.record.timings if s.record is not None else {}
             with lock:
+                for stage in ("duration", "sampling", "decode"):
+                    out.stages[stage] = out.stages.get(stage, 0.0) + timings.get(stage, 0.0)
                 out.ttfa.append(first if first is not None else float("nan"))
                 out.audio_s += samples / 48_000
                 out.lines += 1
@@ -146,9 +155,11 @@ def main() -> None:
         f"max_padding {synth._batcher.max_padding}"
     )
     rows = []
-    print("| streams | sampling | lines | audio s | wall s | audio s/s | x serial | TTFA p50 ms "
-          "| TTFA p95 ms | batches (size: count) | peak MiB |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| streams | sampling | lines | audio s | wall s | audio s/s | x serial | TTFA p50 ms "
+        "| TTFA p95 ms | text / sampling / decode ms a line | batches (size: count) | peak MiB |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in [int(x) for x in args.streams.split(",")]:
         pair = [run(synth, voice, sentences, n, args.lines, True, device)]
         if args.serial and n > 1:
@@ -161,6 +172,8 @@ def main() -> None:
                 f"| {n} | {'batched' if r.batched else 'serial'} | {r.lines} | {r.audio_s:.1f} "
                 f"| {r.wall_s:.2f} "
                 f"| {rate:.1f} | {ratio:.2f} | {1e3 * r.pct(0.5):.0f} | {1e3 * r.pct(0.95):.0f} "
+                f"| {r.per_line_ms('duration'):.1f} / {r.per_line_ms('sampling'):.1f} / "
+                f"{r.per_line_ms('decode'):.1f} "
                 f"| {' '.join(f'{k}:{v}' for k, v in r.batches.items())} | {r.peak_mb:.0f} |",
                 flush=True,
             )

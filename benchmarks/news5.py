@@ -11,7 +11,7 @@ Modes (m)-(q) are the v4.1-Small-MF release (random full-size weights from its m
 the ModernBERT backbone, MeanFlow 4 steps, no CFG): (m) the reference-equivalent path, (n)
 our CUDA preset bf16, (o) int4, (p) our CPU preset; side by side with the v2 modes in one run.
 (q) and (r) are (e) and (o) with the (B, C, T) codec decoder (the CUDA preset decodes
-channels-last since 2026-12-04); (s) is (e) with the 50-frame stream chunks of before (100 now).
+channels-last since 2026-12-04).
 
     python benchmarks/news5.py                      # all v2 modes on CUDA, then (f) on the CPU
     python benchmarks/news5.py --modes a,b,d,e      # a subset
@@ -109,7 +109,6 @@ class Mode:
     int4_codec: bool = False
     family: str = "v2"  # which release's configuration (FAMILIES)
     codec_cl: bool | None = None  # the channels-last codec decoder (None: the preset's choice)
-    middle_chunk: int | None = None  # the stream's middle chunk frames (None: the preset's)
     # results (not init fields: `replace` gives each derived mode its own)
     rows: list[dict] = field(default_factory=list, init=False)
     peak_mb: float = field(default=float("nan"), init=False)
@@ -169,13 +168,6 @@ def modes_for(device: str) -> dict[str, Mode]:
             desc="(e) with the (B, C, T) codec decoder (the preset's before 2026-12-04)",
             int4=True,
             codec_cl=False,
-        ),
-        "s": replace(
-            cuda,
-            key="s",
-            desc="(e) with 50-frame stream chunks (the preset's before 2026-12-04)",
-            int4=True,
-            middle_chunk=50,
         ),
         "r": replace(
             mf_cuda, key="r", desc="(o) with the (B, C, T) codec decoder", int4=True, codec_cl=False
@@ -306,8 +298,6 @@ def build(
     }
     if mode.stream_chunk is not None:
         overrides["stream_first_chunk_frames"] = mode.stream_chunk
-    if mode.middle_chunk is not None:
-        overrides["stream_chunk_frames"] = mode.middle_chunk
     # our CPU preset picks its precision and tricks from the CPU's flags (docs/backends.md): left
     # to it, so (f) / (p) measure what a user of that CPU gets
     preset_picks = mode.device == "cpu" and mode.fast

@@ -52,6 +52,6 @@ def test_a_preset_object_replaces_the_backend_preset(synth):
         device="cpu", dtype=torch.float32, codec_dtype=torch.float32, cuda_graphs=False, codec_graphs=False
     )
     other = load_synthesizer(tiny_random=True, voice_cache_dir=False, preset=preset, steps=4)
-    assert other.preset.name == "cuda" and other.preset.stream_chunk_frames == 100
+    assert other.preset.name == "cuda" and other.preset.stream_chunk_frames == 50
     assert other.preset.steps == 4 and other.device.type == "cpu"
     assert other.synthesize("こんにちは。", options=SynthesisOptions(seed=1, seconds=1.0)).record.steps == 4

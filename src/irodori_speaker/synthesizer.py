@@ -243,8 +243,8 @@ class Synthesizer(VoiceConditions):
 
         One short dummy synthesis (allocator, kernel selection, autotune); with CUDA graphs also
         the capture of every length bucket up to `preset.prewarm_seconds` for the two shortest
-        text buckets and this voice, so no real line pays a capture. `self.prewarm_report` says
-        what was done.
+        text buckets and this voice, so no real line pays a capture (and with `max_batch` > 1 the
+        batch buckets' graphs). `self.prewarm_report` says what was done.
         """
         from .text.english import english_backends
         from .text.length import estimate_seconds

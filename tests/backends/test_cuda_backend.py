@@ -23,7 +23,7 @@ def test_prewarm_captures_every_bucket_and_graphs_match_eager(tmp_path, monkeypa
     assert synth.prewarm_report["text_graphs_captured"] == 2
     from irodori_speaker.engine.codec import stream_window_lengths
 
-    windows = stream_window_lengths(synth.preset.stream_chunk_frames, first_chunk_frames=8)  # [16, 116]
+    windows = stream_window_lengths(synth.preset.stream_chunk_frames, first_chunk_frames=8)  # [16, 66]
     assert synth.prewarm_report["codec_graphs_captured"] == len(windows)
     assert sorted(n for _, n in synth.codec.graph_shapes) == sorted(windows)
     before = fast.captures

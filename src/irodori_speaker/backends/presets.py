@@ -52,9 +52,10 @@ class Preset:
     int8_linears: bool = False  # CPU: the DiT's per-step linears as int8 (W8A8, per-row activations)
     # lines waiting for the sampler at the same time (several Speakers, server requests) are
     # sampled as one batch of up to this many (batching.py); 1: one after another. Also the
-    # server's default --streams (lines in synthesis at once). Off (1): on the CPU 4 streams of
-    # news5 lines ran at 0.60-0.83x serial (padding, cache misses), on the H200 4-64 streams at
-    # 0.51-0.67x (a batch runs eagerly, a lone line from its CUDA graph; RESULTS.md)
+    # server's default --streams (lines in synthesis at once). With more than 1, CUDA prewarm
+    # captures a graph per batch bucket. Off (1): on the CPU 4 streams of news5 lines ran at
+    # 0.60-0.83x serial (padding, cache misses); on the H200 graphed batches ran at 0.89-1.07x
+    # serial at 4-16 streams (the text encoder and decode per line are not batched; RESULTS.md)
     max_batch: int = 1
     # a batch's padded frames at most this fraction of its real ones (not tuned: batching is off)
     max_padding: float = 0.5
@@ -94,9 +95,9 @@ def base_preset(name: str) -> Preset:
             steps=8,
             cuda_graphs=True,
             codec_graphs=True,
-            # 4 s windows: after the first chunk the context overhead is 16 frames per 100 (news5
-            # decodes 1.2 frames per frame of audio, against 1.3 at 50), in fewer graph replays
-            stream_chunk_frames=100,
+            # 2 s windows: decoded in ~1 ms with graphs; 100-frame ones were no faster (29.8 against
+            # 30.4 ms for news5) and 200-frame ones 20 % faster for +270 MiB (codec_speed, H200)
+            stream_chunk_frames=50,
             codec_channels_last=True,  # decode 37-44 % faster on every news5 line (H200, RESULTS.md)
         )
     if name == "mps":

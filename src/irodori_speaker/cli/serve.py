@@ -49,7 +49,7 @@ def register(sub: Any) -> None:
         "--streams",
         type=_positive,
         help="lines in synthesis at once, their sampling batched (default: the backend preset's "
-        "max_batch, 1: one line at a time; batches measured slower so far, docs/server.md)",
+        "max_batch, 1: one line at a time; batches no faster so far, docs/server.md)",
     )
     g.add_argument("--max-body-bytes", type=int, default=1_000_000, help="largest body (default 1 MB)")
     g.add_argument("--seed", type=int, default=0, help="noise seed: fixed by default, so a request repeats")
