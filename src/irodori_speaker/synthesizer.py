@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -85,31 +85,6 @@ def _fade_edges(audio: np.ndarray, fade_in: bool, fade_out: bool) -> np.ndarray:
     if fade_out:
         audio[-n:] *= ramp[::-1]
     return audio
-
-
-def _to_host(t: Any) -> Callable[[], Any]:
-    """Start copying a 1-D float32 tensor to the host; the returned call waits for it (a numpy array).
-
-    On CUDA the copy goes into pinned memory without a sync, so the model lock can be released
-    before the chunk is on the host: under many streams the GPU then runs the next holder's
-    window while this thread waits for its copy, instead of idling through every lock handoff."""
-    import torch
-
-    if t.device.type != "cuda":
-        out = t.cpu().numpy()
-        return lambda: out
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record(torch.cuda.current_stream(t.device))
-    source = [t]  # the device tensor lives until its copy is done
-
-    def wait() -> Any:
-        done.synchronize()
-        source.clear()
-        return host.numpy()
-
-    return wait
 
 
 @dataclass
@@ -555,8 +530,8 @@ class Synthesizer(VoiceConditions):
         with torch.inference_mode():
             if chunk is None or (chunk >= rendered.decode_frames and first is None):
                 with hold_model_lock(cancel):
-                    audio = _to_host(self.codec.decode(latent)[0, 0, :remaining].float())
-                yield audio(), True
+                    audio = self.codec.decode(latent)
+                yield audio[0, 0, :remaining].float().cpu().numpy(), True
                 return
             it = self.codec.decode_stream(
                 latent, chunk, cancel=cancel, first_chunk_frames=first, growth=growth
@@ -566,8 +541,7 @@ class Synthesizer(VoiceConditions):
                     part = next(it, None)
                     if part is None:
                         return
-                    pending = _to_host(part[0, 0, :remaining].float())
-                out = pending()  # waited for outside the lock: the next holder's work queues meanwhile
+                    out = part[0, 0, :remaining].float().cpu().numpy()
                 remaining -= len(out)
                 yield out, remaining <= 0
 

@@ -37,8 +37,8 @@ def test_prewarm_captures_every_bucket_and_graphs_match_eager(tmp_path, monkeypa
 
 
 def test_a_streamed_line_joins_to_the_whole_line(tmp_path, monkeypatch):
-    """Stream chunks reach the host by an asynchronous copy started under the model lock and
-    waited for after it: every chunk arrives whole and in order."""
+    """The CUDA preset's graphed stream windows join to the one-pass decode: every chunk whole and
+    in order."""
     from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
 
     monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
