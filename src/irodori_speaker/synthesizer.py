@@ -308,10 +308,11 @@ class Synthesizer(VoiceConditions):
         batch whose shape has none runs line by line (engine/fast.py), so none is captured live."""
         import torch
 
-        from .engine.batch import BATCH_BUCKETS, stack_conditions
+        from .engine.batch import BATCH_BUCKETS, batch_bucket, stack_conditions
 
         step = fast.batch_frame_bucket
-        for rows in [b for b in BATCH_BUCKETS if b <= self.preset.max_batch]:
+        top_rows = batch_bucket(self.preset.max_batch) if self.preset.max_batch > 1 else 1
+        for rows in [b for b in BATCH_BUCKETS if b <= top_rows]:
             batch = stack_conditions([conds] * rows)
             for frames in range(step, top + step, step):
                 noise = torch.zeros(rows, frames, self.config.latent_dim, device=self.device)

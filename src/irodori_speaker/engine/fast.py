@@ -289,7 +289,6 @@ class FastSampler:
         batch_frame_bucket: int = 64,
         use_graphs: bool | None = None,
         max_graphs: int = 64,
-        max_batch_graphs: int = 32,
     ) -> None:
         self.fast = model if isinstance(model, FastDiT) else FastDiT(model)
         self.frame_bucket = frame_bucket
@@ -297,9 +296,9 @@ class FastSampler:
         self.batch_frame_bucket = batch_frame_bucket  # coarser for batches: fewer graphs to prewarm
         self.use_graphs = self.fast.device.type == "cuda" if use_graphs is None else use_graphs
         self.max_graphs = max_graphs
-        self.max_batch_graphs = max_batch_graphs
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
-        # batches of several lines, by batch bucket: their own LRU, so they never evict a line's
+        # batches of several lines, by batch bucket: captured only in warm-up (prewarm), so a
+        # bounded set, kept apart from the lines' LRU and never evicted
         self._batch_graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._text_graphs: dict[tuple, _Graph] = {}
         self._tables: dict[tuple, Tensor] = {}
@@ -386,9 +385,9 @@ class FastSampler:
             tuple(None if t is None else (tuple(t.shape), t.dtype) for t in inputs),
         )
         # the rows' lengths are data (the latent mask), so one graph serves any lengths of a shape
-        graphs, limit = (self._graphs, self.max_graphs)
+        graphs, limit = (self._graphs, float(self.max_graphs))
         if B > 1:
-            graphs, limit = self._batch_graphs, self.max_batch_graphs
+            graphs, limit = self._batch_graphs, math.inf
         g = graphs.get(key)
         if g is None and B > 1 and frames is not None and not is_tuning_allowed():
             # a batch shape prewarm did not capture: a capture here would stall every waiting line
