@@ -238,7 +238,7 @@ def conv_table(state: dict, device: torch.device, windows: list[int]) -> None:
         total = {"cudnn": 0.0, "best": 0.0, "now": 0.0}
         for i, (conv, x) in enumerate(seen):
             direct = replace(conv, as_gemm=False)
-            gemm = replace(conv, as_gemm=True)._with_gemm(True)
+            gemm = replace(conv, as_gemm=conv.gemm_able())
             with torch.no_grad():
                 t_direct = time_us(lambda c=direct, x=x: c(x))
                 t_gemm = (

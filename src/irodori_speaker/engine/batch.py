@@ -10,7 +10,6 @@ GEMM). Lines share a batch only when their sampler plans and loop settings are e
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
 
 import torch
 import torch.nn.functional as F
@@ -94,10 +93,5 @@ def fill_batch(
     extra = rows - conds.batch_size
     if extra <= 0:
         return conds, noise, list(lengths)
-
-    def grow(t: Tensor) -> Tensor:
-        return torch.cat([t, t[:1].expand(extra, *t.shape[1:])])
-
-    grown = {f.name: getattr(conds, f.name) for f in fields(conds)}
-    grown = {name: None if t is None else grow(t) for name, t in grown.items()}
-    return Conditions(**grown), grow(noise), [*lengths, *[lengths[0]] * extra]  # type: ignore[arg-type]
+    grown = Conditions.cat([conds, conds.row(0).repeat(extra)])
+    return grown, torch.cat([noise, noise[:1].expand(extra, -1, -1)]), [*lengths, *[lengths[0]] * extra]

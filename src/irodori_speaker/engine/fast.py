@@ -385,16 +385,14 @@ class FastSampler:
             tuple(None if t is None else (tuple(t.shape), t.dtype) for t in inputs),
         )
         # the rows' lengths are data (the latent mask), so one graph serves any lengths of a shape
-        graphs, limit = (self._graphs, float(self.max_graphs))
-        if B > 1:
-            graphs, limit = self._batch_graphs, math.inf
+        graphs = self._graphs if B == 1 else self._batch_graphs
         g = graphs.get(key)
         if g is None and B > 1 and frames is not None and not is_tuning_allowed():
             # a batch shape prewarm did not capture: a capture here would stall every waiting line
             # for longer than running them one by one, each from its own graph
             return self._one_by_one(*lines, cfg, cancel, progress)
         if g is None:
-            if len(graphs) >= limit:
+            if B == 1 and len(graphs) >= self.max_graphs:  # batch graphs: warm-up only, a bounded set
                 graphs.popitem(last=False)
             # captured without cancel/progress: a replay runs the whole line at once
             g = graphs[key] = self._capture(lambda *xs: self._loop_line(plan, cfg, table, S_pad, *xs), inputs)
@@ -411,8 +409,7 @@ class FastSampler:
         """The rows of a batch sampled as lone lines, stacked back: (B, S, C), zero past each length."""
         out = torch.zeros(noise.shape, dtype=torch.float32, device=self.fast.device)
         for b, n in enumerate(lengths):
-            row = Conditions(*[None if t is None else t[b : b + 1] for t in _fields(conds)])  # type: ignore[arg-type]
-            out[b, :n] = self._sample(row, noise[b : b + 1, :n], cfg, cancel, progress)[0]
+            out[b, :n] = self._sample(conds.row(b), noise[b : b + 1, :n], cfg, cancel, progress)[0]
         return out
 
     def _loop_line(self, plan, cfg, table, S_pad, x0, *cond_and_mask, cancel=None, progress=None) -> Tensor:

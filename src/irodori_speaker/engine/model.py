@@ -282,6 +282,15 @@ class Conditions:
         text = (self.text_state.repeat_interleave(n, dim=0), self.text_mask.repeat_interleave(n, dim=0))
         return Conditions(*text, *(rep(getattr(self, f)) for f in _VOICE_FIELDS))
 
+    def row(self, b: int) -> Conditions:
+        """Row b alone (batch 1; views, no copy)."""
+
+        def one(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x[b : b + 1]
+
+        text = (self.text_state[b : b + 1], self.text_mask[b : b + 1])
+        return Conditions(*text, *(one(getattr(self, f)) for f in _VOICE_FIELDS))
+
     @staticmethod
     def cat(items: list[Conditions]) -> Conditions:
         def c(name: str) -> Tensor | None:

@@ -731,10 +731,10 @@ def choose_impl(
     capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     can_measure = x.device.type == "cuda" and measure and not capturing
     if not (can_measure and is_tuning_allowed()):
-        near = _nearest(key)
-        if near is not None and near[0] <= 1:  # mid-stream: no stall, a measured neighbour's pick
-            return near[1]
-        if can_measure and near is not None:
+        near = nearest_choice(key, max_octaves=1)
+        if near is not None:  # mid-stream: no stall, a measured neighbour's pick
+            return near
+        if can_measure and nearest_choice(key) is not None:
             # the layer was measured, but far from this M: no stall to measure here either. Above
             # M = 64 dequantise + cuBLAS was 1.1-1.8x cuBLAS bf16 at every DiT shape (M >= 150) on
             # the H200, the fused kernel up to 10x slower (benchmarks/int4_gpu.py, RESULTS.md)
@@ -771,12 +771,6 @@ def nearest_choice(key: tuple, max_octaves: float = math.inf) -> Choice | None:
     """The measured choice of the same layer shape at the M bucket nearest `key`'s (ties: the larger
     bucket) within `max_octaves` of it, or None. Used outside `tuning_allowed()` so a line that
     reaches a new bucket mid-stream (a batch of lines, a long line) does not stop to measure."""
-    near = _nearest(key)
-    return near[1] if near is not None and near[0] <= max_octaves else None
-
-
-def _nearest(key: tuple) -> tuple[float, Choice] | None:
-    """(octaves away, choice) of the measured bucket of `key`'s layer nearest its M bucket."""
     bucket = key[-1]
     with _CHOICES_LOCK:
         same = [
@@ -785,7 +779,7 @@ def _nearest(key: tuple) -> tuple[float, Choice] | None:
     if not same:
         return None
     octaves, _, choice = min(same, key=lambda t: t[:2])
-    return octaves, choice
+    return choice if octaves <= max_octaves else None
 
 
 def clear_choices() -> None:

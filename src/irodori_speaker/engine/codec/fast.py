@@ -66,7 +66,7 @@ class _Conv:
     dilation: int
     output_padding: int
     transposed: bool
-    as_gemm: bool = False  # one GEMM (im2col, or overlap-add when transposed): `gemm_able`
+    as_gemm: bool = False  # one im2col GEMM instead of cuDNN (`gemm_able`)
 
     @classmethod
     def of(cls, conv: nn.Module, *, as_gemm: bool = False) -> _Conv:
@@ -75,7 +75,7 @@ class _Conv:
         # NHWC layout of its (Cout, Cin, 1, K) view. Eager conv1d accepts the strided weight.
         conv.weight.data = conv.weight.data.transpose(1, 2).contiguous().transpose(1, 2)
         transposed = isinstance(conv, nn.ConvTranspose1d)
-        return cls(
+        out = cls(
             conv.weight,
             conv.bias,
             conv.kernel_size[0],
@@ -84,26 +84,19 @@ class _Conv:
             conv.dilation[0],
             conv.output_padding[0] if transposed else 0,
             transposed,
-        )._with_gemm(as_gemm)
+        )
+        out.as_gemm = as_gemm and out.gemm_able()
+        return out
 
     def gemm_able(self) -> bool:
-        """Whether `as_gemm` applies: a stride-1 conv (im2col), or an upsampling conv whose kernel
-        is twice its stride (each output frame sums two input frames' GEMM rows)."""
-        if self.transposed:
-            return self.kernel == 2 * self.stride and self.output_padding <= self.padding
-        return self.stride == 1 and self.kernel > 1
-
-    def _with_gemm(self, as_gemm: bool) -> _Conv:
-        self.as_gemm = as_gemm and self.gemm_able()
-        return self
+        """Whether `as_gemm` applies: a stride-1 conv with more than one tap (im2col)."""
+        return not self.transposed and self.stride == 1 and self.kernel > 1
 
     def __call__(self, x: Tensor) -> Tensor:
         """(B, T, Cin) -> (B, T', Cout), bias not added."""
         B, T, C = x.shape
         if self.kernel == 1 and not self.transposed:
             return torch.matmul(x, self.weight[:, :, 0].t())
-        if self.as_gemm and self.transposed:
-            return self._upsample_gemm(x)
         if self.as_gemm:  # (B, T_out, K * Cin) windows x (K * Cin, Cout); weight memory is (Cout, K, Cin)
             xp = nn.functional.pad(x, (0, 0, self.padding, self.padding)).contiguous()
             t_out = xp.shape[1] - self.dilation * (self.kernel - 1)
@@ -119,22 +112,6 @@ class _Conv:
         else:
             y4 = nn.functional.conv2d(x4, w4, None, (1, self.stride), (0, self.padding), (1, self.dilation))
         return y4.permute(0, 2, 3, 1).reshape(B, y4.shape[-1], y4.shape[1])  # a view when NHWC
-
-    def _upsample_gemm(self, x: Tensor) -> Tensor:
-        """The transposed conv (kernel 2s, stride s) as one GEMM and one add.
-
-        Input frame t writes output frames [t*s - p, t*s - p + 2s): its first s taps land in
-        output block t, its last s in block t + 1. So block j = taps[:s] of frame j + taps[s:] of
-        frame j - 1; the (T + 1) * s frames are then cropped by the padding p."""
-        B, T, _ = x.shape
-        s, p = self.stride, self.padding
-        cout = self.weight.shape[1]
-        w = self.weight.permute(0, 2, 1).reshape(self.weight.shape[0], -1)  # (Cin, K * Cout): a view
-        taps = torch.matmul(x, w).view(B, T, 2, s, cout)
-        blocks = nn.functional.pad(taps[:, :, 0], (0, 0, 0, 0, 0, 1))  # (B, T + 1, s, Cout)
-        blocks[:, 1:] += taps[:, :, 1]
-        t_out = (T + 1) * s - 2 * p + self.output_padding
-        return blocks.view(B, (T + 1) * s, cout)[:, p : p + t_out]
 
 
 def supports_channels_last(decoder: Decoder) -> bool:
