@@ -24,6 +24,11 @@ def _render(**fields):
     synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, **fields)
     done = {"int8_linears": sum(isinstance(m, Int8Linear) for m in synth.model.modules())}  # by the loader
     assert apply_cpu_tricks(synth.model, synth.preset).get("int8_linears", 0) == 0  # idempotent
+    return synth, done, *_speak(synth)
+
+
+def _speak(synth):
+    """The sampled latent and the audio of TEXT."""
     seen = {}
     inner = synth.sample_latent
 
@@ -34,7 +39,8 @@ def _render(**fields):
 
     synth.sample_latent = capture
     audio = torch.from_numpy(synth.synthesize(TEXT, None, OPTS).audio.copy())
-    return synth, done, seen["latent"], audio
+    synth.sample_latent = inner
+    return seen["latent"], audio
 
 
 @pytest.fixture(scope="module")
@@ -107,15 +113,6 @@ def test_int8_siblings_share_one_quantisation_and_render_the_same(irodori_home, 
     for m in layers:
         m.shared = None  # each quantises its own input, as before
     calls.clear()
-    seen = {}
-    inner_sample = synth.sample_latent
-
-    def capture(*a, **k):
-        out = inner_sample(*a, **k)
-        seen["latent"] = out.float().clone()
-        return out
-
-    synth.sample_latent = capture
-    alone_audio = torch.from_numpy(synth.synthesize(TEXT, None, OPTS).audio.copy())
+    alone_latent, alone_audio = _speak(synth)
     assert shared_calls > 0 and len(calls) == 2 * shared_calls  # 8 quantisations per block, not 4
-    assert torch.equal(seen["latent"], latent) and torch.equal(alone_audio, audio)
+    assert torch.equal(alone_latent, latent) and torch.equal(alone_audio, audio)
