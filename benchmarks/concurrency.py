@@ -22,6 +22,16 @@ preset: (e) int4 on CUDA, (f) the CPU preset).
     python benchmarks/concurrency.py --mode f --streams 1,4 --lines 2   # the CPU preset
     python benchmarks/concurrency.py --smoke --mode f --streams 1,4     # tiny model, any CPU
 
+Two measurements explain the rows (CUDA):
+
+- `--profile N`: the batched run at N streams once more under `torch.profiler` (CUDA activity
+  only: the kernels' own clock, no host-side op recording): the GPU's busy fraction (the union of
+  its kernel and copy intervals over the run's wall), GPU ms a line, and the idle gaps.
+- `--ceiling`: what the GPU could do if every stage were batched perfectly: one line's text
+  encoder, sampling graph and stream windows timed alone and as batches of 2..16 rows (CUDA
+  events, graphs replayed), and the audio seconds per second each batch size would give with the
+  host free: the bound the many-streams target is measured against.
+
 Speed is the ratio batched / serial within one run; absolute times count only on a GPU.
 """
 
@@ -114,12 +124,165 @@ def run(synth, voice, sentences: list[str], streams: int, lines: int, batched: b
     return out
 
 
+def busy_and_gaps(spans: list[tuple[int, int]]) -> tuple[int, list[int]]:
+    """The length of the union of (start, end) intervals, and the gaps between its pieces."""
+    busy, gaps, end = 0, [], None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            if end is not None:
+                gaps.append(a - end)
+            busy, end = busy + b - a, b
+        elif b > end:
+            busy, end = busy + b - end, b
+    return busy, gaps
+
+
+def profiled(fn, *args) -> tuple[Run, dict]:
+    """`fn(*args)` under torch.profiler, CUDA activity only; the GPU's busy time is the union of its
+    kernel / copy intervals (streams overlapping count once)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        r = fn(*args)
+    spans = [
+        (e.start_ns(), e.start_ns() + e.duration_ns())
+        for e in prof.profiler.kineto_results.events()
+        if e.device_type() == DeviceType.CUDA
+    ]
+    busy, gaps = busy_and_gaps(spans)
+    wall_ns = r.wall_s * 1e9
+    stats = {
+        "events": len(spans),
+        "busy_ms": busy / 1e6,
+        "busy_frac": busy / wall_ns if wall_ns else float("nan"),
+        "gpu_ms_a_line": busy / 1e6 / max(r.lines, 1),
+        "gaps_over_1ms": sum(1 for g in gaps if g > 1e6),
+        "gap_ms_over_1ms": sum(g for g in gaps if g > 1e6) / 1e6,
+        "gap_ms_under_1ms": sum(g for g in gaps if g <= 1e6) / 1e6,
+    }
+    return r, stats
+
+
+def device_time_ms(device: str, fn, *args, reps: int = 20, **kwargs) -> float:
+    """Median ms of `reps` calls of `fn(*args, **kwargs)` after two warm-up calls: CUDA events
+    on CUDA, else the host clock (the CPU smoke run of `--ceiling`)."""
+    for _ in range(2):
+        fn(*args, **kwargs)
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn(*args, **kwargs)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn(*args, **kwargs)
+            times.append(1e3 * (time.perf_counter() - t0))
+    return sorted(times)[len(times) // 2]
+
+
+def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> list[dict]:
+    """GPU ms of each stage of a line of `frames` latent frames, alone and as batches; the audio
+    seconds per second of the GPU if lines did nothing else (the host free, every stage batched),
+    and with the sampling alone batched (text encoder and windows one line at a time, as now).
+    Batch graphs prewarm did not capture are captured here (the sampler's and the codec's)."""
+    from irodori_speaker.backends.lock import hold_model_lock
+    from irodori_speaker.engine.batch import stack_conditions
+    from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES, chunk_windows
+    from irodori_speaker.engine.duration import HOP
+    from irodori_speaker.kernels.tuning import tuning_allowed
+
+    fast, codec, preset = synth.fast_sampler, synth.codec, synth.preset
+    device = synth.device.type
+    cfg = synth.resolve_options()
+    windows = chunk_windows(
+        frames,
+        preset.stream_chunk_frames,
+        RECEPTIVE_FIELD_FRAMES,
+        preset.stream_first_chunk_frames,
+        growth=preset.stream_chunk_growth,
+    )
+    lengths = [hi - lo for lo, _, _, hi in windows]
+    audio_s = frames * HOP / 48_000
+    rows = []
+    with hold_model_lock(), torch.inference_mode(), tuning_allowed():
+        content, ref = synth._reference(voice)
+        states = synth._voice_states(content, ref, synth._caption(voice))
+        ids = torch.full((1, text_tokens), 5, dtype=torch.long)
+        one = synth._conditions(ids, torch.ones_like(ids, dtype=torch.bool), states)
+        for b in batches:
+            conds = one if b == 1 else stack_conditions([one] * b)
+            noise = torch.randn(b, frames, synth.config.latent_dim, device=synth.device)
+            rows_frames = None if b == 1 else [frames] * b
+            ids_b = ids.expand(b, -1).contiguous().to(synth.device)
+            mask_b = torch.ones_like(ids_b, dtype=torch.bool)
+            t_text = device_time_ms(device, fast.encode_text, ids_b, mask_b)
+            t_sample = device_time_ms(
+                device, synth.sample_latent, conds, noise, cfg, frames=rows_frames, reps=10
+            )
+            t_windows = 0.0
+            for n in lengths:
+                z = torch.randn(b, codec.latent_channels, n, device=codec.device, dtype=codec.dtype)
+                graphed = codec._graphs is not None and codec._graphs.applies_to(codec.device)
+                # the stream's windows replay graphs; batches of them are not prewarmed: captured here
+                run = codec._capture_window((b, n)) if graphed else codec._decode_frames
+                t_windows += device_time_ms(device, run, z, reps=10)
+            total = t_text + t_sample + t_windows
+            rows.append(
+                {
+                    "rows": b,
+                    "text_ms": t_text,
+                    "sampling_ms": t_sample,
+                    "windows_ms": t_windows,
+                    "ms_a_line": total / b,
+                    "audio_s_per_s": b * audio_s / (total / 1e3),
+                }
+            )
+    clock = "GPU ms by CUDA events, graphs replayed" if device == "cuda" else "host ms"
+    one_row = rows[0]
+    for r in rows:  # sampling batched, the rest one line at a time
+        per_line = one_row["text_ms"] + one_row["windows_ms"] + r["sampling_ms"] / r["rows"]
+        r["sampling_only_audio_s_per_s"] = audio_s / (per_line / 1e3)
+    print(
+        f"\n# ceiling: a line of {frames} frames ({audio_s:.2f} s), {text_tokens} text tokens, "
+        f"windows {lengths}; {clock}"
+    )
+    print(
+        "| rows | text ms | sampling ms | windows ms | GPU ms a line | audio s/s, all batched "
+        "| x 1 row | audio s/s, sampling batched only |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['rows']} | {r['text_ms']:.2f} | {r['sampling_ms']:.2f} | {r['windows_ms']:.2f} "
+            f"| {r['ms_a_line']:.2f} | {r['audio_s_per_s']:.0f} "
+            f"| {r['audio_s_per_s'] / one_row['audio_s_per_s']:.2f} "
+            f"| {r['sampling_only_audio_s_per_s']:.0f} |",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", default=None, help="news5 mode (default: e on CUDA, f elsewhere)")
     ap.add_argument("--streams", default="1,4,16,64", help="concurrencies to run (comma-separated)")
     ap.add_argument("--lines", type=int, default=3, help="sentences each stream speaks")
+    min_help = "every run speaks at least this many lines (few streams speak more each)"
+    ap.add_argument("--min-lines", type=int, default=10, help=min_help)
+    ap.add_argument("--profile", help="profile the batched runs at these many streams (comma-separated)")
+    ap.add_argument("--ceiling", action="store_true", help="time each stage alone and batched (CUDA)")
+    ap.add_argument("--ceiling-frames", type=int, default=150, help="the ceiling's line length (frames)")
     ap.add_argument("--smoke", action="store_true", help="tiny-random files: a quick check on any CPU")
+    switch_help = (
+        "run the table once per Python thread switch interval, in seconds (comma-separated; "
+        "default: Python's own, 0.005): is a stream's wait for the GIL what idles the GPU?"
+    )
+    ap.add_argument("--switch-intervals", help=switch_help)
     serial_help = "also run each concurrency with max_batch 1 (the side-by-side baseline)"
     ap.add_argument("--serial", action=argparse.BooleanOptionalAction, default=True, help=serial_help)
     ap.add_argument("--max-padding", type=float, help="the batcher's padding bound (default: the preset's)")
@@ -152,26 +315,39 @@ def main() -> None:
     print(f"# concurrency: mode ({key}) {mode.desc}; device {device}; {args.lines} lines per stream")
     print(
         f"# torch {torch.__version__}; {torch.get_num_threads()} threads; "
-        f"max_padding {synth._batcher.max_padding}"
+        f"max_padding {synth._batcher.max_padding}; thread switch interval "
+        f"{1e3 * sys.getswitchinterval():g} ms"
     )
     rows = []
+    one_stream = None  # audio s/s of the batched run at one stream (the "x 1 stream" column)
     print(
-        "| streams | sampling | lines | audio s | wall s | audio s/s | x serial | TTFA p50 ms "
+        "| streams | sampling | lines | audio s | wall s | audio s/s | x serial | x 1 stream | TTFA p50 ms "
         "| TTFA p95 ms | text / sampling / decode ms a line | batches (size: count) | peak MiB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for n in [int(x) for x in args.streams.split(",")]:
-        pair = [run(synth, voice, sentences, n, args.lines, True, device)]
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    default_switch = sys.getswitchinterval()
+    intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [None]
+    current = None
+    for switch, n in [(s, n) for s in intervals for n in [int(x) for x in args.streams.split(",")]]:
+        if switch is not None and switch != current:
+            sys.setswitchinterval(switch)
+            current, one_stream = switch, None
+            print(f"| thread switch interval {1e3 * switch:g} ms |", flush=True)
+        lines = max(args.lines, -(-args.min_lines // n))
+        pair = [run(synth, voice, sentences, n, lines, True, device)]
         if args.serial and n > 1:
-            pair.append(run(synth, voice, sentences, n, args.lines, False, device))
+            pair.append(run(synth, voice, sentences, n, lines, False, device))
         serial_rate = pair[-1].audio_s / pair[-1].wall_s  # the batched run itself when alone
+        if one_stream is None and n == 1:
+            one_stream = serial_rate
         for r in pair:
             rate = r.audio_s / r.wall_s
             ratio = rate / serial_rate  # batched: its speed-up over serial; serial: 1
+            x_one = f"{rate / one_stream:.2f}" if one_stream else "-"
             print(
                 f"| {n} | {'batched' if r.batched else 'serial'} | {r.lines} | {r.audio_s:.1f} "
                 f"| {r.wall_s:.2f} "
-                f"| {rate:.1f} | {ratio:.2f} | {1e3 * r.pct(0.5):.0f} | {1e3 * r.pct(0.95):.0f} "
+                f"| {rate:.1f} | {ratio:.2f} | {x_one} | {1e3 * r.pct(0.5):.0f} | {1e3 * r.pct(0.95):.0f} "
                 f"| {r.per_line_ms('duration'):.1f} / {r.per_line_ms('sampling'):.1f} / "
                 f"{r.per_line_ms('decode'):.1f} "
                 f"| {' '.join(f'{k}:{v}' for k, v in r.batches.items())} | {r.peak_mb:.0f} |",
@@ -182,10 +358,35 @@ def main() -> None:
                     **{k: v for k, v in vars(r).items() if k != "ttfa"},
                     "p50_s": r.pct(0.5),
                     "p95_s": r.pct(0.95),
+                    "switch_s": sys.getswitchinterval(),
                 }
             )
+    sys.setswitchinterval(default_switch)
+    report: dict = {"mode": key, "device": device, "rows": rows}
+    for n in [int(x) for x in args.profile.split(",")] if args.profile else []:
+        if device != "cuda":
+            raise SystemExit("--profile needs CUDA (the GPU's busy time)")
+        lines = max(args.lines, -(-args.min_lines // n))
+        r, stats = profiled(run, synth, voice, sentences, n, lines, True, device)
+        rate = r.audio_s / r.wall_s
+        print(
+            f"\n# profiled: {n} streams batched, {r.lines} lines, {rate:.1f} audio s/s under the "
+            f"profiler; GPU busy {stats['busy_ms']:.1f} of {1e3 * r.wall_s:.1f} ms "
+            f"({100 * stats['busy_frac']:.0f} %), {stats['gpu_ms_a_line']:.2f} GPU ms a line, "
+            f"{stats['events']} kernels and copies; idle gaps: {stats['gaps_over_1ms']} over 1 ms "
+            f"({stats['gap_ms_over_1ms']:.1f} ms in all), {stats['gap_ms_under_1ms']:.1f} ms in "
+            f"shorter ones; batches {dict(sorted(r.batches.items()))}",
+            flush=True,
+        )
+        report.setdefault("profile", []).append({"streams": n, "audio_s_per_s": rate, **stats})
+    if args.ceiling:
+        if synth.fast_sampler is None:
+            raise SystemExit("--ceiling needs a fast-path mode")
+        top = min(args.max_batch, 16)
+        batches = [b for b in (1, 2, 4, 8, 16) if b <= top]
+        report["ceiling"] = ceiling(synth, voice, args.ceiling_frames, 32, batches)
     if args.json:
-        args.json.write_text(json.dumps({"mode": key, "device": device, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec concurrency cpu_preset news5 int4 memory memory_phases server_load" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec concurrency host_profile cpu_preset news5 int4 memory memory_phases server_load" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -46,6 +46,9 @@ if stage codec; then
 fi
 if stage concurrency; then  # many streams: batched vs serial side by side (benchmarks/concurrency.py)
   timeout "${CONC_S:-300}" python3 benchmarks/concurrency.py ${CONC_ARGS:---streams 1,4,16,64 --lines 3} --json "$OUT/concurrency.json" 2>&1 | tee "$OUT/concurrency.txt" | tail -20
+fi
+if stage host_profile; then  # one stream's host time: its own work vs waiting for the GPU (cProfile)
+  timeout "${HOST_S:-120}" python3 benchmarks/host_profile.py ${HOST_ARGS:-} 2>&1 | tee "$OUT/host_profile.txt" | head -60
 fi
 if stage cpu_preset; then  # the CPU preset on the host's cores (issue 17: RTF <= 0.3)
   CUDA_VISIBLE_DEVICES= timeout "${CPU_S:-240}" python3 benchmarks/cpu_preset.py ${CPU_ARGS:-} 2>&1 | tee "$OUT/cpu_preset.txt" | tail -40
