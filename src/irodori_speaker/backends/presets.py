@@ -54,8 +54,8 @@ class Preset:
     # sampled as one batch of up to this many (batching.py); 1: one after another. Also the
     # server's default --streams (lines in synthesis at once). With more than 1, CUDA prewarm
     # captures a graph per batch bucket. Off (1): on the CPU 4 streams of news5 lines ran at
-    # 0.60-0.83x serial (padding, cache misses); on the H200 graphed batches ran at 0.96-1.12x
-    # serial at 4-64 streams (the text encoder and decode per line are not batched; RESULTS.md)
+    # 0.60-0.83x serial (padding, cache misses); on the H200 graphed batches ran at 1.03-1.13x
+    # serial at 4-64 streams, no faster than one stream (lock hand-offs idle the GPU; RESULTS.md)
     max_batch: int = 1
     # a batch's padded frames at most this fraction of its real ones (not tuned: batching is off)
     max_padding: float = 0.5
