@@ -26,6 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import news5  # device_ms: the benchmarks' one timer
 
 from irodori_speaker.engine.codec import (
     FULL_CODEC_KWARGS,
@@ -195,20 +198,6 @@ def main() -> None:
         conv_table(state, device, [int(w) for w in args.conv_table.split(",")])
 
 
-def time_us(fn, reps: int = 20) -> float:
-    """Median us of `fn()` by CUDA events (after two warm-up calls)."""
-    fn(), fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def conv_table(state: dict, device: torch.device, windows: list[int]) -> None:
     """Each conv of the channels-last fp16 decoder at each window: cuDNN, and its one-GEMM form."""
     from dataclasses import replace
@@ -240,10 +229,8 @@ def conv_table(state: dict, device: torch.device, windows: list[int]) -> None:
             direct = replace(conv, as_gemm=False)
             gemm = replace(conv, as_gemm=conv.gemm_able())
             with torch.no_grad():
-                t_direct = time_us(lambda c=direct, x=x: c(x))
-                t_gemm = (
-                    time_us(lambda c=gemm, x=x: c(x)) if gemm.as_gemm and conv.kernel > 1 else float("nan")
-                )
+                t_direct = 1e3 * news5.device_ms("cuda", direct, x)
+                t_gemm = 1e3 * news5.device_ms("cuda", gemm, x) if gemm.as_gemm else float("nan")
             kind = "up" if conv.transposed else ("k1" if conv.kernel == 1 else "conv")
             step = conv.stride if conv.transposed else conv.dilation
             cin, cout = conv.weight.shape[:2]  # (Cin, Cout, K) transposed, else (Cout, Cin, K)

@@ -164,27 +164,6 @@ def profiled(fn, *args) -> tuple[Run, dict]:
     return r, stats
 
 
-def device_time_ms(device: str, fn, *args, reps: int = 20, **kwargs) -> float:
-    """Median ms of `reps` calls of `fn(*args, **kwargs)` after two warm-up calls: CUDA events
-    on CUDA, else the host clock (the CPU smoke run of `--ceiling`)."""
-    for _ in range(2):
-        fn(*args, **kwargs)
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn(*args, **kwargs)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn(*args, **kwargs)
-            times.append(1e3 * (time.perf_counter() - t0))
-    return sorted(times)[len(times) // 2]
-
-
 def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> list[dict]:
     """GPU ms of each stage of a line of `frames` latent frames, alone and as batches; the audio
     seconds per second of the GPU if lines did nothing else (the host free, every stage batched),
@@ -207,6 +186,7 @@ def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> 
         growth=preset.stream_chunk_growth,
     )
     lengths = [hi - lo for lo, _, _, hi in windows]
+    graphed = codec._graphs is not None and codec._graphs.applies_to(codec.device)
     audio_s = frames * HOP / 48_000
     rows = []
     with hold_model_lock(), torch.inference_mode(), tuning_allowed():
@@ -220,17 +200,16 @@ def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> 
             rows_frames = None if b == 1 else [frames] * b
             ids_b = ids.expand(b, -1).contiguous().to(synth.device)
             mask_b = torch.ones_like(ids_b, dtype=torch.bool)
-            t_text = device_time_ms(device, fast.encode_text, ids_b, mask_b)
-            t_sample = device_time_ms(
+            t_text = news5.device_ms(device, fast.encode_text, ids_b, mask_b)
+            t_sample = news5.device_ms(
                 device, synth.sample_latent, conds, noise, cfg, frames=rows_frames, reps=10
             )
             t_windows = 0.0
             for n in lengths:
                 z = torch.randn(b, codec.latent_channels, n, device=codec.device, dtype=codec.dtype)
-                graphed = codec._graphs is not None and codec._graphs.applies_to(codec.device)
-                # the stream's windows replay graphs; batches of them are not prewarmed: captured here
+                # a graph per (rows, window) captured here, as the stream's are in prewarm
                 run = codec._capture_window((b, n)) if graphed else codec._decode_frames
-                t_windows += device_time_ms(device, run, z, reps=10)
+                t_windows += news5.device_ms(device, run, z, reps=10)
             total = t_text + t_sample + t_windows
             rows.append(
                 {

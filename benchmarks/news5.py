@@ -274,6 +274,28 @@ def sync(device: str) -> None:
         torch.mps.synchronize()
 
 
+def device_ms(device: str, fn, *args, reps: int = 20, **kwargs) -> float:
+    """Median ms of `reps` calls of `fn(*args, **kwargs)` after two warm-up calls: CUDA events on
+    CUDA (the GPU's time, launches overlapped), else the host clock around each synchronised call."""
+    for _ in range(2):
+        fn(*args, **kwargs)
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*args, **kwargs)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn(*args, **kwargs)
+            sync(device)
+            times.append(1e3 * (time.perf_counter() - t0))
+    return sorted(times)[len(times) // 2]
+
+
 def _header_meta(path: Path) -> tuple[dict[str, str], str]:
     return read_header(path)[0], str(path)
 
