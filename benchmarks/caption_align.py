@@ -10,7 +10,7 @@ import difflib
 import platform
 import time
 
-from irodori_speaker.source_spans import SourceMap
+from irodori_speaker.timing.source_spans import SourceMap
 
 WRITTEN = "VTuberの配信でwwwって草、15:30から。"
 SPOKEN = "ブイチューバーの配信でワラワラって草、15時30分から。"

@@ -53,7 +53,7 @@ sys.path.insert(0, str(HERE))
 
 import news5  # noqa: E402  (the shared random full-size files, modes and the approximate tokenizer)
 
-from irodori_speaker.synthesizer import SynthesisOptions  # noqa: E402
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions  # noqa: E402
 
 
 @dataclass
@@ -169,11 +169,11 @@ def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> 
     seconds per second of the GPU if lines did nothing else (the host free, every stage batched),
     and with the sampling alone batched (text encoder and windows one line at a time, as now).
     Batch graphs prewarm did not capture are captured here (the sampler's and the codec's)."""
-    from irodori_speaker.backends.lock import hold_model_lock
     from irodori_speaker.engine.batch import stack_conditions
     from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES, chunk_windows
     from irodori_speaker.engine.duration import HOP
-    from irodori_speaker.kernels.tuning import tuning_allowed
+    from irodori_speaker.engine.hardware.lock import hold_model_lock
+    from irodori_speaker.engine.kernels.tuning import tuning_allowed
 
     fast, codec, preset = synth.fast_sampler, synth.codec, synth.preset
     device = synth.device.type

@@ -55,12 +55,12 @@ sys.path.insert(0, str(HERE))
 
 import news5  # noqa: E402  (the shared random full-size files and the approximate tokenizer)
 
-from irodori_speaker.backends.cpu_features import cgroup_cpu_limit, cpu_features, usable_cpus  # noqa: E402
-from irodori_speaker.backends.cpu_tricks import apply_int8_linears  # noqa: E402
-from irodori_speaker.backends.presets import cpu_preset_fields, select_preset  # noqa: E402
-from irodori_speaker.synthesizer import SynthesisOptions, Synthesizer, load_codec_for, load_dit  # noqa: E402
+from irodori_speaker.engine.hardware.cpu_features import cgroup_cpu_limit, cpu_features, usable_cpus  # noqa: E402
+from irodori_speaker.engine.hardware.cpu_tricks import apply_int8_linears  # noqa: E402
+from irodori_speaker.engine.hardware.presets import cpu_preset_fields, select_preset  # noqa: E402
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions, Synthesizer, load_codec_for, load_dit  # noqa: E402
+from irodori_speaker.synthesis.voices import Voice, VoiceCache  # noqa: E402
 from irodori_speaker.text.length import estimate_seconds  # noqa: E402
-from irodori_speaker.voices import Voice, VoiceCache  # noqa: E402
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -208,7 +208,7 @@ def ao_dynamic_int8(model: torch.nn.Module) -> torch.nn.Module:
     """torch.ao's quantize_dynamic (deprecated since torch 2.10) on the same linears, for comparison."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    from irodori_speaker.quant.int8 import BLOCK_LINEARS
+    from irodori_speaker.engine.quant.int8 import BLOCK_LINEARS
 
     spec = {
         f"blocks.{i}.{name}": per_channel_dynamic_qconfig

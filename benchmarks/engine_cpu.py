@@ -112,7 +112,7 @@ def step_inputs(model, cfg, frames: int, rows: int = 3):
 def run_int8(cfg, frames, repeat):
     """int8 linears, shared vs own quantisation of the input, per activation dtype (see the docstring)."""
     from irodori_speaker.engine.fast import FastSampler
-    from irodori_speaker.quant.int8 import quantize_linears_int8
+    from irodori_speaker.engine.quant.int8 import quantize_linears_int8
 
     torch.manual_seed(0)
     base = build_model(cfg, device="cpu").eval()

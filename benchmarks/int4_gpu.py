@@ -33,9 +33,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from irodori_speaker.kernels.tuning import tuning_allowed
-from irodori_speaker.quant import triton_w4a16 as tw
-from irodori_speaker.quant.formats import pack_gptq
+from irodori_speaker.engine.kernels.tuning import tuning_allowed
+from irodori_speaker.engine.quant import triton_w4a16 as tw
+from irodori_speaker.engine.quant.formats import pack_gptq
 
 SHAPES = [  # (label, K, N)
     ("attn 1280x1280", 1280, 1280),

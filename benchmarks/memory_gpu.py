@@ -48,15 +48,15 @@ sys.path.insert(0, str(HERE))
 
 import news5  # noqa: E402  (the random full-size files and the approximate tokenizer)
 
-from irodori_speaker.backends.presets import Preset, base_preset, select_preset  # noqa: E402
 from irodori_speaker.engine.checkpoint import (  # noqa: E402
     config_from_metadata,
     load_checkpoint,
     read_header,
     save_checkpoint,
 )
-from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer  # noqa: E402
-from irodori_speaker.voices import Voice  # noqa: E402
+from irodori_speaker.engine.hardware.presets import Preset, base_preset, select_preset  # noqa: E402
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer  # noqa: E402
+from irodori_speaker.synthesis.voices import Voice  # noqa: E402
 
 ROWS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int4": torch.bfloat16}  # DiT activations
 CODECS = {
@@ -178,7 +178,7 @@ def run_one(name: str, smoke: bool, seconds: float, int4_impl: str, seed: int) -
         **CODEC_PRESETS[codec_kind],
     )
     if row == "int4" and int4_impl != "auto":
-        from irodori_speaker.quant.layers import Int4Linear
+        from irodori_speaker.engine.quant.layers import Int4Linear
 
         for module in synth.model.modules():
             if isinstance(module, Int4Linear):

@@ -53,9 +53,9 @@ from irodori_speaker.engine.checkpoint import (  # noqa: E402
 )
 from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, load_codec  # noqa: E402
 from irodori_speaker.engine.config import BackboneConfig, InferenceConfig, ModelConfig  # noqa: E402
-from irodori_speaker.synthesizer import SynthesisOptions, Synthesizer, load_synthesizer  # noqa: E402
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions, Synthesizer, load_synthesizer  # noqa: E402
+from irodori_speaker.synthesis.voices import Voice, save_latent  # noqa: E402
 from irodori_speaker.text.length import estimate_seconds  # noqa: E402
-from irodori_speaker.voices import Voice, save_latent  # noqa: E402
 
 #: The five news sentences (benchmarks/data/README.md says where they come from).
 NEWS5_JSON = REPO / "benchmarks" / "data" / "news5.json"
@@ -241,7 +241,7 @@ def prepare_files(
             save_checkpoint(model, dit, inference=inference)
             del model
         if family in int4_families and not packed.exists():
-            from irodori_speaker.quant.quantize import quantize_checkpoint
+            from irodori_speaker.engine.quant.quantize import quantize_checkpoint
 
             quantize_checkpoint(dit, packed, method="rtn", report_errors=False, device=dev)
     if not files["codec"].exists():
@@ -337,7 +337,7 @@ def build(
         **preset,
     )
     if mode.int4 and int4_impl != "auto":  # a measurement knob of the int4 kernel's chooser
-        from irodori_speaker.quant.layers import Int4Linear
+        from irodori_speaker.engine.quant.layers import Int4Linear
 
         for m in synth.model.modules():
             if isinstance(m, Int4Linear):

@@ -35,15 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from irodori_speaker.cancel import CancelToken, check  # noqa: E402
-from irodori_speaker.outputs import NullOutput  # noqa: E402
-from irodori_speaker.speaker import Speaker  # noqa: E402
-from irodori_speaker.types import (  # noqa: E402
+from irodori_speaker.options import (  # noqa: E402
     AudioStream,
     SamplerDefaults,
     SynthesisOptions,
     SynthesisRecord,
     SynthesisResult,
 )
+from irodori_speaker.outputs import NullOutput  # noqa: E402
+from irodori_speaker.speaker import Speaker  # noqa: E402
 
 SR = 48_000
 

@@ -139,7 +139,7 @@ def main() -> None:
     ap.add_argument("--dio", action="store_true", help="also the DIO-analysis variant (cheaper)")
     args = ap.parse_args()
 
-    from irodori_speaker.controls import pitch_shift
+    from irodori_speaker.audio.controls import pitch_shift
 
     x = speech()
     before = f0_track(x)

@@ -33,10 +33,10 @@ import news5
 from irodori_speaker.engine.checkpoint import load_checkpoint
 from irodori_speaker.engine.codec import load_codec, stream_window_lengths
 from irodori_speaker.engine.fast import FastDiT, FastSampler
+from irodori_speaker.engine.quant.checkpoint import load_int4_model
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
-from irodori_speaker.quant.checkpoint import load_int4_model
-from irodori_speaker.synthesizer import SynthesisOptions
-from irodori_speaker.voices import load_latent
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions
+from irodori_speaker.synthesis.voices import load_latent
 
 DEV = torch.device("cuda")
 SENTENCES = json.loads(news5.NEWS5_JSON.read_text())["sentences"]

@@ -43,18 +43,18 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from irodori_speaker.backends.presets import base_preset  # noqa: E402
 from irodori_speaker.engine.checkpoint import build_model  # noqa: E402
 from irodori_speaker.engine.codec import DACVAE, FULL_CODEC_KWARGS, TINY_CODEC_KWARGS, Snake  # noqa: E402
 from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES, chunk_windows  # noqa: E402
 from irodori_speaker.engine.config import ModelConfig  # noqa: E402
 from irodori_speaker.engine.duration import FRAMES_PER_SECOND  # noqa: E402
 from irodori_speaker.engine.fast import FastDiT, FastSampler, round_up  # noqa: E402
+from irodori_speaker.engine.hardware.presets import base_preset  # noqa: E402
+from irodori_speaker.engine.quant.formats import gptq_is_packable  # noqa: E402
+from irodori_speaker.engine.quant.quantize import quantize_checkpoint  # noqa: E402
 from irodori_speaker.engine.sampler import plan_sampling  # noqa: E402
 from irodori_speaker.engine.tiny import TINY_CONFIGS  # noqa: E402
-from irodori_speaker.quant.formats import gptq_is_packable  # noqa: E402
-from irodori_speaker.quant.quantize import quantize_checkpoint  # noqa: E402
-from irodori_speaker.types import SamplerConfig  # noqa: E402
+from irodori_speaker.options import SamplerConfig  # noqa: E402
 
 V2_MANIFEST = REPO / "tests" / "data" / "dit" / "v2_500m_keys.json"
 NEWS5_JSON = REPO / "benchmarks" / "data" / "news5.json"

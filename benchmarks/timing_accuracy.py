@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from duration_estimate import SENTENCES, _news5
 
-from irodori_speaker import timing
+from irodori_speaker.timing import estimate as timing
 
 
 def truth(pj, engine, text: str):

@@ -11,7 +11,7 @@ What it shows:
   `SimulatedChat` plays a local script; a YouTube or Twitch client that yields
   `ChatMessage`s drops in (`Bot.run(source)`).
 - Stock lines (opening, welcome, thanks) prebuilt into the phrase cache at start-up
-  (`irodori_speaker.prebuild`) and then served from it: no model work when they play.
+  (`irodori_speaker.cache.prebuild`) and then served from it: no model work when they play.
 - Comments read in priority lanes with a time-to-live: super chats first and never
   dropped, ordinary comments dropped once stale, idle talk only when nothing else waits.
 - An LLM-style reply streamed through `Speaker.say_stream` (a fake token generator here):
@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from irodori_speaker.cache import PhraseCache
+from irodori_speaker.cache.prebuild import prebuild
 from irodori_speaker.cli import add_model_flags, load_from_args
 from irodori_speaker.errors import IrodoriError
-from irodori_speaker.prebuild import prebuild
 from irodori_speaker.speaker import Priority, Speaker
-from irodori_speaker.synthesizer import SynthesisOptions
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 # ---------------------------------------------------------------------------------------------
 # Chat

@@ -21,7 +21,7 @@ from pathlib import Path
 from irodori_speaker.cli import add_model_flags, load_from_args
 from irodori_speaker.errors import IrodoriError
 from irodori_speaker.speaker import Speaker
-from irodori_speaker.synthesizer import SynthesisOptions
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 NEWS5 = [
     "次のニュースだよっ！",

@@ -11,7 +11,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from irodori_speaker.audio import (
+from irodori_speaker.audio.signal import (
     loudness_lufs,
     normalize_loudness,
     peak_limit,

@@ -14,12 +14,12 @@ import time
 import numpy as np
 import pytest
 
-from irodori_speaker.backends.lock import MODEL_LOCK
-from irodori_speaker.backends.presets import base_preset, select_preset
-from irodori_speaker.batching import SampleBatcher, SampleRequest
 from irodori_speaker.cancel import CancelToken
+from irodori_speaker.engine.hardware.lock import MODEL_LOCK
+from irodori_speaker.engine.hardware.presets import base_preset, select_preset
 from irodori_speaker.errors import Cancelled
-from irodori_speaker.types import SynthesisOptions
+from irodori_speaker.options import SynthesisOptions
+from irodori_speaker.synthesis.batching import SampleBatcher, SampleRequest
 
 TEXTS = [
     "こんにちは、今日もよろしくお願いします。",
@@ -33,7 +33,7 @@ TEXTS = [
 def synth(irodori_home):
     """The tiny-random synthesizer with batching on (the presets leave it off), any padding
     allowed (the padding bound has its own test below)."""
-    from irodori_speaker.synthesizer import load_synthesizer
+    from irodori_speaker.synthesis.synthesizer import load_synthesizer
 
     return load_synthesizer(
         tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=8, max_padding=100.0

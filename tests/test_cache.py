@@ -20,11 +20,11 @@ import pytest
 import soundfile as sf
 
 from irodori_speaker import cache as cache_mod
+from irodori_speaker.audio.lipsync import Envelope, mouth_levels
 from irodori_speaker.cache import DEFAULT_SEED, PhraseCache, cache_options, canonical_json
 from irodori_speaker.errors import CacheError, InputError
-from irodori_speaker.lipsync import Envelope, mouth_levels
-from irodori_speaker.synthesizer import SynthesisOptions, SynthesisRecord
-from irodori_speaker.voices import Voice
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions, SynthesisRecord
+from irodori_speaker.synthesis.voices import Voice
 
 FAST = SynthesisOptions(steps=2, seconds=0.4, seed=5)  # cheap on a 2-core CPU
 SR = 48_000
@@ -95,7 +95,7 @@ def test_key_is_sha256_of_canonical_identity_with_format_version(synth, pc):
 
 def test_a_new_option_that_changes_the_sound_enters_the_key_by_its_field_alone(synth, pc):
     # the key takes the options whose field says audio=True (types.option), with no list to edit
-    from irodori_speaker.types import Check, option
+    from irodori_speaker.options import Check, option
 
     extra = dataclasses.make_dataclass(
         "WithBreath",
@@ -587,7 +587,7 @@ class SlowSpy(Spy):
             time.sleep(self.delay)
             yield from inner
 
-        from irodori_speaker.synthesizer import AudioStream
+        from irodori_speaker.synthesis.synthesizer import AudioStream
 
         return AudioStream(chunks(), inner.record)
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from irodori_speaker.captions import cues, srt, webvtt
-from irodori_speaker.timing import estimate_timing
+from irodori_speaker.timing.captions import cues, srt, webvtt
+from irodori_speaker.timing.estimate import estimate_timing
 
 pytest.importorskip("pyopenjtalk")
 
@@ -85,8 +85,8 @@ def test_say_writes_srt_vtt_and_the_caption_file(tmp_path):
 
 
 def test_the_break_characters_are_the_splitters():
-    from irodori_speaker import captions
     from irodori_speaker.text.split import CLAUSE_CHARS, SENTENCE_END_CHARS
+    from irodori_speaker.timing import captions
 
     assert captions._BREAKS == CLAUSE_CHARS | SENTENCE_END_CHARS
 
@@ -137,7 +137,7 @@ def test_words_and_cues_show_the_original_spelling_with_the_reading_kept(dict_sy
 
 
 def test_kept_tags_are_shown_and_a_split_rewrite_is_shown_once():
-    from irodori_speaker.source_spans import SourceMap
+    from irodori_speaker.timing.source_spans import SourceMap
 
     m = SourceMap.align("VTuberの配信、15:30", "ブイチューバーの配信、15時30分")
     assert m.source_text(0, 2) == "VTuber" and m.source_text(2, 7) == ""  # ブイ|チューバー: once
@@ -148,7 +148,7 @@ def test_kept_tags_are_shown_and_a_split_rewrite_is_shown_once():
 def test_a_long_line_is_aligned_sentence_by_sentence_as_the_whole_line_would_be():
     import difflib
 
-    from irodori_speaker.source_spans import SourceMap
+    from irodori_speaker.timing.source_spans import SourceMap
 
     source = "VTuberの配信でwww。15:30から！[happy]またね？" * 40
     spoken = "ブイチューバーの配信でワラワラ。15時30分から！またね？" * 40
@@ -165,8 +165,8 @@ def test_a_long_line_is_aligned_sentence_by_sentence_as_the_whole_line_would_be(
 def test_speaker_word_events_and_the_caption_file_show_the_original(synth, tmp_path):
     import asyncio
 
-    from irodori_speaker.captions import CaptionFile
     from irodori_speaker.speaker import Speaker
+    from irodori_speaker.timing.captions import CaptionFile
 
     seen_words: list[str] = []
     shown: list[str] = []

@@ -245,8 +245,8 @@ def test_the_int4_and_codec_placement_flags_reach_the_preset(home, tmp_path):
 
 
 def test_quantize_writes_an_int4_checkpoint_the_loader_reads(tmp_path, dit_fixtures):
-    from irodori_speaker.quant.checkpoint import load_int4_model
-    from irodori_speaker.quant.layers import Int4Linear
+    from irodori_speaker.engine.quant.checkpoint import load_int4_model
+    from irodori_speaker.engine.quant.layers import Int4Linear
 
     src = dit_fixtures / "tiny_v2_base.safetensors"
     dst = tmp_path / "tiny-int4.safetensors"

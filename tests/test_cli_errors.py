@@ -20,9 +20,10 @@ import pytest
 import soundfile as sf
 import torch
 
-from irodori_speaker import __version__, cli, synthesizer
+from irodori_speaker import __version__, cli
 from irodori_speaker.cli.common import TINY_KINDS
 from irodori_speaker.errors import AudioError, BackendError, InputError
+from irodori_speaker.synthesis import synthesizer
 
 TINY = ["--tiny-random", "--backend", "cpu", "--steps", "2", "--seconds", "0.5"]
 

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from irodori_speaker import controls
-from irodori_speaker.audio import loudness_lufs
+from irodori_speaker.audio import controls
+from irodori_speaker.audio.signal import loudness_lufs
 from irodori_speaker.errors import InputError
+from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.speaker import Speaker
-from irodori_speaker.types import SynthesisOptions
 
 SR = 48_000
 TEXT = "今日はいい天気ですね、配信に来てくれてありがとうございます。"
@@ -364,7 +364,8 @@ def test_server_speeds_beyond_the_option_keep_their_length():
     ],
 )
 def test_cli_control_mistakes_are_found_before_the_model_loads(flags, match, tmp_path, monkeypatch, capsys):
-    from irodori_speaker import cli, synthesizer
+    from irodori_speaker import cli
+    from irodori_speaker.synthesis import synthesizer
 
     monkeypatch.setattr(synthesizer, "load_synthesizer", lambda *a, **k: pytest.fail("model loaded"))
     argv = ["say", "はい", "-o", str(tmp_path / "a.wav"), "--tiny-random", *flags]

@@ -18,7 +18,7 @@ import pytest
 from hostile import one_line, real_audio, run, speaks_normally
 from irodori_speaker.cache import PhraseCache
 from irodori_speaker.errors import CacheError
-from irodori_speaker.synthesizer import SynthesisOptions
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -148,7 +148,7 @@ def test_the_cached_synthesizer_renders_past_a_rotted_row(spy, tmp_path, assignm
 
 
 def test_prebuild_re_renders_a_rotted_row_it_would_have_skipped(spy, tmp_path):
-    from irodori_speaker.prebuild import prebuild
+    from irodori_speaker.cache.prebuild import prebuild
 
     d = tmp_path / "c"
     with PhraseCache(d) as pc:

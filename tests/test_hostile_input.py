@@ -67,7 +67,7 @@ def test_shift_jis_text_on_the_command_line_and_stdin_is_read(tmp_path) -> None:
 @pytest.mark.parametrize("bad", [np.full(4800, np.nan, np.float32), np.full((4800, 2), np.inf, np.float32)])
 def test_voice_from_array_refuses_nan_and_inf(bad, hostile_loop, hostile_speaker) -> None:
     from irodori_speaker.errors import AudioError
-    from irodori_speaker.voices import Voice
+    from irodori_speaker.synthesis.voices import Voice
 
     with pytest.raises(AudioError, match="NaN or Inf") as e:
         Voice.from_array(bad, 48_000)

@@ -24,8 +24,8 @@ from safetensors.torch import save_file
 from hostile import one_line, run, speaks_normally
 from irodori_speaker.cache import PhraseCache
 from irodori_speaker.errors import IrodoriError
-from irodori_speaker.lines import MAX_LINE_CHARS
 from irodori_speaker.speaker import Speaker, UtteranceState
+from irodori_speaker.speaker.lines import MAX_LINE_CHARS
 
 pytestmark = pytest.mark.timeout(60)  # per case: a hang fails, it is not merely slow
 

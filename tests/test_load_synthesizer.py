@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from irodori_speaker.backends.presets import base_preset
+from irodori_speaker.engine.hardware.presets import base_preset
 from irodori_speaker.errors import InputError
-from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
 
 
 class CountingTokenizer:
@@ -39,7 +39,7 @@ def test_a_tokenizer_object_is_used_as_given(synth):
 
 
 def test_a_non_tokenizer_object_is_refused_before_loading(monkeypatch):
-    import irodori_speaker.loading as s  # where load_synthesizer finds load_dit
+    import irodori_speaker.synthesis.loading as s  # where load_synthesizer finds load_dit
 
     monkeypatch.setattr(s, "load_dit", lambda *a: pytest.fail("loaded the model before checking"))
     with pytest.raises(InputError, match="tokenizer object"):

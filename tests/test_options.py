@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from irodori_speaker.errors import InputError
-from irodori_speaker.types import (
+from irodori_speaker.options import (
     MAX_SEED,
     SamplerConfig,
     SynthesisOptions,
@@ -20,7 +20,7 @@ from irodori_speaker.types import (
     describe_options,
     option_specs,
 )
-from irodori_speaker.voices import Voice
+from irodori_speaker.synthesis.voices import Voice
 
 
 def test_importing_the_runtime_loads_no_torch():
@@ -29,10 +29,10 @@ def test_importing_the_runtime_loads_no_torch():
         import sys
         import irodori_speaker
         from irodori_speaker import Speaker, SynthesisOptions, SynthesisRecord, PhraseCache, CancelToken
-        import irodori_speaker.speaker, irodori_speaker.events, irodori_speaker.cache
-        import irodori_speaker.prebuild, irodori_speaker.types, irodori_speaker.outputs
+        import irodori_speaker.speaker, irodori_speaker.speaker.events, irodori_speaker.cache
+        import irodori_speaker.cache.prebuild, irodori_speaker.options, irodori_speaker.outputs
         SynthesisOptions(seed=3, steps=4)
-        heavy = ("torch", "irodori_speaker.engine", "irodori_speaker.synthesizer")
+        heavy = ("torch", "irodori_speaker.engine", "irodori_speaker.synthesis.synthesizer")
         loaded = sorted(m for m in sys.modules if m.split(".")[0] == "torch" or m.startswith(heavy))
         print(loaded)
         """
@@ -214,8 +214,8 @@ def test_every_sampler_setting_is_defined_once_in_sampler_config():
 
 
 def test_every_preset_fallback_names_a_setting_of_the_preset_and_of_the_engine_defaults():
-    from irodori_speaker.backends.presets import Preset
-    from irodori_speaker.types import SamplerDefaults
+    from irodori_speaker.engine.hardware.presets import Preset
+    from irodori_speaker.options import SamplerDefaults
 
     backed = {name: spec.preset for name, spec in option_specs(SynthesisOptions).items() if spec.preset}
     assert set(backed) == {"steps", "schedule", "sway_coeff"}

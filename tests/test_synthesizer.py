@@ -12,8 +12,8 @@ import torch
 from irodori_speaker.cancel import CancelToken
 from irodori_speaker.engine.duration import HOP, tail_trim_frames
 from irodori_speaker.errors import AudioError, Cancelled, InputError
-from irodori_speaker.synthesizer import EDGE_FADE_S, PIECE_GAP_S, SynthesisOptions, load_synthesizer
-from irodori_speaker.voices import Voice, VoiceCache, save_latent
+from irodori_speaker.synthesis.synthesizer import EDGE_FADE_S, PIECE_GAP_S, SynthesisOptions, load_synthesizer
+from irodori_speaker.synthesis.voices import Voice, VoiceCache, save_latent
 
 SR = 48_000
 
@@ -301,7 +301,7 @@ def test_first_chunk_leaves_before_the_second_window_is_decoded(synth, monkeypat
 
 def test_voice_states_are_encoded_once_per_voice(synth, tmp_path, monkeypatch):
     """The speaker encoder runs once per voice, not per line; a different voice is encoded anew."""
-    from irodori_speaker.voices import Voice
+    from irodori_speaker.synthesis.voices import Voice
 
     calls = []
     real = synth.model.encode_voice

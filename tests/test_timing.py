@@ -8,7 +8,7 @@ import io
 import numpy as np
 import pytest
 
-from irodori_speaker import timing
+from irodori_speaker.timing import estimate as timing
 
 pj = pytest.importorskip("pyopenjtalk")
 

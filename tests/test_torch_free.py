@@ -12,12 +12,12 @@ import pytest
 MODULES = [
     "irodori_speaker",
     "irodori_speaker.speaker",
-    "irodori_speaker.events",
+    "irodori_speaker.speaker.events",
     "irodori_speaker.cache",
-    "irodori_speaker.types",
-    "irodori_speaker.lines",
+    "irodori_speaker.options",
+    "irodori_speaker.speaker.lines",
     "irodori_speaker.outputs",
-    "irodori_speaker.lipsync",
+    "irodori_speaker.audio.lipsync",
     "irodori_speaker.errors",
 ]
 

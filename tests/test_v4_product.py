@@ -22,9 +22,9 @@ from irodori_speaker.engine.config import InferenceConfig
 from irodori_speaker.engine.sources import CODEC_REPO, MODELS
 from irodori_speaker.engine.tiny import tiny_random_files
 from irodori_speaker.errors import InputError
-from irodori_speaker.synthesizer import load_synthesizer
+from irodori_speaker.synthesis.synthesizer import load_synthesizer
+from irodori_speaker.synthesis.voices import Voice, join_reference_clips, max_reference_frames, save_latent
 from irodori_speaker.text.backbone_tokenizer import TOKENIZER_FILES
-from irodori_speaker.voices import Voice, join_reference_clips, max_reference_frames, save_latent
 
 MF_REPO = MODELS["v4.1-mf"]
 TEXT = "こんにちは、今日もよろしくお願いします。"
@@ -260,7 +260,7 @@ def test_the_tiny_release_layout_is_a_model_with_its_tokenizer_folder():
 
 def test_quantize_calibrates_a_v4_model_with_its_tokenizer_folder(irodori_home, tmp_path):
     """GPTQ calibration tokenizes with the release's tokenizer/ folder beside the model."""
-    from irodori_speaker.quant.checkpoint import load_int4_model
+    from irodori_speaker.engine.quant.checkpoint import load_int4_model
 
     files = tiny_random_files("v4.1-mf")
     calibration = tmp_path / "calib.txt"

@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-from irodori_speaker.backends import cpu_features as cf
-from irodori_speaker.backends import presets
-from irodori_speaker.backends.cpu_features import CpuFeatures, parse_cpuinfo
-from irodori_speaker.backends.presets import AUDIO_FLAGS, cpu_preset_fields, select_preset
+from irodori_speaker.engine.hardware import cpu_features as cf
+from irodori_speaker.engine.hardware import presets
+from irodori_speaker.engine.hardware.cpu_features import CpuFeatures, parse_cpuinfo
+from irodori_speaker.engine.hardware.presets import AUDIO_FLAGS, cpu_preset_fields, select_preset
 from irodori_speaker.errors import BackendError
 
 
@@ -187,7 +187,7 @@ def test_torch_fallback_maps_amx_tiles_to_both_units(monkeypatch):
 def test_cpu_features_imports_without_torch():
     code = (
         "import sys\n"
-        "from irodori_speaker.backends.cpu_features import cpu_features, parse_cpuinfo\n"
+        "from irodori_speaker.engine.hardware.cpu_features import cpu_features, parse_cpuinfo\n"
         "parse_cpuinfo('flags : avx2'); cpu_features()\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )

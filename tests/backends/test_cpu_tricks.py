@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from irodori_speaker.backends.cpu_tricks import apply_cpu_tricks
-from irodori_speaker.quant.int8 import Int8Linear
-from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
+from irodori_speaker.engine.hardware.cpu_tricks import apply_cpu_tricks
+from irodori_speaker.engine.quant.int8 import Int8Linear
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
 
 F32, BF16 = torch.float32, torch.bfloat16
 TEXT = "今日はいい天気ですね。"
@@ -86,7 +86,7 @@ def test_each_trick_renders_close_to_fp32(reference, fields, latent_tol, audio_t
 
 
 def test_the_cache_key_tells_the_tricks_apart(reference):
-    from irodori_speaker.backends.presets import select_preset
+    from irodori_speaker.engine.hardware.presets import select_preset
 
     plain, tricks = select_preset("cpu"), select_preset("cpu", int8_linears=True, codec_channels_last=True)
     assert plain.audio_flags() == [] and tricks.audio_flags() == ["int8_linears", "codec_channels_last"]
@@ -96,7 +96,7 @@ def test_the_cache_key_tells_the_tricks_apart(reference):
 def test_int8_siblings_share_one_quantisation_and_render_the_same(irodori_home, monkeypatch, dtype):
     """The preset's int8 model: q/k/v/gate and w1/w3 quantise their common input once; the line's
     latent and audio are bit for bit those of linears that each quantise their own."""
-    import irodori_speaker.quant.int8 as int8
+    import irodori_speaker.engine.quant.int8 as int8
 
     calls = []
     inner = int8._quantize_rows

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from irodori_speaker.backends.presets import mps_available
+from irodori_speaker.engine.hardware.presets import mps_available
 
 pytestmark = pytest.mark.skipif(
     not mps_available(), reason="needs an Apple Silicon GPU (MPS); none on the CI or dev machines"
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.parametrize("kind", ["v2", "v4.1-mf"])  # v4.1-MF: the ModernBERT backbone and MeanFlow on MPS
 def test_mps_preset_matches_the_cpu_within_fp32_tolerance(tmp_path, monkeypatch, kind):
-    from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
+    from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
 
     monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
     mps = load_synthesizer(tiny_random=kind, backend="mps", voice_cache_dir=False)

@@ -16,10 +16,10 @@ from irodori_speaker.engine.batch import (
     stack_noise,
 )
 from irodori_speaker.engine.fast import FastSampler
+from irodori_speaker.engine.kernels.tuning import tuning_allowed
 from irodori_speaker.engine.sampler import draw_noise, sample
 from irodori_speaker.engine.tiny import random_model
-from irodori_speaker.kernels.tuning import tuning_allowed
-from irodori_speaker.types import SamplerConfig
+from irodori_speaker.options import SamplerConfig
 
 CFG = SamplerConfig(steps=4, schedule="sway")
 

@@ -92,7 +92,7 @@ def test_channels_last_survives_a_cast_and_refuses_int4_convs() -> None:
     want = _codec().decode(lat)
     torch.testing.assert_close(codec.decode(lat), want, rtol=0, atol=2e-6)
 
-    from irodori_speaker.quant.codec import quantize_codec
+    from irodori_speaker.engine.quant.codec import quantize_codec
 
     q = _codec()
     quantize_codec(q)
@@ -101,8 +101,8 @@ def test_channels_last_survives_a_cast_and_refuses_int4_convs() -> None:
 
 
 def test_the_preset_field_makes_the_synthesizer_switch_it_on() -> None:
-    from irodori_speaker.backends.presets import base_preset
-    from irodori_speaker.synthesizer import Synthesizer
+    from irodori_speaker.engine.hardware.presets import base_preset
+    from irodori_speaker.synthesis.synthesizer import Synthesizer
 
     # on in the CUDA preset (measured faster on every news5 line, RESULTS.md); the CPU preset picks
     # it by the CPU's bf16 support (select_preset)

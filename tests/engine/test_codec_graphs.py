@@ -267,7 +267,7 @@ def _exact_cudnn() -> contextlib.AbstractContextManager:
 
 
 def _gpu_codec(kind: str) -> DACVAE:
-    from irodori_speaker.quant.codec import quantize_codec
+    from irodori_speaker.engine.quant.codec import quantize_codec
 
     dtype = torch.float32 if kind == "fp32" else torch.float16
     codec = _codec("cuda", dtype)

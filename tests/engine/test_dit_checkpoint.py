@@ -130,9 +130,9 @@ def test_unknown_dtype(tiny):
 
 def test_an_int4_file_is_refused_with_the_loader_that_reads_it(dit_fixtures, tmp_path):
     """The engine knows no int4: the error names quant's loader, and that loader reads the file."""
-    from irodori_speaker.quant.checkpoint import load_int4_model
-    from irodori_speaker.quant.layers import Int4Linear
-    from irodori_speaker.quant.quantize import quantize_checkpoint
+    from irodori_speaker.engine.quant.checkpoint import load_int4_model
+    from irodori_speaker.engine.quant.layers import Int4Linear
+    from irodori_speaker.engine.quant.quantize import quantize_checkpoint
 
     dst = tmp_path / "int4.safetensors"
     quantize_checkpoint(dit_fixtures / "tiny_v2_base.safetensors", dst, method="rtn", report_errors=False)

@@ -143,9 +143,9 @@ def test_fast_path_on_an_int4_model(dit_fixtures, tmp_path):
     """Fused int4 projections (one packed GEMM, through Int4Linear.concat) give what the unfused
     int4 layers give; the originals become slices of the fused layer."""
     from irodori_speaker.engine.fast import SliceOf
-    from irodori_speaker.quant.checkpoint import load_int4_model
-    from irodori_speaker.quant.layers import Int4Linear
-    from irodori_speaker.quant.quantize import quantize_checkpoint
+    from irodori_speaker.engine.quant.checkpoint import load_int4_model
+    from irodori_speaker.engine.quant.layers import Int4Linear
+    from irodori_speaker.engine.quant.quantize import quantize_checkpoint
 
     dst = tmp_path / "int4.safetensors"
     quantize_checkpoint(dit_fixtures / "tiny_v2_base.safetensors", dst, method="rtn", report_errors=False)

@@ -66,9 +66,9 @@ def test_int4_v4_files_keep_the_backbone_config_and_the_fast_path_equals_their_r
 ):
     from safetensors import safe_open
 
-    from irodori_speaker.quant.checkpoint import load_int4_model
-    from irodori_speaker.quant.layers import Int4Linear
-    from irodori_speaker.quant.quantize import quantize_checkpoint
+    from irodori_speaker.engine.quant.checkpoint import load_int4_model
+    from irodori_speaker.engine.quant.layers import Int4Linear
+    from irodori_speaker.engine.quant.quantize import quantize_checkpoint
 
     src = V4_DATA / f"tiny_{kind}.safetensors"
     dst = tmp_path / "int4.safetensors"
@@ -90,9 +90,9 @@ def test_int4_v4_files_keep_the_backbone_config_and_the_fast_path_equals_their_r
 
 
 def test_a_float_v4_file_is_quantised_at_load_with_its_backbone(tmp_path):
-    from irodori_speaker.backends.presets import select_preset
-    from irodori_speaker.quant.layers import Int4Linear
-    from irodori_speaker.synthesizer import load_dit
+    from irodori_speaker.engine.hardware.presets import select_preset
+    from irodori_speaker.engine.quant.layers import Int4Linear
+    from irodori_speaker.synthesis.synthesizer import load_dit
 
     with pytest.warns(UserWarning, match="quantising them to int4 with RTN at load"):
         loaded = load_dit(V4_DATA / "tiny_v4_1_mf.safetensors", select_preset("cpu", int4=True))
@@ -127,10 +127,10 @@ def test_the_backbone_is_packed_too_where_its_shapes_fit(tmp_path):
     the packing; the fixtures' 48-wide one does not, so a 64-wide tiny model checks it)."""
     from irodori_speaker.engine.checkpoint import build_model, save_checkpoint
     from irodori_speaker.engine.config import BackboneConfig, InferenceConfig, ModelConfig
+    from irodori_speaker.engine.quant.checkpoint import load_int4_model
+    from irodori_speaker.engine.quant.layers import Int4Linear
+    from irodori_speaker.engine.quant.quantize import quantize_checkpoint
     from irodori_speaker.engine.tiny import TINY_BACKBONE, TINY_CONFIGS
-    from irodori_speaker.quant.checkpoint import load_int4_model
-    from irodori_speaker.quant.layers import Int4Linear
-    from irodori_speaker.quant.quantize import quantize_checkpoint
 
     backbone = BackboneConfig.from_dict(dict(TINY_BACKBONE, hidden_size=64, intermediate_size=96))
     cfg = ModelConfig.from_dict(TINY_CONFIGS["v4.1-mf"], text_backbone=backbone)

@@ -12,7 +12,7 @@ from v4_cases import KINDS, RELEASES, V4_DATA, encode, load_kind, manifest, samp
 from irodori_speaker.engine.checkpoint import build_model, read_header
 from irodori_speaker.engine.config import BackboneConfig, ModelConfig
 from irodori_speaker.engine.sampler import SamplerConfig, sample
-from irodori_speaker.voices import join_reference_clips, max_reference_frames
+from irodori_speaker.synthesis.voices import join_reference_clips, max_reference_frames
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 

@@ -99,9 +99,9 @@ def test_fused_velocity_equals_reference(dit_fixtures, kind):
 
 def test_fused_velocity_on_an_int4_model(dit_fixtures, tmp_path):
     """The kernels around fused int4 projections (Int4Linear.concat) give the int4 model's velocity."""
-    from irodori_speaker.quant.checkpoint import load_int4_model
-    from irodori_speaker.quant.layers import Int4Linear
-    from irodori_speaker.quant.quantize import quantize_checkpoint
+    from irodori_speaker.engine.quant.checkpoint import load_int4_model
+    from irodori_speaker.engine.quant.layers import Int4Linear
+    from irodori_speaker.engine.quant.quantize import quantize_checkpoint
 
     dst = tmp_path / "int4.safetensors"
     quantize_checkpoint(dit_fixtures / "tiny_v3_base.safetensors", dst, method="rtn", report_errors=False)

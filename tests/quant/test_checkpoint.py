@@ -12,16 +12,16 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from irodori_speaker.errors import QuantError
-from irodori_speaker.quant.checkpoint import (
+from irodori_speaker.engine.quant.checkpoint import (
     Int4Checkpoint,
     apply_int4,
     is_int4_checkpoint,
     load_int4_checkpoint,
     save_int4_checkpoint,
 )
-from irodori_speaker.quant.formats import QuantCorruptionWarning, pack_gptq, rtn_quantize
-from irodori_speaker.quant.layers import Int4Conv1d, Int4Linear, PackedEmbedding
+from irodori_speaker.engine.quant.formats import QuantCorruptionWarning, pack_gptq, rtn_quantize
+from irodori_speaker.engine.quant.layers import Int4Conv1d, Int4Linear, PackedEmbedding
+from irodori_speaker.errors import QuantError
 
 
 class Block(nn.Module):

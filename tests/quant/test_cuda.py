@@ -11,9 +11,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs an NVIDIA GPU", allow_module_level=True)
 triton = pytest.importorskip("triton", reason="triton is not installed")
 
-from irodori_speaker.quant import triton_w4a16 as tw  # noqa: E402
-from irodori_speaker.quant.formats import pack_gptq  # noqa: E402
-from irodori_speaker.quant.layers import Int4Linear  # noqa: E402
+from irodori_speaker.engine.quant import triton_w4a16 as tw  # noqa: E402
+from irodori_speaker.engine.quant.formats import pack_gptq  # noqa: E402
+from irodori_speaker.engine.quant.layers import Int4Linear  # noqa: E402
 
 DEV = torch.device("cuda")
 TOL = {torch.float16: 1e-3, torch.bfloat16: 4e-3}
@@ -117,7 +117,7 @@ def test_a_graph_captured_before_the_scratch_grew_still_replays_right() -> None:
 
 
 def test_a_new_bucket_is_measured_only_in_warm_up() -> None:
-    from irodori_speaker.kernels.tuning import tuning_allowed
+    from irodori_speaker.engine.kernels.tuning import tuning_allowed
 
     tw.clear_choices()
     p = _layer(1280, 1280, sym=True, seed=3)

@@ -8,8 +8,7 @@ import warnings
 import pytest
 import torch
 
-from irodori_speaker.errors import QuantError
-from irodori_speaker.quant.formats import (
+from irodori_speaker.engine.quant.formats import (
     QuantCorruptionWarning,
     detect_unmasked_zero_corruption,
     gptq_group_params,
@@ -24,6 +23,7 @@ from irodori_speaker.quant.formats import (
     unpack_nibbles,
     warn_if_corrupted,
 )
+from irodori_speaker.errors import QuantError
 
 
 def _u32(v: int) -> int:

@@ -11,8 +11,8 @@ from irodori_speaker.engine.codec import (
     codec_from_state_dict,
     random_codec_state_dict,
 )
-from irodori_speaker.quant.codec import quantize_codec
-from irodori_speaker.quant.layers import Int4Conv1d, Int4ConvTranspose1d
+from irodori_speaker.engine.quant.codec import quantize_codec
+from irodori_speaker.engine.quant.layers import Int4Conv1d, Int4ConvTranspose1d
 
 
 def weight_bytes(m: nn.Module) -> int:
@@ -54,7 +54,7 @@ def test_int4_decoder_tracks_the_float_decoder():
 def test_the_codec_int4_preset_option_loads_a_packed_decoder(synth):
     """load_synthesizer(codec_int4=True): the codec users get is packed, renders the same line (as noise
     of the same length), and is told apart from the float codec in the phrase-cache key."""
-    from irodori_speaker.synthesizer import SynthesisOptions, load_synthesizer
+    from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
 
     q = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, codec_int4=True)
     assert q.preset.codec_int4 and not synth.preset.codec_int4
@@ -75,7 +75,7 @@ def test_the_codec_int4_preset_option_loads_a_packed_decoder(synth):
 
 def test_load_int4_codec_packs_on_the_cpu_and_keeps_the_packed_dtypes(tmp_path):
     from irodori_speaker.engine.codec import save_random_codec_pth
-    from irodori_speaker.quant.codec import load_int4_codec
+    from irodori_speaker.engine.quant.codec import load_int4_codec
 
     path = save_random_codec_pth(tmp_path / "c.pth", TINY_CODEC_KWARGS, seed=2, watermark=False)
     codec = load_int4_codec(path, dtype=torch.float32)

@@ -6,7 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from irodori_speaker.quant.int8 import BLOCK_LINEARS, Int8Linear, quantize_linears_int8, quantize_weight_int8
+from irodori_speaker.engine.quant.int8 import (
+    BLOCK_LINEARS,
+    Int8Linear,
+    quantize_linears_int8,
+    quantize_weight_int8,
+)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -107,7 +112,7 @@ def _velocity(model, seed=1):
 
 
 def _count_quantisations(monkeypatch):
-    import irodori_speaker.quant.int8 as int8
+    import irodori_speaker.engine.quant.int8 as int8
 
     calls = []
     inner = int8._quantize_rows
@@ -149,7 +154,7 @@ def test_quantize_links_the_siblings_once():
 
 
 def test_shared_rows_are_keyed_on_the_input_tensor():
-    from irodori_speaker.quant.int8 import SharedRows
+    from irodori_speaker.engine.quant.int8 import SharedRows
 
     rows = SharedRows()
     x, y = torch.randn(2, 3, 8), torch.randn(2, 3, 8)

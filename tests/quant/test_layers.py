@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from irodori_speaker.errors import QuantError
-from irodori_speaker.quant.formats import pack_gptq, rtn_quantize
-from irodori_speaker.quant.layers import (
+from irodori_speaker.engine.quant.formats import pack_gptq, rtn_quantize
+from irodori_speaker.engine.quant.layers import (
     Int4Conv1d,
     Int4ConvTranspose1d,
     Int4Linear,
@@ -17,6 +16,7 @@ from irodori_speaker.quant.layers import (
     RTNLinear,
     concat_int4_linears,
 )
+from irodori_speaker.errors import QuantError
 
 
 def _gptq(n: int, k: int, *, sym: bool, seed: int, bias: bool = False):
@@ -140,7 +140,7 @@ def test_conv_shape_mismatch_is_an_error() -> None:
 def test_a_grown_out_scratch_buffer_is_retired_not_freed() -> None:
     """A CUDA graph captured earlier still points into the old buffer (see `_RETIRED`); the
     mechanism is the same on every device, so it is checked here on the CPU."""
-    from irodori_speaker.quant import triton_w4a16 as tw
+    from irodori_speaker.engine.quant import triton_w4a16 as tw
 
     tw.release_scratch()
     dev = torch.device("cpu")

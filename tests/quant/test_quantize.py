@@ -12,11 +12,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from irodori_speaker.engine.checkpoint import build_model, config_from_metadata, load_checkpoint
-from irodori_speaker.errors import QuantError
-from irodori_speaker.quant.checkpoint import apply_int4, load_int4_checkpoint, load_int4_model
-from irodori_speaker.quant.formats import unpack_gptq_qzeros
-from irodori_speaker.quant.layers import Int4Linear, PackedEmbedding
-from irodori_speaker.quant.quantize import (
+from irodori_speaker.engine.quant.checkpoint import apply_int4, load_int4_checkpoint, load_int4_model
+from irodori_speaker.engine.quant.formats import unpack_gptq_qzeros
+from irodori_speaker.engine.quant.layers import Int4Linear, PackedEmbedding
+from irodori_speaker.engine.quant.quantize import (
     RELEASE_SELECTION,
     LayerSelection,
     capture_hessians,
@@ -28,6 +27,7 @@ from irodori_speaker.quant.quantize import (
     quantize_state,
     rtn_quantize_weight,
 )
+from irodori_speaker.errors import QuantError
 
 KINDS = ["v2_base", "v2_voicedesign", "v3_base", "v3_voicedesign"]
 
@@ -268,7 +268,7 @@ def test_default_sampler_calibration_end_to_end(tmp_path: Path) -> None:
 
 
 def test_unexercised_condition_branches_are_not_calibrated() -> None:
-    from irodori_speaker.quant.quantize import CalibrationItem, _uncovered_branches
+    from irodori_speaker.engine.quant.quantize import CalibrationItem, _uncovered_branches
 
     names = [
         "blocks.0.attention.wq",

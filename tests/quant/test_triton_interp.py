@@ -19,9 +19,9 @@ import torch
 
 triton = pytest.importorskip("triton", reason="triton is not installed (the 'cuda' / 'dev' extra)")
 
-import irodori_speaker.kernels.triton_common  # noqa: E402, F401  (the shared copy, restored after the tests)
-from irodori_speaker.quant import formats  # noqa: E402
-from irodori_speaker.quant.formats import pack_gptq  # noqa: E402
+import irodori_speaker.engine.kernels.triton_common  # noqa: E402, F401  (the shared copy, restored after the tests)
+from irodori_speaker.engine.quant import formats  # noqa: E402
+from irodori_speaker.engine.quant.formats import pack_gptq  # noqa: E402
 
 
 def _exec_copy(path: Path, name: str):
@@ -34,14 +34,14 @@ def _exec_copy(path: Path, name: str):
 
 @pytest.fixture(scope="module")
 def tw():
-    """A private, interpreted copy of irodori_speaker.quant.triton_w4a16 (and of the shared
+    """A private, interpreted copy of irodori_speaker.engine.quant.triton_w4a16 (and of the shared
     kernels.triton_common whose jit helper its kernels call: it must be interpreted too)."""
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    common = "irodori_speaker.kernels.triton_common"
+    common = "irodori_speaker.engine.kernels.triton_common"
     shared = sys.modules[common]
     src = Path(formats.__file__).with_name("triton_w4a16.py")
-    name = "irodori_speaker.quant._triton_w4a16_interpreted"
+    name = "irodori_speaker.engine.quant._triton_w4a16_interpreted"
     try:
         # the copy's `from ..kernels.triton_common import ...` finds the interpreted copy
         _exec_copy(Path(shared.__file__), common)
@@ -176,7 +176,7 @@ def test_new_bucket_mid_stream_takes_a_measured_neighbour_or_a_fixed_pick(tw) ->
     """Outside warm-up a new M bucket reuses a measured bucket one octave away (no stall to
     measure), else scratch above M = 64; inside `tuning_allowed()` on a GPU it would measure
     (tests/quant/test_cuda.py). Off the GPU nothing is measured, so the fixed pick is not taken."""
-    from irodori_speaker.kernels.tuning import is_tuning_allowed, tuning_allowed
+    from irodori_speaker.engine.kernels.tuning import is_tuning_allowed, tuning_allowed
 
     tw.clear_choices()
     try:

@@ -18,14 +18,14 @@ pytest.importorskip("prometheus_client")
 from irodori_speaker.cache import CachedRender, PhraseCache, StorePolicy
 from irodori_speaker.cancel import check
 from irodori_speaker.errors import InputError
-from irodori_speaker.server.service import SpeechService
-from irodori_speaker.types import (
+from irodori_speaker.options import (
     AudioStream,
     SamplerDefaults,
     SynthesisOptions,
     SynthesisRecord,
     SynthesisResult,
 )
+from irodori_speaker.server.service import SpeechService
 
 SR = 48_000
 SEEDED = SynthesisOptions(seed=0)  # the server's default (`serve --seed 0`)

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from irodori_speaker.backends.lock import hold_model_lock
 from irodori_speaker.cancel import CancelToken, check
+from irodori_speaker.engine.hardware.lock import hold_model_lock
 from irodori_speaker.errors import Cancelled
-from irodori_speaker.types import (
+from irodori_speaker.options import (
     AudioStream,
     SamplerDefaults,
     SynthesisOptions,

@@ -12,11 +12,11 @@ import pytest
 from speaker_fakes import FakeSynth
 
 from irodori_speaker.cache import DEFAULT_SEED, CachedRender, PhraseCache, StorePolicy
+from irodori_speaker.cache.prebuild import prebuild
 from irodori_speaker.errors import CacheError, InputError
+from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.outputs import NullOutput
-from irodori_speaker.prebuild import prebuild
 from irodori_speaker.speaker import Speaker, UtteranceState
-from irodori_speaker.types import SynthesisOptions
 
 OPTS = SynthesisOptions(seed=4)
 

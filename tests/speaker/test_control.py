@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from speaker_fakes import SR, EventLog, FakeSynth, amplitude, runs
 
-from irodori_speaker.backends.lock import MODEL_LOCK
+from irodori_speaker.engine.hardware.lock import MODEL_LOCK
 from irodori_speaker.errors import InputError
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState

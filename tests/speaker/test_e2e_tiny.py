@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from irodori_speaker import synthesizer as synth_mod
 from irodori_speaker.outputs import FileOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
-from irodori_speaker.synthesizer import SynthesisOptions
+from irodori_speaker.synthesis import synthesizer as synth_mod
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 LINES = ["こんにちは。", "今日はいい天気ですね。", "さようなら。"]
 

@@ -8,11 +8,11 @@ import time
 import numpy as np
 from speaker_fakes import SR, EventLog, FakeSynth
 
-from irodori_speaker.events import Series
-from irodori_speaker.lipsync import level_from_rms
+from irodori_speaker.audio.lipsync import level_from_rms
+from irodori_speaker.options import AudioStream, SynthesisRecord
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker
-from irodori_speaker.types import AudioStream, SynthesisRecord
+from irodori_speaker.speaker.events import Series
 
 LINES = ["最初の行です", "二番目の行です", "三番目の行です"]
 
@@ -205,8 +205,8 @@ def test_sample_positions_not_ticks_time_the_events(run):
 
 
 def test_mouth_levels_map_loudness_in_db_to_0_1():
+    from irodori_speaker.audio.lipsync import CEIL_DB, FLOOR_DB, Envelope, mouth_levels
     from irodori_speaker.errors import InputError
-    from irodori_speaker.lipsync import CEIL_DB, FLOOR_DB, Envelope, mouth_levels
 
     def db(d: float) -> float:
         return 10 ** (d / 20)

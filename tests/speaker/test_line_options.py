@@ -11,9 +11,9 @@ from speaker_fakes import FakeSynth
 
 from irodori_speaker import LineOptions, Priority
 from irodori_speaker.errors import BackendError, InputError
+from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
-from irodori_speaker.types import SynthesisOptions
 
 
 def fast() -> NullOutput:

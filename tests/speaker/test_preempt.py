@@ -17,7 +17,7 @@ import pytest
 from irodori_speaker.cancel import check
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
-from irodori_speaker.synthesizer import SynthesisOptions
+from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 pytestmark = pytest.mark.timeout(120)
 

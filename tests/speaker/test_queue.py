@@ -13,7 +13,7 @@ import threading
 import numpy as np
 from speaker_fakes import SR, EventLog, FakeSynth, Recorder, amplitude, runs
 
-from irodori_speaker.backends.lock import MODEL_LOCK
+from irodori_speaker.engine.hardware.lock import MODEL_LOCK
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from irodori_speaker.errors import InputError
-from irodori_speaker.lines import UNSET, Priority
-from irodori_speaker.playback import Chunk
+from irodori_speaker.speaker.lines import UNSET, Priority
+from irodori_speaker.speaker.playback import Chunk
 from irodori_speaker.speaker.queue import LineQueue, lanes_of, parse_ttl
 from irodori_speaker.speaker.utterance import Utterance, UtteranceState
 

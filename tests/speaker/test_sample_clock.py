@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from irodori_speaker.sample_clock import SampleClock
+from irodori_speaker.outputs.clock import SampleClock
 
 RATE = 48_000
 BLOCK = 512

@@ -18,7 +18,7 @@ import pytest
 from speaker_fakes import FakeSynth
 
 from hostile import real_audio
-from irodori_speaker.backends.lock import MODEL_LOCK
+from irodori_speaker.engine.hardware.lock import MODEL_LOCK
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
 

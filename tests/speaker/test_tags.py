@@ -9,7 +9,7 @@ from speaker_fakes import FakeSynth
 from irodori_speaker.errors import InputError
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker
-from irodori_speaker.voices import Voice
+from irodori_speaker.synthesis.voices import Voice
 
 TAGS = {
     "happy": {"voice": "happy.wav", "options": {"seed": 7}},

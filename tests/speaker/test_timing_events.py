@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from speaker_fakes import EventLog, FakeSynth
 
-from irodori_speaker.captions import CaptionFile
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker
+from irodori_speaker.timing.captions import CaptionFile
 
 pytest.importorskip("pyopenjtalk")
 

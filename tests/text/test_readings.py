@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from irodori_speaker.errors import InputError
+from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.text import english
 from irodori_speaker.text.normalize import normalize_text
 from irodori_speaker.text.numbers import read_numbers
 from irodori_speaker.text.readings import apply_readings, read_urls
 from irodori_speaker.text.segment import StreamSegmenter
 from irodori_speaker.text.tags import TagMap, find_tags, strip_tags
-from irodori_speaker.types import SynthesisOptions
 
 HAS_E2K = english._e2k() is not None
 needs_e2k = pytest.mark.skipif(not HAS_E2K, reason="the english extra (e2k) is not installed")

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..types import SynthesisRecord, SynthesisResult
+from ..options import SynthesisRecord, SynthesisResult
 
 if TYPE_CHECKING:
-    from ..lipsync import Envelope
+    from ..audio.lipsync import Envelope
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class CachedLine:
 
     def envelope(self, hz: float | None = None, **kwargs: Any) -> Envelope:
         """A lip-sync `Envelope` holding the whole line (what the Speaker builds while it plays)."""
-        from ..lipsync import Envelope
+        from ..audio.lipsync import Envelope
 
         env = Envelope(self.sample_rate, hz=hz or self.levels_hz, **kwargs)
         env.append(self.audio)

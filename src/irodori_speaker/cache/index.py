@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..types import SynthesisRecord
+from ..options import SynthesisRecord
 from .entries import record_from_json
 from .files import AUDIO_FORMATS
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import CacheError
-from ..types import SynthesisOptions, SynthesizerLike
+from ..options import SynthesisOptions, SynthesizerLike
 
 #: Bump when the stored audio for the same identity would differ (a key component).
 CACHE_FORMAT_VERSION = 1
@@ -49,7 +49,7 @@ def line_identity(
     if not isinstance(synth, SynthesizerLike):
         raise CacheError(
             f"{type(synth).__name__} cannot be cached: it is not a synthesizer (no render_identity())",
-            hint="use irodori_speaker.synthesizer.Synthesizer (load_synthesizer)",
+            hint="use irodori_speaker.synthesis.synthesizer.Synthesizer (load_synthesizer)",
         )
     return {
         "format": CACHE_FORMAT_VERSION if format_version is None else format_version,

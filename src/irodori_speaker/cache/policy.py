@@ -31,7 +31,7 @@ import numpy as np
 
 from ..cancel import check
 from ..errors import InputError
-from ..types import AudioStream, SynthesisOptions, SynthesisRecord, SynthesisResult
+from ..options import AudioStream, SynthesisOptions, SynthesisRecord, SynthesisResult
 from .entries import CachedLine
 from .keys import cache_options, identity_key, line_identity
 

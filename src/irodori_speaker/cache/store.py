@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import CacheError, InputError
-from ..types import SynthesisOptions, SynthesisRecord
+from ..options import SynthesisOptions, SynthesisRecord
 from .connections import IndexConnections
 from .entries import CachedLine, CacheStats, EntryInfo, VerifyReport, record_from_json, record_to_json
 from .files import AUDIO_FORMATS, _decode, _encode, _fsync_dir, default_cache_dir, format_size, parse_size
@@ -283,7 +283,7 @@ class PhraseCache(IndexConnections):
         source: str = "put",
     ) -> CachedLine:
         """Store `audio` under `key` atomically; evict LRU entries until under `max_bytes`."""
-        from ..lipsync import mouth_levels
+        from ..audio.lipsync import mouth_levels
 
         if not isinstance(key, str) or not re.fullmatch(r"[0-9a-f]{16,128}", key):
             raise InputError(f"cache keys are lowercase hex digests, got {key!r}")

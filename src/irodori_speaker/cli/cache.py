@@ -31,7 +31,7 @@ from .common import (
 
 def cmd_prebuild(args: argparse.Namespace) -> int:
     from ..cache import format_size
-    from ..prebuild import load_phrases, prebuild
+    from ..cache.prebuild import load_phrases, prebuild
 
     phrases = load_phrases(args.phrases)
     if not phrases:

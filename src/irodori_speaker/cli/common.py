@@ -227,7 +227,7 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
 
 def build_voice(args: argparse.Namespace):
     """The voice the flags name; a reference file that is missing or no audio fails here, cheaply."""
-    from ..voices import Voice
+    from ..synthesis.voices import Voice
 
     given = [args.voice] if isinstance(args.voice, str) else list(args.voice or [])
     if given:
@@ -284,7 +284,7 @@ def check_caption(args: argparse.Namespace, synth: Any) -> None:
 
 
 def build_options(args: argparse.Namespace):
-    from ..types import SynthesisOptions
+    from ..options import SynthesisOptions
 
     controls = {
         name: getattr(args, name)
@@ -354,7 +354,7 @@ def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_from_args(args: argparse.Namespace):
     """The synthesizer the model flags ask for (--caption is checked against it)."""
-    from ..synthesizer import load_synthesizer
+    from ..synthesis.synthesizer import load_synthesizer
 
     kind = tiny_kind(args)
     t0 = time.perf_counter()
@@ -393,7 +393,7 @@ def play_audio(
     import numpy as np
 
     from ..outputs import Block, SoundDeviceOutput, Track
-    from ..playback import resample
+    from ..speaker.playback import resample
 
     out = SoundDeviceOutput(device, hostapi=hostapi)
     out.open()

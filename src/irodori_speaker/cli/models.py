@@ -25,8 +25,8 @@ def cmd_convert_codec(args: argparse.Namespace) -> int:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
+    from ..engine.quant.quantize import quantize_checkpoint
     from ..engine.sources import resolve
-    from ..quant.quantize import quantize_checkpoint
 
     src = resolve(args.model, "model")
     calibration = None

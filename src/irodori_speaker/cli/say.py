@@ -137,8 +137,8 @@ def cmd_say(args: argparse.Namespace) -> int:
 def write_captions(args: argparse.Namespace, rec: Any, audio: Any, rate: int) -> list[Any]:
     """--srt / --vtt (the line's cues) and --caption-file (its whole text, or cue by cue while
     --play plays it); returns the cues."""
-    from ..captions import cues, srt, webvtt, write_text_atomic
-    from ..timing import estimate_timing, speech_span
+    from ..timing.captions import cues, srt, webvtt, write_text_atomic
+    from ..timing.estimate import estimate_timing, speech_span
 
     timing = estimate_timing(rec.text, len(audio) / rate, speech=speech_span(audio, rate), source=rec.source)
     line_cues = cues(timing) if timing is not None else []
@@ -158,7 +158,7 @@ class CaptionFollower:
     def __init__(self, path: str, line_cues: list[Any]) -> None:
         import threading
 
-        from ..captions import CaptionFile
+        from ..timing.captions import CaptionFile
 
         self.file = CaptionFile(path)
         self._stop = threading.Event()

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..types import SamplerConfig
+from ..options import SamplerConfig
 from .model import Conditions, TextToLatentRFDiT
 from .sampler import plan_for
 

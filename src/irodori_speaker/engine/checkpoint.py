@@ -1,6 +1,7 @@
 """Load and save float DiT checkpoints (`model.safetensors` with `config_json` metadata), strictly.
 
-Int4 files are read by `irodori_speaker.quant.checkpoint` (quant imports the engine, never the reverse).
+Int4 files are read by `irodori_speaker.engine.quant.checkpoint` (quant imports the engine, never
+the reverse).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def load_checkpoint(
     """Load a float DiT checkpoint; the stored dtype may be fp32, bf16 or fp16, `dtype` is the one wanted.
 
     The engine knows no int4: an int4 file (metadata `quant_method`) is a `CheckpointError` naming
-    `irodori_speaker.quant.checkpoint.load_int4_model`, which builds this engine's model and swaps
+    `irodori_speaker.engine.quant.checkpoint.load_int4_model`, which builds this engine's model and swaps
     in the packed layers (`synthesizer.load_dit` picks the loader by the file).
     """
     path = Path(path)
@@ -141,7 +142,7 @@ def load_checkpoint(
     if "quant_method" in meta:
         raise CheckpointError(
             f"{source} is an int4 checkpoint (quant_method {meta['quant_method']!r})",
-            hint="load it with irodori_speaker.quant.checkpoint.load_int4_model(path), or through "
+            hint="load it with irodori_speaker.engine.quant.checkpoint.load_int4_model(path), or through "
             "load_synthesizer / synthesizer.load_dit, which pick the loader by the file",
         )
     if is_torchao_file(meta, shapes):

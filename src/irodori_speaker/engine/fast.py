@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cancel import CancelToken, check
-from ..kernels.tuning import is_tuning_allowed
 from .batch import batch_bucket, fill_batch, frame_mask
 from .cuda_graphs import capture
 from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
+from .kernels.tuning import is_tuning_allowed
 from .model import Conditions, ContextKV, DiffusionBlock, TextToLatentRFDiT, rope_tables
 from .sampler import (
     LineContext,

@@ -29,7 +29,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from ..kernels.triton_common import HAS_TRITON, interp_bf16, interpreter_active
+from .kernels.triton_common import HAS_TRITON, interp_bf16, interpreter_active
 from .model import capturing
 
 T = TypeVar("T")
@@ -38,7 +38,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from ..kernels.triton_common import round_to
+    from .kernels.triton_common import round_to
 
 
 _FAILED: list[str] = []  # a kernel that failed to compile or launch switches them all off

@@ -10,7 +10,7 @@ Everything that decides what a step does (its t and dt, whether guidance is on, 
 condition an alternating step drops, when speaker K/V scaling ends) is planned on
 the host before the loop, so the loop never waits for the device.
 Settings and the golden cases it matches: docs/engine-api.md ("Sample from explicit noise").
-`SamplerConfig` is defined in the torch-free `irodori_speaker.types` (the sampler part of
+`SamplerConfig` is defined in the torch-free `irodori_speaker.options` (the sampler part of
 `SynthesisOptions`: each option once, with its check); it is re-exported here.
 """
 
@@ -26,8 +26,8 @@ from torch import Tensor
 
 from ..cancel import CancelToken, check
 from ..errors import InputError
-from ..types import GUIDANCE_MODES as GUIDANCE_MODES  # re-exported
-from ..types import SCHEDULES, SamplerConfig, SamplerDefaults
+from ..options import GUIDANCE_MODES as GUIDANCE_MODES  # re-exported
+from ..options import SCHEDULES, SamplerConfig, SamplerDefaults
 from .model import Conditions, ContextKV, TextToLatentRFDiT
 
 UPSTREAM_CONFIG = SamplerConfig()  # 40 linear steps, independent CFG

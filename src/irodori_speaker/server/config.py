@@ -71,7 +71,7 @@ class Style:
 
     def voice(self) -> Any:
         """The Voice of this style (None: the model's own voice)."""
-        from ..voices import Voice
+        from ..synthesis.voices import Voice
 
         if self.wav is not None:
             return Voice.from_wav(self.wav, caption=self.caption, name=self.name)

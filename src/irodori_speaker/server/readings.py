@@ -23,7 +23,7 @@ REQUEST_OPTIONS: Final = ("tags", "urls", "laughter", "read_numbers", "read_engl
 
 
 def _doc(name: str) -> str:
-    from ..types import SynthesisOptions, option_specs
+    from ..options import SynthesisOptions, option_specs
 
     spec = option_specs(SynthesisOptions)[name]
     return f"{spec.doc} ({spec.check.allowed()}; default: the server's)"
@@ -32,7 +32,7 @@ def _doc(name: str) -> str:
 def check_readings(values: dict[str, Any], where: str = "readings") -> dict[str, Any]:
     """`values` (option name -> value, None: not set) as checked options; an unknown name or a
     bad value is an InputError naming it."""
-    from ..types import SynthesisOptions
+    from ..options import SynthesisOptions
 
     out = {k: v for k, v in values.items() if v is not None}
     for key in out:

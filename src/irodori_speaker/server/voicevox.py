@@ -24,7 +24,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
-from ..controls import pitch_available
+from ..audio.controls import pitch_available
 from ..errors import InputError
 from ..text import prosody
 from ..text.length import MORAE_PER_SECOND, PAUSE_S
@@ -69,7 +69,7 @@ def plan_query(state: AppState, q: S.AudioQuery, readings: dict[str, Any] | None
     volumeScale -> volume (dB), pre/postPhonemeLength (divided by speedScale, as VOICEVOX
     does) -> pre/post_silence, pauseLength / pauseLengthScale -> pause markup between the pieces.
     `readings`: the request's readings options (server/readings.py)."""
-    from ..controls import pitch_from_voicevox, volume_from_scale
+    from ..audio.controls import pitch_from_voicevox, volume_from_scale
     from ..text.pauses import canonical
 
     speed = q.speedScale

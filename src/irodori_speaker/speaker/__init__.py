@@ -7,8 +7,8 @@
 loads no torch.
 """
 
-from ..lines import LineOptions, Priority
 from .facade import Speaker
+from .lines import LineOptions, Priority
 from .utterance import Utterance, UtteranceState
 
 __all__ = ["LineOptions", "Priority", "Speaker", "Utterance", "UtteranceState"]

@@ -13,16 +13,15 @@ import time
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .. import lifetime
 from ..cancel import CancelToken
 from ..errors import InputError
-from ..events import EventBus, EventStream, KindSpec, Metrics
-from ..lines import UNSET, LineOptions, Priority, check_line_text
+from ..options import SynthesisOptions, SynthesizerLike
 from ..outputs import Output, OutputSpec
-from ..playback import Player
-from ..types import SynthesisOptions, SynthesizerLike
-from . import settings
+from . import lifetime, settings
+from .events import EventBus, EventStream, KindSpec, Metrics
 from .feeder import Feeder, default_segmenter, speak_stream
+from .lines import UNSET, LineOptions, Priority, check_line_text
+from .playback import Player
 from .queue import LineQueue, lanes_of
 from .runtime import Runtime
 from .utterance import Utterance, UtteranceState
@@ -36,7 +35,7 @@ class Speaker:
     """Japanese TTS for live streams: prefetching, gapless, interruptible, with lanes and events.
 
     Give it a loaded `synthesizer`, or the loading options of
-    `irodori_speaker.synthesizer.load_synthesizer` (model=, codec=, tokenizer=, backend=,
+    `irodori_speaker.synthesis.synthesizer.load_synthesizer` (model=, codec=, tokenizer=, backend=,
     device=, dtype=, tiny_random=, cache_dir=, voice_cache_dir=, user_dict=, and preset= for
     preset fields, e.g. `preset={"int4": True}`): the model loads on enter. `device` is the
     torch device the model runs on; where the sound goes is `output`: one output or a list,
@@ -227,7 +226,7 @@ class Speaker:
     def enqueue(self, text: str, **line: Any) -> Utterance:
         """Queue a line and return its handle at once; synthesis starts as soon as there is room.
 
-        Line options (`irodori_speaker.lines.LineOptions`; the same for `say`, `feed`,
+        Line options (`irodori_speaker.speaker.lines.LineOptions`; the same for `say`, `feed`,
         `say_stream` and `enqueue_threadsafe`):
 
         - `priority`: "high", "normal" (default) or "low" (a `Priority`).

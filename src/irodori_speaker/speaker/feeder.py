@@ -14,7 +14,7 @@ from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any
 
 from ..errors import InputError
-from ..lines import LineOptions
+from .lines import LineOptions
 from .utterance import Utterance
 
 log = logging.getLogger("irodori_speaker.speaker")

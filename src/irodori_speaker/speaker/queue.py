@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ..errors import InputError
-from ..lines import UNSET, Priority
+from .lines import UNSET, Priority
 from .utterance import Utterance, UtteranceState
 
 __all__ = ["LineQueue", "parse_ttl"]

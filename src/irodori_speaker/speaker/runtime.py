@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ..cancel import CancelToken, check
-from ..events import Closed, EventBus, OutputRecovered, Queued
+from ..options import SynthesizerLike
 from ..outputs import Output, SoundDeviceOutput, make_output
-from ..playback import Player
-from ..timing import estimate_timing
-from ..types import SynthesizerLike
+from ..timing.estimate import estimate_timing
+from .events import Closed, EventBus, OutputRecovered, Queued
+from .playback import Player
 from .queue import LineQueue
 from .scheduler import Scheduler
 from .settings import load_synthesizer_for

@@ -15,9 +15,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..jitter import line_seconds_estimate
-from ..lipsync import Envelope
-from ..playback import Player
+from ..audio.lipsync import Envelope
+from .jitter import line_seconds_estimate
+from .playback import Player
 from .queue import LineQueue
 from .tracker import LineTracker
 from .utterance import UtteranceState

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import BackendError, InputError
-from ..types import SynthesisOptions, SynthesizerLike, option_specs
+from ..options import SynthesisOptions, SynthesizerLike, option_specs
 
 __all__ = [
     "check_loop",
@@ -111,7 +111,7 @@ def check_torch_device(device: Any) -> None:
 
 def _merge_deprecated_preset_fields(preset: Any, fields: dict[str, Any], own: Callable[..., Any]) -> Any:
     """Speaker(int4=True) passed preset fields through; they now go in preset={...}."""
-    from ..backends.presets import Preset
+    from ..engine.hardware.presets import Preset
 
     known = [f.name for f in dataclasses.fields(Preset)]
     for name in fields:
@@ -136,10 +136,10 @@ def _merge_deprecated_preset_fields(preset: Any, fields: dict[str, Any], own: Ca
 def load_synthesizer_for(options: Mapping[str, Any]) -> SynthesizerLike:
     """`load_synthesizer(**options)` (worker thread), or a clear error when it is unavailable."""
     try:
-        from ..synthesizer import load_synthesizer  # type: ignore[attr-defined]
+        from ..synthesis.synthesizer import load_synthesizer  # type: ignore[attr-defined]
     except ImportError as e:
         raise InputError(
-            "no synthesizer given and irodori_speaker.synthesizer.load_synthesizer is unavailable",
+            "no synthesizer given and irodori_speaker.synthesis.synthesizer.load_synthesizer is unavailable",
             hint="pass Speaker(synthesizer=...)",
         ) from e
     return load_synthesizer(**options)

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..events import (
+from ..options import SynthesisRecord
+from .events import (
     Event,
     Metrics,
     Series,
@@ -25,9 +26,8 @@ from ..events import (
     SynthesisStarted,
     Underrun,
 )
-from ..jitter import JitterBuffer
-from ..playback import Chunk, Player, PlayItem, total_seconds_estimate
-from ..types import SynthesisRecord
+from .jitter import JitterBuffer
+from .playback import Chunk, Player, PlayItem, total_seconds_estimate
 from .queue import LineQueue
 from .utterance import Utterance, UtteranceState
 

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..cancel import CancelToken
-from ..jitter import LineFeed
-from ..lines import Priority
-from ..playback import Chunk, PlayItem
-from ..types import SynthesisOptions, SynthesisRecord
+from ..options import SynthesisOptions, SynthesisRecord
+from .jitter import LineFeed
+from .lines import Priority
+from .playback import Chunk, PlayItem
 
 __all__ = ["Utterance", "UtteranceState"]
 

@@ -22,9 +22,9 @@ import numpy as np
 
 from ..cancel import check
 from ..errors import Cancelled
-from ..playback import Chunk, resample
-from ..timing import SpeechSpan, estimate_timing
-from ..types import SynthesisRecord, SynthesizerLike
+from ..options import SynthesisRecord, SynthesizerLike
+from ..timing.estimate import SpeechSpan, estimate_timing
+from .playback import Chunk, resample
 from .tasks import TaskScope
 
 if TYPE_CHECKING:

@@ -125,7 +125,7 @@ class TagAction:
             raise InputError(
                 f"tags[{name!r}]: unknown key {unknown[0]!r}", hint=f"known: {', '.join(sorted(known))}"
             )
-        from irodori_speaker.types import SynthesisOptions
+        from irodori_speaker.options import SynthesisOptions
 
         options = dict(value.get("options") or {})
         SynthesisOptions().replace(**options)  # each value checked now, by its option
@@ -185,7 +185,7 @@ class TagMap:
         if action.caption is not None:
             import dataclasses
 
-            from irodori_speaker.voices import Voice
+            from irodori_speaker.synthesis.voices import Voice
 
             if voice is None:
                 voice = Voice.designed(action.caption)
@@ -193,7 +193,7 @@ class TagMap:
                 base = voice if isinstance(voice, Voice) else Voice.from_path(voice)
                 voice = dataclasses.replace(base, caption=action.caption)
         if action.options:
-            from irodori_speaker.types import SynthesisOptions
+            from irodori_speaker.options import SynthesisOptions
 
             options = (options if options is not None else SynthesisOptions()).replace(**action.options)
         return line.text, voice, options

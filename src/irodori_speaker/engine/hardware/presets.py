@@ -1,0 +1,247 @@
+"""Device presets: which device, precision and sampler defaults a backend uses.
+
+`auto` picks CUDA, else MPS, else CPU. Every field can be overridden by name.
+Facts behind the defaults: docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...errors import BackendError
+from .cpu_features import CpuFeatures, cpu_features, usable_cpus
+
+MPS_FALLBACK_ENV = "PYTORCH_ENABLE_MPS_FALLBACK"
+
+BACKENDS = ("auto", "cuda", "mps", "cpu")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    device: str
+    dtype: torch.dtype = torch.float32  # DiT weights / activations
+    codec_dtype: torch.dtype = torch.float32
+    steps: int = 8
+    schedule: str = "sway"
+    sway_coeff: float = -1.0
+    decode_chunk_frames: int | None = None  # None: decode a line in one pass
+    stream_chunk_frames: int = 25  # streaming decode: 1 s of audio per chunk ...
+    stream_first_chunk_frames: int | None = 8  # ... after a short first chunk (first audio sooner)
+    # chunks after the first grow by this factor up to stream_chunk_frames (None: straight there);
+    # where decode is slow next to real time, each window decodes while the shorter chunk before
+    # it plays, and the longer windows later cost less context overhead
+    stream_chunk_growth: float | None = None
+    threads: int | None = None  # CPU threads for torch (None: leave torch's default)
+    fast_path: bool = True  # engine.fast: fused projections, precomputed AdaLN, buckets
+    cuda_graphs: bool = False  # capture the whole sampling loop per bucket (CUDA only)
+    codec_graphs: bool = False  # replay the stream's decode windows from CUDA graphs (CUDA only)
+    # decode on (B, T, C) with fused conv epilogues (engine/codec/fast.py): on in the CUDA preset
+    # and in the CPU preset with bf16 (docs/codec.md "Channels-last decode")
+    codec_channels_last: bool = False
+    int4: bool = False  # run the DiT on int4 weights; a float file is quantised at load (RTN)
+    codec_int4: bool = False  # the codec's decoder convs as RTN int4: least memory, slower decode
+    codec_device: str | None = None  # where the codec runs (None: `device`), e.g. "cpu" to spare the GPU
+    prewarm_seconds: float = 12.0  # CUDA graphs: capture every length bucket up to this at prewarm
+    int8_linears: bool = False  # CPU: the DiT's per-step linears as int8 (W8A8, per-row activations)
+    # lines waiting for the sampler at the same time (several Speakers, server requests) are
+    # sampled as one batch of up to this many (batching.py); 1: one after another. Also the
+    # server's default --streams (lines in synthesis at once). With more than 1, CUDA prewarm
+    # captures a graph per batch bucket. Off (1): on the CPU 4 streams of news5 lines ran at
+    # 0.60-0.83x serial (padding, cache misses); on the H200 graphed batches ran at 1.03-1.13x
+    # serial at 4-64 streams, no faster than one stream (lock hand-offs idle the GPU; RESULTS.md)
+    max_batch: int = 1
+    # a batch's padded frames at most this fraction of its real ones (not tuned: batching is off)
+    max_padding: float = 0.5
+
+    def with_overrides(self, **overrides) -> Preset:
+        names = {f.name for f in dataclasses.fields(self)}
+        bad = sorted(set(overrides) - names)
+        if bad:
+            raise BackendError(f"unknown preset field(s) {bad}; known: {sorted(names)}")
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def audio_flags(self) -> list[str]:
+        """The switched-on fields that change the audio beyond dtype / codec_dtype (cache keys)."""
+        return [flag for flag in AUDIO_FLAGS if getattr(self, flag)]
+
+
+#: Boolean preset fields that change the sound (rounding included): part of the phrase-cache key.
+AUDIO_FLAGS = ("int4", "codec_int4", "int8_linears", "codec_channels_last")
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def base_preset(name: str) -> Preset:
+    if name == "cuda":
+        return Preset(
+            "cuda",
+            "cuda",
+            dtype=torch.bfloat16,
+            codec_dtype=torch.float16,
+            steps=8,
+            cuda_graphs=True,
+            codec_graphs=True,
+            # 2 s windows: decoded in ~1 ms with graphs; 100-frame ones were no faster (29.8 against
+            # 30.4 ms for news5) and 200-frame ones 20 % faster for +270 MiB (codec_speed, H200)
+            stream_chunk_frames=50,
+            codec_channels_last=True,  # decode 37-44 % faster on every news5 line (H200, RESULTS.md)
+        )
+    if name == "mps":
+        # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision
+        # crashed in MPS matmul; 6 steps left tail noise there, so 8.
+        return Preset("mps", "mps", dtype=torch.float32, codec_dtype=torch.float32, steps=8)
+    if name == "cpu":
+        # A whole line decodes in 25-frame (1 s) chunks: cancellation stops it within one chunk
+        # and the model lock is free for the next line; codec_cpu.py measured 10 s of audio at
+        # 1.16 s per second (one pass: 1.09) with 155 MiB decode peak instead of 886.
+        return Preset("cpu", "cpu", steps=8, decode_chunk_frames=25, **cpu_preset_fields())
+    raise BackendError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")
+
+
+def cpu_preset_fields(
+    features: CpuFeatures | None = None, *, usable: int | None = None, torch_threads: int | None = None
+) -> dict[str, Any]:
+    """The CPU preset's precision, tricks and threads for `features` (default: this CPU's, read once).
+
+    Each trick only where the instructions that make it pay are there (docs/backends.md has the
+    measurements and the error of each; benchmarks/cpu_preset.py measures them on a machine):
+    - bf16 DiT and codec with native bf16 dot products (AMX-BF16 or AVX512-BF16); without them
+      oneDNN emulates bf16 and it is slower than fp32;
+    - int8 linears with native int8 dot products (AMX-INT8, AVX512-VNNI or AVX-VNNI);
+    - the channels-last decoder (`codec_channels_last`) with the bf16 codec, where it was measured
+      faster (in fp32 on the CPU it was not);
+    - stream windows 8, 24, then 50 frames (`stream_chunk_growth`) where bf16 makes decode fast
+      enough that each window is ready before the chunk before it has played: a 50-frame window
+      costs 1.32x its audio in decoded frames, a 25-frame one 1.64x (slower CPUs keep 8 then 25);
+    - threads: no more than the CPUs this process may use (`usable`: affinity and cgroup quota;
+      torch counts the machine's cores), else torch's default (None).
+    """
+    f = features if features is not None else cpu_features()
+    usable = usable if usable is not None else usable_cpus()
+    torch_threads = torch_threads if torch_threads is not None else torch.get_num_threads()
+    bf16 = f.bf16_matmul
+    return {
+        "dtype": torch.bfloat16 if bf16 else torch.float32,
+        "codec_dtype": torch.bfloat16 if bf16 else torch.float32,
+        "int8_linears": f.int8_matmul,
+        "codec_channels_last": bf16,
+        "stream_chunk_frames": 50 if bf16 else 25,
+        "stream_chunk_growth": 3.0 if bf16 else None,
+        "threads": usable if usable < torch_threads else None,
+    }
+
+
+def ensure_mps_fallback_env() -> bool:
+    """Set PYTORCH_ENABLE_MPS_FALLBACK=1 unless the user set it; True if the fallback is on.
+
+    Ops MPS lacks then run on the CPU instead of raising. The variable is read when torch starts
+    MPS, so this runs at `import irodori_speaker` on macOS; set later it may come too late (warned).
+    """
+    if MPS_FALLBACK_ENV in os.environ:
+        return os.environ[MPS_FALLBACK_ENV] == "1"
+    os.environ[MPS_FALLBACK_ENV] = "1"
+    return True
+
+
+def available_devices() -> list[str]:
+    """The torch devices this machine can run on, e.g. ["cpu", "cuda:0", "cuda:1"]."""
+    found = ["cpu"]
+    if cuda_available():
+        found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if mps_available():
+        found.append("mps")
+    return found
+
+
+def _check_device(field: str, device: str | None) -> None:
+    """`device` parses as a torch device and exists here; else a BackendError naming what does."""
+    if device is None:
+        return
+    have = ", ".join(available_devices())
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise BackendError(
+            f"{field} {device!r} is not a torch device (available here: {have})",
+            hint="e.g. cuda, cuda:1, mps or cpu",
+        ) from e
+    if dev.type == "cuda":
+        if not cuda_available():
+            raise BackendError(
+                f"{field} {device!r} asked for, but torch sees no CUDA device (available here: {have})",
+                hint="install a CUDA build of torch on a machine with an NVIDIA GPU, or use cpu",
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise BackendError(
+                f"{field} {device!r} does not exist: torch sees {count} CUDA device(s) (available: {have})",
+                hint=f"use cuda:0 to cuda:{count - 1}",
+            )
+    elif dev.type == "mps" and not mps_available():
+        raise BackendError(
+            f"{field} {device!r} asked for, but there is no Apple GPU (MPS) here (available: {have})",
+            hint="MPS needs Apple Silicon and macOS 12.3+",
+        )
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise BackendError(
+            f"{field} {device!r}: irodori-speaker runs on cpu, cuda or mps (available here: {have})",
+            hint="e.g. cuda, cuda:1, mps or cpu",
+        )
+
+
+def select_preset(backend: str = "auto", **overrides) -> Preset:
+    """The preset for `backend` ('auto' picks cuda > mps > cpu), with field overrides."""
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        backend = "cuda" if cuda_available() else "mps" if mps_available() else "cpu"
+    elif backend == "cuda" and not cuda_available():
+        raise BackendError(
+            "backend 'cuda' asked for, but torch sees no CUDA device",
+            hint="install a CUDA build of torch, or use backend='cpu'",
+        )
+    elif backend == "mps" and not mps_available():
+        raise BackendError(
+            "backend 'mps' asked for, but torch sees no Apple GPU (MPS)",
+            hint="MPS needs Apple Silicon and macOS 12.3+; use backend='cpu'",
+        )
+    preset = base_preset(backend).with_overrides(**overrides)
+    from ..codec.streaming import stream_args  # the stream's own checks, before any model loads
+
+    stream_args(preset.stream_chunk_frames, 0, preset.stream_first_chunk_frames, preset.stream_chunk_growth)
+    for field in ("device", "codec_device"):
+        _check_device(field, getattr(preset, field))
+    if preset.int8_linears and torch.device(preset.device).type != "cpu":
+        raise BackendError(
+            f"int8_linears runs on the CPU only, not on {preset.device!r}",
+            hint="on a GPU use int4=True for smaller weights, or leave int8_linears off",
+        )
+    if preset.name == "mps":
+        if preset.dtype != torch.float32 or preset.codec_dtype != torch.float32:
+            raise BackendError(
+                "the MPS backend runs fp32 only",
+                hint="bf16 on MPS measured 19% slower (ops fall back to the CPU) and fp16/bf16 mixed "
+                "precision crashed in MPS matmul; leave dtype at fp32",
+            )
+        if not ensure_mps_fallback_env():
+            warnings.warn(
+                f"{MPS_FALLBACK_ENV} is set to {os.environ[MPS_FALLBACK_ENV]!r}: ops MPS lacks will raise "
+                "instead of running on the CPU",
+                UserWarning,
+                stacklevel=2,
+            )
+    return preset

@@ -1,0 +1,210 @@
+"""Lines that wait for the sampler at the same time are sampled as one batch.
+
+Several Speakers, or a server with several lines in flight, each call the Synthesizer from
+their own thread. Behind the one model lock they would sample one after another; here each
+line joins a waiting list and then takes the lock. The thread that gets it takes every line
+waiting at that moment whose plan matches its own (`engine.batch.signature`, up to
+`max_batch`), samples them as one batch (rows padded and masked, `engine.batch`) and hands
+each line its rows. A thread whose line was taken finds it done when it gets the lock.
+
+Only what is already waiting is batched: a line alone starts at once, as before, with its
+CUDA graph. In a batch a line is cancelled on its own (its rows are dropped when the batch
+ends); the batch stops early only when every line in it is cancelled. Progress callbacks of
+the lines in a batch are called from the thread that runs it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cancel import Cancelled, CancelToken, check
+from ..engine.hardware.lock import MODEL_LOCK, hold_model_lock
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass(eq=False)
+class SampleRequest:
+    """One line's sampling: its conditions (batch 1), noise (1, S, C) and options."""
+
+    conds: Any
+    noise: Any
+    cfg: Any
+    key: Hashable
+    cancel: CancelToken | None = None
+    progress: ProgressFn | None = None
+    result: Any = None
+    error: BaseException | None = None
+    done: bool = False
+    length: int = 1  # its rows' length (latent frames): lines of near lengths batch together
+    batch_size: int = 0  # how many lines it was sampled with (itself included)
+    taken: bool = field(default=False, repr=False)
+
+
+class AllCancelled(CancelToken):
+    """Set when every one of `tokens` is (a line without a token is never cancelled)."""
+
+    __slots__ = ("tokens",)
+
+    def __init__(self, tokens: list[CancelToken | None]) -> None:
+        super().__init__()
+        self.tokens = tokens
+
+    @property
+    def cancelled(self) -> bool:
+        return all(t is not None and t.cancelled for t in self.tokens)
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled:
+            raise Cancelled("every line of the batch was cancelled")
+
+
+RunBatch = Callable[[list[SampleRequest], CancelToken, ProgressFn | None], list[Any]]
+
+
+class SampleBatcher:
+    """Batches concurrent `sample` calls; `run(requests, cancel, progress)` returns one result
+    per request and is called with the model lock held."""
+
+    def __init__(
+        self, run: RunBatch, max_batch: int = 1, *, max_padding: float = 0.5, gather_s: float = 0.25
+    ) -> None:
+        self._run = run
+        self.max_batch = max(1, int(max_batch))
+        # a batch's padded frames may reach this fraction of its real ones (lines far shorter
+        # than the others wait for a batch of their own: padding is computed, not free)
+        self.max_padding = max_padding
+        self.gather_s = gather_s  # the longest a line waits for others still encoding their text
+        self._cond = threading.Condition()
+        self._waiting: list[SampleRequest] = []
+        self._preparing = 0  # lines encoding their text: about to wait here too
+        self.batches: dict[int, int] = {}  # batch size -> how many batches ran with it
+
+    def sample(self, prepare: Callable[[], SampleRequest]) -> tuple[SampleRequest, Any]:
+        """`prepare()` (the line's encoders, under the model lock) makes the request; then its
+        result, sampled alone or with the lines waiting beside it.
+
+        A line waits for the lines that are encoding at that moment (each takes a few
+        milliseconds, at most `gather_s`), so that lines which arrived together are sampled
+        together; a line alone waits for nothing."""
+        with self._cond:
+            self._preparing += 1
+        try:
+            req = prepare()
+        finally:
+            with self._cond:
+                self._preparing -= 1
+                self._cond.notify_all()
+        with self._cond:
+            self._waiting.append(req)
+        try:
+            self._gather(req)
+            with hold_model_lock(req.cancel):
+                if not req.done:
+                    self._lead(req)
+        finally:
+            with self._cond:
+                if not req.taken:  # cancelled while waiting: nobody runs it
+                    self._waiting.remove(req)
+        if req.error is not None:
+            raise req.error
+        check(req.cancel)  # cancelled while in another line's batch: its rows are dropped
+        return req, req.result
+
+    def _gather(self, req: SampleRequest) -> None:
+        """Wait (bounded) until no line is encoding, unless this thread holds the model lock
+        (the encoders would wait for it) or batching is off."""
+        if self.max_batch <= 1 or _holds_model_lock():
+            return
+        deadline = time.monotonic() + self.gather_s
+        with self._cond:
+            while self._preparing and not req.taken:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(min(left, 0.01))
+                check(req.cancel)
+
+    def _pick(self, req: SampleRequest) -> list[SampleRequest]:
+        """`req` and the waiting lines of its key closest to its length, while the batch's
+        padding (every row padded to the longest) stays within `max_padding` of its real rows."""
+        if self.max_batch <= 1:
+            return [req]
+        live = [
+            r
+            for r in self._waiting
+            if r is not req and r.key == req.key and (r.cancel is None or not r.cancel.cancelled)
+        ]
+        live.sort(key=lambda r: abs(r.length - req.length))
+        batch, longest, total = [req], req.length, req.length
+        for r in live:
+            if len(batch) >= self.max_batch:
+                break
+            top = max(longest, r.length)
+            if top * (len(batch) + 1) > (1 + self.max_padding) * (total + r.length):
+                continue
+            batch.append(r)
+            longest, total = top, total + r.length
+        return batch
+
+    def _lead(self, req: SampleRequest) -> None:
+        with self._cond:
+            if req.cancel is not None and req.cancel.cancelled:  # cancelled just now: run nothing
+                return
+            batch = self._pick(req)
+            for r in batch:
+                r.taken = True
+                self._waiting.remove(r)
+        self.batches[len(batch)] = self.batches.get(len(batch), 0) + 1
+        progress = _fan_out([r.progress for r in batch])
+        cancel = (
+            req.cancel
+            if len(batch) == 1 and req.cancel is not None
+            else AllCancelled([r.cancel for r in batch])
+        )
+        try:
+            results = self._run(batch, cancel, progress)
+        except Cancelled as e:
+            for r in batch:
+                r.error, r.done = e, True
+            return
+        except Exception as e:
+            if len(batch) == 1:
+                req.error, req.done = e, True
+                return
+            # a batch that failed (out of memory, say) is retried line by line: each line
+            # then fails or succeeds on its own, as it would have alone
+            results = []
+            for r in batch:
+                try:
+                    results.append(self._run([r], r.cancel or CancelToken(), r.progress)[0])
+                except Exception as each:
+                    r.error = each
+                    results.append(None)
+        for r, out in zip(batch, results):
+            r.result, r.batch_size, r.done = out, len(batch), True
+            if r.error is not None:
+                r.batch_size = 1
+
+
+def _fan_out(fns: list[ProgressFn | None]) -> ProgressFn | None:
+    live = [f for f in fns if f is not None]
+    if not live:
+        return None
+    if len(live) == 1:
+        return live[0]
+
+    def progress(done: int, total: int) -> None:
+        for f in live:
+            f(done, total)
+
+    return progress
+
+
+def _holds_model_lock() -> bool:
+    is_owned = getattr(MODEL_LOCK, "_is_owned", None)  # CPython's RLock; elsewhere: assume not
+    return bool(is_owned()) if is_owned is not None else False

@@ -1,0 +1,619 @@
+"""One utterance end to end: text (+ voice) -> 48 kHz mono float32 audio and a record.
+
+    synth = load_synthesizer()                     # loading.py
+    result = synth.synthesize("こんにちは。", voice, {"seed": 3})
+    for chunk in synth.stream(text, voice, options): ...
+
+The line's plan (the spoken text, its pieces and silences, `plan.py`) is made first, with no
+model work; then per piece: the text encoder, the length, the sampler, the tail trim and the
+decode, each stage and decode chunk under the model lock (backends/lock.py: the synthesizer,
+with its loading and voice parts, is the one level that takes it), then the output controls
+(controls.py), and the chunks go out as they are decoded.
+
+The data types it speaks (`SynthesisOptions`, `SynthesisRecord`, `SynthesisResult`,
+`AudioStream`, the `SynthesizerLike` protocol) live in the torch-free `irodori_speaker.options`,
+the loaders (`load_synthesizer`, `load_dit`, `load_codec_for`) in `loading.py` and the plan's
+names (`PIECE_GAP_S`, `caption_source`) in `plan.py`; all are re-exported here. Options are
+resolved against the device preset once per line (`Synthesizer.resolve_options`); every
+stage reads that one object.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..cancel import CancelToken
+from ..engine.hardware.lock import hold_model_lock
+from ..engine.kernels.tuning import tuning_allowed
+from ..errors import InputError
+from ..options import (
+    SAMPLE_RATE,
+    AudioStream,
+    SamplerConfig,
+    SynthesisOptions,
+    SynthesisRecord,
+    SynthesisResult,
+    SynthesizerLike,
+)
+from .batching import SampleBatcher
+from .loading import load_codec_for, load_dit, load_synthesizer
+from .plan import PIECE_GAP_S, LineProgress, Piece, Plan, caption_source, plan_line, spoken_parts
+from .voice_conditions import VoiceConditions
+
+if TYPE_CHECKING:
+    from ..text.pauses import Pause
+
+__all__ = [
+    "EDGE_FADE_S",
+    "PIECE_GAP_S",
+    "SAMPLE_RATE",
+    "AudioStream",
+    "SamplerConfig",
+    "SynthesisOptions",
+    "SynthesisRecord",
+    "SynthesisResult",
+    "Synthesizer",
+    "SynthesizerLike",
+    "caption_source",
+    "load_codec_for",
+    "load_dit",
+    "load_synthesizer",
+]
+
+# ---------------------------------------------------------------------------------------------
+# The synthesizer
+# ---------------------------------------------------------------------------------------------
+
+EDGE_FADE_S = 0.008  # raised-cosine fade at piece edges: no click where a piece was cut
+
+
+def _fade_edges(audio: np.ndarray, fade_in: bool, fade_out: bool) -> np.ndarray:
+    n = min(int(EDGE_FADE_S * SAMPLE_RATE), len(audio) // 2)
+    if n <= 0 or not (fade_in or fade_out):
+        return audio
+    ramp = (0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, n, dtype=np.float32))).astype(np.float32)
+    audio = audio.copy()
+    if fade_in:
+        audio[:n] *= ramp
+    if fade_out:
+        audio[-n:] *= ramp[::-1]
+    return audio
+
+
+@dataclass
+class _Rendered:
+    """A sampled piece, ready to decode: latent frames [0, decode_frames) give `samples` samples."""
+
+    latent: Any  # (1, T, C) on the model's device
+    decode_frames: int
+    samples: int
+
+
+class Synthesizer(VoiceConditions):
+    """Text (+ voice) -> 48 kHz mono float32 audio. Synchronous; thread-safe through MODEL_LOCK.
+
+    The voice side (reference latents, captions, voice states) is its base, `VoiceConditions`
+    (voice_conditions.py)."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(
+        self,
+        model: Any,
+        codec: Any,
+        tokenizer: Any,
+        *,
+        caption_tokenizer: Any = None,
+        inference: Any = None,
+        preset: Any = None,
+        voice_cache: Any = None,
+        fingerprints: dict[str, str] | None = None,
+        note: str | None = None,
+        user_dict: Any = None,
+    ) -> None:
+        from ..engine.config import InferenceConfig
+        from ..engine.hardware.presets import select_preset
+        from ..text.userdict import resolve_user_dict
+        from .voices import VoiceCache
+
+        self.model = model
+        self.codec = codec
+        self.tokenizer = tokenizer
+        self.caption_tokenizer = caption_tokenizer or tokenizer
+        self.inference = inference or InferenceConfig()
+        self.preset = preset or select_preset("cpu")
+        self.voice_cache = voice_cache if voice_cache is not None else VoiceCache()
+        self.fingerprints = dict(fingerprints or {})
+        self.note = note  # e.g. "tiny-random model: the output is noise"
+        self.user_dict = resolve_user_dict(user_dict)  # None (the default file), a path, or False
+        self.device = next(model.parameters()).device
+        self._fast = None  # engine.fast.FastSampler, built on first use when the preset asks for it
+        # lines waiting for the sampler at the same time go as one batch (batching.py)
+        self._batcher = SampleBatcher(
+            self._sample_batch, self.preset.max_batch, max_padding=self.preset.max_padding
+        )
+        self._voice_states_cache: dict[tuple, tuple] = {}  # insertion order = least recently used first
+        codec_device = getattr(codec, "device", None)
+        if self.preset.codec_channels_last and hasattr(codec, "use_channels_last"):
+            codec.use_channels_last(True)  # before the graphs: they capture whichever path is on
+        if self.preset.codec_graphs and codec_device is not None and codec_device.type == "cuda":
+            # the stream's first and middle windows replayed from graphs, captured by prewarm; other
+            # lengths (a line's last window) stay eager: a capture mid-stream would cost more
+            codec.use_graphs(True, capture_on_use=None)
+        self.prewarm_report: dict[str, Any] = {}
+
+    @property
+    def fast_sampler(self):
+        """The preset's fast sampling path (None when the preset uses the reference loop)."""
+        if self._fast is None and self.preset.fast_path:
+            from ..engine.fast import FastSampler
+
+            self._fast = FastSampler(
+                self.model, use_graphs=self.preset.cuda_graphs and self.device.type == "cuda"
+            )
+        return self._fast
+
+    # ---- public API -------------------------------------------------------------------------
+    @property
+    def config(self):
+        return self.model.cfg
+
+    def spoken_text(self, text: str, options: SynthesisOptions | Mapping[str, Any] | None = None) -> str:
+        """What the model reads for `text` (pause markup taken out: `spoken_parts` keeps the pauses)."""
+        return "".join(p for p in self.spoken_parts(text, options) if isinstance(p, str))  # Pauses dropped
+
+    def spoken_parts(
+        self, text: str, options: SynthesisOptions | Mapping[str, Any] | None = None
+    ) -> list[str | Pause]:
+        """`text` split at its pause markup (`text/pauses.py`): each text part as the model reads
+        it (`spoken_text`), and the Pauses between them. Without markup: `[spoken_text(text)]`.
+        A part with nothing to say between pauses is dropped; a line of only pauses is silence."""
+        return spoken_parts(text, options, self.user_dict)
+
+    def resolve_options(
+        self, options: SynthesisOptions | Mapping[str, Any] | None = None
+    ) -> SynthesisOptions:
+        """`options` as this synthesizer renders them: checked, `None` preset-backed options
+        (steps, schedule, sway_coeff) filled from the preset, size options bounded by the model.
+
+        The one place the preset fallback happens: the stages, the CLI, the benchmarks and the
+        phrase-cache key all read the object it returns. `options` may be a mapping of options.
+        """
+        limits = {"max_text_len": self.inference.max_text_len or 256}
+        opts = SynthesisOptions.coerce(options)
+        if self.config.meanflow:  # the release's defaults (4 steps), not the RF preset's
+            from ..engine.sampler import meanflow_defaults, plan_meanflow
+
+            opts = opts.with_defaults(meanflow_defaults())
+            plan_meanflow(opts)  # RF-only settings are an InputError here, before any work
+        return opts.resolve(self.preset, limits)
+
+    @property
+    def sampler_kind(self) -> str:
+        """ "meanflow" (v4.1-MF: average velocity, no guidance) or "rf" (every other file)."""
+        return "meanflow" if self.config.meanflow else "rf"
+
+    def synthesize(
+        self,
+        text: str,
+        voice: Any = None,
+        options: SynthesisOptions | Mapping[str, Any] | None = None,
+        cancel: CancelToken | None = None,
+        progress: Any = None,
+    ) -> SynthesisResult:
+        """Render one line (split into pieces when it is longer than one utterance can hold).
+
+        `progress(done, total)` counts the sampler steps of all pieces plus one per piece for
+        its decode, from 1 to total, once for the whole line.
+        """
+        stream = self.stream(text, voice, options, cancel, progress=progress, _whole=True)
+        parts = list(stream)
+        audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+        return SynthesisResult(audio.astype(np.float32, copy=False), stream.record)
+
+    def stream(
+        self,
+        text: str,
+        voice: Any = None,
+        options: SynthesisOptions | Mapping[str, Any] | None = None,
+        cancel: CancelToken | None = None,
+        *,
+        progress: Any = None,
+        _whole: bool = False,
+    ) -> AudioStream:
+        """Audio chunks in order as the decoder produces them (first chunk after the first piece samples).
+
+        Input errors are raised here, before any chunk; the work happens while iterating.
+        """
+        opts = self.resolve_options(options)
+        record = SynthesisRecord()
+        pieces = self._prepare_text(text, opts, record)
+        chunks = self._run(pieces, voice, opts, record, cancel, progress, whole=_whole)
+        return AudioStream(chunks, record)
+
+    def prewarm(self, voice: Any = None) -> float:
+        """Absorb first-call costs before the first real line; returns the wall time in seconds.
+
+        One short dummy synthesis (allocator, kernel selection, autotune); with CUDA graphs also
+        the capture of every length bucket up to `preset.prewarm_seconds` for the two shortest
+        text buckets and this voice, so no real line pays a capture (and with `max_batch` > 1 the
+        batch buckets' graphs). `self.prewarm_report` says what was done.
+        """
+        from ..text.english import english_backends
+        from ..text.length import estimate_seconds
+
+        t0 = time.perf_counter()
+        fast = self.fast_sampler
+        before = (0, 0) if fast is None else (fast.captures, fast.text_captures)
+        estimate_seconds("こんにちは。")  # loads the reading dictionary (pyopenjtalk) once
+        english_backends()  # and the English reader (e2k), so the first English word pays nothing
+        with tuning_allowed():  # kernel choosers measure here, not mid-stream (kernels/tuning.py)
+            self.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
+            if fast is not None and fast.use_graphs:
+                self._prewarm_graphs(voice, fast)
+            codec_graphs = self._prewarm_codec_graphs()
+        captured = (0, 0) if fast is None else (fast.captures - before[0], fast.text_captures - before[1])
+        seconds = time.perf_counter() - t0
+        self.prewarm_report = {
+            "seconds": seconds,
+            "graphs_captured": captured[0],
+            "text_graphs_captured": captured[1],
+            "codec_graphs_captured": codec_graphs,
+            "voice": repr(voice),
+        }
+        return seconds
+
+    def _prewarm_codec_graphs(self) -> int:
+        """Capture the codec's graphs for the stream's window lengths (first and middle windows)."""
+        from ..engine.codec import stream_window_lengths
+
+        if not self.preset.codec_graphs or not hasattr(self.codec, "prewarm_graphs"):
+            return 0
+        lengths = stream_window_lengths(
+            self.preset.stream_chunk_frames,
+            first_chunk_frames=self.preset.stream_first_chunk_frames,
+            growth=self.preset.stream_chunk_growth,
+        )
+        with hold_model_lock():
+            return self.codec.prewarm_graphs(lengths)
+
+    def _prewarm_graphs(self, voice: Any, fast: Any) -> None:
+        """Capture every frame bucket up to `preset.prewarm_seconds` for the two shortest text buckets."""
+        import torch
+
+        from ..engine.duration import frames_for_seconds
+
+        cfg = self.resolve_options()
+        top = frames_for_seconds(self.preset.prewarm_seconds)
+        with hold_model_lock(), torch.inference_mode():
+            content, ref = self._reference(voice)
+            voice_states = self._voice_states(content, ref, self._caption(voice))
+            for tokens in (fast.context_bucket, 2 * fast.context_bucket):
+                ids = torch.full((1, tokens), 5, dtype=torch.long)
+                conds = self._conditions(ids, torch.ones_like(ids, dtype=torch.bool), voice_states)
+                for frames in range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket):
+                    noise = torch.zeros(1, frames, self.config.latent_dim, device=self.device)
+                    self.sample_latent(conds, noise, cfg)
+                self._prewarm_batch_graphs(conds, cfg, top, fast)
+
+    def _prewarm_batch_graphs(self, conds: Any, cfg: Any, top: int, fast: Any) -> None:
+        """With `max_batch` > 1: a graph per batch bucket up to it and per coarse frame bucket; a
+        batch whose shape has none runs line by line (engine/fast.py), so none is captured live."""
+        import torch
+
+        from ..engine.batch import BATCH_BUCKETS, batch_bucket, stack_conditions
+
+        step = fast.batch_frame_bucket
+        top_rows = batch_bucket(self.preset.max_batch) if self.preset.max_batch > 1 else 1
+        for rows in [b for b in BATCH_BUCKETS if b <= top_rows]:
+            batch = stack_conditions([conds] * rows)
+            for frames in range(step, top + step, step):
+                noise = torch.zeros(rows, frames, self.config.latent_dim, device=self.device)
+                self.sample_latent(batch, noise, cfg, frames=[frames] * rows)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What this synthesizer is, as far as the sound goes: content hashes of the model,
+        codec and tokenizer files (each once), and the precision it runs at."""
+        from .fingerprint import file_fingerprint
+
+        fps = dict(self.fingerprints)
+        for name, tok in (("tokenizer", self.tokenizer), ("caption_tokenizer", self.caption_tokenizer)):
+            source = getattr(tok, "source", None)  # a hand-built Synthesizer: hash the file it read
+            if not fps.get(name) and isinstance(source, str) and os.path.isfile(source):
+                fps[name] = file_fingerprint(source)
+        caption_tok = fps.get("caption_tokenizer")
+        return {
+            "model": fps.get("model"),
+            "codec": fps.get("codec"),
+            "tokenizer": fps.get("tokenizer"),
+            "caption_tokenizer": None if caption_tok == fps.get("tokenizer") else caption_tok,
+            "precision": [
+                str(self.preset.dtype),
+                str(self.preset.codec_dtype),
+                self.preset.name,
+                *self.preset.audio_flags(),
+            ],
+        }
+
+    def render_identity(
+        self, text: str, voice: Any = None, options: SynthesisOptions | Mapping[str, Any] | None = None
+    ) -> dict:
+        """Everything that changes the sound of `text` rendered with `voice` and `options`.
+
+        JSON-serialisable; the phrase cache hashes it into its key. The options enter resolved
+        (preset defaults filled in), those marked as changing the sound only. `options.seed`
+        must be set (a random seed is not reproducible, so such a line cannot be cached).
+        """
+        from ..text.pauses import canonical
+        from .voices import Voice
+
+        opts = self.resolve_options(options)
+        if opts.seed is None:
+            raise InputError("a cacheable line needs a fixed seed (options.seed)")
+        if isinstance(voice, (str, os.PathLike)):
+            voice = Voice.from_path(voice)
+        options_key = opts.audio_identity()
+        if self.config.meanflow:  # guidance and schedule change nothing: one key for all of them
+            from ..engine.sampler import MEANFLOW_IGNORED
+
+            options_key = {k: v for k, v in options_key.items() if k not in MEANFLOW_IGNORED}
+        return {
+            # after the dictionary and the readings (a new reading is a new line), pauses in one spelling
+            "text": "".join(
+                p if isinstance(p, str) else canonical(p.seconds) for p in self.spoken_parts(text, opts)
+            ),
+            "voice": None if voice is None else voice.content_key(),
+            "caption": getattr(voice, "caption", None),
+            "options": options_key,
+            # the family and sampler too: two families never share a line, even on equal files
+            "family": self.config.family,
+            "sampler": self.sampler_kind,
+            **self.identity,
+        }
+
+    # ---- stages -----------------------------------------------------------------------------
+    def _prepare_text(self, text: str, opts: SynthesisOptions, record: SynthesisRecord) -> Plan:
+        """The line as pieces to render with the silences between them (plan.py; no model work)."""
+        max_len = self.inference.max_text_len or 256
+        return plan_line(text, opts, record, self.tokenizer, max_len, self.user_dict)
+
+    def _frames(self, piece: Piece, conds: Any, has_ref: bool, opts: SynthesisOptions, record) -> int:
+        import torch
+
+        from ..engine.duration import FRAMES_PER_SECOND, frames_for_seconds, frames_from_prediction
+        from ..text.length import estimate_seconds
+
+        if opts.seconds is not None:
+            if opts.speed != 1.0 and "speed is not used with seconds" not in record.warnings:
+                record.warnings.append("speed is not used with seconds")
+            return frames_for_seconds(opts.seconds, record.warnings)
+        scale = opts.duration_scale / opts.speed  # speed > 1: a shorter line, the same words
+        cap_frames = None if opts.max_seconds is None else frames_for_seconds(opts.max_seconds)
+        if self.config.use_duration_predictor:
+            has = torch.tensor([has_ref], device=self.device)
+            pred = self.model.predict_log_frames(conds, has_speaker=has)
+            if opts.predictor_cap is not None:
+                est = estimate_seconds(piece.text) * opts.predictor_cap * scale
+                cap = frames_for_seconds(est)
+                cap_frames = cap if cap_frames is None else min(cap, cap_frames)
+            frames = frames_from_prediction(pred, scale, cap_frames)[0]
+            record.extra.setdefault("duration_source", "predictor")
+            return frames
+        seconds = estimate_seconds(piece.text) * scale
+        record.extra.setdefault("duration_source", "text estimate")
+        frames = frames_for_seconds(seconds)
+        if cap_frames is not None:
+            frames = min(frames, cap_frames)
+        return max(frames, int(0.5 * FRAMES_PER_SECOND))
+
+    def sample_latent(
+        self, conds: Any, noise: Any, cfg: SamplerConfig, *, cancel=None, progress=None, frames=None
+    ) -> Any:
+        """Run the sampler (the preset's fast path, or the reference loop) with resolved options
+        (SynthesisOptions is a SamplerConfig: the sampler reads its own fields of it). `frames`:
+        each row's own length, for rows that are several lines (`engine.batch`)."""
+        from ..engine.batch import frame_mask
+        from ..engine.sampler import sample
+
+        fast = self.fast_sampler
+        if fast is not None:
+            return fast.sample(conds, noise, cfg, cancel=cancel, progress=progress, frames=frames)
+        mask = None if frames is None else frame_mask(frames, noise.shape[1], self.device)
+        return sample(self.model, conds, noise, cfg, latent_mask=mask, cancel=cancel, progress=progress)
+
+    def _sample_batch(self, reqs: list, cancel: Any, progress: Any) -> list:
+        """Sample `reqs` (SampleRequests of one signature) together; called with the lock held."""
+        from ..engine.batch import stack_conditions, stack_noise
+
+        if len(reqs) == 1:  # alone: as before batching (on CUDA from its graph)
+            r = reqs[0]
+            outs = [self.sample_latent(r.conds, r.noise, r.cfg, cancel=cancel, progress=progress)]
+        else:
+            conds = stack_conditions([r.conds for r in reqs])
+            noise, lengths = stack_noise([r.noise for r in reqs])
+            latent = self.sample_latent(
+                conds, noise, reqs[0].cfg, cancel=cancel, progress=progress, frames=lengths
+            )
+            outs = [latent[b : b + 1, :n] for b, n in enumerate(lengths)]
+        self._sync()
+        return outs
+
+    def _conditions(self, ids: Any, mask: Any, voice_states: tuple) -> Any:
+        """Conditions of one piece: the text encoded now (graph-replayed on the fast path)."""
+        from ..engine.model import Conditions, check_ids
+
+        check_ids(ids, mask, self.config.text_token_vocab, "text")
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        fast = self.fast_sampler
+        if fast is not None:
+            text_state, mask = fast.encode_text(ids, mask)
+        else:
+            text_state = self.model.encode_text(ids, mask)
+        return Conditions(text_state, mask, *voice_states[1])
+
+    def _render(self, piece, voice_states, seed, opts, record, cancel, progress) -> _Rendered:
+        """Encode the text and choose the length (under the model lock), sample (with the lines
+        waiting beside it, `batching.py`), trim the tail. `voice_states()`: the line's voice."""
+        import torch
+
+        with torch.inference_mode():
+            return self._render_inner(piece, voice_states, seed, opts, record, cancel, progress)
+
+    def _render_inner(self, piece, voice_states, seed, opts, record, cancel, progress) -> _Rendered:
+        from ..engine.batch import signature
+        from ..engine.duration import HOP, tail_trim_frames
+        from ..engine.sampler import draw_noise
+        from .batching import SampleRequest
+
+        stage: list[float] = []
+
+        def prepare() -> SampleRequest:
+            with hold_model_lock(cancel):
+                states = voice_states()
+                stage.append(time.perf_counter())
+                conds = self._conditions(piece.ids, piece.mask, states)
+                frames = self._frames(piece, conds, states[0], opts, record)
+                noise = draw_noise(seed, 1, frames, self.config.latent_dim, device=self.device)
+                # the plan's host syncs only where lines may share a batch
+                key = signature(self.model, conds, opts) if self._batcher.max_batch > 1 else None
+                self._sync()
+            stage.append(time.perf_counter())
+            return SampleRequest(conds, noise, opts, key, cancel=cancel, progress=progress, length=frames)
+
+        req, latent = self._batcher.sample(prepare)
+        t0, t1, t2 = stage[0], stage[1], time.perf_counter()
+        frames = req.length
+        record.timings["duration"] = record.timings.get("duration", 0.0) + (t1 - t0)
+        # sampling: from the encoders' end to the latent, the wait for a batch included
+        record.timings["sampling"] = record.timings.get("sampling", 0.0) + (t2 - t1)
+        record.extra["sample_batch"] = max(record.extra.get("sample_batch", 1), req.batch_size)
+        record.frames += frames
+        record.steps, record.schedule = opts.time_grid()[:2]
+        if self.config.meanflow:
+            record.schedule = "meanflow"
+        samples = frames * HOP
+        if opts.seconds is not None:
+            samples = min(samples, int(min(opts.seconds, 30.0) * SAMPLE_RATE))
+        decode_frames = frames
+        if opts.tail_trim:
+            with hold_model_lock(cancel):
+                end = tail_trim_frames(latent[0])
+            if 0 < end < frames:
+                samples = min(samples, end * HOP)
+                # 8 frames of right context make the kept audio equal to a full decode
+                decode_frames = min(frames, end + 8)
+                record.extra["trimmed_frames"] = record.extra.get("trimmed_frames", 0) + (frames - end)
+        return _Rendered(latent, decode_frames, samples)
+
+    def _decode_chunks(self, rendered: _Rendered, opts, cancel, whole: bool):
+        """Yield (float32 numpy chunk, is_last) of one rendered piece, cut to its sample count."""
+        import torch
+
+        with hold_model_lock(cancel):  # a device op (MPS command buffers are not thread-safe)
+            latent = rendered.latent[:, : rendered.decode_frames].to(self.codec.device, self.codec.dtype)
+        first = growth = None
+        if opts.chunk_frames is not None:
+            chunk = opts.chunk_frames
+        elif whole:
+            chunk = self.preset.decode_chunk_frames
+        else:
+            chunk, first = self.preset.stream_chunk_frames, self.preset.stream_first_chunk_frames
+            growth = self.preset.stream_chunk_growth
+        remaining = rendered.samples
+        with torch.inference_mode():
+            if chunk is None or (chunk >= rendered.decode_frames and first is None):
+                with hold_model_lock(cancel):
+                    audio = self.codec.decode(latent)
+                yield audio[0, 0, :remaining].float().cpu().numpy(), True
+                return
+            it = self.codec.decode_stream(
+                latent, chunk, cancel=cancel, first_chunk_frames=first, growth=growth
+            )
+            while remaining > 0:
+                with hold_model_lock(cancel):
+                    part = next(it, None)
+                    if part is None:
+                        return
+                    out = part[0, 0, :remaining].float().cpu().numpy()
+                remaining -= len(out)
+                yield out, remaining <= 0
+
+    def _run(self, pieces: Plan, voice, opts, record, cancel, progress, *, whole: bool):
+        """The line's audio in order: pre_silence, each piece (sampled, decoded, the output
+        controls applied) and the silences between them, post_silence."""
+        from ..audio.controls import PieceGain, needs_processing, needs_whole_piece, process_piece, silence
+
+        if self.note:
+            record.warnings.append(self.note)
+        record.seed = int(opts.seed) if opts.seed is not None else secrets.randbits(31)
+        record.extra["fingerprints"] = self.fingerprints
+        # pitch, intonation, loudness (and anything in `synthesize`): each piece decoded whole,
+        # then processed; volume alone, streamed: a gain per chunk (no wait for the piece)
+        gained = not whole and needs_processing(opts) and not needs_whole_piece(opts)
+        post = not gained and needs_processing(opts)
+
+        def quiet(seconds: float) -> np.ndarray:
+            gap = silence(seconds, SAMPLE_RATE)
+            record.samples += len(gap)
+            return gap
+
+        if opts.pre_silence + pieces.lead > 0:
+            yield quiet(opts.pre_silence + pieces.lead)
+        states: list[tuple] = []
+
+        def voice_states() -> tuple:
+            """The voice's states, made by the first piece (inside its `prepare`, so a line
+            that is still reading its reference counts as on its way to the sampler)."""
+            if not states:
+                t0 = time.perf_counter()
+                with hold_model_lock(cancel):
+                    content, ref = self._reference(voice, record)
+                    states.append(self._voice_states(content, ref, self._caption(voice)))
+                record.timings["reference"] = time.perf_counter() - t0
+            return states[0]
+
+        line_progress = LineProgress(progress, pieces) if progress is not None else None
+        for i, piece in enumerate(pieces):
+            first, last = i == 0, i == len(pieces) - 1
+            step = line_progress.step(i) if line_progress is not None else None
+            rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, step)
+            t_dec = time.perf_counter()
+            chunks = self._decode_chunks(rendered, opts, cancel, whole)
+            if gained:
+                chunks = PieceGain(opts, record.warnings).chunks(chunks)
+            elif post:  # decode the whole piece, then process it
+                parts = [c for c, _ in chunks]
+                whole_piece = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+                t_post = time.perf_counter()
+                chunks = iter([(process_piece(whole_piece, SAMPLE_RATE, opts, record.warnings), True)])
+                spent = time.perf_counter() - t_post
+                record.timings["controls"] = record.timings.get("controls", 0.0) + spent
+                t_dec += spent  # the decode's time is without it
+            head = True  # each chunk goes out as soon as it is decoded (the first one is first audio)
+            for chunk, chunk_is_last in chunks:
+                yield _fade_edges(chunk, fade_in=head and not first, fade_out=chunk_is_last and not last)
+                head = False
+            record.samples += rendered.samples
+            record.timings["decode"] = record.timings.get("decode", 0.0) + (time.perf_counter() - t_dec)
+            if line_progress is not None:
+                line_progress.decoded(i)
+            if piece.after > 0:
+                yield quiet(piece.after)
+        if opts.post_silence > 0:
+            yield quiet(opts.post_silence)
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
