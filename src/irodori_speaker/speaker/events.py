@@ -18,7 +18,7 @@ import inspect
 import logging
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..options import SynthesisRecord
+from .tasks import TaskScope
 
 log = logging.getLogger("irodori_speaker.speaker")
 
@@ -239,7 +240,8 @@ class EventBus:
         # itself when it is garbage-collected, instead of queueing events forever.
         self._subs: weakref.WeakSet[_Subscription] = weakref.WeakSet()
         self._callbacks: list[tuple[frozenset[str] | None, Callable[[Any], Any]]] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # Async callbacks run as tasks of the bus's own scope, cancelled and awaited on `aclose`.
+        self.scope = TaskScope("irodori-speaker:events")
         self._closed = False
 
     def emit(self, event: Event) -> None:
@@ -258,17 +260,10 @@ class EventBus:
     def _call(self, fn: Callable[[Any], Any], event: Event) -> None:
         try:
             result = fn(event)
-            if inspect.isawaitable(result):
-                task = asyncio.ensure_future(result)
-                self._tasks.add(task)
-                task.add_done_callback(self._task_done)
+            if inspect.isawaitable(result) and not self.scope.closed:
+                self.scope.spawn(_awaited(result), f"on {event.kind}")
         except Exception:
             log.exception("event callback %r raised on %s", fn, event.kind)
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("async event callback raised", exc_info=task.exception())
 
     def on(self, kinds: KindSpec, fn: Callable[[Any], Any] | None = None) -> Any:
         """Call `fn(event)` for events of `kinds` (None: all). Returns an unsubscribe function.
@@ -320,6 +315,17 @@ class EventBus:
             sub.put(None)
         self._subs.clear()
         self._callbacks.clear()
+
+    async def aclose(self, grace_s: float = 1.0) -> None:
+        """`close()`; the async callbacks still running (the `closed` event's among them) get
+        `grace_s` to finish, then are cancelled and awaited."""
+        self.close()
+        await asyncio.sleep(0)  # callbacks scheduled by the last emits start now
+        await self.scope.drain(grace_s)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 class EventStream:

@@ -192,7 +192,7 @@ class Runtime:
         if self.own_cache and self.config.cache is not None:
             self.config.cache.close()
         self.tracker.emit(Closed(time.monotonic()))
-        self.bus.close()
+        await self.bus.aclose()
 
     def abandon(self, reason: str) -> None:
         """Without the event loop: cancel every line (the worker stops within one step or chunk,

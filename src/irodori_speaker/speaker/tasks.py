@@ -42,8 +42,19 @@ class TaskScope:
         if not task.cancelled() and task.exception() is not None:
             log.error("%s failed", task.get_name(), exc_info=task.exception())
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def __len__(self) -> int:
         return len(self._tasks)
+
+    async def drain(self, grace_s: float) -> None:
+        """Let what is running finish within `grace_s`, then `aclose`."""
+        tasks = [t for t in self._tasks if not t.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace_s)
+        await self.aclose()
 
     async def aclose(self, timeout: float = 1.0) -> None:
         """Cancel what is still running and wait (at most `timeout`) for it to end."""
