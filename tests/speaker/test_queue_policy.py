@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from irodori_speaker.audio.lipsync import Envelope
 from irodori_speaker.errors import InputError
 from irodori_speaker.speaker.lines import UNSET, Priority
-from irodori_speaker.speaker.playback import Chunk
+from irodori_speaker.speaker.playback import Chunk, PlayItem
 from irodori_speaker.speaker.queue import LineQueue, lanes_of, parse_ttl
-from irodori_speaker.speaker.utterance import Utterance, UtteranceState
+from irodori_speaker.speaker.record import LineRecord
 
 SR = 48_000
 
@@ -17,15 +18,15 @@ SR = 48_000
 class _Owner:
     sample_rate = SR
 
-    def _cancel(self, utt: Utterance, reason: str) -> None:  # pragma: no cover - not called here
+    def _cancel(self, line: LineRecord, reason: str) -> None:  # pragma: no cover - not called here
         raise AssertionError("the policy never cancels")
 
 
 _next = iter(range(1, 10_000))
 
 
-def line(lane: str = "normal", *, deadline: float | None = None) -> Utterance:
-    return Utterance(_Owner(), next(_next), "台詞", Priority.parse(lane), None, None, deadline, 0.0)
+def line(lane: str = "normal", *, deadline: float | None = None) -> LineRecord:
+    return LineRecord(_Owner(), next(_next), "台詞", Priority.parse(lane), None, None, deadline, 0.0)
 
 
 def test_play_order_is_every_high_line_then_normal_then_low_each_in_arrival_order():
@@ -62,7 +63,7 @@ def test_overflow_drops_the_oldest_waiting_line_of_the_lowest_lane_else_the_newe
     # every queued line already being synthesised: the newcomer itself goes
     q2 = LineQueue(max_queue=1)
     busy, newest = line(), line()
-    busy.state = UtteranceState.SYNTHESIZING
+    busy.synthesising()
     q2.add(busy)
     q2.add(newest)
     assert q2.overflow(newest) == [newest]
@@ -72,8 +73,9 @@ def test_overflow_drops_the_oldest_waiting_line_of_the_lowest_lane_else_the_newe
 def test_look_ahead_waits_when_full_and_always_goes_when_nothing_would_be_heard():
     q = LineQueue(lookahead_lines=1)
     ready, waiting = line(), line()
-    ready.state = UtteranceState.READY
-    ready._chunks.append(Chunk(np.zeros(SR, dtype=np.float32)))  # one second synthesised
+    ready.synthesising()
+    ready.chunk_arrived(Chunk(np.zeros(SR, dtype=np.float32)), 0.5, SR)  # one second synthesised
+    ready.synthesised(None, 0.5)  # type: ignore[arg-type]
     q.add(ready)
     q.add(waiting)
     # one line ready ahead of it: the look-ahead (1 line) is full
@@ -85,7 +87,7 @@ def test_look_ahead_waits_when_full_and_always_goes_when_nothing_would_be_heard(
     # a line whose cache lookup is in flight is passed over (a hit needs no synthesis)
     q2 = LineQueue(lookahead_lines=0)
     pending, next_one = line(), line()
-    pending._cache_pending = True
+    pending.lookup_started()
     q2.add(pending)
     q2.add(next_one)
     # look-ahead 0 means none, but with nothing to hear the next line always goes
@@ -96,16 +98,16 @@ def test_look_ahead_waits_when_full_and_always_goes_when_nothing_would_be_heard(
 def test_a_waiting_higher_line_preempts_a_lower_prefetch_only_before_it_is_scheduled():
     q = LineQueue()
     low = line("low")
-    low.state = UtteranceState.SYNTHESIZING
+    low.synthesising()
     q.add(low)
     assert not q.preempts(low)  # nobody above it
     high = line("high")
     q.add(high)
     assert q.preempts(low)
-    high._cache_pending = True  # might be a hit: no need to stop anything yet
+    high.lookup_started()  # might be a hit: no need to stop anything yet
     assert not q.preempts(low)
-    high._cache_pending = False
-    low._item = object()  # type: ignore[assignment]  # already given to the player
+    high.lookup_ended()
+    low.pushed(PlayItem(low.id, low.text, Envelope(SR)))  # already given to the player
     assert not q.preempts(low)
 
 

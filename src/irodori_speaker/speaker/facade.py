@@ -23,6 +23,7 @@ from .feeder import Feeder, default_segmenter, speak_stream
 from .lines import UNSET, LineOptions, Priority, check_line_text
 from .playback import Player
 from .queue import LineQueue, lanes_of
+from .record import LineRecord
 from .runtime import Runtime
 from .utterance import Utterance, UtteranceState
 
@@ -185,8 +186,8 @@ class Speaker:
             self._closing = True
             if self._feeder is not None:
                 self._feeder.close()
-            for utt in self._tracker.open_lines():
-                self._cancel(utt, "closed")
+            for line in self._tracker.open_lines():
+                self._cancel(line, "closed")
             # the rest runs to the end even if the closing task is cancelled meanwhile
             await asyncio.shield(self._release())
 
@@ -254,17 +255,17 @@ class Speaker:
             self.synthesizer.resolve_options(options)
         now = time.monotonic()
         deadline = self._queue.deadline(lane, line.ttl, now)
-        utt = Utterance(self, self._tracker.new_id(), text, lane, voice, options, deadline, now, line.cache)
+        rec = LineRecord(self, self._tracker.new_id(), text, lane, voice, options, deadline, now, line.cache)
         self._tracker.counts["queued"] += 1
         if not text.strip():
-            self._tracker.skipped_empty(utt, now)
-            return utt
+            self._tracker.skipped_empty(rec, now)
+            return rec.handle
         self._idle.clear()
-        self._runtime.admit(utt, now)
+        self._runtime.admit(rec, now)
         if line.interrupt:
             self.skip()
         self._wake.set()
-        return utt
+        return rec.handle
 
     def enqueue_threadsafe(self, text: str, **line: Any) -> concurrent.futures.Future[Utterance]:
         """`enqueue()` from another thread (a chat reader, a GUI): a future of the handle.
@@ -333,10 +334,11 @@ class Speaker:
     def skip(self) -> Utterance | None:
         """Fade out the line now playing (~fade_s + output latency); the next one follows."""
         self._require_open()
-        utt = self._tracker.skippable()
-        if utt is not None:
-            self._cancel(utt, "skipped")
-        return utt
+        line = self._tracker.skippable()
+        if line is None:
+            return None
+        self._cancel(line, "skipped")
+        return line.handle
 
     def clear(
         self, priority: Priority | str | int | Iterable[Priority | str | int] | None = None
@@ -348,9 +350,9 @@ class Speaker:
             u for u in self._tracker.scheduled() if u.state != UtteranceState.PLAYING and u.priority in lanes
         ]
         dropped += [u for lane in lanes for u in self._queue.lane(lane)]
-        for utt in dropped:
-            self._cancel(utt, "cancelled")
-        return dropped
+        for line in dropped:
+            self._cancel(line, "cancelled")
+        return [line.handle for line in dropped]
 
     def interrupt(self, *, clear: bool = True, priority: Any = None) -> None:
         """Stop talking now: fade out the current line and (by default) drop everything queued.
@@ -398,12 +400,13 @@ class Speaker:
     @property
     def queue(self) -> list[Utterance]:
         """Lines waiting to play, in play order (the current one excluded)."""
-        return self._tracker.waiting()
+        return [line.handle for line in self._tracker.waiting()]
 
     @property
     def current(self) -> Utterance | None:
         """The line being heard now."""
-        return self._tracker.current()
+        line = self._tracker.current()
+        return None if line is None else line.handle
 
     def metrics(self) -> Metrics:
         return self._tracker.metrics()
@@ -417,5 +420,5 @@ class Speaker:
         settings.check_loop(self._loop)
         return self._player
 
-    def _cancel(self, utt: Utterance, reason: str) -> None:
-        self._tracker.cancel(utt, reason)
+    def _cancel(self, line: LineRecord, reason: str) -> None:
+        self._tracker.cancel(line, reason)

@@ -116,11 +116,12 @@ async def speak_stream(
                 feeder.feed(chunk)
                 await asyncio.sleep(0)
         feeder.end()
-        error: BaseException | None = None
+        error: Exception | None = None
         for h in list(feeder.handles):
-            await h._done.wait()
-            if h.error is not None and error is None:
-                error = h.error
+            try:
+                await h
+            except Exception as e:  # its synthesis failed: raised once every segment has ended
+                error = error or e
         if error is not None:
             raise error
         return feeder.handles

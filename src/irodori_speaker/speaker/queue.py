@@ -1,7 +1,7 @@
 """The queue policy: lanes, time-to-live, the queue bound, look-ahead and pre-emption.
 
     q = LineQueue(ttl={"low": 20}, max_queue=8, lookahead_lines=2)
-    q.add(utt); q.expired(now); q.overflow(utt); q.to_synthesise(scheduled=0, ...)
+    q.add(line); q.expired(now); q.overflow(line); q.to_synthesise(scheduled=0, ...)
 
 Pure: no event loop, no threads, no clock of its own (callers pass `now`), no side effects
 beyond its lanes. It decides; the Speaker acts (cancels, starts synthesis, plays).
@@ -17,7 +17,8 @@ from typing import Any
 
 from ..errors import InputError
 from .lines import UNSET, Priority
-from .utterance import Utterance, UtteranceState
+from .record import LineRecord
+from .utterance import UtteranceState
 
 __all__ = ["LineQueue", "parse_ttl"]
 
@@ -70,11 +71,11 @@ class LineQueue:
         self.max_queue = max_queue
         self.lookahead_lines = lookahead_lines
         self.lookahead_s = float(lookahead_s)
-        self.lanes: dict[Priority, deque[Utterance]] = {p: deque() for p in Priority}
+        self.lanes: dict[Priority, deque[LineRecord]] = {p: deque() for p in Priority}
 
     # -- contents --------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Utterance]:
+    def __iter__(self) -> Iterator[LineRecord]:
         """Play order."""
         for p in Priority:
             yield from self.lanes[p]
@@ -90,39 +91,39 @@ class LineQueue:
         seconds = self.ttl[lane] if ttl is UNSET else ttl
         return None if seconds is None else now + seconds
 
-    def add(self, utt: Utterance) -> int:
-        """Queue `utt` at the end of its lane; returns how many queued lines play before it."""
-        position = sum(len(self.lanes[p]) for p in Priority if p <= utt.priority)
-        self.lanes[utt.priority].append(utt)
+    def add(self, line: LineRecord) -> int:
+        """Queue `line` at the end of its lane; returns how many queued lines play before it."""
+        position = sum(len(self.lanes[p]) for p in Priority if p <= line.priority)
+        self.lanes[line.priority].append(line)
         return position
 
-    def remove(self, utt: Utterance) -> None:
+    def remove(self, line: LineRecord) -> None:
         with contextlib.suppress(ValueError):
-            self.lanes[utt.priority].remove(utt)
+            self.lanes[line.priority].remove(line)
 
-    def put_back(self, utt: Utterance) -> None:
+    def put_back(self, line: LineRecord) -> None:
         """In front of its lane (it was taken off to play, and every output failed)."""
-        self.lanes[utt.priority].appendleft(utt)
+        self.lanes[line.priority].appendleft(line)
 
-    def lane(self, priority: Priority) -> list[Utterance]:
+    def lane(self, priority: Priority) -> list[LineRecord]:
         return list(self.lanes[priority])
 
-    def head(self) -> Utterance | None:
+    def head(self) -> LineRecord | None:
         """The line that plays next."""
         return next(iter(self), None)
 
     # -- decisions --------------------------------------------------------------------------------
 
-    def expired(self, now: float) -> list[Utterance]:
+    def expired(self, now: float) -> list[LineRecord]:
         """Lines whose time-to-live ran out before they could start playing."""
         return [u for u in self if u.deadline is not None and now > u.deadline]
 
-    def overflow(self, newest: Utterance) -> list[Utterance]:
+    def overflow(self, newest: LineRecord) -> list[LineRecord]:
         """The lines to drop so the queue holds `max_queue`: the oldest waiting line of the lowest
         lane first; `newest` itself when every queued line is already being synthesised."""
         if self.max_queue is None:
             return []
-        victims: list[Utterance] = []
+        victims: list[LineRecord] = []
         for _ in range(len(self) - self.max_queue):
             victim = newest
             for p in reversed(Priority):
@@ -137,7 +138,7 @@ class LineQueue:
 
     def to_synthesise(
         self, *, scheduled: int, scheduled_s: float, playing: bool, sample_rate: int
-    ) -> Utterance | None:
+    ) -> LineRecord | None:
         """The next line to synthesise, or None while the look-ahead is full.
 
         `scheduled` / `scheduled_s`: lines (and their seconds) given to the player that have not
@@ -146,30 +147,30 @@ class LineQueue:
         """
         ahead, ahead_s = scheduled, scheduled_s
         candidate = None
-        for utt in self:
-            if utt.state == UtteranceState.QUEUED:
-                if utt._cache_pending:
+        for line in self:
+            if line.state == UtteranceState.QUEUED:
+                if line.lookup_pending:
                     continue
-                candidate = utt
+                candidate = line
                 break
             ahead += 1
-            ahead_s += utt._received_s(sample_rate)
+            ahead_s += line.received_s(sample_rate)
         if candidate is None:
             return None
         idle = not playing and ahead == 0  # nothing to hear until it is done: always go
         full = self.lookahead_lines == 0 or ahead >= self.lookahead_lines or ahead_s >= self.lookahead_s
         return None if full and not idle else candidate
 
-    def preempts(self, current: Utterance) -> bool:
+    def preempts(self, current: LineRecord) -> bool:
         """Should the prefetch of `current` stop because a line of a higher lane waits?
 
         Only while nothing of it is scheduled to play; the stopped line stays in its place.
         """
-        if current._item is not None or current._preempted or current.state != UtteranceState.SYNTHESIZING:
+        if current.item is not None or current.preempted or current.state != UtteranceState.SYNTHESIZING:
             return False
         for other in self:
             if other.priority >= current.priority:
                 return False
-            if other.state == UtteranceState.QUEUED and not other._cache_pending:
+            if other.state == UtteranceState.QUEUED and not other.lookup_pending:
                 return True
         return False

@@ -24,11 +24,12 @@ from ..timing.estimate import estimate_timing
 from .events import Closed, EventBus, OutputRecovered, Queued
 from .playback import Player
 from .queue import LineQueue
+from .record import LineRecord
 from .scheduler import Scheduler
 from .settings import load_synthesizer_for
 from .tasks import TaskScope
 from .tracker import LineTracker
-from .utterance import Utterance, UtteranceState
+from .utterance import UtteranceState
 from .worker import LineWorker
 
 log = logging.getLogger("irodori_speaker.speaker")
@@ -184,9 +185,9 @@ class Runtime:
                     await self.worker.call(o.close)
             except Exception:
                 log.exception("closing output %s failed", o.name)
-        for utt in self.tracker.open_lines():  # whatever is left ends now
-            state = UtteranceState.CANCELLED if utt._item is None else UtteranceState.INTERRUPTED
-            self.tracker.finish(utt, state)
+        for line in self.tracker.open_lines():  # whatever is left ends now
+            state = UtteranceState.CANCELLED if line.item is None else UtteranceState.INTERRUPTED
+            self.tracker.finish(line, state)
         self.worker.shutdown(stuck=stuck)
         await self.scope.aclose()
         if self.own_cache and self.config.cache is not None:
@@ -197,8 +198,8 @@ class Runtime:
     def abandon(self, reason: str) -> None:
         """Without the event loop: cancel every line (the worker stops within one step or chunk,
         so the exit's join of it is immediate), close the outputs, tell the threads to stop."""
-        for utt in self.tracker.open_lines():
-            utt._token.cancel(reason)
+        for line in self.tracker.open_lines():
+            line.token.cancel(reason)
         for o in self.outputs:
             with contextlib.suppress(Exception):
                 o.close()
@@ -225,15 +226,15 @@ class Runtime:
             self.tracker.emit(OutputRecovered(time.monotonic(), o.name))
         return reopened
 
-    def admit(self, utt: Utterance, now: float) -> None:
+    def admit(self, line: LineRecord, now: float) -> None:
         """Queue a line (open Speaker): its Queued event, its cache lookup, the queue bound."""
         assert self.player is not None and self.scheduler is not None
-        position = self.queue.add(utt) + len(self.player.items)
-        self.tracker.by_uid[utt.id] = utt
-        self.tracker.emit(Queued(now, utt.id, utt.text, utt.priority.name.lower(), position))
-        if self.config.cache is not None and utt.cache is not False:
-            self.worker.start_lookup(utt, self.scheduler.rates())
-        for victim in self.queue.overflow(utt):
+        position = self.queue.add(line) + len(self.player.items)
+        self.tracker.add(line)
+        self.tracker.emit(Queued(now, line.id, line.text, line.priority.name.lower(), position))
+        if self.config.cache is not None and line.cache is not False:
+            self.worker.start_lookup(line, self.scheduler.rates())
+        for victim in self.queue.overflow(line):
             self.tracker.cancel(victim, "overflow")
 
     async def drain(self, idle: asyncio.Event) -> None:

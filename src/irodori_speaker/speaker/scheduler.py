@@ -20,7 +20,6 @@ from .jitter import line_seconds_estimate
 from .playback import Player
 from .queue import LineQueue
 from .tracker import LineTracker
-from .utterance import UtteranceState
 from .worker import LineWorker
 
 log = logging.getLogger("irodori_speaker.speaker")
@@ -84,13 +83,12 @@ class Scheduler:
 
     def step(self) -> None:
         now = time.monotonic()
-        for utt in self.queue.expired(now):
-            self.tracker.cancel(utt, "expired")
+        for line in self.queue.expired(now):
+            self.tracker.cancel(line, "expired")
         for item in reversed(self.player.poll()):  # every output failed: lines not yet heard go back in front
             back = self.tracker.of(item)
             if back is not None and not back.state.terminal:
-                back._item = None
-                back.state = UtteranceState.READY if back._synth_done else UtteranceState.SYNTHESIZING
+                back.returned()
                 self.queue.put_back(back)
         if not self.closing():
             self._push_lines(now)
@@ -101,21 +99,20 @@ class Scheduler:
     def _push_lines(self, now: float) -> None:
         player = self.player
         while player.can_push(now, self.schedule_ahead_s):
-            utt = self.queue.head()
-            if utt is None or utt._preempted or not (utt._chunks or utt._synth_done):
+            line = self.queue.head()
+            if line is None or line.preempted or not (line.chunks or line.rendered):
                 return
-            if not utt._synth_done and not self.tracker.jitter.ready(
-                utt._feed, line_seconds_estimate(utt._live_record, utt._feed.received_s)
+            if not line.rendered and not self.tracker.jitter.ready(
+                line.feed, line_seconds_estimate(line.live_record, line.feed.received_s)
             ):
                 return  # streamed slower than real time: hold enough that it never stops inside
-            self.queue.remove(utt)
+            self.queue.remove(line)
             env = Envelope(self.sample_rate, hz=self.lipsync_hz)
-            item = player.start(utt.id, utt.text, env)
-            item.timing = utt.timing
-            utt._item = item
-            for chunk in utt._chunks:
+            item = player.start(line.id, line.text, env)
+            line.pushed(item)
+            for chunk in line.chunks:
                 player.add(item, chunk)
-            if utt._synth_done:
+            if line.rendered:
                 player.end(item)
 
     def _dispatch_synthesis(self) -> None:

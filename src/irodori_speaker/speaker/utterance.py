@@ -1,22 +1,22 @@
-"""One queued line: its handle (`Utterance`) and the states it goes through (`UtteranceState`).
+"""A queued line's public handle (`Utterance`) and the states a line goes through (`UtteranceState`).
 
-The handle is what `Speaker.enqueue` returns; the Speaker's parts (queue, worker, tracker)
-read and move its private fields, all on the event loop.
+The handle is what `Speaker.enqueue` returns: awaitable, cancellable, and a read-only view of
+the line's record (`record.LineRecord`), which the Speaker's parts move along.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
-from typing import Any, Protocol
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..cancel import CancelToken
 from ..options import SynthesisOptions, SynthesisRecord
-from .jitter import LineFeed
 from .lines import Priority
-from .playback import Chunk, PlayItem
+
+if TYPE_CHECKING:
+    from .record import LineRecord
 
 __all__ = ["Utterance", "UtteranceState"]
 
@@ -48,12 +48,12 @@ _TERMINAL = {
 }
 
 
-class _Owner(Protocol):
+class Owner(Protocol):
     """What a handle needs of its Speaker."""
 
     sample_rate: int
 
-    def _cancel(self, utt: Utterance, reason: str) -> None: ...
+    def _cancel(self, line: LineRecord, reason: str) -> None: ...
 
 
 class Utterance:
@@ -61,96 +61,121 @@ class Utterance:
 
     Awaiting returns the handle; it raises only if the line's synthesis failed
     (the exception the synthesizer raised). Cancelled, expired, skipped and
-    interrupted lines end normally: look at `state`.
+    interrupted lines end normally: look at `state`. Every attribute is read-only.
     """
 
-    def __init__(
-        self,
-        speaker: _Owner,
-        uid: int,
-        text: str,
-        priority: Priority,
-        voice: Any,
-        options: SynthesisOptions | None,
-        deadline: float | None,
-        now: float,
-        cache: bool | None = None,
-    ) -> None:
+    def __init__(self, speaker: Owner, line: LineRecord) -> None:
         self._speaker = speaker
-        self.id = uid
-        self.text = text
-        self.priority = priority
-        self.voice = voice
-        self.options = options
-        self.deadline = deadline  # monotonic time by which it must start playing
-        self.state = UtteranceState.QUEUED
-        self.error: BaseException | None = None
-        self.record: SynthesisRecord | None = None
-        self.played_fraction = 0.0
-        self.heard_text = ""
-        self.timings: dict[str, float] = {"enqueued": now}
-        self.timing: Any = None  # timing.LineTiming: estimated word/mora times, once synthesised
-        self._token = CancelToken()
-        self._chunks: list[Chunk] = []
-        self._synth_done = False
-        self.cache = cache  # None: looked up, stored per the Speaker's cache_store; False: neither
-        self._cache_pending = False  # a phrase-cache lookup is in flight
-        self._preempted = False  # its prefetch was cancelled for a higher lane; it will be requeued
-        self._feed = LineFeed()  # when its streamed chunks arrived (the jitter buffer's input)
-        self._live_record: SynthesisRecord | None = None  # the streaming synthesizer's record
-        self._item: PlayItem | None = None
-        self._reason = "cancelled"
-        self._done = asyncio.Event()
+        self._line = line
+
+    # -- what was asked ----------------------------------------------------------------------------
+
+    @property
+    def id(self) -> int:
+        return self._line.id
+
+    @property
+    def text(self) -> str:
+        return self._line.text
+
+    @property
+    def priority(self) -> Priority:
+        return self._line.priority
+
+    @property
+    def voice(self) -> Any:
+        return self._line.voice
+
+    @property
+    def options(self) -> SynthesisOptions | None:
+        return self._line.options
+
+    @property
+    def deadline(self) -> float | None:
+        """The monotonic time by which it must start playing (its time-to-live), or None."""
+        return self._line.deadline
+
+    @property
+    def cache(self) -> bool | None:
+        """The line's `cache` option: None (the Speaker's policy), True (store it), False (no cache)."""
+        return self._line.cache
+
+    # -- what has happened -------------------------------------------------------------------------
+
+    @property
+    def state(self) -> UtteranceState:
+        return self._line.state
 
     @property
     def done(self) -> bool:
-        return self.state.terminal
+        """It is over (its state is terminal)."""
+        return self._line.state.terminal
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception its synthesis raised (state `failed`), else None."""
+        return self._line.error
+
+    @property
+    def record(self) -> SynthesisRecord | None:
+        """The synthesizer's record of the line, once synthesised."""
+        return self._line.record
 
     @property
     def audio(self) -> np.ndarray | None:
         """The line's audio at the synthesizer's rate, once synthesis has finished."""
-        if not self._synth_done:
+        line = self._line
+        if not line.rendered:
             return None
-        if not self._chunks:
+        chunks = line.chunks
+        if not chunks:
             return np.zeros(0, dtype=np.float32)
-        return np.concatenate([c.audio for c in self._chunks])
+        return np.concatenate([c.audio for c in chunks])
 
     @property
     def sample_rate(self) -> int:
         return self._speaker.sample_rate
 
+    @property
+    def timing(self) -> Any:
+        """Its estimated word / mora times (`timing.LineTiming`), once synthesised; else None."""
+        return self._line.timing
+
+    @property
+    def played_fraction(self) -> float:
+        """How much of it was heard (1.0 played through; 0.0 never started)."""
+        return self._line.played_fraction
+
+    @property
+    def heard_text(self) -> str:
+        """That fraction of its normalised text, rounded to whole characters."""
+        return self._line.heard_text
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Monotonic times so far (a copy): enqueued, synthesis_started, first_chunk,
+        synthesis_finished, playback_started, playback_finished."""
+        return self._line.timings
+
+    # -- acting on it ------------------------------------------------------------------------------
+
     def cancel(self) -> None:
         """Drop the line if it has not played (its synthesis stops between steps); else fade it out."""
-        self._speaker._cancel(self, "cancelled")
+        self._speaker._cancel(self._line, "cancelled")
+
+    def interrupt(self) -> None:
+        """The same as `cancel` (the name of livekit-agents' SpeechHandle): stop this line."""
+        self.cancel()
 
     async def wait(self) -> Utterance:
-        await self._done.wait()
-        if self.error is not None:
-            raise self.error
+        """Until it is over; the handle, or the exception its synthesis raised."""
+        await self._line.wait_ended()
+        if self._line.error is not None:
+            raise self._line.error
         return self
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[Any, None, Utterance]:
         return self.wait().__await__()
 
     def __repr__(self) -> str:
         return f"<Utterance #{self.id} {self.state.value} {self.text[:20]!r}>"
-
-    # -- for the Speaker's parts -----------------------------------------------------------------
-
-    def _received_s(self, sample_rate: int) -> float:
-        """Seconds of audio synthesised so far."""
-        return sum(len(c.audio) for c in self._chunks) / max(1, sample_rate)
-
-    def _restart(self) -> None:
-        """Back to QUEUED with a fresh token after a pre-empted prefetch (it never left its lane);
-        what the stopped run produced was dropped, so it is rendered again in full."""
-        self._preempted = False
-        if self.state.terminal:
-            return
-        self._token = CancelToken()
-        self._chunks.clear()
-        self._feed = LineFeed()
-        self._synth_done = False
-        self.state = UtteranceState.QUEUED
-        for k in ("synthesis_started", "first_chunk"):
-            self.timings.pop(k, None)

@@ -26,10 +26,11 @@ from ..options import SynthesisRecord, SynthesizerLike
 from ..timing.estimate import SpeechSpan, estimate_timing
 from .playback import Chunk, resample
 from .tasks import TaskScope
+from .utterance import UtteranceState
 
 if TYPE_CHECKING:
     from ..cache import CachedRender
-from .utterance import Utterance, UtteranceState
+    from .record import LineRecord
 
 log = logging.getLogger("irodori_speaker.speaker")
 
@@ -39,12 +40,12 @@ __all__ = ["LineReports", "LineWorker"]
 class LineReports(Protocol):
     """Where the worker reports a line (all on the event loop); `LineTracker` is the one."""
 
-    def synth_started(self, utt: Utterance, t0: float) -> None: ...
-    def chunk(self, utt: Utterance, chunk: Chunk, t: float) -> None: ...
-    def timing(self, utt: Utterance, timing: Any) -> None: ...
-    def synth_done(self, utt: Utterance, record: SynthesisRecord, t0: float, t1: float) -> None: ...
-    def synth_failed(self, utt: Utterance, error: BaseException) -> None: ...
-    def synth_ended(self, utt: Utterance) -> None: ...
+    def synth_started(self, line: LineRecord, t0: float) -> None: ...
+    def chunk(self, line: LineRecord, chunk: Chunk, t: float) -> None: ...
+    def timing(self, line: LineRecord, timing: Any) -> None: ...
+    def synth_done(self, line: LineRecord, record: SynthesisRecord, t0: float, t1: float) -> None: ...
+    def synth_failed(self, line: LineRecord, error: BaseException) -> None: ...
+    def synth_ended(self, line: LineRecord) -> None: ...
     def wake(self) -> None: ...
 
 
@@ -73,7 +74,7 @@ class LineWorker:
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._cache_executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
-        self.current: Utterance | None = None  # the line being synthesised
+        self.current: LineRecord | None = None  # the line being synthesised
 
     def open(self) -> None:
         self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="irodori-speaker")
@@ -101,48 +102,47 @@ class LineWorker:
 
     # -- synthesis ---------------------------------------------------------------------------------
 
-    def start(self, utt: Utterance, rates: list[int]) -> None:
-        """Synthesise `utt` (QUEUED) now; `rates`: the output rates other than the model's."""
-        utt.state = UtteranceState.SYNTHESIZING
-        self.current = utt
-        self._task = self.scope.spawn(self._line(utt, rates), f"line-{utt.id}")
+    def start(self, line: LineRecord, rates: list[int]) -> None:
+        """Synthesise `line` (QUEUED) now; `rates`: the output rates other than the model's."""
+        line.synthesising()
+        self.current = line
+        self._task = self.scope.spawn(self._line(line, rates), f"line-{line.id}")
 
     def preempt(self, reason: str = "pre-empted by a higher lane") -> None:
         """Stop the line being prefetched; it is queued again when its run has ended."""
-        utt = self.current
-        if utt is not None:
-            utt._preempted = True
-            utt._token.cancel(reason)
+        line = self.current
+        if line is not None:
+            line.preempt(reason)
 
-    async def _line(self, utt: Utterance, rates: list[int]) -> None:
+    async def _line(self, line: LineRecord, rates: list[int]) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self.executor, self._render, loop, utt, rates)
+            await loop.run_in_executor(self.executor, self._render, loop, line, rates)
         except Cancelled:
-            if not utt._token.cancelled:
-                self.reports.synth_failed(utt, Cancelled("the synthesizer stopped on its own"))
+            if not line.token.cancelled:
+                self.reports.synth_failed(line, Cancelled("the synthesizer stopped on its own"))
         except Exception as e:
-            self.reports.synth_failed(utt, e)
+            self.reports.synth_failed(line, e)
         finally:
             self._task = None
             self.current = None
             with contextlib.suppress(RuntimeError):  # an abandoned Speaker's loop may be closed
-                self.reports.synth_ended(utt)
+                self.reports.synth_ended(line)
 
-    def _render(self, loop: asyncio.AbstractEventLoop, utt: Utterance, rates: list[int]) -> None:
+    def _render(self, loop: asyncio.AbstractEventLoop, line: LineRecord, rates: list[int]) -> None:
         """Worker thread: synthesise the line, post its chunks to the loop, store it if asked."""
         synth = self.synthesizer
         assert synth is not None
         reports = self.reports
-        token = utt._token
+        token = line.token
 
         def post(fn: Callable[..., None], *args: Any) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
-                loop.call_soon_threadsafe(fn, utt, *args)
+                loop.call_soon_threadsafe(fn, line, *args)
 
         check(token)
         src = self.sample_rate
-        cached, marked = self.cached, utt.cache
+        cached, marked = self.cached, line.cache
         x: np.ndarray | None = None  # a whole line's audio (streamed: None, the chunks are posted)
         span = SpeechSpan(src) if self.timing else None
         t0 = time.monotonic()
@@ -153,11 +153,11 @@ class LineWorker:
             streams = {r: soxr.ResampleStream(src, r, 1, dtype="float32") for r in rates}
             # with a cache: stored by its policy once the last chunk is out (a whole line only)
             audio_stream = (
-                cached.stream(utt.text, utt.voice, utt.options, marked=marked, lookup=False, cancel=token)
+                cached.stream(line.text, line.voice, line.options, marked=marked, lookup=False, cancel=token)
                 if cached is not None
-                else synth.stream(utt.text, utt.voice, utt.options, cancel=token)
+                else synth.stream(line.text, line.voice, line.options, cancel=token)
             )
-            utt._live_record = audio_stream.record  # read by the jitter buffer on the loop
+            line.stream_opened(audio_stream.record)  # read by the jitter buffer on the loop
             try:
                 for x in audio_stream:
                     check(token)
@@ -177,10 +177,10 @@ class LineWorker:
         else:
             result = (
                 cached.render(
-                    utt.text, utt.voice, utt.options, marked=marked, lookup=False, cancel=token
+                    line.text, line.voice, line.options, marked=marked, lookup=False, cancel=token
                 ).result
                 if cached is not None
-                else synth.synthesize(utt.text, utt.voice, utt.options, cancel=token)
+                else synth.synthesize(line.text, line.voice, line.options, cancel=token)
             )
             t1 = time.monotonic()
             record = result.record
@@ -196,43 +196,43 @@ class LineWorker:
 
     # -- the phrase cache ----------------------------------------------------------------------------
 
-    def start_lookup(self, utt: Utterance, rates: list[int]) -> None:
-        """Look `utt` up in the phrase cache on the cache thread; a hit is reported as a line
+    def start_lookup(self, line: LineRecord, rates: list[int]) -> None:
+        """Look `line` up in the phrase cache on the cache thread; a hit is reported as a line
         synthesised at once (the same events, no model work)."""
         assert self._cache_executor is not None
-        utt._cache_pending = True
-        fut = asyncio.get_running_loop().run_in_executor(self._cache_executor, self._lookup, utt, rates)
-        fut.add_done_callback(lambda f: self._on_lookup(utt, f))
+        line.lookup_started()
+        fut = asyncio.get_running_loop().run_in_executor(self._cache_executor, self._lookup, line, rates)
+        fut.add_done_callback(lambda f: self._on_lookup(line, f))
 
-    def _lookup(self, utt: Utterance, rates: list[int]) -> Any:
+    def _lookup(self, line: LineRecord, rates: list[int]) -> Any:
         """Cache thread: the stored line and its audio at the output rates, or None."""
         t0 = time.monotonic()
         assert self.cached is not None  # lookups are started only with a cache
-        line = self.cached.lookup(utt.text, utt.voice, utt.options)  # a failed lookup is a miss
-        if line is None:
+        hit = self.cached.lookup(line.text, line.voice, line.options)  # a failed lookup is a miss
+        if hit is None:
             return None
-        x = np.ascontiguousarray(line.audio, dtype=np.float32)
+        x = np.ascontiguousarray(hit.audio, dtype=np.float32)
         timing = None
         if self.timing:
             span = SpeechSpan(self.sample_rate)
             span.add(x)
-            timing = line_timing(line.record, span)
+            timing = line_timing(hit.record, span)
         chunk = Chunk(x, {r: resample(x, self.sample_rate, r) for r in rates})
-        return line, chunk, t0, time.monotonic(), timing
+        return hit, chunk, t0, time.monotonic(), timing
 
-    def _on_lookup(self, utt: Utterance, fut: Any) -> None:
-        utt._cache_pending = False
+    def _on_lookup(self, line: LineRecord, fut: Any) -> None:
+        line.lookup_ended()
         self.reports.wake()  # a miss: the line may be synthesised now
         if fut.cancelled() or fut.exception() is not None or fut.result() is None:
             return
-        if utt.state != UtteranceState.QUEUED:  # ended meanwhile
+        if line.state != UtteranceState.QUEUED:  # ended meanwhile
             return
-        line, chunk, t0, t1, timing = fut.result()
-        utt.state = UtteranceState.SYNTHESIZING
-        self.reports.synth_started(utt, t0)
-        self.reports.chunk(utt, chunk, t1)
-        self.reports.timing(utt, timing)
-        self.reports.synth_done(utt, line.record, t0, t1)
+        hit, chunk, t0, t1, timing = fut.result()
+        line.synthesising()
+        self.reports.synth_started(line, t0)
+        self.reports.chunk(line, chunk, t1)
+        self.reports.timing(line, timing)
+        self.reports.synth_done(line, hit.record, t0, t1)
 
     # -- closing -------------------------------------------------------------------------------------
 
