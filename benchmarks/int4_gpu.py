@@ -33,9 +33,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from irodori_speaker.engine.kernels.triton_common import HAS_TRITON
 from irodori_speaker.engine.kernels.tuning import tuning_allowed
-from irodori_speaker.engine.quant import triton_w4a16 as tw
 from irodori_speaker.engine.quant.formats import pack_gptq
+from irodori_speaker.engine.quant.w4a16_chooser import (
+    candidate_configs,
+    choose_impl,
+    clear_choices,
+    w4a16_linear,
+)
+from irodori_speaker.engine.quant.w4a16_dequant import w4a16_scratch
+from irodori_speaker.engine.quant.w4a16_kernel import default_config, w4a16_kernel
 
 SHAPES = [  # (label, K, N)
     ("attn 1280x1280", 1280, 1280),
@@ -98,9 +106,9 @@ def _time(fn: Callable[[], object], graph: bool, rep_ms: int) -> float:
 def _methods(xs, qw, sc, w16, oc, cfg) -> dict[str, Callable[[int], torch.Tensor]]:
     out: dict[str, Callable[[int], torch.Tensor]] = {
         "cublas": lambda i: F.linear(xs[i], w16[i]),
-        "int4": lambda i: tw.w4a16_linear(xs[i], qw[i], sc[i], None),
-        "kernel": lambda i: tw.w4a16_kernel(xs[i], qw[i], sc[i], None, config=cfg),
-        "scratch": lambda i: tw.w4a16_scratch(xs[i], qw[i], sc[i], None),
+        "int4": lambda i: w4a16_linear(xs[i], qw[i], sc[i], None),
+        "kernel": lambda i: w4a16_kernel(xs[i], qw[i], sc[i], None, config=cfg),
+        "scratch": lambda i: w4a16_scratch(xs[i], qw[i], sc[i], None),
     }
     if oc is not None:
         out["onecomp"] = lambda i: oc[i](xs[i])
@@ -144,10 +152,10 @@ def _bench_shape(dtype, label, k, n, ms, args, l2, onecomp) -> list[dict]:
         xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(reps)]
         ref = xs[0].float() @ w32_0.t()
         if args.retune:
-            tw.clear_choices()
+            clear_choices()
         with tuning_allowed():  # the chooser's warm-up pick for this bucket, as prewarm makes it
-            choice = tw.choose_impl(xs[0], qw[0], sc[0], None)
-        cfg = choice.config or tw.default_config(m, n, k)
+            choice = choose_impl(xs[0], qw[0], sc[0], None)
+        cfg = choice.config or default_config(m, n, k)
         row = {
             "dtype": str(dtype).split(".")[-1],
             "shape": label,
@@ -186,7 +194,7 @@ def _compile_tasks(dtypes, shapes, ms) -> list[tuple]:
     for dtype in dtypes:
         for _, k, n in shapes:
             for m in ms:
-                for cfg in tw.candidate_configs(m, n, k):
+                for cfg in candidate_configs(m, n, k):
                     key = (str(dtype), k % cfg.bk == 0, cfg.bm, cfg.bn, cfg.bk, cfg.num_warps, cfg.num_stages,
                            cfg.swap, cfg.gather, cfg.split_k > 1)  # fmt: skip
                     if key not in seen:
@@ -203,7 +211,7 @@ def _compile_worker(chunk: list[tuple]) -> int:
         p = _random_layer(k, n, seed=0)
         x = torch.randn(m, k, device="cuda").to(dtype)
         try:
-            tw.w4a16_kernel(x, p.qweight.cuda(), p.scales.cuda(), None, config=cfg)
+            w4a16_kernel(x, p.qweight.cuda(), p.scales.cuda(), None, config=cfg)
             done += 1
         except Exception:
             pass  # the chooser skips tiles that do not fit; so does the benchmark
@@ -282,7 +290,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("int4_gpu.py needs an NVIDIA GPU", file=sys.stderr)
         return 1
-    if not tw.HAS_TRITON:
+    if not HAS_TRITON:
         print("int4_gpu.py needs triton", file=sys.stderr)
         return 1
     t0 = time.perf_counter()

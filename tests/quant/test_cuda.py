@@ -11,9 +11,11 @@ if not torch.cuda.is_available():
     pytest.skip("needs an NVIDIA GPU", allow_module_level=True)
 triton = pytest.importorskip("triton", reason="triton is not installed")
 
-from irodori_speaker.engine.quant import triton_w4a16 as tw  # noqa: E402
 from irodori_speaker.engine.quant.formats import pack_gptq  # noqa: E402
 from irodori_speaker.engine.quant.layers import Int4Linear  # noqa: E402
+from irodori_speaker.engine.quant.w4a16_chooser import candidate_configs, choose_impl, clear_choices  # noqa: E402
+from irodori_speaker.engine.quant.w4a16_dequant import release_scratch, w4a16_scratch  # noqa: E402
+from irodori_speaker.engine.quant.w4a16_kernel import w4a16_kernel, zero_bias_from_zeros  # noqa: E402
 
 DEV = torch.device("cuda")
 TOL = {torch.float16: 1e-3, torch.bfloat16: 4e-3}
@@ -37,34 +39,34 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 def test_every_candidate_tile_is_correct(dtype, k, n, m) -> None:
     p = _layer(n, k, sym=(m % 2 == 0), seed=k + n)
     qw, sc = p.qweight.to(DEV), p.scales.to(DEV)
-    zb = None if m % 2 == 0 else tw.zero_bias_from_zeros(p.zeros()).to(DEV)
+    zb = None if m % 2 == 0 else zero_bias_from_zeros(p.zeros()).to(DEV)
     x = torch.randn(m, k, device=DEV).to(dtype)
     bias = torch.randn(n, device=DEV).to(dtype)
     ref = x.double() @ p.dequantize().to(DEV).double().t() + bias.double()
     ran = 0
-    for cfg in tw.candidate_configs(m, n, k):
+    for cfg in candidate_configs(m, n, k):
         try:
-            y = tw.w4a16_kernel(x, qw, sc, zb, bias, config=cfg)
+            y = w4a16_kernel(x, qw, sc, zb, bias, config=cfg)
         except Exception as e:  # only resource limits may stop a tile from running
             assert "out of resource" in str(e).lower(), f"{cfg.name()}: {type(e).__name__}: {e}"
             continue
         ran += 1
         assert _rel(y, ref) < TOL[dtype], (cfg.name(), _rel(y, ref))
     assert ran >= 3
-    assert _rel(tw.w4a16_scratch(x, qw, sc, zb, bias), ref) < TOL[dtype]
+    assert _rel(w4a16_scratch(x, qw, sc, zb, bias), ref) < TOL[dtype]
 
 
 def test_chooser_measures_caches_and_layer_runs() -> None:
-    tw.clear_choices()
+    clear_choices()
     p = _layer(1280, 1280, sym=True, seed=1)
     layer = Int4Linear(p).to(DEV)
     x = torch.randn(2, 75, 1280, device=DEV, dtype=torch.bfloat16)
     y = layer(x)
     ref = x.double() @ p.dequantize().to(DEV).double().t()
     assert y.shape == (2, 75, 1280) and _rel(y, ref) < TOL[torch.bfloat16]
-    c = tw.choose_impl(x.reshape(-1, 1280), layer.qweight, layer.scales, None)
+    c = choose_impl(x.reshape(-1, 1280), layer.qweight, layer.scales, None)
     assert c.time_ms is not None and len(c.timings) >= 4
-    assert tw.choose_impl(x.reshape(-1, 1280), layer.qweight, layer.scales, None) is c
+    assert choose_impl(x.reshape(-1, 1280), layer.qweight, layer.scales, None) is c
     y32 = layer(x.float())  # fp32 activations: dequant + fp32 GEMM
     assert _rel(y32, ref) < 1e-5
 
@@ -95,7 +97,7 @@ def test_a_graph_captured_before_the_scratch_grew_still_replays_right() -> None:
     small = Int4Linear(_layer(768, 768, sym=False, seed=5)).to(DEV)
     small.impl = "scratch"
     x = torch.randn(64, 768, device=DEV, dtype=torch.bfloat16)
-    tw.release_scratch()  # a fresh buffer, sized by the small layer
+    release_scratch()  # a fresh buffer, sized by the small layer
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -119,18 +121,18 @@ def test_a_graph_captured_before_the_scratch_grew_still_replays_right() -> None:
 def test_a_new_bucket_is_measured_only_in_warm_up() -> None:
     from irodori_speaker.engine.kernels.tuning import tuning_allowed
 
-    tw.clear_choices()
+    clear_choices()
     p = _layer(1280, 1280, sym=True, seed=3)
     layer = Int4Linear(p).to(DEV)
     x = torch.randn(1100, 1280, device=DEV, dtype=torch.bfloat16)
-    first = tw.choose_impl(x[:75], layer.qweight, layer.scales, None)  # never seen: measured (128)
+    first = choose_impl(x[:75], layer.qweight, layer.scales, None)  # never seen: measured (128)
     assert first.time_ms is not None
-    assert tw.choose_impl(x[:200], layer.qweight, layer.scales, None) is first  # 256: one octave
-    far = tw.choose_impl(x, layer.qweight, layer.scales, None)  # bucket 2048, mid-stream: not timed
+    assert choose_impl(x[:200], layer.qweight, layer.scales, None) is first  # 256: one octave
+    far = choose_impl(x, layer.qweight, layer.scales, None)  # bucket 2048, mid-stream: not timed
     assert far.impl == "scratch" and far.time_ms is None
     with tuning_allowed():
-        warm = tw.choose_impl(x, layer.qweight, layer.scales, None)
+        warm = choose_impl(x, layer.qweight, layer.scales, None)
     assert warm.time_ms is not None and len(warm.timings) >= 4
-    assert tw.choose_impl(x, layer.qweight, layer.scales, None) is warm
+    assert choose_impl(x, layer.qweight, layer.scales, None) is warm
     y = layer(x)  # the layer runs whatever was picked
     assert _rel(y, x.double() @ p.dequantize().to(DEV).double().t()) < TOL[torch.bfloat16]

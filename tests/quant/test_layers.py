@@ -140,14 +140,14 @@ def test_conv_shape_mismatch_is_an_error() -> None:
 def test_a_grown_out_scratch_buffer_is_retired_not_freed() -> None:
     """A CUDA graph captured earlier still points into the old buffer (see `_RETIRED`); the
     mechanism is the same on every device, so it is checked here on the CPU."""
-    from irodori_speaker.engine.quant import triton_w4a16 as tw
+    from irodori_speaker.engine.quant import w4a16_dequant as wd
 
-    tw.release_scratch()
+    wd.release_scratch()
     dev = torch.device("cpu")
-    first = tw._scratch(100, torch.float32, dev)
-    assert tw._scratch(50, torch.float32, dev).data_ptr() == first.data_ptr()  # no growth: reused
-    grown = tw._scratch(1000, torch.float32, dev)
+    first = wd._scratch(100, torch.float32, dev)
+    assert wd._scratch(50, torch.float32, dev).data_ptr() == first.data_ptr()  # no growth: reused
+    grown = wd._scratch(1000, torch.float32, dev)
     assert grown.data_ptr() != first.data_ptr()
-    assert any(t.data_ptr() == first.data_ptr() for t in tw._RETIRED)
-    tw.release_scratch()
-    assert not tw._RETIRED and not tw._SCRATCH
+    assert any(t.data_ptr() == first.data_ptr() for t in wd._RETIRED)
+    wd.release_scratch()
+    assert not wd._RETIRED and not wd._SCRATCH

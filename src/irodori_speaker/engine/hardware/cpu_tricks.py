@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..quant.int8 import quantize_linears_int8
+
 __all__ = ["apply_cpu_tricks", "apply_int8_linears"]
 
 
@@ -26,8 +28,6 @@ def apply_int8_linears(model: Any) -> int:
     """The DiT's per-step linears as `quant.int8.Int8Linear` (CPU only); how many were swapped."""
     if _device_type(model) != "cpu":
         return 0
-    from ..quant.int8 import quantize_linears_int8
-
     return quantize_linears_int8(model)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ...errors import BackendError
+from ..codec.streaming import stream_args
 from .cpu_features import CpuFeatures, cpu_features, usable_cpus
 
 MPS_FALLBACK_ENV = "PYTORCH_ENABLE_MPS_FALLBACK"
@@ -220,8 +221,7 @@ def select_preset(backend: str = "auto", **overrides) -> Preset:
             hint="MPS needs Apple Silicon and macOS 12.3+; use backend='cpu'",
         )
     preset = base_preset(backend).with_overrides(**overrides)
-    from ..codec.streaming import stream_args  # the stream's own checks, before any model loads
-
+    # the stream's own checks, before any model loads
     stream_args(preset.stream_chunk_frames, 0, preset.stream_first_chunk_frames, preset.stream_chunk_growth)
     for field in ("device", "codec_device"):
         _check_device(field, getattr(preset, field))

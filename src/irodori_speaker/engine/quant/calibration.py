@@ -13,7 +13,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...text.length import estimate_seconds
+from ...text.normalize import normalize_or_raise
 from ..model import TextToLatentRFDiT
+from ..sampler import SamplerConfig, draw_noise, sample
 
 __all__ = [
     "DEFAULT_CALIBRATION_TEXTS",
@@ -130,10 +133,6 @@ def make_sampler_runner(
     """A `run_item` that synthesises one `CalibrationItem` (or str) with the engine's sampler: text and
     optional reference/caption conditions, duration from the v3 predictor or the text-length estimate,
     `num_steps` steps with the default CFG, so activations at every t and every CFG branch are seen."""
-    from ...text.length import estimate_seconds
-    from ...text.normalize import normalize_or_raise
-    from ..sampler import SamplerConfig, draw_noise, sample
-
     cfg = model.cfg
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from ...errors import QuantError
@@ -85,8 +87,6 @@ def _int_field(entry: dict, key: str, where: str) -> int:
 
 def is_int4_checkpoint(path: str | Path) -> bool:
     """True when the safetensors file at `path` carries int4 metadata (`quant_method`)."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             return "quant_method" in (f.metadata() or {})
@@ -96,8 +96,6 @@ def is_int4_checkpoint(path: str | Path) -> bool:
 
 def load_int4_checkpoint(path: str | Path) -> Int4Checkpoint:
     """Read an int4 checkpoint (CPU tensors, unchanged). Raises QuantError on anything unsupported."""
-    from safetensors import safe_open
-
     path = Path(path)
     if not path.is_file():
         raise QuantError(f"int4 checkpoint not found: {path}")
@@ -184,8 +182,6 @@ def checkpoint_from_tensors(
 
 def save_int4_checkpoint(path: str | Path, ckpt: Int4Checkpoint) -> None:
     """Write `ckpt` in the release's format (float tensors as fp16; GPTQ zeros in ckpt.checkpoint_format)."""
-    from safetensors.torch import save_file
-
     if ckpt.checkpoint_format not in GPTQ_FORMATS:
         raise QuantError(f"unknown checkpoint_format {ckpt.checkpoint_format!r}")
     out: dict[str, torch.Tensor] = {}

@@ -15,7 +15,8 @@ from torch import nn
 
 from ...errors import QuantError
 from .formats import GPTQPacked, RTNPacked, dequantize_rtn, pack_gptq_qzeros, unpack_gptq_qzeros
-from .triton_w4a16 import w4a16_linear, zero_bias_from_zeros
+from .w4a16_chooser import w4a16_linear
+from .w4a16_kernel import zero_bias_from_zeros
 
 __all__ = ["Int4Conv1d", "Int4ConvTranspose1d", "Int4Linear", "PackedEmbedding", "RTNLinear"]
 

@@ -18,8 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from ...errors import QuantError
+from ...text.tokenizer import TextTokenizer
+from ..checkpoint import load_checkpoint
 from ..model import TextToLatentRFDiT
 from .calibration import (
     DEFAULT_CALIBRATION_TEXTS,
@@ -444,8 +447,6 @@ def quantize_checkpoint(
     When `report_errors`, each packed Linear's output error on held-out items (`heldout_texts`) is
     measured for RTN and (with "gptq") GPTQ; the table is `report.table()`.
     """
-    from safetensors import safe_open
-
     src = Path(src)
     if not src.is_file():
         raise QuantError(f"checkpoint not found: {src}")
@@ -469,8 +470,6 @@ def quantize_checkpoint(
         method == "gptq" or run_item is not None or tokenizer is not None or model is not None
     ):
         if model is None:
-            from ..checkpoint import load_checkpoint
-
             model = load_checkpoint(src, dtype=torch.float32, device=device).model
         if run_item is None:
             if tokenizer is None:
@@ -479,8 +478,6 @@ def quantize_checkpoint(
                     hint="pass tokenizer= (tokenizer.json of llm-jp/llm-jp-3-150m), or run_item=",
                 )
             if not hasattr(tokenizer, "batch"):
-                from ...text.tokenizer import TextTokenizer
-
                 tokenizer = TextTokenizer.from_file(
                     tokenizer,
                     add_bos=config.get("text_add_bos", True),
