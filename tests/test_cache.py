@@ -260,7 +260,7 @@ def test_flac_entries_round_trip_within_24_bit(synth, tmp_path):
     with PhraseCache(tmp_path / "f", audio_format="flac") as c:
         line = c.store(synth, "フラック", None, FAST, x)
         got = c.lookup(synth, "フラック", None, FAST)
-        on_disk = (c.directory / c._row(line.key)[1]).stat().st_size
+        on_disk = (c.directory / c._index.row(line.key)[1]).stat().st_size
     assert got is not None and np.max(np.abs(got.audio - x)) < 2**-22
     np.testing.assert_array_equal(got.audio, line.audio)
     assert on_disk < 4 * len(x)
@@ -293,7 +293,7 @@ def test_cached_synthesizer_serves_hits_without_the_model(spy, pc):
 
 
 def _audio_path(c: PhraseCache, key: str) -> Path:
-    return c.directory / c._row(key)[1]
+    return c.directory / c._index.row(key)[1]
 
 
 @pytest.mark.parametrize("damage", ["flip-a-byte", "truncate", "delete-file"])
@@ -309,7 +309,7 @@ def test_damaged_entry_is_dropped_and_re_rendered(spy, pc, damage):
     else:
         path.unlink()
     assert pc.lookup(spy, "壊れた音声", None, FAST) is None  # never served
-    assert pc._row(first.key) is None and pc.stats().dropped == 1
+    assert pc._index.row(first.key) is None and pc.stats().dropped == 1
     assert not path.exists()
     spy.calls.clear()
     again, hit = pc.render(spy, "壊れた音声", None, FAST)

@@ -105,7 +105,7 @@ def test_cache_commands(home, tmp_path):
     assert [line.split()[-1] for line in r.stdout.splitlines()] == ["行2", "行1", "行0"]
     assert run(["cache", "verify", "--cache-dir", d], home).returncode == 0
     with PhraseCache(d) as c:  # damage one entry
-        p = d / c._row(keys[1])[1]
+        p = d / c._index.row(keys[1])[1]
     p.write_bytes(p.read_bytes()[:-4])
     r = run(["cache", "verify", "--cache-dir", d, "--no-repair"], home)
     assert r.returncode == 1 and "bad: " in r.stderr and "truncated" in r.stderr

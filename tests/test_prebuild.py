@@ -126,7 +126,7 @@ def test_prebuild_renders_each_phrase_once_and_skips_valid_entries(synth, pc):
     assert again.ok and again.rendered == 0 and again.cached == 5 and spy.renders == []
     # a damaged entry is not "valid": the next run renders it again
     key = pc.key(synth, PHRASES[2], None, FAST)
-    path = pc.directory / pc._row(key)[1]
+    path = pc.directory / pc._index.row(key)[1]
     path.write_bytes(path.read_bytes()[:100])
     third = prebuild(spy, pc, PHRASES, options=FAST)
     assert spy.renders == [PHRASES[2]] and third.rendered == 1

@@ -7,9 +7,13 @@
 The key covers everything that changes a line's sound, each once (`keys.py`); change any
 of it and the old entry is simply not found (it ages out through the size limit).
 
-Modules: `keys.py` (the key), `store.py` (`PhraseCache`: sqlite index + audio files),
-`policy.py` (the one integration: lookup -> synthesise on a miss -> store by policy, and
-`CachedSynthesizer`), `verify.py`, `entries.py`, `index.py`, `connections.py`, `files.py`.
+Modules, bottom-up: `keys.py` (the key), `entries.py` (what the cache hands out),
+`files.py` (`AudioFiles`: the audio files, written atomically), `rows.py` (an index row read
+back, checked with its file), `index.py` (`Index`: the sqlite file, its schema, counters and
+queries), `policy.py` (the one integration: lookup -> synthesise on a miss -> store by policy,
+and `CachedSynthesizer`; it needs only a cache's `get` / `put`), `verify.py` (every entry
+against its file), `store.py` (`PhraseCache`: composes the index and the files; its
+`render` / `store` / `wrap` use `policy.py`, its `verify` `verify.py`), `prebuild.py`.
 
 Storage (sqlite index + audio files, crash-safe, several processes, thread-safe): `store.py`.
 """

@@ -7,14 +7,12 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from ..audio.lipsync import Envelope
 from ..options import SynthesisRecord, SynthesisResult
-
-if TYPE_CHECKING:
-    from ..audio.lipsync import Envelope
 
 
 @dataclass(frozen=True)
@@ -42,8 +40,6 @@ class CachedLine:
 
     def envelope(self, hz: float | None = None, **kwargs: Any) -> Envelope:
         """A lip-sync `Envelope` holding the whole line (what the Speaker builds while it plays)."""
-        from ..audio.lipsync import Envelope
-
         env = Envelope(self.sample_rate, hz=hz or self.levels_hz, **kwargs)
         env.append(self.audio)
         return env

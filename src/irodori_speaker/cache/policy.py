@@ -25,23 +25,27 @@ import enum
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..cancel import check
+from ..cancel import CancelToken, check
 from ..errors import InputError
 from ..options import AudioStream, SynthesisOptions, SynthesisRecord, SynthesisResult
 from .entries import CachedLine
 from .keys import cache_options, identity_key, line_identity
 
-if TYPE_CHECKING:
-    from ..cancel import CancelToken
-    from .store import PhraseCache
-
 log = logging.getLogger("irodori_speaker.cache")
 
-__all__ = ["STORE_POLICIES", "CachedRender", "CachedSynthesizer", "Rendered", "Slot", "StorePolicy"]
+__all__ = [
+    "STORE_POLICIES",
+    "CachedRender",
+    "CachedSynthesizer",
+    "LineStore",
+    "Rendered",
+    "Slot",
+    "StorePolicy",
+]
 
 #: What is stored after a miss: nothing (only prebuild fills the cache), lines marked
 #: `cache=True`, lines with a seed of their own, or every line.
@@ -72,6 +76,24 @@ class StorePolicy(str, enum.Enum):
         return self is StorePolicy.ALL or (self is StorePolicy.MARKED and marked is True)
 
 
+class LineStore(Protocol):
+    """What the integration needs of a cache: lines by key (`PhraseCache` is one)."""
+
+    def get(self, key: str) -> CachedLine | None: ...
+
+    def put(
+        self,
+        key: str,
+        audio: np.ndarray,
+        record: SynthesisRecord | None = None,
+        *,
+        sample_rate: int = ...,
+        identity: dict | None = None,
+        text: str | None = None,
+        source: str = ...,
+    ) -> CachedLine: ...
+
+
 @dataclass(frozen=True)
 class Slot:
     """A line's place in the cache: its key, what the key covers, the options it renders with."""
@@ -100,7 +122,7 @@ class CachedRender:
     """
 
     def __init__(
-        self, cache: PhraseCache, synth: Any, *, store: Any = "marked", source: str, strict: bool = False
+        self, cache: LineStore, synth: Any, *, store: Any = "marked", source: str, strict: bool = False
     ) -> None:
         self.cache = cache
         self.synth = synth
@@ -219,7 +241,7 @@ class CachedSynthesizer:
     with the cache seed. `Speaker(cache=...)` does the same before any model work.
     """
 
-    def __init__(self, synth: Any, cache: PhraseCache, *, store: Any = "prebuilt") -> None:
+    def __init__(self, synth: Any, cache: LineStore, *, store: Any = "prebuilt") -> None:
         self._cached = CachedRender(cache, synth, store=store, source="speaker")
         self.synth = synth
         self.cache = cache

@@ -27,7 +27,8 @@ from typing import Any
 
 from ..errors import Cancelled, InputError, IrodoriError
 from ..options import SynthesisOptions, option_specs
-from . import CachedRender, PhraseCache, Slot
+from .policy import CachedRender, Slot
+from .store import PhraseCache
 
 log = logging.getLogger("irodori_speaker.cache.prebuild")
 
@@ -228,7 +229,7 @@ class _Voices:
         self._by: dict[tuple[str | None, str | None], Any] = {}
 
     def get(self, path: str | None, caption: str | None, default: Any) -> Any:
-        from ..synthesis.voices import Voice
+        from ..synthesis.voices import Voice  # imports torch: only when a phrase names a voice
 
         if path is None and caption is None:
             return default
