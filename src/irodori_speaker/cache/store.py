@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..audio.signal import SAMPLE_RATE
 from ..errors import CacheError, InputError
 from ..options import SynthesisOptions, SynthesisRecord
 from .connections import IndexConnections
@@ -277,7 +278,7 @@ class PhraseCache(IndexConnections):
         audio: np.ndarray,
         record: SynthesisRecord | None = None,
         *,
-        sample_rate: int = 48_000,
+        sample_rate: int = SAMPLE_RATE,
         identity: dict | None = None,
         text: str | None = None,
         source: str = "put",
