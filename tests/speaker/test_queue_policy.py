@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.errors import InputError
 from irodori_speaker.speaker.lines import UNSET, Priority
 from irodori_speaker.speaker.playback import Chunk
 from irodori_speaker.speaker.queue import LineQueue, lanes_of, parse_ttl
 from irodori_speaker.speaker.utterance import Utterance, UtteranceState
 
-SR = 48_000
+SR = SAMPLE_RATE
 
 
 class _Owner:
