@@ -131,7 +131,7 @@ def resample(audio: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
 class StreamResampler:
     """`resample` chunk by chunk, for audio that arrives in pieces: `feed` each chunk, `flush`
     once at the end for the filter's tail. The concatenated output equals `resample` of the
-    whole (to float rounding) however the audio was cut. Equal rates pass chunks through.
+    whole (to float rounding) however the audio was cut. Equal rates pass chunks through (copied).
 
     Chunks are float32 (samples,) for one channel, (samples, channels) for more; they are not
     checked (a hot path: the caller's audio is the synthesizer's).
