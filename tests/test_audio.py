@@ -12,6 +12,7 @@ import soundfile as sf
 import torch
 
 from irodori_speaker.audio.signal import (
+    SAMPLE_RATE,
     loudness_lufs,
     normalize_loudness,
     peak_limit,
@@ -23,7 +24,7 @@ from irodori_speaker.audio.signal import (
 from irodori_speaker.engine.codec import TINY_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
 from irodori_speaker.errors import AudioError, InputError
 
-SR = 48_000
+SR = SAMPLE_RATE
 
 
 def _sine(freq: float, seconds: float, sr: int, amp: float = 0.5) -> np.ndarray:
@@ -116,7 +117,7 @@ def test_resample_multichannel_and_identity() -> None:
     same = resample(x, 44100, 44100)
     np.testing.assert_array_equal(same, x)
     assert same is not x
-    with pytest.raises(InputError, match="sr_out"):
+    with pytest.raises(InputError, match="to_hz"):
         resample(x, 44100, 0)
 
 

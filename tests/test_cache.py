@@ -21,13 +21,14 @@ import soundfile as sf
 
 from irodori_speaker import cache as cache_mod
 from irodori_speaker.audio.lipsync import Envelope, mouth_levels
+from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.cache import DEFAULT_SEED, PhraseCache, cache_options, canonical_json
 from irodori_speaker.errors import CacheError, InputError
 from irodori_speaker.synthesis.synthesizer import SynthesisOptions, SynthesisRecord
 from irodori_speaker.synthesis.voices import Voice
 
 FAST = SynthesisOptions(steps=2, seconds=0.4, seed=5)  # cheap on a 2-core CPU
-SR = 48_000
+SR = SAMPLE_RATE
 REPO = Path(__file__).resolve().parents[1]
 
 

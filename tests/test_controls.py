@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from irodori_speaker.audio import controls
-from irodori_speaker.audio.signal import loudness_lufs
+from irodori_speaker.audio.signal import SAMPLE_RATE, loudness_lufs
 from irodori_speaker.errors import InputError
 from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.speaker import Speaker
 
-SR = 48_000
+SR = SAMPLE_RATE
 TEXT = "今日はいい天気ですね、配信に来てくれてありがとうございます。"
 
 

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from hostile import one_line, run, speaks_normally
+from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.cache import PhraseCache
 from irodori_speaker.errors import IrodoriError
 from irodori_speaker.speaker import Speaker, UtteranceState
@@ -29,7 +30,7 @@ from irodori_speaker.speaker.lines import MAX_LINE_CHARS
 
 pytestmark = pytest.mark.timeout(60)  # per case: a hang fails, it is not merely slow
 
-SR = 48_000
+SR = SAMPLE_RATE
 ENDED = (UtteranceState.PLAYED, UtteranceState.SKIPPED)
 
 

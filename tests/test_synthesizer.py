@@ -9,13 +9,14 @@ import pytest
 import soundfile as sf
 import torch
 
+from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.cancel import CancelToken
 from irodori_speaker.engine.duration import HOP, tail_trim_frames
 from irodori_speaker.errors import AudioError, Cancelled, InputError
 from irodori_speaker.synthesis.synthesizer import EDGE_FADE_S, PIECE_GAP_S, SynthesisOptions, load_synthesizer
 from irodori_speaker.synthesis.voices import Voice, VoiceCache, save_latent
 
-SR = 48_000
+SR = SAMPLE_RATE
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,9 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from .audio.controls import parse_loudness, parse_volume, require_pitch
+from .audio.signal import SAMPLE_RATE
 from .cancel import CancelToken
 from .errors import InputError
-
-SAMPLE_RATE = 48_000
 
 SCHEDULES = ("linear", "sway")
 GUIDANCE_MODES = ("independent", "joint", "alternating")

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
+from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.cache import CachedRender, PhraseCache, StorePolicy
 from irodori_speaker.cancel import check
 from irodori_speaker.errors import InputError
@@ -27,7 +28,7 @@ from irodori_speaker.options import (
 )
 from irodori_speaker.server.service import SpeechService
 
-SR = 48_000
+SR = SAMPLE_RATE
 SEEDED = SynthesisOptions(seed=0)  # the server's default (`serve --seed 0`)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.cancel import CancelToken, check
 from irodori_speaker.engine.hardware.lock import hold_model_lock
 from irodori_speaker.errors import Cancelled
@@ -32,7 +33,7 @@ from irodori_speaker.options import (
     SynthesisResult,
 )
 
-SR = 48_000
+SR = SAMPLE_RATE
 
 
 @dataclass

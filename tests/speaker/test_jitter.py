@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.cancel import check
 from irodori_speaker.options import AudioStream
 from irodori_speaker.outputs import NullOutput
@@ -24,7 +25,7 @@ from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 pytestmark = pytest.mark.timeout(120)
 
-SR = 48_000
+SR = SAMPLE_RATE
 
 
 class SlowStream:

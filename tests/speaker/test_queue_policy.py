@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 from irodori_speaker.audio.lipsync import Envelope
+from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.errors import InputError
 from irodori_speaker.speaker.lines import UNSET, Priority
 from irodori_speaker.speaker.playback import Chunk, PlayItem
 from irodori_speaker.speaker.queue import LineQueue, lanes_of, parse_ttl
 from irodori_speaker.speaker.record import LineRecord
 
-SR = 48_000
+SR = SAMPLE_RATE
 
 
 class _Owner:

@@ -8,11 +8,12 @@ import asyncio
 import numpy as np
 import pytest
 
+from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.errors import InputError
 from irodori_speaker.text.pauses import Pause, canonical, partial_markup_start, split_pauses
 from irodori_speaker.text.segment import StreamSegmenter
 
-SR = 48_000
+SR = SAMPLE_RATE
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,9 @@
-"""Audio helpers: read, downmix, resample, measure and normalise loudness, limit peaks.
+"""Audio helpers: the sample rate, read, downmix, resample (whole or streamed), measure and
+normalise loudness, limit peaks.
+
+`SAMPLE_RATE` is the one rate of the package: the codec's, the synthesizer's and every
+default output's. `resample` and `StreamResampler` are its one resampler (soxr, quality HQ);
+no other module calls soxr.
 
 Arrays are float32, shaped (samples,) for mono or (samples, channels). The
 reference-voice front end (`prepare_reference`) chains them into what the
@@ -18,15 +23,18 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import soxr
 
 from ..errors import AudioError, InputError
 
 __all__ = [
     "REFERENCE_LUFS",
     "REFERENCE_MAX_SECONDS",
-    "REFERENCE_SAMPLE_RATE",
+    "SAMPLE_RATE",
+    "StreamResampler",
     "loudness_lufs",
     "normalize_loudness",
     "peak_limit",
@@ -36,7 +44,8 @@ __all__ = [
     "to_mono",
 ]
 
-REFERENCE_SAMPLE_RATE = 48_000
+SAMPLE_RATE = 48_000  # Hz: what the codec decodes, the synthesizer returns and outputs default to
+_QUALITY = "HQ"  # soxr's default, and what every caller used
 REFERENCE_LUFS = -16.0
 REFERENCE_MAX_SECONDS = 30.0
 
@@ -104,23 +113,59 @@ def to_mono(x: np.ndarray) -> np.ndarray:
     return x.mean(axis=1, dtype=np.float64).astype(np.float32)
 
 
-def resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
+def resample(audio: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
     """Resample mono (samples,) or multichannel (samples, channels) audio with soxr (HQ).
 
     Equal rates return a float32 copy. Output length is about
-    len(x) * sr_out / sr_in (soxr rounds it).
+    len(audio) * to_hz / from_hz (soxr rounds it).
     """
-    import soxr
-
-    x = _as_audio(x)
-    sr_in, sr_out = _check_rate(sr_in, "sr_in"), _check_rate(sr_out, "sr_out")
+    x = _as_audio(audio)
+    from_hz, to_hz = _check_rate(from_hz, "from_hz"), _check_rate(to_hz, "to_hz")
     _check_finite(x)
-    if sr_in == sr_out:
+    if from_hz == to_hz or x.shape[0] == 0:
         return x.copy()
-    if x.shape[0] == 0:
-        return x.copy()
-    y = soxr.resample(np.ascontiguousarray(x), sr_in, sr_out, quality="HQ")
+    y = soxr.resample(np.ascontiguousarray(x), from_hz, to_hz, quality=_QUALITY)
     return np.asarray(y, dtype=np.float32)
+
+
+class StreamResampler:
+    """`resample` chunk by chunk, for audio that arrives in pieces: `feed` each chunk, `flush`
+    once at the end for the filter's tail. The concatenated output equals `resample` of the
+    whole (to float rounding) however the audio was cut. Equal rates pass chunks through (copied).
+
+    Chunks are float32 (samples,) for one channel, (samples, channels) for more; they are not
+    checked (a hot path: the caller's audio is the synthesizer's).
+    """
+
+    def __init__(self, from_hz: int, to_hz: int, channels: int = 1) -> None:
+        self.from_hz, self.to_hz = _check_rate(from_hz, "from_hz"), _check_rate(to_hz, "to_hz")
+        self.channels = channels
+        self._stream: Any = None
+        if self.from_hz != self.to_hz:
+            self._stream = soxr.ResampleStream(
+                self.from_hz, self.to_hz, channels, dtype="float32", quality=_QUALITY
+            )
+
+    def feed(self, chunk: np.ndarray) -> np.ndarray:
+        """The resampled audio this chunk completes (may be shorter than its share, or empty)."""
+        x = np.ascontiguousarray(chunk, dtype=np.float32)
+        if self._stream is None:
+            return x.copy() if x is chunk else x
+        return np.asarray(self._stream.resample_chunk(x), dtype=np.float32)
+
+    def flush(self) -> np.ndarray:
+        """The rest of the stream (the filter's tail); the resampler is then ready for a new one."""
+        empty = np.zeros((0, self.channels) if self.channels > 1 else 0, dtype=np.float32)
+        if self._stream is None:
+            return empty
+        tail = np.asarray(self._stream.resample_chunk(empty, last=True), dtype=np.float32)
+        self._stream.clear()
+        return tail
+
+    def reset(self) -> None:
+        """Drop what is buffered (an abandoned stream), ready for a new one."""
+        if self._stream is not None:
+            self._stream.clear()
 
 
 def _fill_one_block(x: np.ndarray, sr: int) -> np.ndarray:
@@ -214,9 +259,9 @@ def prepare_reference(
     if mono.shape[0] > keep:
         warnings.append(f"reference audio is {mono.shape[0] / sr:.1f} s; using its first {max_seconds:g} s")
         mono = mono[:keep]
-    out = resample(mono, sr, REFERENCE_SAMPLE_RATE)[: round(max_seconds * REFERENCE_SAMPLE_RATE)]
+    out = resample(mono, sr, SAMPLE_RATE)[: round(max_seconds * SAMPLE_RATE)]
 
-    loudness = loudness_lufs(out, REFERENCE_SAMPLE_RATE)
+    loudness = loudness_lufs(out, SAMPLE_RATE)
     if not math.isfinite(loudness):
         raise AudioError("reference audio is silent (every 0.4 s block is below the -70 LUFS gate)")
     out = (out.astype(np.float64) * 10.0 ** ((REFERENCE_LUFS - loudness) / 20.0)).astype(np.float32)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..audio.lipsync import mouth_levels
+from ..audio.signal import SAMPLE_RATE
 from ..cancel import CancelToken
 from ..errors import CacheError, InputError
 from ..options import SynthesisOptions, SynthesisRecord
@@ -235,7 +236,7 @@ class PhraseCache:
         audio: np.ndarray,
         record: SynthesisRecord | None = None,
         *,
-        sample_rate: int = 48_000,
+        sample_rate: int = SAMPLE_RATE,
         identity: dict | None = None,
         text: str | None = None,
         source: str = "put",

@@ -392,8 +392,8 @@ def play_audio(
     """
     import numpy as np
 
+    from ..audio.signal import resample
     from ..outputs import Block, SoundDeviceOutput, Track
-    from ..speaker.playback import resample
 
     out = SoundDeviceOutput(device, hostapi=hostapi)
     out.open()

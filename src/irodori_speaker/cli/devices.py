@@ -10,9 +10,13 @@ from ..errors import AudioError, InputError
 from .common import EXIT_ERROR, EXIT_OK, describe_device, play_audio, sub_parser
 
 
-def tone(seconds: float = 1.0, frequency: float = 440.0, rate: int = 48_000, level: float = 0.2):
-    """A sine test tone with 20 ms raised-cosine edges (no click)."""
+def tone(seconds: float = 1.0, frequency: float = 440.0, rate: int | None = None, level: float = 0.2):
+    """A sine test tone with 20 ms raised-cosine edges (no click); `rate` defaults to SAMPLE_RATE."""
     import numpy as np
+
+    from ..audio.signal import SAMPLE_RATE
+
+    rate = SAMPLE_RATE if rate is None else rate
 
     n = max(1, round(seconds * rate))
     t = np.arange(n) / rate
@@ -26,6 +30,7 @@ def tone(seconds: float = 1.0, frequency: float = 440.0, rate: int = 48_000, lev
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
+    from ..audio.signal import SAMPLE_RATE
     from ..outputs import find_output_device, list_output_devices
 
     devices = list_output_devices()
@@ -37,7 +42,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
         if not (0 < args.seconds <= 30):
             raise InputError(f"--seconds must be in (0, 30], got {args.seconds}")
         name = args.tone or None
-        played = play_audio(tone(args.seconds, args.frequency), 48_000, device=name, hostapi=args.hostapi)
+        played = play_audio(
+            tone(args.seconds, args.frequency), SAMPLE_RATE, device=name, hostapi=args.hostapi
+        )
         if args.json:
             doc = {"played": True, **played, "seconds": args.seconds, "frequency": args.frequency}
             print(json.dumps(doc, ensure_ascii=False, indent=2))

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..audio.signal import SAMPLE_RATE
 from ..errors import InputError
 from .config import ModelConfig
 from .layers import RMSNorm, SwiGLU
 
-SAMPLE_RATE = 48_000
 HOP = 1920  # audio samples per latent frame
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP  # 25
 MIN_SECONDS, MAX_SECONDS = 0.5, 30.0
@@ -36,7 +36,7 @@ def check_seconds(seconds: float) -> float:
 
 
 def frames_for_seconds(seconds: float, warnings: list[str] | None = None) -> int:
-    """Clamp to [0.5, 30] s (warning above 30), then frames = ceil(int(seconds * 48000) / 1920)."""
+    """Clamp to [0.5, 30] s (warning above 30), then frames = ceil(int(seconds * SAMPLE_RATE) / HOP)."""
     s = check_seconds(seconds)
     if s > MAX_SECONDS and warnings is not None:
         warnings.append(f"seconds={s:g} is longer than one utterance can be; clamped to {MAX_SECONDS:g} s")

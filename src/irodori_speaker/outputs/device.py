@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..audio.signal import SAMPLE_RATE
 from ..errors import AudioError
 from .base import Output
 from .clock import SampleClock
@@ -134,7 +135,7 @@ class SoundDeviceOutput(Output):
         self._stream: Any = None
         self._latency = 0.0
         self._last_cb = 0.0
-        self._sample_clock = SampleClock(48_000)
+        self._sample_clock = SampleClock(SAMPLE_RATE)
 
     @property
     def latency(self) -> float:

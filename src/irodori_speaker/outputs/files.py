@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..audio.signal import SAMPLE_RATE
 from ..errors import AudioError
 from .paced import PacedOutput
 
@@ -19,11 +20,11 @@ FILE_FORMATS: dict[str, tuple[str, str]] = {
     ".opus": ("OGG", "OPUS"),
     ".mp3": ("MP3", "MPEG_LAYER_III"),
 }
-OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+OPUS_RATES = (8000, 12000, 16000, 24000, 48000)  # what Opus takes, not SAMPLE_RATE
 
 
 def file_format(
-    path: str | os.PathLike[str], subtype: str | None = None, sample_rate: int = 48_000
+    path: str | os.PathLike[str], subtype: str | None = None, sample_rate: int = SAMPLE_RATE
 ) -> tuple[str, str]:
     """(format, subtype) for a sound file named `path`, from its extension; AudioError if we cannot."""
     import soundfile as sf
@@ -109,7 +110,7 @@ class FileOutput(PacedOutput):
         self,
         path: str | os.PathLike[str],
         *,
-        sample_rate: int = 48_000,
+        sample_rate: int = SAMPLE_RATE,
         channels: int = 1,
         subtype: str | None = None,
         speed: float = math.inf,

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from ..audio.signal import SAMPLE_RATE
 from ..errors import InputError
 from .base import Output
 
@@ -29,7 +30,7 @@ class PacedOutput(Output):
         self,
         *,
         speed: float = 1.0,
-        sample_rate: int = 48_000,
+        sample_rate: int = SAMPLE_RATE,
         channels: int = 1,
         block_s: float = 0.01,
         record: bool = False,

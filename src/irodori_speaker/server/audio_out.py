@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from ..audio.signal import SAMPLE_RATE, StreamResampler, resample
 from ..errors import InputError
 
-SOURCE_RATE = 48_000
 MIN_RATE, MAX_RATE = 8_000, 192_000
 MEDIA_TYPES = {
     "wav": "audio/wav",
@@ -32,7 +32,7 @@ class PostProcess:
     """Output rate and channels of 48 kHz mono float32 audio (what the options pipeline leaves
     to the response format; gain and silences are options: types.SynthesisOptions)."""
 
-    rate: int = SOURCE_RATE
+    rate: int = SAMPLE_RATE
     stereo: bool = False
 
     def __post_init__(self) -> None:
@@ -44,32 +44,23 @@ class PostProcess:
         return self.channels(np.clip(self.resample(audio), -1.0, 1.0))
 
     def resample(self, audio: np.ndarray) -> np.ndarray:
-        if self.rate == SOURCE_RATE:
+        if self.rate == SAMPLE_RATE:
             return audio.astype(np.float32, copy=False)
-        import soxr  # type: ignore[import-untyped,unused-ignore]
-
-        return soxr.resample(audio.astype(np.float32, copy=False), SOURCE_RATE, self.rate).astype(np.float32)
+        return resample(audio, SAMPLE_RATE, self.rate)
 
     def channels(self, x: np.ndarray) -> np.ndarray:
         return np.stack([x, x], axis=1) if self.stereo else x
 
     def stream(self, chunks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
         """`apply` chunk by chunk (the output equals the whole-line result up to resampler edges)."""
-        resampler = None
-        if self.rate != SOURCE_RATE:
-            import soxr  # type: ignore[import-untyped,unused-ignore]
-
-            resampler = soxr.ResampleStream(SOURCE_RATE, self.rate, 1, dtype="float32")
+        resampler = StreamResampler(SAMPLE_RATE, self.rate)
         for chunk in chunks:
-            x = chunk.astype(np.float32, copy=False)
-            if resampler is not None:
-                x = resampler.resample_chunk(x)
+            x = resampler.feed(chunk)
             if len(x):
                 yield self.channels(np.clip(x, -1.0, 1.0))
-        if resampler is not None:
-            tail = resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
-            if len(tail):
-                yield self.channels(np.clip(tail, -1.0, 1.0))
+        tail = resampler.flush()
+        if len(tail):
+            yield self.channels(np.clip(tail, -1.0, 1.0))
 
 
 def to_pcm16(x: np.ndarray) -> bytes:
@@ -114,7 +105,7 @@ class _Sink:
 
 _AV_FORMATS = {  # container, codec, sample rate the codec takes
     "mp3": ("mp3", "libmp3lame", None),
-    "opus": ("ogg", "libopus", 48_000),
+    "opus": ("ogg", "libopus", 48_000),  # Opus's own rate, not SAMPLE_RATE
     "aac": ("adts", "aac", None),
 }
 
@@ -143,11 +134,7 @@ class Encoder:
             self._stream: Any = self._container.add_stream(
                 codec, rate=codec_rate or rate, layout="stereo" if channels == 2 else "mono"
             )
-            self._resampler = None
-            if codec_rate and codec_rate != rate:
-                import soxr  # type: ignore[import-untyped,unused-ignore]
-
-                self._resampler = soxr.ResampleStream(rate, codec_rate, channels, dtype="float32")
+            self._resampler = StreamResampler(rate, codec_rate or rate, channels)
             self._codec_rate = codec_rate or rate
 
     @property
@@ -163,9 +150,7 @@ class Encoder:
         if self.fmt == "flac":
             self._pending.append(x)
             return b""
-        if self._resampler is not None:
-            x = self._resampler.resample_chunk(x)
-        return self._av_encode(x)
+        return self._av_encode(self._resampler.feed(x))
 
     def finish(self) -> bytes:
         if self.fmt in ("wav", "pcm"):
@@ -177,10 +162,7 @@ class Encoder:
             audio = np.concatenate(self._pending) if self._pending else np.zeros(0, np.float32)
             sf.write(buf, audio, self.rate, format="FLAC", subtype="PCM_16")
             return buf.getvalue()
-        out = b""
-        if self._resampler is not None:
-            empty = np.zeros((0, self.channels) if self.channels > 1 else 0, np.float32)
-            out += self._av_encode(self._resampler.resample_chunk(empty, last=True))
+        out = self._av_encode(self._resampler.flush())
         assert self._container is not None
         for packet in self._stream.encode(None):
             self._container.mux(packet)

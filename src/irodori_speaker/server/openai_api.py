@@ -15,8 +15,9 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from ..audio.signal import SAMPLE_RATE, StreamResampler
 from ..errors import Cancelled, InputError
-from .audio_out import SOURCE_RATE, Encoder
+from .audio_out import Encoder
 from .readings import REQUEST_OPTIONS, check_readings
 from .schemas import SpeechRequest
 from .state import AppState
@@ -79,15 +80,13 @@ def build_router(state: AppState) -> APIRouter:
         encoder = Encoder(body.response_format, OPENAI_RATE)
 
         async def audio() -> AsyncIterator[bytes]:
-            import soxr  # type: ignore[import-untyped,unused-ignore]
-
-            resampler = soxr.ResampleStream(SOURCE_RATE, OPENAI_RATE, 1, dtype="float32")
+            resampler = StreamResampler(SAMPLE_RATE, OPENAI_RATE)
             samples, sent = 0, False
 
-            def encode(chunk: np.ndarray, last: bool = False) -> bytes:
+            def encode(chunk: np.ndarray) -> bytes:
                 nonlocal samples
                 samples += len(chunk)
-                return encoder.encode(resampler.resample_chunk(chunk, last=last))
+                return encoder.encode(resampler.feed(chunk))
 
             def first_byte() -> None:
                 nonlocal sent
@@ -106,13 +105,13 @@ def build_router(state: AppState) -> APIRouter:
                         first_byte()
                         yield data
                 first_byte()
-                yield encode(np.zeros(0, dtype=np.float32), last=True) + encoder.finish()
+                yield encoder.encode(resampler.flush()) + encoder.finish()
                 state.metrics.total.labels("openai").observe(time.perf_counter() - started)
             except Cancelled:
                 return  # the client went away mid-stream: nobody is left to tell
             finally:
                 await chunks.aclose()
-                state.metrics.audio_seconds.inc(samples / SOURCE_RATE)
+                state.metrics.audio_seconds.inc(samples / SAMPLE_RATE)
 
         return StreamingResponse(audio(), media_type=encoder.media_type)
 

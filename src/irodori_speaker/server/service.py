@@ -236,7 +236,7 @@ class SpeechService:
         line.record = stream.record
         if stream.record.frames:  # sampled (not a cache hit, not only pauses)
             self.metrics.sample_batch.observe(stream.record.extra.get("sample_batch", 1))
-        audio_s = stream.record.samples / 48_000
+        audio_s = stream.record.audio_seconds
         if audio_s > 0:
             self.metrics.rtf.observe((time.perf_counter() - line.started) / audio_s)
 

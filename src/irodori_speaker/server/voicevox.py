@@ -25,11 +25,12 @@ from fastapi.responses import JSONResponse, Response
 
 from .. import __version__
 from ..audio.controls import pitch_available
+from ..audio.signal import SAMPLE_RATE
 from ..errors import InputError
 from ..text import prosody
 from ..text.length import MORAE_PER_SECOND, PAUSE_S
 from . import schemas as S
-from .audio_out import SOURCE_RATE, PostProcess, wav_bytes
+from .audio_out import PostProcess, wav_bytes
 from .readings import reading_query
 from .state import AppState
 
@@ -168,7 +169,7 @@ def build_router(state: AppState) -> APIRouter:
             route=route,
             is_disconnected=request.is_disconnected,
         )
-        state.metrics.audio_seconds.inc(len(audio) / SOURCE_RATE)
+        state.metrics.audio_seconds.inc(len(audio) / SAMPLE_RATE)
         return plan.post.apply(audio), plan.post.rate
 
     # ---- information --------------------------------------------------------------------------
@@ -190,7 +191,7 @@ def build_router(state: AppState) -> APIRouter:
             uuid=ENGINE_UUID,
             url="https://github.com/irodori-speaker/irodori-speaker",
             icon=PNG_1X1,
-            default_sampling_rate=SOURCE_RATE,
+            default_sampling_rate=SAMPLE_RATE,
             frame_rate=25.0,
             terms_of_service="Use the voices only as their owners allow.",
             update_infos=[],
@@ -281,7 +282,7 @@ def build_router(state: AppState) -> APIRouter:
             postPhonemeLength=0.1,
             pauseLength=None,
             pauseLengthScale=1.0,
-            outputSamplingRate=SOURCE_RATE,
+            outputSamplingRate=SAMPLE_RATE,
             outputStereo=False,
             kana=text,
         )

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..audio.lipsync import Envelope
+from ..audio.signal import resample
 from ..outputs import Block, Output, Track
 from .events import (
     Event,
@@ -36,15 +37,6 @@ from .events import (
     Viseme,
     WordEvent,
 )
-
-
-def resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
-    """A whole line to an output's rate (the project's soxr resampler), float32 mono."""
-    if sr_in == sr_out or len(x) == 0:
-        return x
-    from ..audio.signal import resample as _resample
-
-    return np.ascontiguousarray(_resample(x, sr_in, sr_out), dtype=np.float32).reshape(-1)
 
 
 @dataclass

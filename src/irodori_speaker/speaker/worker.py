@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..audio.signal import StreamResampler, resample
 from ..cancel import check
 from ..errors import Cancelled
 from ..options import SynthesisRecord, SynthesizerLike
 from ..timing.estimate import SpeechSpan, estimate_timing
-from .playback import Chunk, resample
+from .playback import Chunk
 from .tasks import TaskScope
 from .utterance import UtteranceState
 
@@ -148,9 +149,7 @@ class LineWorker:
         t0 = time.monotonic()
         post(reports.synth_started, t0)
         if self.streaming:
-            import soxr
-
-            streams = {r: soxr.ResampleStream(src, r, 1, dtype="float32") for r in rates}
+            streams = {r: StreamResampler(src, r) for r in rates}
             # with a cache: stored by its policy once the last chunk is out (a whole line only)
             audio_stream = (
                 cached.stream(line.text, line.voice, line.options, marked=marked, lookup=False, cancel=token)
@@ -164,11 +163,11 @@ class LineWorker:
                     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
                     if span is not None:
                         span.add(x)
-                    by_rate = {r: rs.resample_chunk(x) for r, rs in streams.items()}
+                    by_rate = {r: rs.feed(x) for r, rs in streams.items()}
                     post(reports.chunk, Chunk(x, by_rate), time.monotonic())
                 if streams:
                     empty = np.zeros(0, dtype=np.float32)
-                    tail = {r: rs.resample_chunk(empty, last=True) for r, rs in streams.items()}
+                    tail = {r: rs.flush() for r, rs in streams.items()}
                     post(reports.chunk, Chunk(empty, tail), time.monotonic())
             finally:
                 audio_stream.close()

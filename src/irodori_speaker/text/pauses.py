@@ -6,7 +6,7 @@ Two spellings, anywhere in a line (case-insensitive, spaces allowed inside):
     こんにちは[pause:0.5]今日は                 seconds, or with a unit ("[pause:500ms]")
 
 `split_pauses` turns a line into text pieces and `Pause`s; the synthesizer renders the
-pieces and joins them with exactly round(seconds * 48000) zero samples. The markup never
+pieces and joins them with exactly round(seconds * SAMPLE_RATE) zero samples. The markup never
 reaches the model. Something that starts like markup but is not valid (`<break time="x"/>`,
 `[pause:]`, a pause over `MAX_PAUSE_S`) is an `InputError` naming it, not text read aloud.
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...audio.signal import SAMPLE_RATE
 from ...errors import InputError
 
 __all__ = ["FULL_CODEC_KWARGS", "TINY_CODEC_KWARGS", "CodecConfig"]
@@ -22,7 +23,7 @@ FULL_CODEC_KWARGS: dict[str, Any] = {
     "codebook_size": 1024,
     "codebook_dim": 32,
     "quantizer_dropout": False,
-    "sample_rate": 48000,
+    "sample_rate": SAMPLE_RATE,
 }
 
 #: The small random test codec of `tests/data/dacvae` (same rates, narrow channels).
@@ -36,7 +37,7 @@ TINY_CODEC_KWARGS: dict[str, Any] = {
     "codebook_size": 1024,
     "codebook_dim": 32,
     "quantizer_dropout": False,
-    "sample_rate": 48000,
+    "sample_rate": SAMPLE_RATE,
 }
 
 # Constructor arguments of the reference that create no tensors on the audio paths.
@@ -49,7 +50,7 @@ _DEFAULT_KWARGS: dict[str, Any] = {
     "decoder_dim": 1536,
     "decoder_rates": [12, 10, 8, 2],
     "codebook_dim": 128,
-    "sample_rate": 48000,
+    "sample_rate": SAMPLE_RATE,
 }
 
 
@@ -112,6 +113,10 @@ class CodecConfig:
             codebook_dim=positive_int("codebook_dim"),
             sample_rate=positive_int("sample_rate"),
         )
+        if cfg.sample_rate != SAMPLE_RATE:
+            raise InputError(
+                f"codec sample_rate is {cfg.sample_rate} Hz; irodori-speaker works at {SAMPLE_RATE} Hz"
+            )
         if cfg.decoder_dim % 2 ** len(cfg.decoder_rates):
             raise InputError(
                 f"codec kwarg decoder_dim {cfg.decoder_dim} must be divisible by 2**{len(cfg.decoder_rates)}"
