@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import soundfile as sf  # type: ignore[import-untyped,unused-ignore]
+import soxr  # type: ignore[import-untyped,unused-ignore]
 
 from ..errors import InputError
 
@@ -46,8 +48,6 @@ class PostProcess:
     def resample(self, audio: np.ndarray) -> np.ndarray:
         if self.rate == SOURCE_RATE:
             return audio.astype(np.float32, copy=False)
-        import soxr  # type: ignore[import-untyped,unused-ignore]
-
         return soxr.resample(audio.astype(np.float32, copy=False), SOURCE_RATE, self.rate).astype(np.float32)
 
     def channels(self, x: np.ndarray) -> np.ndarray:
@@ -57,8 +57,6 @@ class PostProcess:
         """`apply` chunk by chunk (the output equals the whole-line result up to resampler edges)."""
         resampler = None
         if self.rate != SOURCE_RATE:
-            import soxr  # type: ignore[import-untyped,unused-ignore]
-
             resampler = soxr.ResampleStream(SOURCE_RATE, self.rate, 1, dtype="float32")
         for chunk in chunks:
             x = chunk.astype(np.float32, copy=False)
@@ -78,8 +76,6 @@ def to_pcm16(x: np.ndarray) -> bytes:
 
 def wav_bytes(audio: np.ndarray, rate: int) -> bytes:
     """A complete 16-bit PCM WAV file (what VOICEVOX returns)."""
-    import soundfile as sf  # type: ignore[import-untyped,unused-ignore]
-
     buf = io.BytesIO()
     sf.write(buf, audio, rate, format="WAV", subtype="PCM_16")
     return buf.getvalue()
@@ -145,8 +141,6 @@ class Encoder:
             )
             self._resampler = None
             if codec_rate and codec_rate != rate:
-                import soxr  # type: ignore[import-untyped,unused-ignore]
-
                 self._resampler = soxr.ResampleStream(rate, codec_rate, channels, dtype="float32")
             self._codec_rate = codec_rate or rate
 
@@ -171,8 +165,6 @@ class Encoder:
         if self.fmt in ("wav", "pcm"):
             return b""
         if self.fmt == "flac":
-            import soundfile as sf  # type: ignore[import-untyped,unused-ignore]
-
             buf = io.BytesIO()
             audio = np.concatenate(self._pending) if self._pending else np.zeros(0, np.float32)
             sf.write(buf, audio, self.rate, format="FLAC", subtype="PCM_16")

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import numpy as np
+import soxr  # type: ignore[import-untyped,unused-ignore]
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
@@ -25,7 +26,8 @@ OPENAI_RATE = 24_000
 MODEL_IDS = ("irodori-speaker", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
-def build_router(state: AppState) -> APIRouter:
+def make_router(state: AppState) -> APIRouter:
+    """The speech route reads the server's options, voices and limits and streams from its service."""
     router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
     @router.get("/models", summary="List models")
@@ -79,8 +81,6 @@ def build_router(state: AppState) -> APIRouter:
         encoder = Encoder(body.response_format, OPENAI_RATE)
 
         async def audio() -> AsyncIterator[bytes]:
-            import soxr  # type: ignore[import-untyped,unused-ignore]
-
             resampler = soxr.ResampleStream(SOURCE_RATE, OPENAI_RATE, 1, dtype="float32")
             samples, sent = 0, False
 
