@@ -172,6 +172,7 @@ def serve_full(weights: str, argv: list[str]) -> int:
 
     from irodori_speaker.cli import build_parser
     from irodori_speaker.cli.serve import settings_from_args
+    from irodori_speaker.server import ServerParts
     from irodori_speaker.server.config import load_voice_book
     from irodori_speaker.server.run import serve
 
@@ -189,7 +190,7 @@ def serve_full(weights: str, argv: list[str]) -> int:
     )
     args = build_parser().parse_args(["serve", *argv])
     with contextlib.suppress(KeyboardInterrupt):  # as the CLI: uvicorn re-raises Ctrl-C after its stop
-        serve(synth, settings_from_args(args), book=load_voice_book(str(home / "voices.toml")))
+        serve(settings_from_args(args), ServerParts(synth, load_voice_book(str(home / "voices.toml"))))
     return 0
 
 

@@ -6,11 +6,13 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import sys
 from typing import Any
 
-from ..server.config import DEFAULT_HOST, DEFAULT_PORT, check_port
-from .common import EXIT_OK, add_model_flags, add_reading_flags, build_readings, sub_parser
+from ..errors import InputError
+from ..server.settings import DEFAULT_HOST, DEFAULT_PORT, ServerSettings, check_port
+from .common import EXIT_OK, add_model_flags, add_reading_flags, build_readings, load_kwargs, sub_parser
 
 DESCRIPTION = """\
 Serve the VOICEVOX engine API and OpenAI's speech API on one loaded model.
@@ -75,9 +77,8 @@ def _positive(text: str) -> int:
     return value
 
 
-def settings_from_args(args: argparse.Namespace) -> Any:
-    from ..server.config import ServerSettings
-
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    """The server's settings from serve's flags: all `serve` hands the server."""
     return ServerSettings(
         host=args.host,
         port=args.port,
@@ -92,12 +93,17 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         steps=args.steps,
         shutdown_grace_s=args.shutdown_grace,
         readings=tuple(build_readings(args).items()),
+        load=load_kwargs(args),
+        voices=args.voices,
+        user_dict=args.user_dict,
+        cache=not args.no_cache,
+        cache_dir=args.cache_dir,
+        prewarm=not args.no_prewarm,
+        replicas=args.replicas,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import InputError
-
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
@@ -108,26 +114,38 @@ def run(args: argparse.Namespace) -> int:
     for warning in settings.check():  # refuses unsafe settings before the model loads
         print(f"warning: {warning}", file=sys.stderr)
     check_port(settings.host, settings.port, ray=args.ray)
+    # the server's modules (numpy, FastAPI, Ray) load only when serving, not with the command line
     from ..server.config import load_voice_book
 
-    book = load_voice_book(args.voices)  # a bad voice config fails here, before any model loads
-    # the config's [readings] under the serve flags: a flag wins
-    settings.readings = tuple({**dict(book.readings), **dict(settings.readings)}.items())
+    book = load_voice_book(settings.voices)  # a bad voice config fails here, before any model loads
     if args.ray:
-        from ..server.ray_app import serve_ray
-
-        return serve_ray(args, settings)
+        try:
+            from ..server.ray_app import serve_ray
+        except ModuleNotFoundError as e:
+            if not (e.name or "").startswith("ray"):
+                raise
+            raise InputError("--ray needs Ray Serve", hint="pip install 'ray[serve]'") from None
+        return serve_ray(settings)
+    from ..server.parts import ServerParts
     from ..server.run import serve
-    from ..synthesis.synthesizer import load_synthesizer
-    from .common import load_kwargs
 
-    # --streams N: N lines in synthesis at once, sampled as batches of up to N
-    synth = load_synthesizer(**load_kwargs(args), user_dict=args.user_dict, max_batch=args.streams)
-    cache = None
-    if not args.no_cache:
-        from ..cache import PhraseCache, default_cache_dir
-
-        cache = PhraseCache(args.cache_dir or default_cache_dir())
+    parts = ServerParts.load(settings, book=book)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
-        serve(synth, settings, book=book, cache=cache, prewarm=not args.no_prewarm)
+        serve(settings, parts)
     return EXIT_OK
+
+
+def ray_app() -> Any:
+    """The Ray Serve application of $IRODORI_SERVE_ARGS (serve's flags), for Ray's own CLI."""
+    parser = argparse.ArgumentParser(prog="irodori-speaker")
+    register(parser.add_subparsers())
+    args = parser.parse_args(["serve", *shlex.split(os.environ.get("IRODORI_SERVE_ARGS", ""))])
+    from ..server.ray_app import build_deployment
+
+    return build_deployment(settings_from_args(args))
+
+
+def __getattr__(name: str) -> Any:  # `serve run irodori_speaker.cli.serve:app`
+    if name == "app":
+        return ray_app()
+    raise AttributeError(name)

@@ -8,6 +8,8 @@ the API key (Authorization: Bearer) when one is set; a body size limit (413).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hmac
 import logging
 import re
@@ -26,10 +28,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import __version__
 from ..errors import Cancelled, InputError, IrodoriError
 from ..text.userdict import UserDictionary
-from .config import ServerSettings, VoiceBook, default_voice_book, is_loopback
+from . import openai_api
+from .config import VoiceBook, default_voice_book
 from .metrics import Metrics
+from .parts import ServerParts
 from .service import QueueFull, ShuttingDown, SpeechService
+from .settings import ServerSettings, is_loopback
 from .state import AppState
+from .voicevox import engine_info, presets, speakers, tts
+from .voicevox import user_dict as user_dict_routes
 
 log = logging.getLogger("irodori_speaker.server")
 
@@ -79,6 +86,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 OPEN_PATHS = ("/version",)  # answered without the API key (a liveness probe)
 
 
+def build_app(settings: ServerSettings, parts: ServerParts) -> FastAPI:
+    """The server app of `settings` on loaded `parts` (`serve` and each Ray Serve replica)."""
+    return create_app(parts.synth, settings, book=parts.book, cache=parts.cache, prewarm=settings.prewarm)
+
+
 def create_app(
     synth: Any,
     settings: ServerSettings | None = None,
@@ -88,10 +100,15 @@ def create_app(
     cache: Any = None,
     prewarm: bool = True,
 ) -> FastAPI:
-    """The server app around a loaded Synthesizer (the model is loaded once, by the caller)."""
+    """The server app around a loaded Synthesizer (the model is loaded once, by the caller).
+
+    The voice config's [readings] lie under the settings' own (the serve flags): a setting wins."""
     settings = settings or ServerSettings()
     for warning in settings.check():
         log.warning(warning)
+    book = book or default_voice_book()
+    readings = {**dict(book.readings), **dict(settings.readings)}
+    settings = dataclasses.replace(settings, readings=tuple(readings.items()))
     metrics = Metrics()
     streams = int(settings.streams or getattr(getattr(synth, "preset", None), "max_batch", 1) or 1)
     service = SpeechService(
@@ -99,12 +116,10 @@ def create_app(
     )
     if user_dict is None:
         user_dict = synth.user_dict if getattr(synth, "user_dict", None) is not None else UserDictionary()
-    state = AppState(settings, book or default_voice_book(), service, user_dict, metrics)
+    state = AppState(settings, book, service, user_dict, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        import asyncio
-
         await asyncio.to_thread(user_dict.openjtalk_dictionary)
         if prewarm:
             seconds = await asyncio.to_thread(synth.prewarm)
@@ -124,11 +139,13 @@ def create_app(
     )
     app.state.irodori = state
     _install_errors(app, metrics)
-
-    from . import openai_api, voicevox
-
-    app.include_router(voicevox.build_router(state))
-    app.include_router(openai_api.build_router(state))
+    # the VOICEVOX engine's API groups, then OpenAI's
+    app.include_router(engine_info.make_router())
+    app.include_router(speakers.make_router(book, service))
+    app.include_router(presets.make_router())
+    app.include_router(tts.make_router(state))
+    app.include_router(user_dict_routes.make_router(user_dict))
+    app.include_router(openai_api.make_router(state))
 
     @app.get("/metrics", tags=["その他"], summary="Prometheus metrics", response_class=Response)
     def prometheus() -> Response:

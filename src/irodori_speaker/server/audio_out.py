@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import soundfile as sf  # type: ignore[import-untyped,unused-ignore]
 
 from ..audio.signal import SAMPLE_RATE, StreamResampler, resample
 from ..errors import InputError
@@ -69,8 +70,6 @@ def to_pcm16(x: np.ndarray) -> bytes:
 
 def wav_bytes(audio: np.ndarray, rate: int) -> bytes:
     """A complete 16-bit PCM WAV file (what VOICEVOX returns)."""
-    import soundfile as sf  # type: ignore[import-untyped,unused-ignore]
-
     buf = io.BytesIO()
     sf.write(buf, audio, rate, format="WAV", subtype="PCM_16")
     return buf.getvalue()
@@ -156,8 +155,6 @@ class Encoder:
         if self.fmt in ("wav", "pcm"):
             return b""
         if self.fmt == "flac":
-            import soundfile as sf  # type: ignore[import-untyped,unused-ignore]
-
             buf = io.BytesIO()
             audio = np.concatenate(self._pending) if self._pending else np.zeros(0, np.float32)
             sf.write(buf, audio, self.rate, format="FLAC", subtype="PCM_16")

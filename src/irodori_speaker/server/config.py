@@ -1,4 +1,4 @@
-"""Server settings and the voice config file (TOML or YAML) that maps style ids to voices.
+"""The voice config file (TOML or YAML) that maps style ids to voices.
 
     # voices.toml                                  # voices.yaml: the same keys
     [[speakers]]                                   # speakers:
@@ -20,10 +20,7 @@ config: one speaker with one style, id 0, the model's own voice.
 
 from __future__ import annotations
 
-import errno
-import ipaddress
 import os
-import socket
 import sys
 import uuid as uuidlib
 import zlib
@@ -32,12 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from .readings import check_readings
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 50021  # the VOICEVOX engine's port: its clients find us without settings
-# the fixed ports a local Ray instance takes (ray/_private/ray_constants.py, Ray 2.x): its GCS,
-# its dashboard and its dashboard agent, bound by `ray.init` before Serve's proxy binds ours
-RAY_PORTS = {6379: "GCS", 8265: "dashboard", 52365: "dashboard agent"}
 NAMESPACE = uuidlib.UUID("6f0d8a52-4a43-4b8e-9a5e-1f9d3c1b7e21")  # speaker uuids derived from names
 # OpenAI's built-in voice names: clients send them by default; they mean the default style
 # unless a style lists them in `aliases`.
@@ -71,7 +64,7 @@ class Style:
 
     def voice(self) -> Any:
         """The Voice of this style (None: the model's own voice)."""
-        from ..synthesis.voices import Voice
+        from ..synthesis.voices import Voice  # imports torch: not when the config is read
 
         if self.wav is not None:
             return Voice.from_wav(self.wav, caption=self.caption, name=self.name)
@@ -240,91 +233,5 @@ def load_voice_book(path: str | os.PathLike | None) -> VoiceBook:
     readings = data.get("readings") or {}
     if not isinstance(readings, dict):
         raise InputError(f"{path}: `readings` must be a table of options, e.g. pause_markup = false")
-    from .readings import check_readings
-
     checked = check_readings(readings, f"{path}: [readings]")
     return VoiceBook(speakers, int(data.get("default_style", first)), readings=tuple(checked.items()))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding to `host` keeps the server on this machine."""
-    if host in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-@dataclass
-class ServerSettings:
-    """Everything `irodori-speaker serve` can be told. Limits protect the one model."""
-
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    api_key: str | None = None
-    cors_policy: str = "localapps"  # "localapps" (VOICEVOX's default) or "all"
-    allow_origins: tuple[str, ...] = ()
-    max_text_chars: int = 1000
-    max_body_bytes: int = 1_000_000
-    max_queue: int = 64  # waiting syntheses; more -> 503 with Retry-After
-    streams: int | None = None  # lines in synthesis at once (None: the preset's max_batch)
-    max_batch: int = 16  # queries per /multi_synthesis
-    seed: int | None = 0  # fixed: the same request gives the same audio (VOICEVOX-like), cacheable
-    steps: int | None = None  # sampler steps (None: the backend preset's)
-    shutdown_grace_s: float = 10.0  # in-flight syntheses get this long at shutdown, then are cancelled
-    # the readings options of every request (tags, urls, laughter, read_numbers, read_english:
-    # docs/text-and-readings.md), as (name, value) pairs; empty: the defaults
-    readings: tuple[tuple[str, Any], ...] = ()
-
-    def check(self) -> list[str]:
-        """Raise on unsafe settings; return warnings to print."""
-        warnings: list[str] = []
-        if self.cors_policy not in ("localapps", "all"):
-            raise InputError(f"cors policy must be 'localapps' or 'all', got {self.cors_policy!r}")
-        if not is_loopback(self.host):
-            if not self.api_key:
-                raise InputError(
-                    f"listening on {self.host} (beyond this machine) needs an API key",
-                    hint="pass --api-key KEY (or $IRODORI_API_KEY); clients send 'Authorization: Bearer KEY'",
-                )
-            warnings.append(
-                f"listening on {self.host}: reachable from other machines; every request needs the API key"
-            )
-        if self.cors_policy == "all":
-            warnings.append("CORS policy 'all': any web page may call this server")
-        return warnings
-
-
-def check_port(host: str, port: int, *, ray: bool = False) -> None:
-    """Refuse a port the server could not listen on, before any model loads: out of range, one
-    of a local Ray instance's own ports (`ray`), or in use (a VOICEVOX engine on 50021, a
-    second server)."""
-    if not 1 <= port <= 65535:
-        raise InputError(f"--port {port} is not a TCP port", hint="pick one from 1 to 65535")
-    if ray and port in RAY_PORTS:
-        raise InputError(
-            f"--port {port} is Ray's {RAY_PORTS[port]} port", hint="pick another port with --port"
-        )
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        raise InputError(
-            f"--host {host!r} is not an address of this machine: {e.strerror}",
-            hint="--host 127.0.0.1 for this machine, 0.0.0.0 for every interface",
-        ) from None
-    family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
-        try:
-            s.bind(addr)
-        except OSError as e:
-            hints = {
-                errno.EADDRINUSE: "another server (a VOICEVOX engine?) has the port: stop it or pass --port",
-                errno.EADDRNOTAVAIL: "--host must be an address of this machine (127.0.0.1, 0.0.0.0)",
-                errno.EACCES: "ports below 1024 need privileges: pass --port above 1023",
-            }
-            raise InputError(
-                f"cannot listen on {host}:{port}: {e.strerror}",
-                hint=hints.get(e.errno or 0, "pass another --host / --port"),
-            ) from None

@@ -26,7 +26,8 @@ OPENAI_RATE = 24_000
 MODEL_IDS = ("irodori-speaker", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
-def build_router(state: AppState) -> APIRouter:
+def make_router(state: AppState) -> APIRouter:
+    """The speech route reads the server's options, voices and limits and streams from its service."""
     router = APIRouter(prefix="/v1", tags=["OpenAI"])
 
     @router.get("/models", summary="List models")

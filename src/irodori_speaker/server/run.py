@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from .app import create_app
-from .config import ServerSettings, VoiceBook
+import uvicorn
 
-log = logging.getLogger("irodori_speaker.server")
+from .app import build_app
+from .parts import ServerParts
+from .settings import ServerSettings
 
 
-def uvicorn_config(app: Any, settings: ServerSettings, **kwargs: Any) -> Any:
-    import uvicorn
-
+def uvicorn_config(app: Any, settings: ServerSettings, **kwargs: Any) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -28,17 +26,7 @@ def uvicorn_config(app: Any, settings: ServerSettings, **kwargs: Any) -> Any:
     )
 
 
-def serve(
-    synth: Any,
-    settings: ServerSettings,
-    *,
-    book: VoiceBook | None = None,
-    cache: Any = None,
-    prewarm: bool = True,
-) -> None:
-    """Serve until SIGINT/SIGTERM (blocking)."""
-    import uvicorn
-
-    app = create_app(synth, settings, book=book, cache=cache, prewarm=prewarm)
-    server = uvicorn.Server(uvicorn_config(app, settings))
+def serve(settings: ServerSettings, parts: ServerParts) -> None:
+    """Serve `build_app(settings, parts)` until SIGINT/SIGTERM (blocking)."""
+    server = uvicorn.Server(uvicorn_config(build_app(settings, parts), settings))
     server.run()

@@ -22,16 +22,14 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from ..cache import CachedRender
 from ..cancel import CancelToken
 from ..errors import Cancelled, IrodoriError
 from .metrics import Metrics
-
-if TYPE_CHECKING:
-    from ..cache import CachedRender
 
 _DONE = object()
 CLIENT_GONE = "the client went away"
@@ -147,8 +145,6 @@ class SpeechService:
         self.cache = cache
         self.cached: CachedRender | None = None  # lookup -> render -> store, with the cache
         if cache is not None:
-            from ..cache import CachedRender
-
             self.cached = CachedRender(cache, synth, store="seeded", source="server")
         self.max_queue = max_queue
         self.metrics = metrics or Metrics()

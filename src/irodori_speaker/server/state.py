@@ -8,10 +8,12 @@ from typing import Any
 
 from fastapi import Request
 
+from ..options import SynthesisOptions
 from ..text.userdict import UserDictionary
-from .config import ServerSettings, VoiceBook
+from .config import VoiceBook
 from .metrics import Metrics
 from .service import SpeechService
+from .settings import ServerSettings
 
 SPEED_RANGE = (0.5, 2.0)  # the speed option's bounds (types.SynthesisOptions.speed)
 
@@ -43,8 +45,6 @@ class AppState:
         The one place request fields meet the options pipeline. `speed` is the `speed`
         option; the APIs allow 0.25-4, beyond its 0.5-2 the rest scales the length the same
         way through `duration_scale`."""
-        from ..synthesis.synthesizer import SynthesisOptions
-
         lo, hi = SPEED_RANGE
         kept = min(max(speed, lo), hi)
         fields["duration_scale"] = fields.get("duration_scale", 1.0) * kept / speed

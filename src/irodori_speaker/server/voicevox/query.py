@@ -1,0 +1,133 @@
+"""An AudioQuery on our model: what it asks the options pipeline for, and its moras re-estimated.
+
+An AudioQuery is built from pyopenjtalk's accent phrases with estimated lengths. At
+synthesis the model reads the query's `kana` (the original text, as AivisSpeech does)
+when its moras are the ones that text gives, else the moras' own reading (a client that
+edited readings is heard). Edited lengths scale the length the model is asked for by
+(query's speech length / our estimate). The scales are the options pipeline's controls
+(`plan_query`): speedScale -> speed, pitchScale -> pitch, intonationScale -> intonation,
+volumeScale -> volume, pre/postPhonemeLength -> pre/post_silence; pauseLength /
+pauseLengthScale become pause markup (`text/pauses.py`), so the line is split there into
+pieces joined by exact silence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from ...audio.controls import pitch_from_voicevox, volume_from_scale
+from ...errors import InputError
+from ...text import prosody
+from ...text.length import MORAE_PER_SECOND, PAUSE_S
+from ...text.pauses import canonical, strip_markup
+from .. import schemas as S
+from ..audio_out import PostProcess
+from ..state import AppState
+
+_PAUSE_SPLIT = re.compile(r"(?<=[、。，．,.!?！？…])")
+
+
+@dataclasses.dataclass
+class Plan:
+    """What one AudioQuery asks for: the text (with pause markup where the query's pauses are
+    exact), the SynthesisOptions (speed, pitch, volume, silences) and the output format."""
+
+    text: str
+    options: Any
+    post: PostProcess
+
+
+def _phrase_moras(phrases: list[Any]) -> list[tuple[tuple[str, ...], bool]]:
+    return [(tuple(m.text for m in p.moras), p.pause_mora is not None) for p in phrases]
+
+
+def plan_query(state: AppState, q: S.AudioQuery, readings: dict[str, Any] | None = None) -> Plan:
+    """Map an AudioQuery onto the options pipeline (raises InputError on what we cannot honour).
+
+    speedScale -> speed, pitchScale -> pitch (semitones, `controls.pitch_from_voicevox`),
+    intonationScale -> intonation (the same 0-2 scale of log f0 about its median),
+    volumeScale -> volume (dB), pre/postPhonemeLength (divided by speedScale, as VOICEVOX
+    does) -> pre/post_silence, pauseLength / pauseLengthScale -> pause markup between the pieces.
+    `readings`: the request's readings options (server/readings.py)."""
+    speed = q.speedScale
+    post = PostProcess(rate=q.outputSamplingRate, stereo=q.outputStereo)
+    controls = {
+        "pitch": pitch_from_voicevox(q.pitchScale),
+        "intonation": q.intonationScale,  # the same scale: deviation of log f0 from its centre
+        "volume": volume_from_scale(q.volumeScale),
+        "pre_silence": q.prePhonemeLength / speed,
+        "post_silence": q.postPhonemeLength / speed,
+    }
+    readings = dict(readings or {})
+    strip_client_markup = not state.options(**readings).pause_markup
+    controls.update(readings, pause_markup=True)  # the plan spells the query's own pauses as markup
+    moras = [m for p in q.accent_phrases for m in p.moras]
+    if not moras:  # nothing to say: only the silences
+        return Plan(canonical(0.0), state.options(speed=speed, **controls), post)
+    reading_groups: list[str] = []  # the query's reading, one entry per pause group
+    silences: list[float] = []
+    current = ""
+    for p in q.accent_phrases:
+        current += "".join(m.text for m in p.moras) + ("？" if p.is_interrogative else "")
+        if p.pause_mora is not None:
+            reading_groups.append(current + "、")
+            length = q.pauseLength if q.pauseLength is not None else p.pause_mora.vowel_length
+            silences.append(length * q.pauseLengthScale / speed)
+            current = ""
+    if current:
+        reading_groups.append(current)
+    silences += [0.0] * (len(reading_groups) - len(silences))
+
+    text = q.kana.strip() if q.kana else ""
+    if strip_client_markup:  # the client's markup goes; the query's own pauses stay
+        text = strip_markup(text)
+    if len(text) > state.settings.max_text_chars:
+        raise InputError(f"kana is longer than {state.settings.max_text_chars} characters")
+    from_text = bool(text) and _same_moras(state, text, q.accent_phrases, readings)
+    default_pauses = q.pauseLength is None and q.pauseLengthScale == 1.0
+    default_pauses = default_pauses and all(
+        p.pause_mora is None or abs(p.pause_mora.vowel_length - PAUSE_S) < 1e-6 for p in q.accent_phrases
+    )
+    if default_pauses:  # one piece: the model places its own pauses
+        line = text if from_text else "".join(reading_groups)
+    else:
+        groups = [g for g in _PAUSE_SPLIT.split(text) if g.strip()] if from_text else []
+        if len(groups) != len(reading_groups):
+            groups = reading_groups  # the text's punctuation does not line up with the pauses
+        line = "".join(g + (canonical(s) if s > 0 else "") for g, s in zip(groups, silences))
+    speech_s = sum(m.seconds for m in moras)
+    ratio = speech_s / (len(moras) / MORAE_PER_SECOND)
+    if ratio <= 0:
+        raise InputError("the query's mora lengths add up to zero")
+    return Plan(line, state.options(speed=speed, duration_scale=ratio, **controls), post)
+
+
+def _same_moras(state: AppState, text: str, phrases: list[S.AccentPhrase], readings: dict[str, Any]) -> bool:
+    try:
+        reference = prosody.accent_phrases(state.spoken_text(text, **readings))
+    except InputError:
+        return False
+    return _phrase_moras(reference) == _phrase_moras(phrases)
+
+
+def re_estimate(phrases: list[S.AccentPhrase], lengths: bool, pitches: bool) -> list[S.AccentPhrase]:
+    """The phrases with their moras' lengths and/or pitches estimated afresh (/mora_data & co)."""
+    out = []
+    for p in phrases:
+        highs = prosody.accent_pitches(len(p.moras), p.accent)
+        moras = []
+        for m, high in zip(p.moras, highs):
+            fresh = prosody.make_mora(m.text, m.consonant or "", m.vowel, high)
+            update: dict[str, Any] = {}
+            if lengths:
+                update.update(consonant_length=fresh.consonant_length, vowel_length=fresh.vowel_length)
+            if pitches:
+                update["pitch"] = fresh.pitch
+            moras.append(m.model_copy(update=update))
+        pause = p.pause_mora
+        if pause is not None and lengths:
+            pause = pause.model_copy(update={"vowel_length": PAUSE_S})
+        out.append(p.model_copy(update={"moras": moras, "pause_mora": pause}))
+    return out

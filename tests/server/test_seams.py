@@ -1,0 +1,73 @@
+"""The server's seams: built once from a `ServerSettings` and loaded parts, never from the CLI."""
+
+from __future__ import annotations
+
+import ast
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from irodori_speaker.cli import build_parser
+from irodori_speaker.cli.serve import settings_from_args
+from irodori_speaker.server import ServerParts, ServerSettings, build_app, load_voice_book
+from irodori_speaker.text.userdict import UserDictionary
+
+SERVER = Path(__file__).resolve().parents[2] / "src" / "irodori_speaker" / "server"
+
+
+def fake_synth() -> SimpleNamespace:
+    """Enough of a Synthesizer to build the app (no request is served)."""
+    return SimpleNamespace(user_dict=UserDictionary(), preset=SimpleNamespace(max_batch=1))
+
+
+def test_the_server_imports_nothing_from_the_command_line():
+    for path in sorted(SERVER.rglob("*.py")):
+        package = ["irodori_speaker", *path.relative_to(SERVER.parent).parent.parts]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                imported = [module] + [f"{module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                imported = [a.name for a in node.names]
+            else:
+                continue
+            assert not any(m.startswith("irodori_speaker.cli") for m in imported), f"{path}:{node.lineno}"
+
+
+def test_serve_turns_its_flags_into_settings_that_pickle(tmp_path):
+    argv = ["serve", "--tiny-random", "--no-cache", "--no-prewarm", "--replicas", "2", "--voices", "v.toml"]
+    argv += ["--user-dict", "d.sqlite3", "--no-read-numbers", "--backend", "cpu"]
+    settings = settings_from_args(build_parser().parse_args(argv))
+    assert settings.load["tiny_random"] == "v2" and settings.load["backend"] == "cpu"
+    assert (settings.voices, settings.user_dict, settings.replicas) == ("v.toml", "d.sqlite3", 2)
+    assert not settings.cache and not settings.prewarm and dict(settings.readings) == {"read_numbers": False}
+    assert pickle.loads(pickle.dumps(settings)) == settings  # what a Ray Serve replica is handed
+
+
+def test_build_app_serves_the_voice_configs_readings_under_the_settings(tmp_path):
+    cfg = tmp_path / "voices.toml"
+    cfg.write_text(
+        '[[speakers]]\nname = "a"\n[readings]\npause_markup = false\nurls = "domain"\n', encoding="utf-8"
+    )
+    settings = ServerSettings(readings=(("urls", "drop"),), voices=str(cfg), prewarm=False)
+    app = build_app(settings, ServerParts(fake_synth(), load_voice_book(settings.voices)))
+    assert dict(app.state.irodori.settings.readings) == {"pause_markup": False, "urls": "drop"}
+    assert settings.readings == (("urls", "drop"),)  # the caller's settings are left as they were
+
+
+def test_one_router_per_api_group_keeps_the_document():
+    app = build_app(ServerSettings(), ServerParts(fake_synth(), load_voice_book(None)))
+    doc = app.openapi()
+    paths = doc["paths"]
+    tags = {p: sorted({t for op in ops.values() for t in op.get("tags", [])}) for p, ops in paths.items()}
+    assert len(tags) == 24
+    assert tags["/version"] == tags["/speakers"] == tags["/presets"] == tags["/metrics"] == ["その他"]
+    assert tags["/audio_query"] == ["クエリ作成"] and tags["/mora_pitch"] == ["クエリ編集"]
+    assert tags["/multi_synthesis"] == ["音声合成"] and tags["/import_user_dict"] == ["ユーザー辞書"]
+    assert tags["/v1/audio/speech"] == ["OpenAI"]
+    assert set(doc["paths"]["/user_dict_word/{word_uuid}"]) == {"put", "delete"}
