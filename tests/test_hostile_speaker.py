@@ -25,7 +25,7 @@ from hostile import one_line, run, speaks_normally
 from irodori_speaker.cache import PhraseCache
 from irodori_speaker.errors import IrodoriError
 from irodori_speaker.speaker import Speaker, UtteranceState
-from irodori_speaker.speaker.lines import MAX_LINE_CHARS
+from irodori_speaker.text.split import MAX_LINE_CHARS
 
 pytestmark = pytest.mark.timeout(60)  # per case: a hang fails, it is not merely slow
 

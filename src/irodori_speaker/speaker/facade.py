@@ -17,10 +17,11 @@ from ..cancel import CancelToken
 from ..errors import InputError
 from ..options import SynthesisOptions, SynthesizerLike
 from ..outputs import Output, OutputSpec
+from ..text.split import check_line_text
 from . import lifetime, settings
 from .events import EventBus, EventStream, KindSpec, Metrics
 from .feeder import Feeder, default_segmenter, speak_stream
-from .lines import UNSET, LineOptions, Priority, check_line_text
+from .lines import UNSET, LineOptions, Priority
 from .playback import Player
 from .queue import LineQueue, lanes_of
 from .runtime import Runtime
@@ -249,7 +250,9 @@ class Speaker:
         lane, options = line.priority, line.synthesis_options(self.options)
         voice = self.voice if line.voice is UNSET else line.voice
         if self.tags:  # a mapped emotion tag picks the line's voice / caption / options
-            text, voice, options = self.tags.resolve(text, voice, options)
+            from ..synthesis.voices import tagged_line  # torch: only for a Speaker with tags
+
+            text, voice, options = tagged_line(self.tags, text, voice, options)
         if self.synthesizer is not None:  # bounds that depend on the model, before any work
             self.synthesizer.resolve_options(options)
         now = time.monotonic()
