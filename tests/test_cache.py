@@ -23,7 +23,7 @@ from irodori_speaker import cache as cache_mod
 from irodori_speaker.audio.lipsync import Envelope, mouth_levels
 from irodori_speaker.cache import DEFAULT_SEED, PhraseCache, cache_options, canonical_json
 from irodori_speaker.errors import CacheError, InputError
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions, SynthesisRecord
+from irodori_speaker.options import SynthesisOptions, SynthesisRecord
 from irodori_speaker.synthesis.voices import Voice
 
 FAST = SynthesisOptions(steps=2, seconds=0.4, seed=5)  # cheap on a 2-core CPU
@@ -587,7 +587,7 @@ class SlowSpy(Spy):
             time.sleep(self.delay)
             yield from inner
 
-        from irodori_speaker.synthesis.synthesizer import AudioStream
+        from irodori_speaker.options import AudioStream
 
         return AudioStream(chunks(), inner.record)
 

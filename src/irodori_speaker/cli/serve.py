@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
         return serve_ray(args, settings)
     from ..server.run import serve
-    from ..synthesis.synthesizer import load_synthesizer
+    from ..synthesis.loading import load_synthesizer
     from .common import load_kwargs
 
     # --streams N: N lines in synthesis at once, sampled as batches of up to N

@@ -23,7 +23,7 @@ def build_app(args: argparse.Namespace, settings: Any) -> Any:
     """The server app of one replica: load the model, open the cache, `create_app`."""
     from ..cache import PhraseCache, default_cache_dir
     from ..cli.common import load_kwargs
-    from ..synthesis.synthesizer import load_synthesizer
+    from ..synthesis.loading import load_synthesizer
     from .app import create_app
     from .config import load_voice_book
 

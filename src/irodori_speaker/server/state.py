@@ -43,7 +43,7 @@ class AppState:
         The one place request fields meet the options pipeline. `speed` is the `speed`
         option; the APIs allow 0.25-4, beyond its 0.5-2 the rest scales the length the same
         way through `duration_scale`."""
-        from ..synthesis.synthesizer import SynthesisOptions
+        from ..options import SynthesisOptions
 
         lo, hi = SPEED_RANGE
         kept = min(max(speed, lo), hi)

@@ -136,12 +136,15 @@ def _merge_deprecated_preset_fields(preset: Any, fields: dict[str, Any], own: Ca
 def load_synthesizer_for(options: Mapping[str, Any]) -> SynthesizerLike:
     """`load_synthesizer(**options)` (worker thread), or a clear error when it is unavailable."""
     try:
-        from ..synthesis.synthesizer import load_synthesizer  # type: ignore[attr-defined]
+        from ..synthesis.loading import load_synthesizer
     except ImportError as e:
         raise InputError(
-            "no synthesizer given and irodori_speaker.synthesis.synthesizer.load_synthesizer is unavailable",
-            hint="pass Speaker(synthesizer=...)",
+            f"no synthesizer given and the engine cannot be imported ({e})",
+            hint="install torch, or pass Speaker(synthesizer=...)",
         ) from e
+    options = dict(options)
+    if "cache_dir" in options:  # the Speaker's name for it until it takes LoadOptions
+        options["model_dir"] = options.pop("cache_dir")
     return load_synthesizer(**options)
 
 
