@@ -86,7 +86,7 @@ def test_the_speaker_speaks_the_cached_release_with_the_release_defaults(mf_hub,
 
     async def body():
         async with Speaker(  # no model named: the default is v4.1-MF
-            cache_dir=mf_hub / "hub",
+            model_dir=mf_hub / "hub",
             backend="cpu",
             output="null",
             voice_cache_dir=False,
