@@ -96,7 +96,8 @@ def main() -> None:
     import torch
 
     from irodori_speaker.cache import PhraseCache
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
+    from irodori_speaker.options import SynthesisOptions
+    from irodori_speaker.synthesis.loading import load_synthesizer
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="model source (default: tiny-random)")

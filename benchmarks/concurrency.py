@@ -53,7 +53,7 @@ sys.path.insert(0, str(HERE))
 
 import news5  # noqa: E402  (the shared random full-size files, modes and the approximate tokenizer)
 
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions  # noqa: E402
+from irodori_speaker.options import SynthesisOptions  # noqa: E402
 
 
 @dataclass
@@ -190,8 +190,7 @@ def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> 
     audio_s = frames * HOP / 48_000
     rows = []
     with hold_model_lock(), torch.inference_mode(), tuning_allowed():
-        content, ref = synth._reference(voice)
-        states = synth._voice_states(content, ref, synth._caption(voice))
+        states = synth.voices.states(voice)
         ids = torch.full((1, text_tokens), 5, dtype=torch.long)
         one = synth._conditions(ids, torch.ones_like(ids, dtype=torch.bool), states)
         for b in batches:

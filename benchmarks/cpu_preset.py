@@ -58,7 +58,9 @@ import news5  # noqa: E402  (the shared random full-size files and the approxima
 from irodori_speaker.engine.hardware.cpu_features import cgroup_cpu_limit, cpu_features, usable_cpus  # noqa: E402
 from irodori_speaker.engine.hardware.cpu_tricks import apply_int8_linears  # noqa: E402
 from irodori_speaker.engine.hardware.presets import cpu_preset_fields, select_preset  # noqa: E402
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions, Synthesizer, load_codec_for, load_dit  # noqa: E402
+from irodori_speaker.options import SynthesisOptions  # noqa: E402
+from irodori_speaker.synthesis.loading import load_codec_for, load_dit  # noqa: E402
+from irodori_speaker.synthesis.synthesizer import Synthesizer  # noqa: E402
 from irodori_speaker.synthesis.voices import Voice, VoiceCache  # noqa: E402
 from irodori_speaker.text.length import estimate_seconds  # noqa: E402
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 
 import news5  # noqa: E402
 
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions  # noqa: E402
+from irodori_speaker.options import SynthesisOptions  # noqa: E402
 
 # the host blocked on the device: on CUDA a copy between host and device waits for the queue ahead of it
 WAITS = ("_cuda_synchronize", "method 'cpu'", "method 'item'", "method 'to'")

@@ -55,7 +55,8 @@ from irodori_speaker.engine.checkpoint import (  # noqa: E402
     save_checkpoint,
 )
 from irodori_speaker.engine.hardware.presets import Preset, base_preset, select_preset  # noqa: E402
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer  # noqa: E402
+from irodori_speaker.options import SynthesisOptions  # noqa: E402
+from irodori_speaker.synthesis.loading import load_synthesizer  # noqa: E402
 from irodori_speaker.synthesis.voices import Voice  # noqa: E402
 
 ROWS = {"fp32": torch.float32, "bf16": torch.bfloat16, "int4": torch.bfloat16}  # DiT activations

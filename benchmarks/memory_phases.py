@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import news5
 
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions
+from irodori_speaker.options import SynthesisOptions
 
 MIB = 2**20
 

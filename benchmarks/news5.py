@@ -53,7 +53,9 @@ from irodori_speaker.engine.checkpoint import (  # noqa: E402
 )
 from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, load_codec  # noqa: E402
 from irodori_speaker.engine.config import BackboneConfig, InferenceConfig, ModelConfig  # noqa: E402
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions, Synthesizer, load_synthesizer  # noqa: E402
+from irodori_speaker.options import SynthesisOptions  # noqa: E402
+from irodori_speaker.synthesis.loading import load_synthesizer  # noqa: E402
+from irodori_speaker.synthesis.synthesizer import Synthesizer  # noqa: E402
 from irodori_speaker.synthesis.voices import Voice, save_latent  # noqa: E402
 from irodori_speaker.text.length import estimate_seconds  # noqa: E402
 

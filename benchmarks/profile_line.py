@@ -35,7 +35,7 @@ from irodori_speaker.engine.codec import load_codec, stream_window_lengths
 from irodori_speaker.engine.fast import FastDiT, FastSampler
 from irodori_speaker.engine.quant.checkpoint import load_int4_model
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions
+from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.synthesis.voices import load_latent
 
 DEV = torch.device("cuda")

@@ -43,8 +43,8 @@ from irodori_speaker.cache import PhraseCache
 from irodori_speaker.cache.prebuild import prebuild
 from irodori_speaker.cli import add_model_flags, load_from_args
 from irodori_speaker.errors import IrodoriError
+from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.speaker import Priority, Speaker
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 # ---------------------------------------------------------------------------------------------
 # Chat

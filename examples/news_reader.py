@@ -20,8 +20,8 @@ from pathlib import Path
 
 from irodori_speaker.cli import add_model_flags, load_from_args
 from irodori_speaker.errors import IrodoriError
+from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.speaker import Speaker
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 NEWS5 = [
     "次のニュースだよっ！",

@@ -65,7 +65,7 @@ def irodori_home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def synth(irodori_home):
     """The tiny-random v2 synthesizer on the CPU (its output is noise), one per module."""
-    from irodori_speaker.synthesis.synthesizer import load_synthesizer
+    from irodori_speaker.synthesis.loading import load_synthesizer
 
     return load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False)
 

@@ -47,7 +47,7 @@ async def speaks_normally(s: Any) -> None:
 def loads_and_speaks() -> None:
     """After a checkpoint that did not load, the process loads the good one (the tiny-random
     files of this test module's IRODORI_CACHE, through the real loader) and speaks."""
-    from irodori_speaker.synthesis.synthesizer import load_synthesizer
+    from irodori_speaker.synthesis.loading import load_synthesizer
 
     synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False)
     real_audio(synth.synthesize(NORMAL_LINE, options=OPTS).audio)

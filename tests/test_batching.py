@@ -33,7 +33,7 @@ TEXTS = [
 def synth(irodori_home):
     """The tiny-random synthesizer with batching on (the presets leave it off), any padding
     allowed (the padding bound has its own test below)."""
-    from irodori_speaker.synthesis.synthesizer import load_synthesizer
+    from irodori_speaker.synthesis.loading import load_synthesizer
 
     return load_synthesizer(
         tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=8, max_padding=100.0

@@ -24,7 +24,7 @@ from irodori_speaker.audio.lipsync import Envelope, mouth_levels
 from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.cache import DEFAULT_SEED, PhraseCache, cache_options, canonical_json
 from irodori_speaker.errors import CacheError, InputError
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions, SynthesisRecord
+from irodori_speaker.options import SynthesisOptions, SynthesisRecord
 from irodori_speaker.synthesis.voices import Voice
 
 FAST = SynthesisOptions(steps=2, seconds=0.4, seed=5)  # cheap on a 2-core CPU
@@ -588,7 +588,7 @@ class SlowSpy(Spy):
             time.sleep(self.delay)
             yield from inner
 
-        from irodori_speaker.synthesis.synthesizer import AudioStream
+        from irodori_speaker.options import AudioStream
 
         return AudioStream(chunks(), inner.record)
 

@@ -23,7 +23,7 @@ import torch
 from irodori_speaker import __version__, cli
 from irodori_speaker.cli.common import TINY_KINDS
 from irodori_speaker.errors import AudioError, BackendError, InputError
-from irodori_speaker.synthesis import synthesizer
+from irodori_speaker.synthesis import loading
 
 TINY = ["--tiny-random", "--backend", "cpu", "--steps", "2", "--seconds", "0.5"]
 
@@ -53,7 +53,7 @@ def no_model(monkeypatch):
     def load(*a, **k):
         pytest.fail("the model was loaded before the mistake was found")
 
-    monkeypatch.setattr(synthesizer, "load_synthesizer", load)
+    monkeypatch.setattr(loading, "load_synthesizer", load)
 
 
 def fails(argv, exc: type[Exception], match: str, capsys) -> tuple[str, str]:
@@ -158,7 +158,9 @@ def skip_if(cond: bool, reason: str):
 )
 def test_a_device_that_is_not_here_names_what_is(device, match, tmp_path, capsys, monkeypatch):
     # the real loader: select_preset runs before any file is read or built
-    monkeypatch.setattr("irodori_speaker.engine.tiny.tiny_random_files", lambda **k: pytest.fail("built"))
+    monkeypatch.setattr(
+        "irodori_speaker.synthesis.loading.tiny_random_files", lambda **k: pytest.fail("built")
+    )
     line, _ = fails(say(tmp_path / "a.wav", "--device", device), BackendError, match, capsys)
     assert "available here: cpu" in line or "available: cpu" in line
 

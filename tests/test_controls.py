@@ -365,9 +365,9 @@ def test_server_speeds_beyond_the_option_keep_their_length():
 )
 def test_cli_control_mistakes_are_found_before_the_model_loads(flags, match, tmp_path, monkeypatch, capsys):
     from irodori_speaker import cli
-    from irodori_speaker.synthesis import synthesizer
+    from irodori_speaker.synthesis import loading
 
-    monkeypatch.setattr(synthesizer, "load_synthesizer", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(loading, "load_synthesizer", lambda *a, **k: pytest.fail("model loaded"))
     argv = ["say", "はい", "-o", str(tmp_path / "a.wav"), "--tiny-random", *flags]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()

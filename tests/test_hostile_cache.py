@@ -18,7 +18,7 @@ import pytest
 from hostile import one_line, real_audio, run, speaks_normally
 from irodori_speaker.cache import PhraseCache
 from irodori_speaker.errors import CacheError
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions
+from irodori_speaker.options import SynthesisOptions
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -26,7 +26,7 @@ from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.cache import PhraseCache
 from irodori_speaker.errors import IrodoriError
 from irodori_speaker.speaker import Speaker, UtteranceState
-from irodori_speaker.speaker.lines import MAX_LINE_CHARS
+from irodori_speaker.text.split import MAX_LINE_CHARS
 
 pytestmark = pytest.mark.timeout(60)  # per case: a hang fails, it is not merely slow
 

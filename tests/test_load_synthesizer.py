@@ -1,4 +1,5 @@
-"""load_synthesizer's seams: a tokenizer object and a Preset, as the benchmarks use them."""
+"""load_synthesizer's seams: a tokenizer object and a Preset, as the benchmarks use them; its
+options as one `LoadOptions` value, checked before anything loads."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from irodori_speaker import LoadOptions
 from irodori_speaker.engine.hardware.presets import base_preset
 from irodori_speaker.errors import InputError
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
+from irodori_speaker.options import SynthesisOptions
+from irodori_speaker.synthesis.loading import load_synthesizer
 
 
 class CountingTokenizer:
@@ -74,3 +77,32 @@ def test_prewarm_takes_a_batch_graph_for_each_bucket_up_to_max_batch(monkeypatch
     one = Conditions(torch.zeros(1, 32, 8), torch.ones(1, 32, dtype=torch.bool))
     synth._prewarm_batch_graphs(one, None, 130, fast)
     assert seen == [(rows, (rows, frames), [frames] * rows) for rows in (2, 4) for frames in (64, 128, 192)]
+
+
+def test_load_options_by_name_or_whole_load_the_same(synth):
+    whole = load_synthesizer(LoadOptions(tiny_random=True, backend="cpu", voice_cache_dir=False))
+    assert whole.fingerprints == synth.fingerprints
+    opts = SynthesisOptions(seed=2, seconds=0.5)
+    np.testing.assert_array_equal(
+        whole.synthesize("はい。", options=opts).audio, synth.synthesize("はい。", options=opts).audio
+    )
+    # names over a whole value replace its fields; preset fields by name go into its preset
+    batched = load_synthesizer(LoadOptions(tiny_random=True, backend="cuda"), backend="cpu", max_batch=2)
+    assert batched.preset.name == "cpu" and batched.preset.max_batch == 2
+
+
+def test_bad_load_options_fail_before_anything_loads(monkeypatch):
+    import irodori_speaker.synthesis.loading as s
+
+    monkeypatch.setattr(s, "select_preset", lambda *a, **k: pytest.fail("went on to load"))
+    with pytest.raises(TypeError, match=r"'cache_dir'; did you mean cache= .* or model_dir="):
+        load_synthesizer(tiny_random=True, cache_dir="phrases")
+    with pytest.raises(TypeError, match="multiple values for argument 'model'"):
+        load_synthesizer("v2", model="v4")
+    with pytest.raises(InputError, match="device must be"):
+        load_synthesizer(tiny_random=True, device=0)
+    with pytest.raises(InputError, match="preset must be"):
+        LoadOptions(preset=3)
+    with pytest.raises(TypeError, match="did you mean 'backend'"):
+        LoadOptions().replace(backnd="cpu")
+    assert LoadOptions().given() == {} and LoadOptions(backend="cpu").given() == {"backend": "cpu"}

@@ -16,7 +16,7 @@ import pytest
 from irodori_speaker.cache import PhraseCache
 from irodori_speaker.cache.prebuild import Phrase, load_phrases, parse_text, parse_yaml, prebuild
 from irodori_speaker.errors import InputError
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions
+from irodori_speaker.options import SynthesisOptions
 
 FAST = SynthesisOptions(steps=2, seconds=0.4)
 REPO = Path(__file__).resolve().parents[1]

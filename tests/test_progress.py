@@ -102,7 +102,7 @@ def test_no_bar_when_stderr_is_not_a_terminal(irodori_home, tmp_path):
 
 
 def test_a_long_line_reports_one_progress_from_zero_to_its_end(synth):
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions
+    from irodori_speaker.options import SynthesisOptions
 
     calls: list[tuple[int, int]] = []
     result = synth.synthesize(

@@ -13,7 +13,10 @@ from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.cancel import CancelToken
 from irodori_speaker.engine.duration import HOP, tail_trim_frames
 from irodori_speaker.errors import AudioError, Cancelled, InputError
-from irodori_speaker.synthesis.synthesizer import EDGE_FADE_S, PIECE_GAP_S, SynthesisOptions, load_synthesizer
+from irodori_speaker.options import SynthesisOptions
+from irodori_speaker.synthesis.loading import load_synthesizer
+from irodori_speaker.synthesis.plan import PIECE_GAP_S
+from irodori_speaker.synthesis.synthesizer import EDGE_FADE_S
 from irodori_speaker.synthesis.voices import Voice, VoiceCache, save_latent
 
 SR = SAMPLE_RATE
@@ -182,7 +185,7 @@ def test_a_bf16_codec_does_not_reuse_an_fp32_codec_reference(synth, tmp_path):
     half = load_synthesizer(
         tiny_random="v2", backend="cpu", codec_dtype=torch.bfloat16, voice_cache_dir=shared.directory
     )
-    half.voice_cache = shared  # one process-wide cache, as the Speaker and the server share it
+    half.voices.cache = shared  # one process-wide cache, as the Speaker and the server share it
     before = shared.encodes
     full_latent = synth.reference_latent(voice)
     half_latent = half.reference_latent(voice)
@@ -312,7 +315,7 @@ def test_voice_states_are_encoded_once_per_voice(synth, tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(synth.model, "encode_voice", counting)
-    synth._voice_states_cache.clear()
+    synth.voices.forget()
     rng = np.random.default_rng(0)
     a = Voice.from_array(0.1 * rng.standard_normal(24_000).astype(np.float32), 24_000)
     b = Voice.from_array(0.1 * rng.standard_normal(24_000).astype(np.float32), 24_000)
@@ -322,7 +325,7 @@ def test_voice_states_are_encoded_once_per_voice(synth, tmp_path, monkeypatch):
     synth.synthesize("別の声です。", b, opts(seconds=1.0))
     synth.synthesize("声なしです。", None, opts(seconds=1.0))
     assert calls == [True, True, False]
-    synth._voice_states_cache.clear()  # a fresh encode gives what the kept states gave
+    synth.voices.forget()  # a fresh encode gives what the kept states gave
     np.testing.assert_array_equal(synth.synthesize("一行目です。", a, opts(seconds=1.0)).audio, first)
 
 

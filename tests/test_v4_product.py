@@ -22,7 +22,7 @@ from irodori_speaker.engine.config import InferenceConfig
 from irodori_speaker.engine.sources import CODEC_REPO, MODELS
 from irodori_speaker.engine.tiny import tiny_random_files
 from irodori_speaker.errors import InputError
-from irodori_speaker.synthesis.synthesizer import load_synthesizer
+from irodori_speaker.synthesis.loading import load_synthesizer
 from irodori_speaker.synthesis.voices import Voice, join_reference_clips, max_reference_frames, save_latent
 from irodori_speaker.text.backbone_tokenizer import TOKENIZER_FILES
 
@@ -86,7 +86,7 @@ def test_the_speaker_speaks_the_cached_release_with_the_release_defaults(mf_hub,
 
     async def body():
         async with Speaker(  # no model named: the default is v4.1-MF
-            cache_dir=mf_hub / "hub",
+            model_dir=mf_hub / "hub",
             backend="cpu",
             output="null",
             voice_cache_dir=False,
@@ -142,7 +142,7 @@ def test_the_duration_predictor_and_its_short_prompt_cap_are_used(synths):
     assert free.extra["duration_source"] == capped.extra["duration_source"] == "predictor"
     ids, mask = mf.tokenizer.batch([mf.spoken_text(TEXT)])
     with torch.inference_mode():
-        conds = mf._conditions(ids, mask, mf._voice_states(None, None, (None, None)))
+        conds = mf._conditions(ids, mask, mf.voices.states(None))
         pred = mf.model.predict_log_frames(conds, has_speaker=torch.tensor([False]))
     assert free.frames == frames_from_prediction(pred, 10.0, None)[0] > 13
     assert 13 <= capped.frames < free.frames  # the short-prompt cap (a multiple of the text estimate)
@@ -161,12 +161,12 @@ def test_several_clips_are_joined_in_order_up_to_the_cap(synths, tmp_path):
         save_latent(c, paths[-1])
     voice = Voice.from_clips(paths)
     assert voice.has_reference and len(voice.clips) == 4
-    saved = mf.inference
+    saved = mf.voices.inference
     try:
-        mf.inference = InferenceConfig(max_text_len=256, max_caption_len=512, ref_max_seconds=1.0)
+        mf.voices.inference = InferenceConfig(max_text_len=256, max_caption_len=512, ref_max_seconds=1.0)
         got = mf.reference_latent(voice)[0].float()
     finally:
-        mf.inference = saved
+        mf.voices.inference = saved
     want = join_reference_clips(clips, max_reference_frames(1.0))
     assert got.shape == (25, 32)  # 9 + 7 + 11 reach the cap of 25: the fourth clip is not used
     torch.testing.assert_close(got, want)
@@ -182,12 +182,12 @@ def test_recorded_clips_past_the_cap_are_not_even_encoded(synths, tmp_path):
     for i, f in enumerate((220.0, 330.0, 440.0)):
         paths.append(tmp_path / f"c{i}.wav")
         sf.write(str(paths[-1]), (0.3 * np.sin(2 * np.pi * f * t)).astype(np.float32), 48_000)
-    saved, encodes = mf.inference, mf.voice_cache.encodes
+    saved, encodes = mf.voices.inference, mf.voice_cache.encodes
     try:
-        mf.inference = InferenceConfig(max_text_len=256, ref_max_seconds=1.5)
+        mf.voices.inference = InferenceConfig(max_text_len=256, ref_max_seconds=1.5)
         latent = mf.reference_latent(Voice.from_clips(paths))
     finally:
-        mf.inference = saved
+        mf.voices.inference = saved
     assert latent.shape[1] == max_reference_frames(1.5) == 38
     assert mf.voice_cache.encodes - encodes == 2  # 25 + 25 frames reach 38: clip 3 is skipped
 
@@ -201,17 +201,16 @@ def test_clone_and_caption_together_use_both_branches(synths, tmp_path):
     both = rf.synthesize("はい。", Voice.from_wav(wav, caption="明るい声"), opts).audio
     clone = rf.synthesize("はい。", Voice.from_wav(wav), opts).audio
     design = rf.synthesize("はい。", Voice.designed("明るい声"), opts).audio
-    content, ref = rf._reference(Voice.from_wav(wav, caption="明るい声"))
-    has_ref, states = rf._voice_states(content, ref, rf._caption(Voice.designed("明るい声")))
+    has_ref, states = rf.voices.states(Voice.from_wav(wav, caption="明るい声"))
     assert has_ref and states[0] is not None and bool(states[3].any())  # speaker + caption states
     assert not np.array_equal(both, clone) and not np.array_equal(both, design)
 
 
 def test_a_v4_caption_is_stripped_not_normalised(synths):
     rf = synths["v4"]
-    ids, _ = rf._caption(Voice.designed("  ！？声  "))
+    ids, _ = rf.voices.caption(Voice.designed("  ！？声  "))
     assert ids[0].tolist() == rf.caption_tokenizer.encode("！？声")  # NFKC would make it "!?声"
-    assert rf._caption(Voice.designed("   ")) == (None, None)
+    assert rf.voices.caption(Voice.designed("   ")) == (None, None)
 
 
 # ---- the phrase-cache key -----------------------------------------------------------------------

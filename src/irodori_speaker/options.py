@@ -21,9 +21,8 @@ import dataclasses
 import difflib
 import math
 import numbers
-import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -281,13 +280,8 @@ class SamplerConfig:
         "scale the speaker K/V in the first N layers only (None: all)",
         stage="sampler",
     )
-    num_steps: InitVar[int | None] = None  # deprecated spelling of `steps`
 
-    def __post_init__(self, num_steps: int | None) -> None:
-        if num_steps is not None:
-            warnings.warn("SamplerConfig(num_steps=...) is now steps=...", DeprecationWarning, stacklevel=3)
-            if self.steps is None:
-                object.__setattr__(self, "steps", num_steps)
+    def __post_init__(self) -> None:
         _validate(self)
         if self.cfg_min_t > self.cfg_max_t:
             raise InputError(
@@ -462,8 +456,8 @@ class SynthesisOptions(SamplerConfig):
         audio=False,
     )
 
-    def __post_init__(self, num_steps: int | None) -> None:
-        super().__post_init__(num_steps)
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.pitch != 0.0:
             require_pitch()  # before any model work: pyworld missing is a clear error
         if self.intonation != 1.0:

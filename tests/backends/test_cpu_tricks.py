@@ -13,7 +13,8 @@ import torch
 
 from irodori_speaker.engine.hardware.cpu_tricks import apply_cpu_tricks
 from irodori_speaker.engine.quant.int8 import Int8Linear
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
+from irodori_speaker.options import SynthesisOptions
+from irodori_speaker.synthesis.loading import load_synthesizer
 
 F32, BF16 = torch.float32, torch.bfloat16
 TEXT = "今日はいい天気ですね。"

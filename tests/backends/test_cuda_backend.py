@@ -11,7 +11,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an 
 
 @pytest.mark.parametrize("kind", ["v2", "v4", "v4.1-mf"])  # v4: the backbone in the text graph, MF's dt
 def test_prewarm_captures_every_bucket_and_graphs_match_eager(tmp_path, monkeypatch, kind):
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
+    from irodori_speaker.options import SynthesisOptions
+    from irodori_speaker.synthesis.loading import load_synthesizer
 
     monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
     synth = load_synthesizer(tiny_random=kind, backend="cuda", prewarm_seconds=3.0, voice_cache_dir=False)
@@ -39,7 +40,8 @@ def test_prewarm_captures_every_bucket_and_graphs_match_eager(tmp_path, monkeypa
 def test_a_streamed_line_joins_to_the_whole_line(tmp_path, monkeypatch):
     """The CUDA preset's graphed stream windows join to the one-pass decode: every chunk whole and
     in order."""
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
+    from irodori_speaker.options import SynthesisOptions
+    from irodori_speaker.synthesis.loading import load_synthesizer
 
     monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
     synth = load_synthesizer(tiny_random="v2", backend="cuda", voice_cache_dir=False)
@@ -54,7 +56,7 @@ def test_a_streamed_line_joins_to_the_whole_line(tmp_path, monkeypatch):
 
 
 def test_with_max_batch_prewarm_captures_the_batch_buckets_and_batches_replay_them(tmp_path, monkeypatch):
-    from irodori_speaker.synthesis.synthesizer import load_synthesizer
+    from irodori_speaker.synthesis.loading import load_synthesizer
 
     monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
     synth = load_synthesizer(
@@ -73,7 +75,8 @@ def test_the_codec_can_run_on_the_cpu_and_as_int4(tmp_path, monkeypatch):
     """codec_device="cpu" keeps the DiT on the GPU and the codec off it; codec_int4 packs its decoder
     on the CPU before moving it. Both render the same line as the plain CUDA preset (as noise)."""
     from irodori_speaker.engine.quant.layers import Int4ConvTranspose1d
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
+    from irodori_speaker.options import SynthesisOptions
+    from irodori_speaker.synthesis.loading import load_synthesizer
 
     monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
     opts = SynthesisOptions(seed=4, seconds=1.0, tail_trim=False)

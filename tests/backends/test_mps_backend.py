@@ -15,7 +15,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.parametrize("kind", ["v2", "v4.1-mf"])  # v4.1-MF: the ModernBERT backbone and MeanFlow on MPS
 def test_mps_preset_matches_the_cpu_within_fp32_tolerance(tmp_path, monkeypatch, kind):
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
+    from irodori_speaker.options import SynthesisOptions
+    from irodori_speaker.synthesis.loading import load_synthesizer
 
     monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
     mps = load_synthesizer(tiny_random=kind, backend="mps", voice_cache_dir=False)

@@ -95,7 +95,7 @@ def test_package_import_sets_the_fallback_before_torch_on_macos():
 
 def test_int4_preset_quantises_a_float_file_at_load_with_a_warning(dit_fixtures):
     from irodori_speaker.engine.quant.layers import Int4Linear
-    from irodori_speaker.synthesis.synthesizer import load_dit
+    from irodori_speaker.synthesis.loading import load_dit
 
     preset = select_preset("cpu", int4=True)
     with pytest.warns(UserWarning, match="RTN at load"):

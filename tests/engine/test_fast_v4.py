@@ -92,7 +92,7 @@ def test_int4_v4_files_keep_the_backbone_config_and_the_fast_path_equals_their_r
 def test_a_float_v4_file_is_quantised_at_load_with_its_backbone(tmp_path):
     from irodori_speaker.engine.hardware.presets import select_preset
     from irodori_speaker.engine.quant.layers import Int4Linear
-    from irodori_speaker.synthesis.synthesizer import load_dit
+    from irodori_speaker.synthesis.loading import load_dit
 
     with pytest.warns(UserWarning, match="quantising them to int4 with RTN at load"):
         loaded = load_dit(V4_DATA / "tiny_v4_1_mf.safetensors", select_preset("cpu", int4=True))

@@ -184,11 +184,9 @@ def test_bad_model_inputs_are_clear_errors(v2):
         model.encode_conditions(ids.float(), mask, ref, ref_mask)
 
 
-def test_num_steps_spelling_still_works_with_a_deprecation_warning():
-    with pytest.warns(DeprecationWarning, match="steps"):
-        cfg = SamplerConfig(num_steps=6, schedule="sway")
-    assert cfg == SamplerConfig(steps=6, schedule="sway")
-    assert plan_sampling(cfg, ()).steps == plan_sampling(SamplerConfig(steps=6, schedule="sway"), ()).steps
+def test_the_old_num_steps_spelling_is_refused():
+    with pytest.raises(TypeError, match="num_steps"):
+        SamplerConfig(num_steps=6)  # type: ignore[call-arg]
 
 
 def test_unset_steps_take_upstreams_forty_linear_steps():

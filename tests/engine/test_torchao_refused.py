@@ -16,7 +16,7 @@ from irodori_speaker.engine.checkpoint import load_checkpoint
 from irodori_speaker.engine.hardware.presets import select_preset
 from irodori_speaker.engine.sources import resolve_files
 from irodori_speaker.errors import CheckpointError
-from irodori_speaker.synthesis.synthesizer import load_dit
+from irodori_speaker.synthesis.loading import load_dit
 
 CONFIG = json.dumps({"model_dim": 64, "text_encoder_type": "pretrained"})
 

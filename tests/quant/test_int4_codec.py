@@ -54,7 +54,8 @@ def test_int4_decoder_tracks_the_float_decoder():
 def test_the_codec_int4_preset_option_loads_a_packed_decoder(synth):
     """load_synthesizer(codec_int4=True): the codec users get is packed, renders the same line (as noise
     of the same length), and is told apart from the float codec in the phrase-cache key."""
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions, load_synthesizer
+    from irodori_speaker.options import SynthesisOptions
+    from irodori_speaker.synthesis.loading import load_synthesizer
 
     q = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, codec_int4=True)
     assert q.preset.codec_int4 and not synth.preset.codec_int4

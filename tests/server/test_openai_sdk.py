@@ -29,7 +29,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def reference_seconds(synth):
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions
+    from irodori_speaker.options import SynthesisOptions
 
     return synth.synthesize(TEXT, None, SynthesisOptions(seed=0)).record.samples / 48_000
 

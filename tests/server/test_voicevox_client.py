@@ -17,7 +17,7 @@ TEXT = "こんにちは、今日はいい天気ですね。"
 
 
 def expected_samples(synth, text, speed=1.0):
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions
+    from irodori_speaker.options import SynthesisOptions
 
     return synth.synthesize(text, None, SynthesisOptions(seed=0, duration_scale=1.0 / speed)).record.samples
 
@@ -95,7 +95,7 @@ def test_query_fields_are_honoured(server, synth):
 def test_intonation_scale_is_the_intonation_option(server, synth):
     """intonationScale 1.5 is intonation=1.5: the same audio as the synthesizer gives with it."""
     pytest.importorskip("pyworld")
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions
+    from irodori_speaker.options import SynthesisOptions
 
     q = httpx.post(server.url + "/audio_query", params={"text": "テスト", "speaker": 0}).json()
     q.update(intonationScale=1.5, prePhonemeLength=0.0, postPhonemeLength=0.0)
@@ -115,7 +115,7 @@ def test_pitch_scale_is_the_pitch_option(server, synth):
     synthesizer gives with that pitch; out of the option's range it is a 422 naming pitch."""
     pytest.importorskip("pyworld")
     from irodori_speaker.audio.controls import pitch_from_voicevox
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions
+    from irodori_speaker.options import SynthesisOptions
 
     q = httpx.post(server.url + "/audio_query", params={"text": "テスト", "speaker": 0}).json()
     q.update(pitchScale=0.1, prePhonemeLength=0.0, postPhonemeLength=0.0)

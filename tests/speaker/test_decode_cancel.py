@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from irodori_speaker.engine.hardware.lock import MODEL_LOCK
+from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,18 +6,14 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.outputs import FileOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
-from irodori_speaker.synthesis import synthesizer as synth_mod
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 LINES = ["こんにちは。", "今日はいい天気ですね。", "さようなら。"]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not hasattr(synth_mod, "load_synthesizer"), reason="synthesizer.load_synthesizer is not there yet"
-)
 def test_three_lines_to_the_file_sink_make_one_continuous_wav_in_order(run, tmp_path):
     path = tmp_path / "three.wav"
     pause = 0.25

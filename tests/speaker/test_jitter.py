@@ -16,12 +16,11 @@ import pytest
 
 from irodori_speaker.audio.signal import SAMPLE_RATE
 from irodori_speaker.cancel import check
-from irodori_speaker.options import AudioStream
+from irodori_speaker.options import AudioStream, SynthesisOptions
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
 from irodori_speaker.speaker.events import Underrun
 from irodori_speaker.speaker.jitter import JitterBuffer, LineFeed, line_seconds_estimate
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 pytestmark = pytest.mark.timeout(120)
 

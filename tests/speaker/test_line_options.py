@@ -9,7 +9,7 @@ import threading
 import pytest
 from speaker_fakes import FakeSynth
 
-from irodori_speaker import LineOptions, Priority
+from irodori_speaker import LineOptions, LoadOptions, Priority
 from irodori_speaker.errors import BackendError, InputError
 from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.outputs import NullOutput
@@ -46,26 +46,24 @@ def test_a_sound_card_given_as_the_torch_device_points_to_output():
     Speaker(device="cuda:1", tiny_random=True)  # a torch device: checked for existence at load
 
 
-def test_loading_options_are_explicit_and_preset_fields_go_through_preset():
+def test_loading_options_are_one_value_given_by_name_or_whole():
     s = Speaker(tiny_random=True, backend="cpu", preset={"prewarm_seconds": 3.0})
-    assert s._load_options == {"tiny_random": True, "backend": "cpu", "preset": {"prewarm_seconds": 3.0}}
-    with pytest.warns(DeprecationWarning, match=r"preset=\{'prewarm_seconds': \.\.\.\}"):
-        old = Speaker(tiny_random=True, backend="cpu", prewarm_seconds=3.0)
-    assert old._load_options == s._load_options
+    want = LoadOptions(tiny_random=True, backend="cpu", preset={"prewarm_seconds": 3.0})
+    assert s._load_options == want
+    assert Speaker(load=want)._load_options == want
+    assert Speaker(load=want, backend="cuda")._load_options == want.replace(backend="cuda")  # names win
     with pytest.raises(InputError, match="a synthesizer and loading options"):
         Speaker(FakeSynth(), backend="cpu")
+    with pytest.raises(InputError, match="a synthesizer and loading options"):
+        Speaker(FakeSynth(), load=LoadOptions(model="v4"))
+    assert Speaker(FakeSynth(), load=LoadOptions())._load_options is None
 
 
-def test_old_preset_field_spelling_still_loads(run, irodori_home):
-    async def body():
-        with pytest.warns(DeprecationWarning):
-            s = Speaker(tiny_random=True, backend="cpu", voice_cache_dir=False, prewarm_seconds=3.0,
-                        output="null", prewarm=False)  # fmt: skip
-        async with s:
-            assert s.synthesizer.preset.prewarm_seconds == 3.0
-            return await s.say("こんにちは。", seconds=0.5)
-
-    assert run(body(), timeout=120).state == UtteranceState.PLAYED
+def test_preset_fields_and_cache_dir_are_not_loading_options():
+    with pytest.raises(TypeError, match=r"'prewarm_seconds'; preset fields go in preset=\{'prewarm_seconds'"):
+        Speaker(tiny_random=True, backend="cpu", prewarm_seconds=3.0)
+    with pytest.raises(TypeError, match=r"'cache_dir'; did you mean cache= .* or model_dir="):
+        Speaker(cache_dir="phrases")
 
 
 # ---- one list of line options -----------------------------------------------------------------

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from irodori_speaker.cancel import check
+from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
-from irodori_speaker.synthesis.synthesizer import SynthesisOptions
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -149,7 +149,7 @@ def test_resolve():
 
 def test_synthesizer_applies_it_and_the_cache_key_sees_it(synth, tmp_path):
     from irodori_speaker.cache import PhraseCache
-    from irodori_speaker.synthesis.synthesizer import SynthesisOptions
+    from irodori_speaker.options import SynthesisOptions
 
     cache = PhraseCache(tmp_path / "phrases")
     opts = SynthesisOptions(seed=1, seconds=1.0)  # readings alone say ブイチューバー

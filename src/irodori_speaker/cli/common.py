@@ -354,7 +354,7 @@ def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_from_args(args: argparse.Namespace):
     """The synthesizer the model flags ask for (--caption is checked against it)."""
-    from ..synthesis.synthesizer import load_synthesizer
+    from ..synthesis.loading import load_synthesizer
 
     kind = tiny_kind(args)
     t0 = time.perf_counter()

@@ -91,7 +91,9 @@ def cmd_say(args: argparse.Namespace) -> int:
     try:
         synth = load_from_args(args)
         if tag_map:  # a mapped tag in the line picks its voice / caption / options
-            text, voice, options = tag_map.resolve(text, voice, options)
+            from ..synthesis.voices import tagged_line
+
+            text, voice, options = tagged_line(tag_map, text, voice, options)
         hit = False
         progress = Progress(
             "synthesising", enabled=show_progress(args), counts=False

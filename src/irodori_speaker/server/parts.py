@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cache import PhraseCache, default_cache_dir
-from ..synthesis import synthesizer
+from ..synthesis import loading
 from .config import VoiceBook, load_voice_book
 from .settings import ServerSettings
 
@@ -25,7 +25,7 @@ class ServerParts:
         then the model with `settings.streams` lines sampled at once, then open the cache.
         `book`: the voice config already read (`serve` reads it before anything else)."""
         book = book or load_voice_book(settings.voices)
-        synth = synthesizer.load_synthesizer(
+        synth = loading.load_synthesizer(
             **settings.load, user_dict=settings.user_dict, max_batch=settings.streams
         )
         cache = PhraseCache(settings.cache_dir or default_cache_dir()) if settings.cache else None

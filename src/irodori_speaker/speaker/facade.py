@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import time
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -17,10 +16,12 @@ from ..cancel import CancelToken
 from ..errors import InputError
 from ..options import SynthesisOptions, SynthesizerLike
 from ..outputs import Output, OutputSpec
+from ..synthesis.load_options import LoadOptions
+from ..text.split import check_line_text
 from . import lifetime, settings
 from .events import EventBus, EventStream, KindSpec, Metrics
 from .feeder import Feeder, default_segmenter, speak_stream
-from .lines import UNSET, LineOptions, Priority, check_line_text
+from .lines import UNSET, LineOptions, Priority
 from .playback import Player
 from .queue import LineQueue, lanes_of
 from .record import LineRecord
@@ -35,15 +36,17 @@ _NOT_OPEN = "use `async with Speaker(...) as s:`"
 class Speaker:
     """Japanese TTS for live streams: prefetching, gapless, interruptible, with lanes and events.
 
-    Give it a loaded `synthesizer`, or the loading options of
-    `irodori_speaker.synthesis.synthesizer.load_synthesizer` (model=, codec=, tokenizer=, backend=,
-    device=, dtype=, tiny_random=, cache_dir=, voice_cache_dir=, user_dict=, and preset= for
-    preset fields, e.g. `preset={"int4": True}`): the model loads on enter. `device` is the
-    torch device the model runs on; where the sound goes is `output`: one output or a list,
-    an `Output` (`SoundDeviceOutput`, `FileOutput`, `NullOutput`), a sound device name, a file
-    path, "null", or None for the system's default device. Any `SynthesisOptions` field by
-    name (`Speaker(speed=1.2, volume=-6)`) sets it for every line, as in `options=`; a line's
-    own value (`say(text, speed=1.0)`) wins.
+    Give it a loaded `synthesizer`, or what to load (`LoadOptions`): its fields by name
+    (`Speaker(model="v4", backend="cpu")`: model=, codec=, tokenizer=, backend=, device=,
+    dtype=, tiny_random=, model_dir=, voice_cache_dir=, user_dict=, and preset= for preset
+    fields, e.g. `preset={"int4": True}`) or whole (`load=LoadOptions(...)`, fields by name
+    replacing its own); the model loads on enter (`load_synthesizer`). `device` is the torch
+    device the model runs on; where the sound goes is `output`: one output or a list, an
+    `Output` (`SoundDeviceOutput`, `FileOutput`, `NullOutput`), a sound device name, a file
+    path, "null", or None for the system's default device. `cache` is the phrase cache (a
+    `PhraseCache` or its folder); `model_dir` is where models download. Any
+    `SynthesisOptions` field by name (`Speaker(speed=1.2, volume=-6)`) sets it for every line,
+    as in `options=`; a line's own value (`say(text, speed=1.0)`) wins.
 
     `tags` maps emotion / stage tags to what a line carrying one gets: ``{"happy": {"voice":
     "happy.wav"}, "sad": {"caption": "悲しげな声", "options": {"cfg_scale_speaker": 3}},
@@ -74,31 +77,12 @@ class Speaker:
         drain_on_exit: bool = True,
         cache: Any = None,
         cache_store: str = "marked",
-        model: str | os.PathLike[str] | None = None,
-        codec: str | os.PathLike[str] | None = None,
-        tokenizer: Any = None,
-        backend: str = "auto",
-        device: str | None = None,
-        dtype: str | None = None,
-        tiny_random: bool | str = False,
-        cache_dir: str | os.PathLike[str] | None = None,
-        voice_cache_dir: str | os.PathLike[str] | bool | None = None,
-        user_dict: Any = None,
-        preset: Any = None,
+        load: LoadOptions | None = None,
         tags: Any = None,
         timing: bool = True,
-        **deprecated_preset_fields: Any,  # also SynthesisOptions fields by name: speed=1.2
+        **fields: Any,  # LoadOptions fields (model="v4") and SynthesisOptions fields (speed=1.2)
     ) -> None:
-        load, line_options = settings.loading_options(
-            synthesizer,
-            {
-                "model": model, "codec": codec, "tokenizer": tokenizer, "backend": backend,
-                "device": device, "dtype": dtype, "tiny_random": tiny_random, "cache_dir": cache_dir,
-                "voice_cache_dir": voice_cache_dir, "user_dict": user_dict, "preset": preset,
-            },
-            deprecated_preset_fields,
-            own=Speaker.__init__,
-        )  # fmt: skip
+        load, line_options = settings.loading_options(synthesizer, load, fields, own=Speaker.__init__)
         settings.check_seconds(pause_s=pause_s, lookahead_s=lookahead_s, schedule_ahead_s=schedule_ahead_s)
         self._queue = LineQueue(
             ttl=ttl, max_queue=max_queue, lookahead_lines=lookahead_lines, lookahead_s=lookahead_s
@@ -250,7 +234,9 @@ class Speaker:
         lane, options = line.priority, line.synthesis_options(self.options)
         voice = self.voice if line.voice is UNSET else line.voice
         if self.tags:  # a mapped emotion tag picks the line's voice / caption / options
-            text, voice, options = self.tags.resolve(text, voice, options)
+            from ..synthesis.voices import tagged_line  # torch: only for a Speaker with tags
+
+            text, voice, options = tagged_line(self.tags, text, voice, options)
         if self.synthesizer is not None:  # bounds that depend on the model, before any work
             self.synthesizer.resolve_options(options)
         now = time.monotonic()

@@ -102,20 +102,3 @@ class LineOptions:
 
 
 LINE_FIELDS = tuple(f.name for f in dataclasses.fields(LineOptions) if f.name != "overrides")
-
-
-#: The longest text one line may have (about ten minutes of speech): a chat message beyond it is
-#: refused before any work rather than read for an hour (longer text: split it, or say_stream).
-MAX_LINE_CHARS = 5_000
-
-
-def check_line_text(text: object) -> str:
-    """`text` if it is a str a line may speak; else an `InputError` (not a str, too long)."""
-    if not isinstance(text, str):
-        raise InputError(f"text must be a str, got {type(text).__name__}")
-    if len(text) > MAX_LINE_CHARS:
-        raise InputError(
-            f"a line of {len(text)} characters is longer than the {MAX_LINE_CHARS} one line may have",
-            hint="split long text into lines yourself, or feed it through say_stream()",
-        )
-    return text

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from ..cancel import CancelToken, check
 from ..options import SynthesizerLike
 from ..outputs import Output, SoundDeviceOutput, make_output
+from ..synthesis.load_options import LoadOptions
 from ..timing.estimate import estimate_timing
 from .events import Closed, EventBus, OutputRecovered, Queued
 from .playback import Player
@@ -87,7 +88,7 @@ class Runtime:
         self,
         specs: Sequence[Any],
         synthesizer: SynthesizerLike | None,
-        load_options: dict[str, Any],
+        load_options: LoadOptions | None,
         token: CancelToken,
         voices: Sequence[Any],
         idle: asyncio.Event,

@@ -7,17 +7,17 @@ clear error at the call.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import difflib
 import inspect
 import math
 import re
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import BackendError, InputError
 from ..options import SynthesisOptions, SynthesizerLike, option_specs
+from ..synthesis.load_options import LOAD_FIELDS, LoadOptions, unexpected_keyword
+
+_TORCH_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|meta)(:\d+)?")
 
 __all__ = [
     "check_loop",
@@ -30,32 +30,35 @@ __all__ = [
     "prewarm_voices",
 ]
 
-_TORCH_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|meta)(:\d+)?")
-
 
 def loading_options(
-    synthesizer: Any, given: Mapping[str, Any], extra: Mapping[str, Any], own: Callable[..., Any]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(options for `load_synthesizer`, SynthesisOptions fields by name) from the Speaker's
-    loading arguments `given` and its other keywords `extra` (`own`: `Speaker.__init__`, whose
-    parameters a misspelt name is matched against). Preset fields passed bare are deprecated;
-    a synthesizer and loading options together are an error."""
-    load = dict(given)
-    load["backend"] = None if load.get("backend") == "auto" else load.get("backend")
-    load["tiny_random"] = load.get("tiny_random") or None
-    load = {k: v for k, v in load.items() if v is not None}
-    names = option_specs(SynthesisOptions)
-    line_options = {k: v for k, v in extra.items() if k in names}
-    preset_fields = {k: v for k, v in extra.items() if k not in line_options}
-    if preset_fields:
-        load["preset"] = _merge_deprecated_preset_fields(given.get("preset"), preset_fields, own)
-    if synthesizer is not None and load:
+    synthesizer: Any, load: LoadOptions | None, keywords: Mapping[str, Any], own: Callable[..., Any]
+) -> tuple[LoadOptions | None, dict[str, Any]]:
+    """(what to load, or None with a `synthesizer` given; SynthesisOptions fields by name) from
+    the Speaker's `load=` and its other keywords: `LoadOptions` fields (over `load`) and
+    `SynthesisOptions` fields. Any other name is a TypeError (`own`: `Speaker.__init__`, whose
+    parameters a misspelt name is matched against, with the two kinds of field); a synthesizer
+    and loading options together are an InputError."""
+    if load is not None and not isinstance(load, LoadOptions):
         raise InputError(
-            f"got a synthesizer and loading options {sorted(load)}", hint="pass one or the other"
+            f"load must be a LoadOptions, got {type(load).__name__}", hint="or pass its fields by name"
         )
-    if given.get("device") is not None:
-        check_torch_device(given["device"])
-    return load, line_options
+    specs = option_specs(SynthesisOptions)
+    for name in keywords:
+        if name not in LOAD_FIELDS and name not in specs:
+            params = [p for p in inspect.signature(own).parameters if p != "self"]
+            raise unexpected_keyword("Speaker", name, [*params, *LOAD_FIELDS, *specs])
+    options = (load or LoadOptions()).replace(**{k: v for k, v in keywords.items() if k in LOAD_FIELDS})
+    if options.device is not None:
+        check_torch_device(options.device)
+    line_options = {k: v for k, v in keywords.items() if k in specs}
+    if synthesizer is None:
+        return options, line_options
+    if options.given():
+        raise InputError(
+            f"got a synthesizer and loading options {sorted(options.given())}", hint="pass one or the other"
+        )
+    return None, line_options
 
 
 def phrase_cache(cache: Any) -> tuple[Any, bool]:
@@ -101,7 +104,8 @@ def check_seconds(**values: Any) -> None:
 
 
 def check_torch_device(device: Any) -> None:
-    """`device` looks like a torch device (whether it exists is checked when the model loads)."""
+    """`device` looks like a torch device (whether it exists is checked when the model loads); a
+    sound card's name here is the Speaker's likely mix-up with `output=`."""
     if not (isinstance(device, str) and _TORCH_DEVICE.fullmatch(device)):
         raise BackendError(
             f"device={device!r} is not a torch device: it says where the model runs (cpu, cuda, cuda:1, mps)",
@@ -109,40 +113,17 @@ def check_torch_device(device: Any) -> None:
         )
 
 
-def _merge_deprecated_preset_fields(preset: Any, fields: dict[str, Any], own: Callable[..., Any]) -> Any:
-    """Speaker(int4=True) passed preset fields through; they now go in preset={...}."""
-    from ..engine.hardware.presets import Preset
-
-    known = [f.name for f in dataclasses.fields(Preset)]
-    for name in fields:
-        if name not in known:
-            params = [p for p in inspect.signature(own).parameters if p != "self"]
-            close = difflib.get_close_matches(name, [*params, *known, *option_specs(SynthesisOptions)], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise TypeError(f"Speaker() got an unexpected keyword argument {name!r}{hint}")
-    warnings.warn(
-        f"Speaker({', '.join(f'{k}=...' for k in fields)}) is deprecated: pass preset fields as "
-        f"preset={{{', '.join(repr(k) + ': ...' for k in fields)}}}",
-        DeprecationWarning,
-        stacklevel=4,
-    )
-    if preset is None:
-        return dict(fields)
-    if isinstance(preset, Mapping):
-        return {**preset, **fields}
-    return preset.with_overrides(**fields)
-
-
-def load_synthesizer_for(options: Mapping[str, Any]) -> SynthesizerLike:
-    """`load_synthesizer(**options)` (worker thread), or a clear error when it is unavailable."""
+def load_synthesizer_for(options: LoadOptions | None) -> SynthesizerLike:
+    """`load_synthesizer(options)` (worker thread; torch loads here), or a clear error when the
+    engine cannot be imported."""
     try:
-        from ..synthesis.synthesizer import load_synthesizer  # type: ignore[attr-defined]
+        from ..synthesis.loading import load_synthesizer
     except ImportError as e:
         raise InputError(
-            "no synthesizer given and irodori_speaker.synthesis.synthesizer.load_synthesizer is unavailable",
-            hint="pass Speaker(synthesizer=...)",
+            f"no synthesizer given and the engine cannot be imported ({e})",
+            hint="install torch, or pass Speaker(synthesizer=...)",
         ) from e
-    return load_synthesizer(**options)
+    return load_synthesizer(options)
 
 
 def prewarm_voices(voice: Any, voices: Sequence[Any]) -> list[Any]:

@@ -3,63 +3,66 @@
     synth = load_synthesizer()                               # the default model, best backend
     synth = load_synthesizer("v2", backend="cpu")            # a release by alias, path, hf:// or repo id
     synth = load_synthesizer(tiny_random=True)               # offline: a small random model (noise)
+    synth = load_synthesizer(LoadOptions(model="v4"))        # the options as one value (load_options.py)
 
 `load_dit` picks the DiT's loader by its file (float: the engine's; int4: quant's; with
 `preset.int4` a float file is quantised at load), `load_codec_for` the codec's. The weights go
-to the device under the model lock (backends/lock.py), like every other piece of model work.
-Everything here is re-exported by `irodori_speaker.synthesis.synthesizer`.
+to the device under the model lock (engine/hardware/lock.py), like every other piece of model
+work.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
+import torch
+
+from ..engine.checkpoint import is_torchao_file, load_checkpoint, read_header, resolve_dtype, torchao_error
+from ..engine.codec import load_codec
+from ..engine.hardware.cpu_tricks import apply_cpu_tricks
 from ..engine.hardware.lock import hold_model_lock
-from ..errors import InputError
-
-if TYPE_CHECKING:
-    from .synthesizer import Synthesizer
+from ..engine.hardware.presets import select_preset
+from ..engine.quant.checkpoint import load_int4_model, model_from_int4
+from ..engine.quant.codec import load_int4_codec
+from ..engine.quant.quantize import quantize_checkpoint
+from ..engine.sources import CODEC_REPO, DEFAULT_MODEL, TOKENIZER_REPO, resolve, resolve_files
+from ..engine.tiny import tiny_random_files
+from ..text.backbone_tokenizer import tokenizer_for_model
+from ..text.tokenizer import TextTokenizer
+from .fingerprint import file_fingerprint
+from .load_options import LOAD_FIELDS, LoadOptions, unexpected_keyword
+from .synthesizer import Synthesizer
+from .voices import VoiceCache, default_voice_cache_dir
 
 __all__ = ["load_codec_for", "load_dit", "load_synthesizer"]
 
 
 def _with_bos(tok: Any, add_bos: bool) -> Any:
     """The same tokenizer with BOS on or off (the caption's `caption_add_bos`)."""
-    from ..text.tokenizer import TextTokenizer
-
     return TextTokenizer(tok._tok, add_bos=add_bos, bos_id=tok.bos_id, pad_id=tok.pad_id, source=tok.source)
 
 
 def load_dit(path: Any, preset: Any) -> Any:
     """The DiT for `preset`, by the loader its file needs: float files by the engine's, int4 files
     by quant's; with preset.int4 a float file is RTN-quantised at load."""
-    import warnings
-
-    from ..engine.checkpoint import is_torchao_file, load_checkpoint, read_header, torchao_error
-
     meta, shapes = read_header(path)
     if is_torchao_file(meta, shapes):  # before any loader: the -Quantized releases are not read
         raise torchao_error(str(path))
     if "quant_method" in meta:
-        from ..engine.quant.checkpoint import load_int4_model
-
         return load_int4_model(path, dtype=preset.dtype, device=preset.device)
     if not preset.int4:
         loaded = load_checkpoint(path, dtype=preset.dtype, device=preset.device)
-        from ..engine.hardware.cpu_tricks import apply_cpu_tricks
-
         apply_cpu_tricks(loaded.model, preset)  # int8 linears where the CPU preset asks for them
         return loaded
-    from ..engine.quant.checkpoint import model_from_int4
-    from ..engine.quant.quantize import quantize_checkpoint
-
     warnings.warn(
         f"{path} holds float weights: quantising them to int4 with RTN at load. A GPTQ file "
         "(irodori-speaker quantize, or the released int4 checkpoints) keeps more quality.",
         UserWarning,
-        stacklevel=3,
+        stacklevel=4,  # the caller of load_synthesizer (-> _load -> load_dit)
     )
     report = quantize_checkpoint(path, None, method="rtn", report_errors=False, device=preset.device)
     return model_from_int4(
@@ -73,84 +76,67 @@ def load_codec_for(path: Any, preset: Any) -> Any:
     (`quant.codec.load_int4_codec`)."""
     device = preset.codec_device or preset.device
     if preset.codec_int4:
-        from ..engine.quant.codec import load_int4_codec
-
         return load_int4_codec(path, device=device, dtype=preset.codec_dtype)
-    from ..engine.codec import load_codec
-
     return load_codec(path, device=device, dtype=preset.codec_dtype)
 
 
 def load_synthesizer(
-    model: str | os.PathLike | None = None,
-    *,
-    codec: str | os.PathLike | None = None,
-    tokenizer: Any = None,
-    backend: str = "auto",
-    device: str | None = None,
-    dtype: str | None = None,
-    tiny_random: bool | str = False,
-    voice_cache_dir: str | os.PathLike | bool | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    preset: Any = None,
-    user_dict: Any = None,
-    **preset_overrides: Any,
+    model: LoadOptions | str | os.PathLike[str] | None = None, /, **options: Any
 ) -> Synthesizer:
-    """Load model, codec and tokenizer from sources (local paths, hf:// URIs, repo ids).
+    """Load model, codec and tokenizer from their sources (local paths, hf:// URIs, repo ids).
 
-    `tiny_random=True` (or "v2"/"v3") builds a small random model in the real formats: the
-    whole pipeline runs offline, and its output is noise. Two seams for benchmarks and tests:
-    `tokenizer` may be a tokenizer object (with `encode` and `batch`, as `TextTokenizer`; its
-    `fingerprint` attribute, else its class name, goes into cache keys), and `preset` a
-    `Preset` used instead of the backend's (`device`, `dtype` and overrides still apply), or a
-    mapping of preset fields (`preset={"int4": True}`) applied to the backend's.
-    `user_dict`: the user dictionary applied to every line (None: the default file,
-    `text/userdict.py`; False: none).
+    `model` is the model's source, or all the options as one `LoadOptions`; `options` are
+    `LoadOptions` fields by name (`backend="cpu"`, `tiny_random=True`, `model_dir=...`; over
+    a given `LoadOptions`, they replace its fields) and device preset fields by name
+    (`max_batch=4`, `int4=True`; None keeps the preset's), applied over `preset`.
+
+    Two seams for benchmarks and tests: `tokenizer` may be a tokenizer object (with `encode`
+    and `batch`, as `TextTokenizer`; its `fingerprint` attribute, else its class name, goes
+    into cache keys), and `preset` a `Preset` used instead of the backend's (`device`, `dtype`
+    and preset fields still apply).
     """
-    from pathlib import Path
+    if isinstance(model, LoadOptions):
+        load = model
+    elif model is not None and "model" in options:
+        raise TypeError("load_synthesizer() got multiple values for argument 'model'")
+    else:
+        load = LoadOptions(model=model)
+    if "cache_dir" in options:
+        raise unexpected_keyword("load_synthesizer", "cache_dir", LOAD_FIELDS)
+    own = {k: v for k, v in options.items() if k in LOAD_FIELDS}
+    load = load.replace(**own).with_preset_fields(**{k: v for k, v in options.items() if k not in own})
+    return _load(load)
 
-    import torch
 
-    from ..engine.checkpoint import resolve_dtype
-    from ..engine.hardware.presets import select_preset
-    from ..engine.sources import CODEC_REPO, DEFAULT_MODEL, TOKENIZER_REPO, resolve, resolve_files
-    from ..text.tokenizer import TextTokenizer
-    from .fingerprint import file_fingerprint
-    from .synthesizer import Synthesizer
-    from .voices import VoiceCache, default_voice_cache_dir
-
-    if isinstance(preset, Mapping):  # preset fields by name: overrides of the backend's preset
-        preset_overrides = {**preset, **preset_overrides}
-        preset = None
+def _load(load: LoadOptions) -> Synthesizer:
+    """The synthesizer `load` asks for (checked when it was built)."""
+    tokenizer, tiny_random = load.tokenizer, load.tiny_random
     given_tok = tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike))
-    if given_tok and not all(callable(getattr(tokenizer, m, None)) for m in ("encode", "batch")):
-        raise InputError(
-            f"tokenizer must be a path, a source or a tokenizer object, got {type(tokenizer).__name__}",
-            hint="a tokenizer object needs encode(text) and batch(texts, max_len=, pad_to=)",
-        )
-    overrides = dict(preset_overrides)
-    if device is not None:
-        overrides["device"] = device
-    if dtype is not None:
-        overrides["dtype"] = resolve_dtype(dtype)
-    preset = preset.with_overrides(**overrides) if preset is not None else select_preset(backend, **overrides)
+    preset, overrides = load.preset, {}
+    if preset is None or isinstance(preset, Mapping):  # preset fields by name: over the backend's
+        overrides, preset = dict(preset or {}), None
+    if load.device is not None:
+        overrides["device"] = load.device
+    if load.dtype is not None:
+        overrides["dtype"] = resolve_dtype(load.dtype)
+    preset = (
+        preset.with_overrides(**overrides) if preset is not None else select_preset(load.backend, **overrides)
+    )
     if preset.threads:
         torch.set_num_threads(preset.threads)
     note = None
     tok_path: Path | None
     if tiny_random:
-        from ..engine.tiny import tiny_random_files
-
         files = tiny_random_files(kind=tiny_random if isinstance(tiny_random, str) else "v2")
         model_path, codec_path, tok_path = files.model, files.codec, files.tokenizer
         note = "tiny-random model: the output is noise, not speech"
     else:
         # all three at once, so a first run offline names every missing file in one error
         model_path, codec_path, tok_path = resolve_files(
-            model or DEFAULT_MODEL,
-            codec or CODEC_REPO,
+            load.model or DEFAULT_MODEL,
+            load.codec or CODEC_REPO,
             tokenizer,
-            cache_dir=cache_dir,
+            cache_dir=load.model_dir,
             want_tokenizer=not given_tok,
         )
     with hold_model_lock():  # the weights go to the device: no other model work meanwhile
@@ -160,14 +146,12 @@ def load_synthesizer(
     if given_tok:
         text_tok = tokenizer
     elif cfg.pretrained_text:  # v4: the release's tokenizer/ folder, for text and caption
-        from ..text.backbone_tokenizer import tokenizer_for_model
-
         text_tok = tokenizer_for_model(tok_path, model_path, cfg.text_backbone, add_bos=cfg.text_add_bos)
         tok_path = cap_path = Path(text_tok.source)  # its tokenizer.json (hashed for the cache key)
     else:
         if tok_path is None:
             tok_source = tokenizer or cfg.text_tokenizer_repo or TOKENIZER_REPO
-            tok_path = resolve(tok_source, "tokenizer", cache_dir=cache_dir)
+            tok_path = resolve(tok_source, "tokenizer", cache_dir=load.model_dir)
         text_tok = TextTokenizer.from_file(
             tok_path, add_bos=cfg.text_add_bos, expected_vocab_size=cfg.text_vocab_size
         )
@@ -186,12 +170,12 @@ def load_synthesizer(
         )
     with hold_model_lock():
         codec_model = load_codec_for(codec_path, preset)
-    if voice_cache_dir is False:
+    if load.voice_cache_dir is False:
         cache = VoiceCache()
-    elif voice_cache_dir is None or voice_cache_dir is True:
+    elif load.voice_cache_dir is None or load.voice_cache_dir is True:
         cache = VoiceCache(default_voice_cache_dir())
     else:
-        cache = VoiceCache(voice_cache_dir)
+        cache = VoiceCache(load.voice_cache_dir)
     fingerprints = {
         "model": file_fingerprint(model_path),
         "codec": file_fingerprint(codec_path),
@@ -213,5 +197,5 @@ def load_synthesizer(
         voice_cache=cache,
         fingerprints=fingerprints,
         note=note,
-        user_dict=user_dict,
+        user_dict=load.user_dict,
     )

@@ -19,13 +19,15 @@ import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InputError
 from ..options import SynthesisOptions, SynthesisRecord
-
-if TYPE_CHECKING:
-    from ..text.pauses import Pause
+from ..text.normalize import drop_lone_surrogates, normalize_or_raise, normalize_text
+from ..text.pauses import Pause, split_pauses, strip_markup
+from ..text.readings import apply_readings
+from ..text.split import check_line_text, measure, split_for_synthesis
+from ..text.tags import strip_tags
 
 __all__ = [
     "PIECE_GAP_S",
@@ -65,9 +67,6 @@ def spoken(text: str, opts: SynthesisOptions, user_dict: Any = None) -> str:
     """One text part: the reference normalisation, the user dictionary, the readings pass of
     `opts` (tags, URLs, laughter, numbers, English: text/readings.py), then the reference
     normalisation again, so the model always reads text in the form it was trained on."""
-    from ..text.normalize import normalize_or_raise, normalize_text
-    from ..text.readings import apply_readings
-
     normalized = normalize_or_raise(text)
     if user_dict is not None:
         normalized = user_dict.apply(normalized)
@@ -88,8 +87,6 @@ def spoken_parts(
     """`text` split at its pause markup (`text/pauses.py`): each text part as the model reads
     it (`spoken`), and the Pauses between them. Without markup: `[spoken(text)]`. A part with
     nothing to say between pauses is dropped; a line of only pauses is silence."""
-    from ..text.pauses import Pause, split_pauses, strip_markup
-
     if not isinstance(text, str):
         raise InputError(f"text must be a str, got {type(text).__name__}")
     opts = options if isinstance(options, SynthesisOptions) else SynthesisOptions.coerce(options)
@@ -113,10 +110,6 @@ def caption_source(text: str, options: SynthesisOptions) -> str:
     markup, and the tags `options.tags="strip"` takes out; lone surrogates, which no file or
     database can hold, as the normalisation drops them); `source_spans.SourceMap` aligns the
     spoken text to it."""
-    from ..text.normalize import drop_lone_surrogates
-    from ..text.pauses import strip_markup
-    from ..text.tags import strip_tags
-
     shown = strip_markup(drop_lone_surrogates(text))
     return strip_tags(shown) if options.tags == "strip" else shown
 
@@ -132,10 +125,6 @@ def plan_line(
     """The line as pieces to render with the silences between them: a long text split into
     pieces joined by PIECE_GAP_S, pause markup as its exact silence. Fills the record's
     text, source, pieces and tokenize time."""
-    from ..speaker.lines import check_line_text
-    from ..text.pauses import Pause
-    from ..text.split import split_for_synthesis
-
     t0 = time.perf_counter()
     parts = spoken_parts(check_line_text(text), opts, user_dict)
     record.text = "".join(p for p in parts if isinstance(p, str))
@@ -175,8 +164,6 @@ def split_to_token_limit(part: str, max_len: int, tokenizer: Any, record: Synthe
     a run the splitter cannot cut used to come back unchanged forever). The splitter at
     half the length first; where that makes no progress (a piece too short for it, or
     whitespace it does not count), the longest character prefix within the token limit."""
-    from ..text.split import measure, split_for_synthesis
-
     # halve what the splitter counts (non-whitespace): halving len() let "a " * 2000 come
     # back as itself minus a space, 1,874 pieces in all where `seconds` skips the first split
     size = measure(part)

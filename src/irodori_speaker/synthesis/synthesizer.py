@@ -1,21 +1,20 @@
 """One utterance end to end: text (+ voice) -> 48 kHz mono float32 audio and a record.
 
-    synth = load_synthesizer()                     # loading.py
+    synth = load_synthesizer()                     # irodori_speaker.synthesis.loading
     result = synth.synthesize("こんにちは。", voice, {"seed": 3})
     for chunk in synth.stream(text, voice, options): ...
 
 The line's plan (the spoken text, its pieces and silences, `plan.py`) is made first, with no
-model work; then per piece: the text encoder, the length, the sampler, the tail trim and the
-decode, each stage and decode chunk under the model lock (backends/lock.py: the synthesizer,
-with its loading and voice parts, is the one level that takes it), then the output controls
-(controls.py), and the chunks go out as they are decoded.
+model work; then per piece: the voice's states (`voice_conditions.py`, the `voices` member),
+the text encoder, the length, the sampler, the tail trim and the decode, each stage and decode
+chunk under the model lock (engine/hardware/lock.py: the synthesizer, with its loading and
+voice parts, is the one level that takes it), then the output controls (audio/controls.py),
+and the chunks go out as they are decoded.
 
 The data types it speaks (`SynthesisOptions`, `SynthesisRecord`, `SynthesisResult`,
-`AudioStream`, the `SynthesizerLike` protocol) live in the torch-free `irodori_speaker.options`,
-the loaders (`load_synthesizer`, `load_dit`, `load_codec_for`) in `loading.py` and the plan's
-names (`PIECE_GAP_S`, `caption_source`) in `plan.py`; all are re-exported here. Options are
-resolved against the device preset once per line (`Synthesizer.resolve_options`); every
-stage reads that one object.
+`AudioStream`, the `SynthesizerLike` protocol) live in the torch-free `irodori_speaker.options`.
+Options are resolved against the device preset once per line (`Synthesizer.resolve_options`);
+every stage reads that one object.
 """
 
 from __future__ import annotations
@@ -25,13 +24,29 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
 
+from ..audio.controls import PieceGain, needs_processing, needs_whole_piece, process_piece, silence
 from ..cancel import CancelToken
+from ..engine.batch import BATCH_BUCKETS, batch_bucket, frame_mask, signature, stack_conditions, stack_noise
+from ..engine.codec import stream_window_lengths
+from ..engine.config import InferenceConfig
+from ..engine.duration import (
+    FRAMES_PER_SECOND,
+    HOP,
+    frames_for_seconds,
+    frames_from_prediction,
+    tail_trim_frames,
+)
+from ..engine.fast import FastSampler
 from ..engine.hardware.lock import hold_model_lock
+from ..engine.hardware.presets import select_preset
 from ..engine.kernels.tuning import tuning_allowed
+from ..engine.model import Conditions, check_ids
+from ..engine.sampler import MEANFLOW_IGNORED, draw_noise, meanflow_defaults, plan_meanflow, sample
 from ..errors import InputError
 from ..options import (
     SAMPLE_RATE,
@@ -40,36 +55,18 @@ from ..options import (
     SynthesisOptions,
     SynthesisRecord,
     SynthesisResult,
-    SynthesizerLike,
 )
-from .batching import SampleBatcher
-from .loading import load_codec_for, load_dit, load_synthesizer
-from .plan import PIECE_GAP_S, LineProgress, Piece, Plan, caption_source, plan_line, spoken_parts
+from ..text.english import english_backends
+from ..text.length import estimate_seconds
+from ..text.pauses import Pause, canonical
+from ..text.userdict import resolve_user_dict
+from .batching import SampleBatcher, SampleRequest
+from .fingerprint import file_fingerprint
+from .plan import LineProgress, Piece, Plan, plan_line, spoken_parts
 from .voice_conditions import VoiceConditions
+from .voices import Voice, VoiceCache
 
-if TYPE_CHECKING:
-    from ..text.pauses import Pause
-
-__all__ = [
-    "EDGE_FADE_S",
-    "PIECE_GAP_S",
-    "SAMPLE_RATE",
-    "AudioStream",
-    "SamplerConfig",
-    "SynthesisOptions",
-    "SynthesisRecord",
-    "SynthesisResult",
-    "Synthesizer",
-    "SynthesizerLike",
-    "caption_source",
-    "load_codec_for",
-    "load_dit",
-    "load_synthesizer",
-]
-
-# ---------------------------------------------------------------------------------------------
-# The synthesizer
-# ---------------------------------------------------------------------------------------------
+__all__ = ["EDGE_FADE_S", "Synthesizer"]
 
 EDGE_FADE_S = 0.008  # raised-cosine fade at piece edges: no click where a piece was cut
 
@@ -96,11 +93,11 @@ class _Rendered:
     samples: int
 
 
-class Synthesizer(VoiceConditions):
+class Synthesizer:
     """Text (+ voice) -> 48 kHz mono float32 audio. Synchronous; thread-safe through MODEL_LOCK.
 
-    The voice side (reference latents, captions, voice states) is its base, `VoiceConditions`
-    (voice_conditions.py)."""
+    The voice side (reference latents, captions, voice states) is its member `voices`, a
+    `VoiceConditions` (voice_conditions.py)."""
 
     sample_rate = SAMPLE_RATE
 
@@ -113,33 +110,34 @@ class Synthesizer(VoiceConditions):
         caption_tokenizer: Any = None,
         inference: Any = None,
         preset: Any = None,
-        voice_cache: Any = None,
+        voice_cache: VoiceCache | None = None,
         fingerprints: dict[str, str] | None = None,
         note: str | None = None,
         user_dict: Any = None,
     ) -> None:
-        from ..engine.config import InferenceConfig
-        from ..engine.hardware.presets import select_preset
-        from ..text.userdict import resolve_user_dict
-        from .voices import VoiceCache
-
         self.model = model
         self.codec = codec
         self.tokenizer = tokenizer
         self.caption_tokenizer = caption_tokenizer or tokenizer
         self.inference = inference or InferenceConfig()
         self.preset = preset or select_preset("cpu")
-        self.voice_cache = voice_cache if voice_cache is not None else VoiceCache()
         self.fingerprints = dict(fingerprints or {})
         self.note = note  # e.g. "tiny-random model: the output is noise"
         self.user_dict = resolve_user_dict(user_dict)  # None (the default file), a path, or False
         self.device = next(model.parameters()).device
+        self.voices = VoiceConditions(
+            model,
+            codec,
+            self.inference,
+            self.caption_tokenizer,
+            voice_cache if voice_cache is not None else VoiceCache(),
+            codec_key=self.fingerprints.get("codec", id(codec)),
+        )
         self._fast = None  # engine.fast.FastSampler, built on first use when the preset asks for it
         # lines waiting for the sampler at the same time go as one batch (batching.py)
         self._batcher = SampleBatcher(
             self._sample_batch, self.preset.max_batch, max_padding=self.preset.max_padding
         )
-        self._voice_states_cache: dict[tuple, tuple] = {}  # insertion order = least recently used first
         codec_device = getattr(codec, "device", None)
         if self.preset.codec_channels_last and hasattr(codec, "use_channels_last"):
             codec.use_channels_last(True)  # before the graphs: they capture whichever path is on
@@ -153,8 +151,6 @@ class Synthesizer(VoiceConditions):
     def fast_sampler(self):
         """The preset's fast sampling path (None when the preset uses the reference loop)."""
         if self._fast is None and self.preset.fast_path:
-            from ..engine.fast import FastSampler
-
             self._fast = FastSampler(
                 self.model, use_graphs=self.preset.cuda_graphs and self.device.type == "cuda"
             )
@@ -164,6 +160,15 @@ class Synthesizer(VoiceConditions):
     @property
     def config(self):
         return self.model.cfg
+
+    @property
+    def voice_cache(self) -> VoiceCache:
+        """The encoded reference latents, by voice content and codec (`voices.cache`)."""
+        return self.voices.cache
+
+    def reference_latent(self, voice: Any, record: SynthesisRecord | None = None) -> Any:
+        """The voice's reference latent (1, T, C) on the model's device, or None; encoded once, cached."""
+        return self.voices.reference_latent(voice, record)
 
     def spoken_text(self, text: str, options: SynthesisOptions | Mapping[str, Any] | None = None) -> str:
         """What the model reads for `text` (pause markup taken out: `spoken_parts` keeps the pauses)."""
@@ -189,8 +194,6 @@ class Synthesizer(VoiceConditions):
         limits = {"max_text_len": self.inference.max_text_len or 256}
         opts = SynthesisOptions.coerce(options)
         if self.config.meanflow:  # the release's defaults (4 steps), not the RF preset's
-            from ..engine.sampler import meanflow_defaults, plan_meanflow
-
             opts = opts.with_defaults(meanflow_defaults())
             plan_meanflow(opts)  # RF-only settings are an InputError here, before any work
         return opts.resolve(self.preset, limits)
@@ -246,9 +249,6 @@ class Synthesizer(VoiceConditions):
         text buckets and this voice, so no real line pays a capture (and with `max_batch` > 1 the
         batch buckets' graphs). `self.prewarm_report` says what was done.
         """
-        from ..text.english import english_backends
-        from ..text.length import estimate_seconds
-
         t0 = time.perf_counter()
         fast = self.fast_sampler
         before = (0, 0) if fast is None else (fast.captures, fast.text_captures)
@@ -272,8 +272,6 @@ class Synthesizer(VoiceConditions):
 
     def _prewarm_codec_graphs(self) -> int:
         """Capture the codec's graphs for the stream's window lengths (first and middle windows)."""
-        from ..engine.codec import stream_window_lengths
-
         if not self.preset.codec_graphs or not hasattr(self.codec, "prewarm_graphs"):
             return 0
         lengths = stream_window_lengths(
@@ -286,15 +284,11 @@ class Synthesizer(VoiceConditions):
 
     def _prewarm_graphs(self, voice: Any, fast: Any) -> None:
         """Capture every frame bucket up to `preset.prewarm_seconds` for the two shortest text buckets."""
-        import torch
-
-        from ..engine.duration import frames_for_seconds
 
         cfg = self.resolve_options()
         top = frames_for_seconds(self.preset.prewarm_seconds)
         with hold_model_lock(), torch.inference_mode():
-            content, ref = self._reference(voice)
-            voice_states = self._voice_states(content, ref, self._caption(voice))
+            voice_states = self.voices.states(voice)
             for tokens in (fast.context_bucket, 2 * fast.context_bucket):
                 ids = torch.full((1, tokens), 5, dtype=torch.long)
                 conds = self._conditions(ids, torch.ones_like(ids, dtype=torch.bool), voice_states)
@@ -306,9 +300,6 @@ class Synthesizer(VoiceConditions):
     def _prewarm_batch_graphs(self, conds: Any, cfg: Any, top: int, fast: Any) -> None:
         """With `max_batch` > 1: a graph per batch bucket up to it and per coarse frame bucket; a
         batch whose shape has none runs line by line (engine/fast.py), so none is captured live."""
-        import torch
-
-        from ..engine.batch import BATCH_BUCKETS, batch_bucket, stack_conditions
 
         step = fast.batch_frame_bucket
         top_rows = batch_bucket(self.preset.max_batch) if self.preset.max_batch > 1 else 1
@@ -322,8 +313,6 @@ class Synthesizer(VoiceConditions):
     def identity(self) -> dict[str, Any]:
         """What this synthesizer is, as far as the sound goes: content hashes of the model,
         codec and tokenizer files (each once), and the precision it runs at."""
-        from .fingerprint import file_fingerprint
-
         fps = dict(self.fingerprints)
         for name, tok in (("tokenizer", self.tokenizer), ("caption_tokenizer", self.caption_tokenizer)):
             source = getattr(tok, "source", None)  # a hand-built Synthesizer: hash the file it read
@@ -352,9 +341,6 @@ class Synthesizer(VoiceConditions):
         (preset defaults filled in), those marked as changing the sound only. `options.seed`
         must be set (a random seed is not reproducible, so such a line cannot be cached).
         """
-        from ..text.pauses import canonical
-        from .voices import Voice
-
         opts = self.resolve_options(options)
         if opts.seed is None:
             raise InputError("a cacheable line needs a fixed seed (options.seed)")
@@ -362,8 +348,6 @@ class Synthesizer(VoiceConditions):
             voice = Voice.from_path(voice)
         options_key = opts.audio_identity()
         if self.config.meanflow:  # guidance and schedule change nothing: one key for all of them
-            from ..engine.sampler import MEANFLOW_IGNORED
-
             options_key = {k: v for k, v in options_key.items() if k not in MEANFLOW_IGNORED}
         return {
             # after the dictionary and the readings (a new reading is a new line), pauses in one spelling
@@ -386,10 +370,6 @@ class Synthesizer(VoiceConditions):
         return plan_line(text, opts, record, self.tokenizer, max_len, self.user_dict)
 
     def _frames(self, piece: Piece, conds: Any, has_ref: bool, opts: SynthesisOptions, record) -> int:
-        import torch
-
-        from ..engine.duration import FRAMES_PER_SECOND, frames_for_seconds, frames_from_prediction
-        from ..text.length import estimate_seconds
 
         if opts.seconds is not None:
             if opts.speed != 1.0 and "speed is not used with seconds" not in record.warnings:
@@ -420,9 +400,6 @@ class Synthesizer(VoiceConditions):
         """Run the sampler (the preset's fast path, or the reference loop) with resolved options
         (SynthesisOptions is a SamplerConfig: the sampler reads its own fields of it). `frames`:
         each row's own length, for rows that are several lines (`engine.batch`)."""
-        from ..engine.batch import frame_mask
-        from ..engine.sampler import sample
-
         fast = self.fast_sampler
         if fast is not None:
             return fast.sample(conds, noise, cfg, cancel=cancel, progress=progress, frames=frames)
@@ -431,8 +408,6 @@ class Synthesizer(VoiceConditions):
 
     def _sample_batch(self, reqs: list, cancel: Any, progress: Any) -> list:
         """Sample `reqs` (SampleRequests of one signature) together; called with the lock held."""
-        from ..engine.batch import stack_conditions, stack_noise
-
         if len(reqs) == 1:  # alone: as before batching (on CUDA from its graph)
             r = reqs[0]
             outs = [self.sample_latent(r.conds, r.noise, r.cfg, cancel=cancel, progress=progress)]
@@ -448,8 +423,6 @@ class Synthesizer(VoiceConditions):
 
     def _conditions(self, ids: Any, mask: Any, voice_states: tuple) -> Any:
         """Conditions of one piece: the text encoded now (graph-replayed on the fast path)."""
-        from ..engine.model import Conditions, check_ids
-
         check_ids(ids, mask, self.config.text_token_vocab, "text")
         ids, mask = ids.to(self.device), mask.to(self.device)
         fast = self.fast_sampler
@@ -462,17 +435,10 @@ class Synthesizer(VoiceConditions):
     def _render(self, piece, voice_states, seed, opts, record, cancel, progress) -> _Rendered:
         """Encode the text and choose the length (under the model lock), sample (with the lines
         waiting beside it, `batching.py`), trim the tail. `voice_states()`: the line's voice."""
-        import torch
-
         with torch.inference_mode():
             return self._render_inner(piece, voice_states, seed, opts, record, cancel, progress)
 
     def _render_inner(self, piece, voice_states, seed, opts, record, cancel, progress) -> _Rendered:
-        from ..engine.batch import signature
-        from ..engine.duration import HOP, tail_trim_frames
-        from ..engine.sampler import draw_noise
-        from .batching import SampleRequest
-
         stage: list[float] = []
 
         def prepare() -> SampleRequest:
@@ -515,8 +481,6 @@ class Synthesizer(VoiceConditions):
 
     def _decode_chunks(self, rendered: _Rendered, opts, cancel, whole: bool):
         """Yield (float32 numpy chunk, is_last) of one rendered piece, cut to its sample count."""
-        import torch
-
         with hold_model_lock(cancel):  # a device op (MPS command buffers are not thread-safe)
             latent = rendered.latent[:, : rendered.decode_frames].to(self.codec.device, self.codec.dtype)
         first = growth = None
@@ -549,8 +513,6 @@ class Synthesizer(VoiceConditions):
     def _run(self, pieces: Plan, voice, opts, record, cancel, progress, *, whole: bool):
         """The line's audio in order: pre_silence, each piece (sampled, decoded, the output
         controls applied) and the silences between them, post_silence."""
-        from ..audio.controls import PieceGain, needs_processing, needs_whole_piece, process_piece, silence
-
         if self.note:
             record.warnings.append(self.note)
         record.seed = int(opts.seed) if opts.seed is not None else secrets.randbits(31)
@@ -575,8 +537,7 @@ class Synthesizer(VoiceConditions):
             if not states:
                 t0 = time.perf_counter()
                 with hold_model_lock(cancel):
-                    content, ref = self._reference(voice, record)
-                    states.append(self._voice_states(content, ref, self._caption(voice)))
+                    states.append(self.voices.states(voice, record))
                 record.timings["reference"] = time.perf_counter() - t0
             return states[0]
 
@@ -611,8 +572,6 @@ class Synthesizer(VoiceConditions):
             yield quiet(opts.post_silence)
 
     def _sync(self) -> None:
-        import torch
-
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elif self.device.type == "mps":

@@ -1,17 +1,17 @@
 """What a voice gives the model: its reference latent, its caption, and the speaker / caption
-states the DiT encodes from them. A part of `Synthesizer` (its base class), kept apart
+states the DiT encodes from them. A member of `Synthesizer` (`synth.voices`), kept apart
 because none of it depends on the text of a line.
 
-- The reference latent: a recording is prepared (audio.py: mono, 48 kHz, -16 LUFS, cut) and
-  encoded by the codec once, cached in memory and on disk by content, codec and cut
+- The reference latent: a recording is prepared (audio/signal.py: mono, 48 kHz, -16 LUFS,
+  cut) and encoded by the codec once, cached in memory and on disk by content, codec and cut
   (`voices.VoiceCache`); a saved latent is read once; several clips are joined up to the
   model's cap.
 - The caption: normalised (v2 / v3) or stripped (v4), tokenised for the caption encoder.
 - The states: `model.encode_voice` of both, kept for the last VOICE_STATES_KEPT voices, so a
   line in a voice already heard starts with the text encoder.
 
-`reference_latent` takes the model lock (backends/lock.py) itself; the others run inside a
-stage that holds it (`Synthesizer._run`, prewarm).
+`reference_latent` takes the model lock (engine/hardware/lock.py) itself; `reference`,
+`caption` and `states` run inside a stage that holds it (`Synthesizer._run`, prewarm).
 """
 
 from __future__ import annotations
@@ -20,10 +20,15 @@ import os
 from typing import Any
 
 import numpy as np
+import torch
 
+from ..audio.signal import prepare_reference
+from ..engine.config import DEFAULT_REF_MAX_SECONDS
 from ..engine.hardware.lock import hold_model_lock
 from ..errors import InputError
 from ..options import SynthesisRecord
+from ..text.normalize import normalize_or_raise
+from .voices import Voice, VoiceCache, join_reference_clips, load_latent, max_reference_frames
 
 __all__ = ["VOICE_STATES_KEPT", "VoiceConditions"]
 
@@ -31,26 +36,67 @@ VOICE_STATES_KEPT = 8  # voices whose encoded speaker/caption states are kept on
 
 
 class VoiceConditions:
-    """The voice side of `Synthesizer` (its attributes, set by `Synthesizer.__init__`)."""
+    """A voice (a `Voice`, a path or None) as the model's conditions: reference latent, caption
+    ids, and the speaker / caption states encoded from them.
 
-    model: Any
-    codec: Any
-    inference: Any
-    caption_tokenizer: Any
-    voice_cache: Any
-    fingerprints: dict[str, str]
-    device: Any
-    _voice_states_cache: dict[tuple, tuple]  # insertion order = least recently used first
+    `cache` holds the encoded reference latents (shared by synthesizers that share it);
+    `codec_key` names the codec in its keys (a latent is only valid for the codec that made it).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        codec: Any,
+        inference: Any,
+        caption_tokenizer: Any,
+        cache: VoiceCache,
+        codec_key: object,
+    ) -> None:
+        self.model = model
+        self.codec = codec
+        self.inference = inference
+        self.caption_tokenizer = caption_tokenizer
+        self.cache = cache
+        self.codec_key = codec_key
+        self.device = next(model.parameters()).device
+        self._kept: dict[tuple, tuple] = {}  # insertion order = least recently used first
 
     def reference_latent(self, voice: Any, record: SynthesisRecord | None = None) -> Any:
         """The voice's reference latent (1, T, C) on the model's device, or None; encoded once, cached."""
         with hold_model_lock():
-            return self._reference(voice, record)[1]
+            return self.reference(voice, record)[1]
 
-    def _reference(self, voice: Any, record: SynthesisRecord | None = None) -> tuple[str | None, Any]:
-        """(the voice's content key, its reference latent), or (None, None) when it has none used."""
-        from .voices import Voice, join_reference_clips, max_reference_frames
+    def states(self, voice: Any, record: SynthesisRecord | None = None) -> tuple[bool, Any]:
+        """(whether a reference is used, the speaker / caption states) of `voice`: they do not
+        depend on the text, so they are encoded once per voice and kept (a few voices, least
+        recently used dropped). With the model lock held."""
+        content, ref = self.reference(voice, record)
+        caption = self.caption(voice)
+        cap_ids = caption[0]
+        key = (
+            content,
+            None if cap_ids is None else tuple(cap_ids[0].tolist()),
+            str(self.model.in_proj.weight.dtype),
+        )
+        hit = self._kept.pop(key, None)
+        if hit is None:
+            ref_mask = (
+                None if ref is None else torch.ones(ref.shape[:2], dtype=torch.bool, device=self.device)
+            )
+            with torch.inference_mode():
+                hit = (ref is not None, self.model.encode_voice(1, ref, ref_mask, *caption))
+        self._kept[key] = hit
+        while len(self._kept) > VOICE_STATES_KEPT:
+            self._kept.pop(next(iter(self._kept)))
+        return hit
 
+    def forget(self) -> None:
+        """Drop the kept states: the next line in each voice encodes them anew."""
+        self._kept.clear()
+
+    def reference(self, voice: Any, record: SynthesisRecord | None = None) -> tuple[str | None, Any]:
+        """(the voice's content key, its reference latent), or (None, None) when it has none
+        used. With the model lock held."""
         if voice is None:
             return None, None
         if isinstance(voice, (str, os.PathLike)):
@@ -79,55 +125,12 @@ class VoiceConditions:
         joined = join_reference_clips(latents, cap)
         return content, joined[None].to(self.device, self.model.in_proj.weight.dtype)
 
-    def _clip_latent(self, clip: Any, record: SynthesisRecord | None) -> Any:
-        """One clip's latent (T, C) on the CPU: a saved latent read once, a recording encoded once
-        (cached in memory and on disk by content, codec and cut)."""
-        from ..engine.config import DEFAULT_REF_MAX_SECONDS
-        from .voices import load_latent
-
-        content = clip.content_key()
-        if clip.latent is not None:  # a saved latent: read once, kept in memory
-            latent = self.voice_cache.get(content, disk=False)
-            if latent is None:
-                latent = load_latent(clip.latent, self.model.cfg.latent_dim)
-                self.voice_cache.put(content, latent, disk=False)
-            return latent
-        seconds = self.inference.reference_seconds
-        cut = "" if seconds == DEFAULT_REF_MAX_SECONDS else f"|cut:{seconds:g}"
-        # a half-precision codec encodes ~1e-2 away from fp32: its latents are kept apart (fp32
-        # keys are as before, so caches made in fp32 stay valid)
-        dtype = str(getattr(self.codec, "dtype", "torch.float32"))
-        precision = "" if dtype == "torch.float32" else f"|{dtype.removeprefix('torch.')}"
-        key = f"{content}|codec:{self.fingerprints.get('codec', id(self.codec))}{precision}{cut}"
-        latent = self.voice_cache.get(key)
-        if latent is None:
-            latent = self._encode_reference(clip, record, seconds)
-            self.voice_cache.put(key, latent)
-            self.voice_cache.encodes += 1
-        return latent
-
-    def _encode_reference(self, voice: Any, record: SynthesisRecord | None, max_seconds: float) -> Any:
-        import torch
-
-        from ..audio.signal import prepare_reference
-
-        if voice.reference is not None:
-            wave, warns = prepare_reference(voice.reference, max_seconds=max_seconds)
-        else:
-            wave, warns = prepare_reference(voice._audio, voice._audio_rate, max_seconds=max_seconds)
-        if record is not None:
-            record.warnings.extend(warns)
-        x = torch.from_numpy(np.ascontiguousarray(wave))[None, None].to(self.codec.device, self.codec.dtype)
-        with torch.inference_mode():
-            latent = self.codec.encode(x)[0].float()
-        return latent.cpu()
-
-    def _caption(self, voice: Any) -> tuple[Any, Any]:
+    def caption(self, voice: Any) -> tuple[Any, Any]:
+        """The voice's caption as (ids, mask) on the model's device, or (None, None) without one
+        (or on a model without a caption branch)."""
         caption = getattr(voice, "caption", None)
         if not self.model.cfg.caption_enabled or not caption:
             return None, None
-        from ..text.normalize import normalize_or_raise
-
         max_len = self.inference.max_caption_len or self.inference.max_text_len or 256
         if self.model.cfg.pretrained_text:  # v4 only strips the caption; empty: no caption
             caption = caption.strip()
@@ -138,26 +141,38 @@ class VoiceConditions:
         ids, mask = self.caption_tokenizer.batch([caption], max_len=max_len)
         return ids.to(self.device), mask.to(self.device)
 
-    def _voice_states(self, content: str | None, ref: Any, caption: tuple[Any, Any]) -> tuple:
-        """(has_reference, speaker/caption states) of a voice: they do not depend on the text, so
-        they are encoded once per voice and kept (a few voices, least recently used dropped).
-        `content` is the reference's content key (None without a reference)."""
-        import torch
+    def _clip_latent(self, clip: Any, record: SynthesisRecord | None) -> Any:
+        """One clip's latent (T, C) on the CPU: a saved latent read once, a recording encoded once
+        (cached in memory and on disk by content, codec and cut)."""
+        content = clip.content_key()
+        if clip.latent is not None:  # a saved latent: read once, kept in memory
+            latent = self.cache.get(content, disk=False)
+            if latent is None:
+                latent = load_latent(clip.latent, self.model.cfg.latent_dim)
+                self.cache.put(content, latent, disk=False)
+            return latent
+        seconds = self.inference.reference_seconds
+        cut = "" if seconds == DEFAULT_REF_MAX_SECONDS else f"|cut:{seconds:g}"
+        # a half-precision codec encodes ~1e-2 away from fp32: its latents are kept apart (fp32
+        # keys are as before, so caches made in fp32 stay valid)
+        dtype = str(getattr(self.codec, "dtype", "torch.float32"))
+        precision = "" if dtype == "torch.float32" else f"|{dtype.removeprefix('torch.')}"
+        key = f"{content}|codec:{self.codec_key}{precision}{cut}"
+        latent = self.cache.get(key)
+        if latent is None:
+            latent = self._encode(clip, record, seconds)
+            self.cache.put(key, latent)
+            self.cache.encodes += 1
+        return latent
 
-        cap_ids = caption[0]
-        key = (
-            content,
-            None if cap_ids is None else tuple(cap_ids[0].tolist()),
-            str(self.model.in_proj.weight.dtype),
-        )
-        hit = self._voice_states_cache.pop(key, None)
-        if hit is None:
-            ref_mask = (
-                None if ref is None else torch.ones(ref.shape[:2], dtype=torch.bool, device=self.device)
-            )
-            with torch.inference_mode():
-                hit = (ref is not None, self.model.encode_voice(1, ref, ref_mask, *caption))
-        self._voice_states_cache[key] = hit
-        while len(self._voice_states_cache) > VOICE_STATES_KEPT:
-            self._voice_states_cache.pop(next(iter(self._voice_states_cache)))
-        return hit
+    def _encode(self, voice: Any, record: SynthesisRecord | None, max_seconds: float) -> Any:
+        if voice.reference is not None:
+            wave, warns = prepare_reference(voice.reference, max_seconds=max_seconds)
+        else:
+            wave, warns = prepare_reference(voice._audio, voice._audio_rate, max_seconds=max_seconds)
+        if record is not None:
+            record.warnings.extend(warns)
+        x = torch.from_numpy(np.ascontiguousarray(wave))[None, None].to(self.codec.device, self.codec.dtype)
+        with torch.inference_mode():
+            latent = self.codec.encode(x)[0].float()
+        return latent.cpu()

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +25,8 @@ from safetensors.torch import load_file, save_file
 from ..dirs import cache_root
 from ..engine.duration import FRAMES_PER_SECOND
 from ..errors import AudioError, InputError
+from ..options import SynthesisOptions
+from ..text.tags import TagMap
 from .fingerprint import bytes_fingerprint, file_fingerprint
 
 
@@ -157,6 +160,33 @@ class Voice:
 
     def describe(self) -> str:
         return self.name or (str(self.reference or self.latent) if self.has_reference else "model voice")
+
+
+def with_caption(voice: Voice | str | os.PathLike | None, caption: str) -> Voice:
+    """`voice` (a Voice or a path) speaking with `caption`; None: a voice of the caption alone."""
+    if voice is None:
+        return Voice.designed(caption)
+    base = voice if isinstance(voice, Voice) else Voice.from_path(voice)
+    return dataclasses.replace(base, caption=caption)
+
+
+def tagged_line(
+    tags: TagMap, text: str, voice: Any, options: SynthesisOptions | None
+) -> tuple[str, Any, SynthesisOptions | None]:
+    """(text, voice, options) of a line once its first mapped tag (`text/tags.py`) has acted:
+    its words said in place, its voice, caption and options taken. The one place the Speaker
+    and the CLI apply a tag map."""
+    line = tags.apply(text)
+    action = line.action
+    if action is None:
+        return line.text, voice, options
+    if action.voice is not None:
+        voice = action.voice
+    if action.caption is not None:
+        voice = with_caption(voice, action.caption)
+    if action.options:
+        options = (options if options is not None else SynthesisOptions()).replace(**action.options)
+    return line.text, voice, options
 
 
 def max_reference_frames(seconds: float | None) -> int | None:

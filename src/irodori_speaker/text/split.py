@@ -36,9 +36,11 @@ __all__ = [
     "CLAUSE_CHARS",
     "CLOSING_CHARS",
     "DEFAULT_MAX_CHARS",
+    "MAX_LINE_CHARS",
     "NUMBER_SEPARATORS",
     "OPENING_CHARS",
     "SENTENCE_END_CHARS",
+    "check_line_text",
     "forced_cut",
     "is_emoji_part",
     "is_speakable",
@@ -61,6 +63,23 @@ NUMBER_SEPARATORS: Final[frozenset[str]] = frozenset(".．,，")
 # run at ~6.0 non-whitespace chars/s of speech, so 15 s holds ~90 characters, and the
 # default length estimate reaches 15 s at ~88 characters.
 DEFAULT_MAX_CHARS: Final[int] = 90
+
+#: The longest text one line may have (about ten minutes of speech): a chat message beyond it is
+#: refused before any work rather than read for an hour (longer text: split it, or say_stream).
+MAX_LINE_CHARS: Final[int] = 5_000
+
+
+def check_line_text(text: object) -> str:
+    """`text` if it is a str a line may speak; else an `InputError` (not a str, too long)."""
+    if not isinstance(text, str):
+        raise InputError(f"text must be a str, got {type(text).__name__}")
+    if len(text) > MAX_LINE_CHARS:
+        raise InputError(
+            f"a line of {len(text)} characters is longer than the {MAX_LINE_CHARS} one line may have",
+            hint="split long text into lines yourself, or feed it through say_stream()",
+        )
+    return text
+
 
 # Kana that end a sentence in chat ("楽しかったね", "いくよ", "でした", "やったっ"): an emoji after
 # one closes the sentence even when hiragana follows.

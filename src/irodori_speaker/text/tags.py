@@ -14,9 +14,10 @@ chat-style directions ``（笑）`` or ``*laughs*``. Read to the model they beco
 `strip_tags` removes them all (the synthesizer does this for every line unless the
 `tags` option is ``"keep"``). `TagMap` maps tag names to what a streamer wants instead: a
 voice, a voice caption (VoiceDesign models), option overrides, or words to say in place
-(``{"笑": {"text": "ふふっ"}}``); the Speaker applies it per line, the first mapped tag of
-the line choosing (AITuberKit writes one emotion per sentence, and `say_stream` speaks
-sentence by sentence).
+(``{"笑": {"text": "ふふっ"}}``); the Speaker and the CLI apply it per line
+(`synthesis.voices.tagged_line`: a voice and its caption are the synthesis side's), the first
+mapped tag of the line choosing (AITuberKit writes one emotion per sentence, and `say_stream`
+speaks sentence by sentence).
 """
 
 from __future__ import annotations
@@ -172,28 +173,3 @@ class TagMap:
         words = {name: a.text for name, a in self.actions.items()}
         first = tags[0].name
         return LineTags(_replace(text, tags, words), first, self.actions[first])
-
-    def resolve(self, text: str, voice: Any, options: Any) -> tuple[str, Any, Any]:
-        """(text, voice, options) of a line once its first mapped tag has acted: the one place
-        the Speaker and the CLI apply a tag map. `options` is SynthesisOptions or None."""
-        line = self.apply(text)
-        action = line.action
-        if action is None:
-            return line.text, voice, options
-        if action.voice is not None:
-            voice = action.voice
-        if action.caption is not None:
-            import dataclasses
-
-            from irodori_speaker.synthesis.voices import Voice
-
-            if voice is None:
-                voice = Voice.designed(action.caption)
-            else:
-                base = voice if isinstance(voice, Voice) else Voice.from_path(voice)
-                voice = dataclasses.replace(base, caption=action.caption)
-        if action.options:
-            from irodori_speaker.options import SynthesisOptions
-
-            options = (options if options is not None else SynthesisOptions()).replace(**action.options)
-        return line.text, voice, options
