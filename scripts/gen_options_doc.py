@@ -35,15 +35,19 @@ line before any model loads); a misspelt name is an error naming the option mean
 value" for `steps`, `schedule` and `sway_coeff` (`Synthesizer.resolve_options` fills them
 once; the cache key reads the filled object). Every option except {silent} changes the
 sound, so it is part of the phrase-cache key (a cached line is stored as it sounds, controls
-applied); the readings options ({readings}) change it through the words they produce, and the
-key holds those words (a line they leave alone keeps its key). What each reading does:
-[text-and-readings.md](text-and-readings.md).
+applied); the readings options
+({readings})
+change it through the words they produce, and the key holds those words (a line they leave
+alone keeps its key). What each reading does: [text-and-readings.md](text-and-readings.md).
 
-Length and rate: `seconds` fixes the line's length; otherwise `speed` ({speed}, > 1 faster)
+Length and rate: `seconds` fixes the line's length; otherwise `speed`
+({speed}, > 1 faster)
 divides the predicted or estimated length, so the model speaks the same words in less time
 at the same pitch (`duration_scale` multiplies it too: the low-level spelling, kept). The
-server's OpenAI `speed` and VOICEVOX `speedScale` take {api_speed}: the `speed` option within
-its range, the rest through `duration_scale` (the same length either way). The voice controls
+server's OpenAI `speed` and VOICEVOX `speedScale` take
+{api_speed}:
+the `speed` option within its range, the rest through `duration_scale` (the same length
+either way). The voice controls
 of stage `output` (`pitch`, `intonation`, `loudness`, `volume`, `pre_silence`, `post_silence`)
 and the pause markup in the text are in [voices.md](voices.md#voice-controls). Calmer, less
 varied delivery: `truncation_factor` < 1. A closer copy of the reference voice:
