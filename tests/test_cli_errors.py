@@ -21,8 +21,9 @@ import soundfile as sf
 import torch
 
 from irodori_speaker import __version__, cli
-from irodori_speaker.cli.common import TINY_KINDS
+from irodori_speaker.cli.common import FLAG_OPTIONS, TINY_KINDS, option_flag
 from irodori_speaker.errors import AudioError, BackendError, InputError
+from irodori_speaker.options import SynthesisOptions, option_specs
 from irodori_speaker.synthesis import loading
 
 TINY = ["--tiny-random", "--backend", "cpu", "--steps", "2", "--seconds", "0.5"]
@@ -202,14 +203,52 @@ def test_the_extension_picks_the_format(ext, fmt, subtype, irodori_home, tmp_pat
 
 
 def test_a_seed_out_of_range_names_the_range(tmp_path, capsys, no_model):
-    line, _ = fails(say(tmp_path / "a.wav", "--seed", "99999999999999999999"), InputError, "out of", capsys)
-    assert "from 0 to 18446744073709551615" in line
+    """--seed is checked by the seed option's own Check (the range the synthesizer takes)."""
+    line, hint = fails(say(tmp_path / "a.wav", "--seed", "99999999999999999999"), InputError, "seed", capsys)
+    assert "option seed must be an integer in [0, 2**63)" in line and "or None" not in line
+    assert hint.startswith("hint: --seed: ")
     fails(
         ["say", "はい", "-o", tmp_path / "a.wav", "--tiny-random", "--seed", "-1"],
         InputError,
-        "range",
+        r"\[0, 2\*\*63\)",
         capsys,
     )
+
+
+NUMERIC_FLAGS = [
+    name
+    for name in FLAG_OPTIONS
+    if option_specs(SynthesisOptions)[name].check.kind in (int, float)
+    and option_specs(SynthesisOptions)[name].check.hi is not None
+]
+
+
+@pytest.mark.parametrize("name", NUMERIC_FLAGS)
+def test_every_option_flag_checks_its_option_range(name, tmp_path, capsys, no_model):
+    """Each option flag is made from its option's spec: a value past the option's upper bound is
+    the option's own one-line error (with the flag in the hint), before anything else runs."""
+    check = option_specs(SynthesisOptions)[name].check
+    too_big = int(check.hi) + 1 if check.kind is int else check.hi + 1  # type: ignore[operator]
+    flag = option_flag(name)
+    line, hint = fails(
+        say(tmp_path / "a.wav", flag, str(too_big)), InputError, f"option {name} must be", capsys
+    )
+    assert check.allowed(nullable=False) in line and hint.startswith(f"hint: {flag}: ")
+
+
+def test_option_flag_help_shows_each_range_and_default(capsys):
+    """`say --help` shows, for each option flag, its doc's start, allowed values and default."""
+    with pytest.raises(SystemExit):
+        cli.run(["say", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    for name in FLAG_OPTIONS:
+        spec = option_specs(SynthesisOptions)[name]
+        assert option_flag(name) in shown
+        if spec.check.kind is not bool:
+            assert spec.check.allowed(nullable=False) in shown, name
+        if spec.default is not None and spec.check.kind is not bool:
+            default = f"{spec.default:g}" if isinstance(spec.default, float) else spec.default
+            assert f"default {default})" in shown, name
 
 
 def test_a_missing_or_unreadable_voice_fails_first(tmp_path, capsys, no_model):

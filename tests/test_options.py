@@ -184,15 +184,23 @@ def test_a_mapping_renders_like_the_options_it_spells(synth):
     np.testing.assert_array_equal(a, b)
 
 
-def test_the_docs_option_table_is_the_fields_own_metadata():
-    """docs/options.md lists every option with its allowed values, stage and doc (issue 11)."""
+def test_docs_options_md_is_what_the_generator_writes():
+    """docs/options.md is scripts/gen_options_doc.py's output from the option specs (issue 26):
+    every option's range, default, flag and doc as the fields' own metadata has them."""
+    import importlib.util
     from pathlib import Path
 
-    text = (Path(__file__).parent.parent / "docs" / "options.md").read_text(encoding="utf-8")
-    table = text.split("<!-- options-table:start -->\n")[1].split("\n<!-- options-table:end -->")[0]
-    expected = ["| option | allowed | stage | what it does |", "|---|---|---|---|"]
-    expected += [f"| `{n}` | {allowed} | {stage} | {doc} |" for n, allowed, stage, doc in describe_options()]
-    assert table.splitlines() == expected
+    root = Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("gen_options_doc", root / "scripts" / "gen_options_doc.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    expected = gen.render()
+    assert (root / "docs" / "options.md").read_text(encoding="utf-8") == expected, (
+        "docs/options.md is out of date: run python scripts/gen_options_doc.py"
+    )
+    for name, allowed, stage, doc in describe_options():
+        assert f"| `{name}` | {allowed} |" in expected and doc in expected and stage in expected
 
 
 # ---- the sampler settings: defined once, resolved once, read from that one object ---------------

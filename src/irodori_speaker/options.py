@@ -11,8 +11,10 @@
   synthesizer (`synthesizer.Synthesizer` is the real one; the Speaker tests have a fake).
 
 Adding an option: one field with `option(...)` in the class whose stage reads it, then read
-it in that stage. Its check runs at construction, its doc shows in `describe_options()`, and
-with `audio=True` it enters the cache key by itself.
+it in that stage. Its check runs at construction; its range, default and doc make its command
+line flag (`cli.common.add_option_flag`), the server's bounds (`server/schemas.py`) and the
+table of docs/options.md (`scripts/gen_options_doc.py`); with `audio=True` it enters the
+cache key by itself.
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ class Check:
     parse: Callable[[Any], Any] | None = None  # turns another spelling into the value ("-16 LUFS")
     unit: str = ""  # shown after the bounds, e.g. "dB"
 
-    def allowed(self) -> str:
-        """The allowed values in words, e.g. 'an integer in [1, 200] or None'."""
+    def allowed(self, nullable: bool | None = None) -> str:
+        """The allowed values in words, e.g. 'an integer in [1, 200] or None' (`nullable`
+        False: without 'or None', as a command line flag takes them)."""
         if self.choices:
             text = "one of " + ", ".join(repr(c) for c in self.choices)
         elif self.kind is bool:
@@ -83,7 +86,12 @@ class Check:
                 text = "a finite number"
             if self.unit:
                 text += f" {self.unit}"
-        return text + (" or None" if self.nullable else "")
+        return text + (" or None" if (self.nullable if nullable is None else nullable) else "")
+
+    def clamp(self, value: float) -> float:
+        """`value` moved into [lo, hi] (the bounds that are set)."""
+        value = value if self.hi is None else min(value, self.hi)
+        return value if self.lo is None else max(value, self.lo)
 
     def __call__(self, name: str, value: Any, hint: str | None = None) -> Any:
         """The value in its canonical Python type (numpy scalars become int/float), or InputError."""
@@ -121,6 +129,7 @@ class OptionSpec:
 
     check: Check
     doc: str
+    default: Any
     stage: str
     audio: bool  # changes the sound: part of the phrase-cache key
     preset: str | None  # None means the device preset's value of this attribute
@@ -140,7 +149,7 @@ def option(
     """A dataclass field that is an option: its check, doc, stage and role in one place."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}")
-    spec = OptionSpec(check, doc, stage, audio, preset, limit)
+    spec = OptionSpec(check, doc, default, stage, audio, preset, limit)
     return field(default=default, metadata={"option": spec})
 
 
@@ -185,7 +194,9 @@ class SamplerDefaults:
 
 UPSTREAM_SAMPLER = SamplerDefaults()
 
-_REAL = Check(float)
+#: The speaking rates the server's APIs take (OpenAI's `speed`, VOICEVOX's speedScale):
+#: `speed` within its range, beyond it `duration_scale` takes the rest (server/state.py).
+API_SPEED = Check(float, 0.25, 4.0)
 _REAL_OPT = Check(float, nullable=True)
 _UNIT = Check(float, 0.0, 1.0)
 _POSITIVE_OPT = Check(float, 0.0, lo_open=True, nullable=True)

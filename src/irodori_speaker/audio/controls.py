@@ -84,6 +84,11 @@ def pitch_from_voicevox(pitch_scale: float) -> float:
     return 12.0 * math.log(VOICEVOX_REFERENCE_F0) * (2.0**pitch_scale - 1.0) / math.log(2.0)
 
 
+def voicevox_pitch_scale(semitones: float) -> float:
+    """The VOICEVOX pitchScale that `pitch_from_voicevox` turns into `semitones` (its inverse)."""
+    return math.log2(1.0 + semitones * math.log(2.0) / (12.0 * math.log(VOICEVOX_REFERENCE_F0)))
+
+
 def gain_of(volume_db: float) -> float:
     """The linear gain of a volume in dB (0 at MUTE_DB and below)."""
     return 0.0 if volume_db <= MUTE_DB else 10.0 ** (volume_db / 20.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AudioError, CacheError, InputError
+from ..options import OptionSpec, SynthesisOptions, option_specs
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -119,61 +121,102 @@ def add_voice_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--caption", help="voice description for VoiceDesign and v4 models (with --voice on v4)")
 
 
+# ---- option flags: generated from the options' specs (options.py) ---------------------------
+
+#: The synthesis options each flag group sets, in the order `--help` shows them.
+SAMPLING_OPTIONS = ("steps", "schedule", "seed", "seconds", "tail_trim")
+CONTROL_OPTIONS = ("speed", "pitch", "intonation", "loudness", "volume", "pre_silence", "post_silence")
+READING_OPTIONS = ("tags", "urls", "laughter", "read_numbers", "read_english", "pause_markup")
+FLAG_OPTIONS = SAMPLING_OPTIONS + CONTROL_OPTIONS + READING_OPTIONS
+
+
+def option_flag(name: str) -> str:
+    """The command line flag of option `name`: --pre-silence; --no-tail-trim for an option on by default."""
+    spec = option_specs(SynthesisOptions)[name]
+    flag = name.replace("_", "-")
+    return f"--no-{flag}" if spec.check.kind is bool and spec.default is True else f"--{flag}"
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def option_help(name: str, doc: str | None = None, default: Any = None) -> str:
+    """The flag's help: the option's doc (or `doc`), its allowed values and its default."""
+    spec = option_specs(SynthesisOptions)[name]
+    default = spec.default if default is None else default
+    if spec.check.kind is bool:
+        return f"{'turn off' if default else 'turn on'}: {doc or spec.doc}"
+    text = f"{doc or spec.doc} ({spec.check.allowed(nullable=False)}"
+    return text + (f"; default {_shown(default)})" if default is not None else ")")
+
+
+class _CheckedOption(argparse.Action):
+    """Stores the flag's value once its option's `Check` accepts it; else an InputError (one
+    line and a hint, exit status 1) before anything else runs."""
+
+    def __init__(self, *args: Any, option: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.option = option
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, value: Any, flag: Any = None) -> None:
+        spec = option_specs(SynthesisOptions)[self.option]
+        check = dataclasses.replace(spec.check, nullable=False)
+        setattr(namespace, self.dest, check(self.option, value, hint=f"{flag}: {spec.doc}"))
+
+
+def add_option_flag(g: Any, name: str, *, doc: str | None = None, default: Any = None) -> None:
+    """The flag of synthesis option `name` (see `option_flag`), made from its spec: the type,
+    the choices, the range check (`_CheckedOption`) and the help with range and default.
+    `args.<name>` is the checked value, or `default` (None: the flag was not given)."""
+    spec: OptionSpec = option_specs(SynthesisOptions)[name]
+    check, flag = spec.check, option_flag(name)
+    help = option_help(name, doc, default).replace("%", "%%")
+    if check.kind is bool:
+        g.add_argument(
+            flag, dest=name, action="store_const", const=not spec.default, default=default, help=help
+        )
+        return
+    kind = str if check.parse is not None else check.kind
+    metavar = check.unit.upper() if check.unit else None
+    g.add_argument(
+        flag,
+        dest=name,
+        type=kind,
+        choices=list(check.choices) or None,
+        metavar=metavar,
+        default=default,
+        action=_CheckedOption,
+        option=name,
+        help=help,
+    )
+
+
 def add_sampling_flags(p: argparse.ArgumentParser, seed_help: str | None = None) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--steps", type=int, help="sampler steps (default: the backend preset's, 8)")
-    g.add_argument("--schedule", choices=["linear", "sway"], help="time schedule (default: sway)")
-    g.add_argument(
-        "--seed",
-        type=int,
-        help=seed_help or "noise seed: the same seed gives the same audio (default: random)",
-    )
-    g.add_argument("--seconds", type=float, help="utterance length (default: predicted or estimated)")
-    g.add_argument("--no-tail-trim", action="store_true", help="keep the trailing near-silence")
+    for name in SAMPLING_OPTIONS:
+        add_option_flag(g, name, doc=seed_help if name == "seed" else None)
     add_control_flags(p)
 
 
 def add_control_flags(p: argparse.ArgumentParser) -> None:
     """The voice controls (docs/voices.md): speed, pitch, loudness, volume, silences."""
     g = p.add_argument_group("voice controls")
-    g.add_argument("--speed", type=float, help="speaking rate, 0.5-2.0 (> 1: faster; default 1)")
-    g.add_argument("--pitch", type=float, help="pitch shift in semitones, -12 to 12 (needs pyworld)")
-    g.add_argument(
-        "--intonation",
-        type=float,
-        help="scale of the f0's rises and falls, 0-2 (1: unchanged; needs pyworld)",
-    )
-    g.add_argument("--loudness", metavar="LUFS", help="loudness target, e.g. -16 or '-16 LUFS'")
-    g.add_argument("--volume", metavar="DB", help="gain in dB after --loudness, e.g. -6 or '+3 dB'")
-    g.add_argument("--pre-silence", type=float, metavar="S", help="seconds of silence before the line")
-    g.add_argument("--post-silence", type=float, metavar="S", help="seconds of silence after the line")
+    for name in CONTROL_OPTIONS:
+        add_option_flag(g, name)
 
 
 def add_reading_flags(p: argparse.ArgumentParser, *, tag_map: bool = True) -> None:
     """The readings pass (text/readings.py, docs/text-and-readings.md): each on by default."""
     g = p.add_argument_group("readings")
-    g.add_argument(
-        "--tags", choices=["strip", "keep"], help="emotion/stage tags: strip (default) or read them"
-    )
+    for name in READING_OPTIONS:
+        add_option_flag(g, name)
     if tag_map:
         g.add_argument(
             "--tag-map",
             metavar="FILE.json",
             help='tag -> voice/caption/options/text, e.g. {"happy": {"voice": "h.wav"}}',
         )
-    g.add_argument(
-        "--urls",
-        choices=["word", "domain", "drop", "keep"],
-        help="URLs: say 'URL' (default), the host, drop, keep",
-    )
-    g.add_argument("--laughter", choices=["read", "drop", "keep"], help="www: ワラワラ (default), drop, keep")
-    g.add_argument("--no-read-numbers", action="store_true", help="leave times, dates and units as written")
-    g.add_argument("--no-read-english", action="store_true", help="leave Latin words as written")
-    g.add_argument(
-        "--no-pause-markup",
-        action="store_true",
-        help='take <break time="1s"/> / [pause:1] out of the text instead of pausing (chat text)',
-    )
 
 
 def read_tag_map(args: argparse.Namespace) -> Any:
@@ -260,19 +303,6 @@ def check_audio_file(path: Path) -> None:
         ) from e
 
 
-#: Seeds torch's generator takes.
-SEED_RANGE = (0, 2**64 - 1)
-
-
-def check_seed(seed: int | None) -> None:
-    lo, hi = SEED_RANGE
-    if seed is not None and not lo <= seed <= hi:
-        raise InputError(
-            f"--seed {seed} is out of range: a seed is an integer from {lo} to {hi} (2**64 - 1)",
-            hint="any smaller number works; the same seed gives the same audio",
-        )
-
-
 def check_caption(args: argparse.Namespace, synth: Any) -> None:
     """--caption on a model without a caption branch would be silently ignored: refuse it."""
     if getattr(args, "caption", None) and not synth.config.caption_enabled:
@@ -283,39 +313,18 @@ def check_caption(args: argparse.Namespace, synth: Any) -> None:
         )
 
 
-def build_options(args: argparse.Namespace):
-    from ..options import SynthesisOptions
-
-    controls = {
-        name: getattr(args, name)
-        for name in ("speed", "pitch", "intonation", "loudness", "volume", "pre_silence", "post_silence")
-        if getattr(args, name, None) is not None
-    }
-    return SynthesisOptions(
-        steps=args.steps,
-        schedule=args.schedule,
-        seed=args.seed,
-        seconds=args.seconds,
-        tail_trim=not args.no_tail_trim,
-        **controls,
-        **build_readings(args),
-    )
+def build_options(args: argparse.Namespace) -> SynthesisOptions:
+    """The SynthesisOptions the option flags set (an option whose flag was not given keeps its default)."""
+    return SynthesisOptions(**_given(args, FLAG_OPTIONS))
 
 
 def build_readings(args: argparse.Namespace) -> dict[str, Any]:
     """The readings options the flags set (the others keep their defaults)."""
-    out: dict[str, Any] = {
-        name: getattr(args, name)
-        for name in ("tags", "urls", "laughter")
-        if getattr(args, name, None) is not None
-    }
-    if getattr(args, "no_read_numbers", False):
-        out["read_numbers"] = False
-    if getattr(args, "no_read_english", False):
-        out["read_english"] = False
-    if getattr(args, "no_pause_markup", False):
-        out["pause_markup"] = False
-    return out
+    return _given(args, READING_OPTIONS)
+
+
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
 def tiny_kind(args: argparse.Namespace) -> str | bool:
@@ -331,7 +340,6 @@ def tiny_kind(args: argparse.Namespace) -> str | bool:
 
 def voice_and_checks(args: argparse.Namespace):
     """The cheap checks every synthesising command makes before loading a model; its voice."""
-    check_seed(args.seed)
     tiny_kind(args)
     return build_voice(args)
 

@@ -93,7 +93,8 @@ def cmd_say(args: argparse.Namespace) -> int:
         if tag_map:  # a mapped tag in the line picks its voice / caption / options
             from ..synthesis.voices import tagged_line
 
-            text, voice, options = tagged_line(tag_map, text, voice, options)
+            text, voice, tagged = tagged_line(tag_map, text, voice, options)
+            options = tagged or options
         hit = False
         progress = Progress(
             "synthesising", enabled=show_progress(args), counts=False

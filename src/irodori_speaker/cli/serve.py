@@ -12,7 +12,15 @@ from typing import Any
 
 from ..errors import InputError
 from ..server.settings import DEFAULT_HOST, DEFAULT_PORT, ServerSettings, check_port
-from .common import EXIT_OK, add_model_flags, add_reading_flags, build_readings, load_kwargs, sub_parser
+from .common import (
+    EXIT_OK,
+    add_model_flags,
+    add_option_flag,
+    add_reading_flags,
+    build_readings,
+    load_kwargs,
+    sub_parser,
+)
 
 DESCRIPTION = """\
 Serve the VOICEVOX engine API and OpenAI's speech API on one loaded model.
@@ -54,8 +62,8 @@ def register(sub: Any) -> None:
         "max_batch, 1: one line at a time; batches no faster so far, docs/server.md)",
     )
     g.add_argument("--max-body-bytes", type=int, default=1_000_000, help="largest body (default 1 MB)")
-    g.add_argument("--seed", type=int, default=0, help="noise seed: fixed by default, so a request repeats")
-    g.add_argument("--steps", type=int, help="sampler steps (default: the backend preset's)")
+    add_option_flag(g, "seed", doc="noise seed: fixed by default, so a request repeats", default=0)
+    add_option_flag(g, "steps")
     g.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds running lines get at shutdown")
     g.add_argument("--cache-dir", metavar="DIR", help="phrase cache dir (default: the user's)")
     g.add_argument("--no-cache", action="store_true", help="no phrase cache lookups or stores")

@@ -1,18 +1,37 @@
 """Request and response bodies: VOICEVOX's shapes (field names, types, required fields as
 its OpenAPI document has them) and OpenAI's speech request. Ranges are ours: a value the
-model cannot honour is a 422 with its reason, never a silent clamp."""
+model cannot honour is a 422 with its reason, never a silent clamp. A field that maps onto a
+synthesis option takes its bounds from the option's spec (`_bounds`), in the field's own units."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
-from typing import Literal
+from typing import Annotated, Literal
 
+from annotated_types import Interval
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..audio.controls import gain_of, voicevox_pitch_scale
+from ..options import API_SPEED, Check, SynthesisOptions, option_specs
 from ..text import prosody
 from .audio_out import MAX_RATE, MIN_RATE
 
 _STRICT = ConfigDict(allow_inf_nan=False)
+
+
+def _bounds(option: str | Check, to_field: Callable[[float], float] = float) -> Interval:
+    """The bounds of a field that maps onto `option` (a name, or a Check): the option's range,
+    each bound through `to_field` (the option's value -> the field's)."""
+    check = option_specs(SynthesisOptions)[option].check if isinstance(option, str) else option
+    lo = None if check.lo is None else to_field(check.lo)
+    hi = None if check.hi is None else to_field(check.hi)
+    return Interval(
+        ge=None if check.lo_open else lo,
+        gt=lo if check.lo_open else None,
+        le=None if check.hi_open else hi,
+        lt=hi if check.hi_open else None,
+    )
 
 
 class Mora(BaseModel):
@@ -66,12 +85,18 @@ class AudioQuery(BaseModel):
 
     model_config = _STRICT
     accent_phrases: list[AccentPhrase] = Field(description="アクセント句のリスト", max_length=500)
-    speedScale: float = Field(description="全体の話速", ge=0.25, le=4.0)
-    pitchScale: float = Field(description="全体の音高 (the pitch option: docs/server.md)", ge=-1, le=1)
-    intonationScale: float = Field(description="全体の抑揚 (the intonation option)", ge=0, le=2)
-    volumeScale: float = Field(description="全体の音量", ge=0, le=10)
-    prePhonemeLength: float = Field(description="音声の前の無音時間", ge=0, le=30)
-    postPhonemeLength: float = Field(description="音声の後の無音時間", ge=0, le=30)
+    speedScale: Annotated[float, _bounds(API_SPEED)] = Field(description="全体の話速 (the speed option)")
+    pitchScale: Annotated[float, _bounds("pitch", voicevox_pitch_scale)] = Field(
+        description="全体の音高 (the pitch option: docs/server.md)"
+    )
+    intonationScale: Annotated[float, _bounds("intonation")] = Field(
+        description="全体の抑揚 (the intonation option)"
+    )
+    volumeScale: Annotated[float, _bounds("volume", gain_of)] = Field(
+        description="全体の音量 (the volume option)"
+    )
+    prePhonemeLength: Annotated[float, _bounds("pre_silence")] = Field(description="音声の前の無音時間")
+    postPhonemeLength: Annotated[float, _bounds("post_silence")] = Field(description="音声の後の無音時間")
     pauseLength: float | None = Field(
         default=None, description="句読点などの無音時間。null: 無視", ge=0, le=30
     )
@@ -215,7 +240,10 @@ class SpeechRequest(BaseModel):
     input: str = Field(description="the text to speak", min_length=1)
     voice: str | dict = Field(description="a style id, speaker or style name, alias, or an OpenAI voice name")
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
-    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    speed: Annotated[float, _bounds(API_SPEED)] = Field(
+        default=1.0,
+        description="speaking rate: the speed option, beyond its range the length (docs/options.md)",
+    )
     instructions: str | None = Field(default=None, description="accepted and ignored", max_length=4096)
     stream_format: Literal["audio", "sse"] | None = Field(default=None, description="only 'audio'")
     # ours (the openai SDK's extra_body): the readings options of this request (server/readings.py)

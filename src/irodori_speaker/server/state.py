@@ -8,14 +8,14 @@ from typing import Any
 
 from fastapi import Request
 
-from ..options import SynthesisOptions
+from ..options import SynthesisOptions, option_specs
 from ..text.userdict import UserDictionary
 from .config import VoiceBook
 from .metrics import Metrics
 from .service import SpeechService
 from .settings import ServerSettings
 
-SPEED_RANGE = (0.5, 2.0)  # the speed option's bounds (types.SynthesisOptions.speed)
+SPEED = option_specs(SynthesisOptions)["speed"].check
 
 
 @dataclass
@@ -43,10 +43,9 @@ class AppState:
         (a request's own, e.g. its readings options: server/readings.py).
 
         The one place request fields meet the options pipeline. `speed` is the `speed`
-        option; the APIs allow 0.25-4, beyond its 0.5-2 the rest scales the length the same
-        way through `duration_scale`."""
-        lo, hi = SPEED_RANGE
-        kept = min(max(speed, lo), hi)
+        option; the APIs allow `options.API_SPEED`, and beyond the option's range the rest
+        scales the length the same way through `duration_scale`."""
+        kept = SPEED.clamp(speed)
         fields["duration_scale"] = fields.get("duration_scale", 1.0) * kept / speed
         base = SynthesisOptions(
             seed=self.settings.seed, steps=self.settings.steps, **dict(getattr(self.settings, "readings", ()))

@@ -47,7 +47,7 @@ def plan_query(state: AppState, q: S.AudioQuery, readings: dict[str, Any] | None
     """Map an AudioQuery onto the options pipeline (raises InputError on what we cannot honour).
 
     speedScale -> speed, pitchScale -> pitch (semitones, `controls.pitch_from_voicevox`),
-    intonationScale -> intonation (the same 0-2 scale of log f0 about its median),
+    intonationScale -> intonation (the same scale of log f0 about its median),
     volumeScale -> volume (dB), pre/postPhonemeLength (divided by speedScale, as VOICEVOX
     does) -> pre/post_silence, pauseLength / pauseLengthScale -> pause markup between the pieces.
     `readings`: the request's readings options (server/readings.py)."""

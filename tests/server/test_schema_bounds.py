@@ -1,0 +1,49 @@
+"""The server's request fields that map onto synthesis options take their bounds from the
+options' specs (options.py), in the fields' own units: no range is written twice."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from irodori_speaker.audio.controls import gain_of, pitch_from_voicevox, volume_from_scale
+from irodori_speaker.options import API_SPEED, SynthesisOptions, option_specs
+from irodori_speaker.server import schemas as S
+
+SPECS = option_specs(SynthesisOptions)
+
+
+def bounds(model, name: str) -> tuple[float, float]:
+    """(minimum, maximum) of a field as the OpenAPI document shows it."""
+    prop = model.model_json_schema()["properties"][name]
+    return prop["minimum"], prop["maximum"]
+
+
+def test_speed_fields_take_the_api_speed_range():
+    assert (
+        bounds(S.SpeechRequest, "speed") == bounds(S.AudioQuery, "speedScale") == (API_SPEED.lo, API_SPEED.hi)
+    )
+
+
+def test_the_api_speed_range_is_reachable_through_speed_and_duration_scale():
+    """Beyond the speed option's range the rest goes on duration_scale (server/state.py): the
+    API's whole range stays within what the two options allow."""
+    speed, stretch = SPECS["speed"].check, SPECS["duration_scale"].check
+    assert speed.lo is not None and speed.hi is not None and stretch.lo is not None and stretch.hi is not None
+    assert API_SPEED.lo is not None and API_SPEED.hi is not None
+    assert API_SPEED.lo <= speed.lo <= speed.hi <= API_SPEED.hi
+    assert stretch.lo <= speed.lo / API_SPEED.lo <= stretch.hi
+    assert stretch.lo <= API_SPEED.hi / speed.hi <= stretch.hi
+
+
+def test_voicevox_scales_map_onto_the_options_ranges():
+    intonation, pitch, volume = (SPECS[n].check for n in ("intonation", "pitch", "volume"))
+    assert bounds(S.AudioQuery, "intonationScale") == (intonation.lo, intonation.hi)
+    lo, hi = bounds(S.AudioQuery, "pitchScale")
+    assert (pitch_from_voicevox(lo), pitch_from_voicevox(hi)) == pytest.approx((pitch.lo, pitch.hi))
+    lo, hi = bounds(S.AudioQuery, "volumeScale")
+    assert lo == gain_of(volume.lo) == 0.0  # silence
+    assert volume_from_scale(hi) == pytest.approx(volume.hi)
+    for field, option in (("prePhonemeLength", "pre_silence"), ("postPhonemeLength", "post_silence")):
+        assert bounds(S.AudioQuery, field) == (SPECS[option].check.lo, SPECS[option].check.hi)
