@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ..cancel import CancelToken
 from ..options import SynthesisOptions, SynthesisRecord
 from .jitter import LineFeed
 from .lines import Priority
 from .playback import Chunk, PlayItem
-from .utterance import Owner, Utterance, UtteranceState
+from .utterance import Utterance, UtteranceState
 
 __all__ = ["LineRecord"]
 
@@ -34,6 +34,14 @@ _NEXT: dict[UtteranceState, set[UtteranceState]] = {
     S.READY: {S.PLAYING} | _ENDINGS,
     S.PLAYING: _ENDINGS,
 }
+
+
+class Owner(Protocol):
+    """What a line needs of its Speaker."""
+
+    sample_rate: int
+
+    def _cancel(self, line: LineRecord, reason: str) -> None: ...
 
 
 class LineRecord:
@@ -75,7 +83,8 @@ class LineRecord:
         self._item: PlayItem | None = None
         self._reason = "cancelled"
         self._ended = asyncio.Event()
-        self.handle = Utterance(owner, self)
+        self._owner = owner
+        self.handle = Utterance(self)
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -159,6 +168,14 @@ class LineRecord:
     def normalised_text(self) -> str:
         """The text as the synthesizer read it (its record's), else as given."""
         return self._record.text if self._record is not None and self._record.text else self.text
+
+    @property
+    def sample_rate(self) -> int:
+        return self._owner.sample_rate
+
+    def request_cancel(self, reason: str) -> None:
+        """The handle's `cancel`: the owner drops or fades the line."""
+        self._owner._cancel(self, reason)
 
     async def wait_ended(self) -> None:
         await self._ended.wait()

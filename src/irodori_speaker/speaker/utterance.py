@@ -7,16 +7,14 @@ the line's record (`record.LineRecord`), which the Speaker's parts move along.
 from __future__ import annotations
 
 import enum
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Generator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..options import SynthesisOptions, SynthesisRecord
 from .lines import Priority
-
-if TYPE_CHECKING:
-    from .record import LineRecord
+from .playback import Chunk
 
 __all__ = ["Utterance", "UtteranceState"]
 
@@ -48,12 +46,45 @@ _TERMINAL = {
 }
 
 
-class Owner(Protocol):
-    """What a handle needs of its Speaker."""
+class LineView(Protocol):
+    """What a handle sees of its line (`record.LineRecord` is the one implementation)."""
 
-    sample_rate: int
-
-    def _cancel(self, line: LineRecord, reason: str) -> None: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def priority(self) -> Priority: ...
+    @property
+    def voice(self) -> Any: ...
+    @property
+    def options(self) -> SynthesisOptions | None: ...
+    @property
+    def deadline(self) -> float | None: ...
+    @property
+    def cache(self) -> bool | None: ...
+    @property
+    def state(self) -> UtteranceState: ...
+    @property
+    def error(self) -> BaseException | None: ...
+    @property
+    def record(self) -> SynthesisRecord | None: ...
+    @property
+    def timing(self) -> Any: ...
+    @property
+    def played_fraction(self) -> float: ...
+    @property
+    def heard_text(self) -> str: ...
+    @property
+    def timings(self) -> dict[str, float]: ...
+    @property
+    def chunks(self) -> Sequence[Chunk]: ...
+    @property
+    def rendered(self) -> bool: ...
+    @property
+    def sample_rate(self) -> int: ...
+    async def wait_ended(self) -> None: ...
+    def request_cancel(self, reason: str) -> None: ...
 
 
 class Utterance:
@@ -64,8 +95,7 @@ class Utterance:
     interrupted lines end normally: look at `state`. Every attribute is read-only.
     """
 
-    def __init__(self, speaker: Owner, line: LineRecord) -> None:
-        self._speaker = speaker
+    def __init__(self, line: LineView) -> None:
         self._line = line
 
     # -- what was asked ----------------------------------------------------------------------------
@@ -134,7 +164,7 @@ class Utterance:
 
     @property
     def sample_rate(self) -> int:
-        return self._speaker.sample_rate
+        return self._line.sample_rate
 
     @property
     def timing(self) -> Any:
@@ -161,7 +191,7 @@ class Utterance:
 
     def cancel(self) -> None:
         """Drop the line if it has not played (its synthesis stops between steps); else fade it out."""
-        self._speaker._cancel(self._line, "cancelled")
+        self._line.request_cancel("cancelled")
 
     def interrupt(self) -> None:
         """The same as `cancel` (the name of livekit-agents' SpeechHandle): stop this line."""
