@@ -58,7 +58,7 @@ irodori-speaker say 'こんにちは' --speed 1.2 --volume '-6 dB' --seed 3 -o h
 ```
 
 Each option's range, unit, default and doc live in its field's metadata (`option(...)` in
-`src/irodori_speaker/options.py`); the command line flags, the server's bounds and this page
+`src/irodori_speaker/options/synthesis.py`); the command line flags, the server's bounds and this page
 are made from them (`python scripts/gen_options_doc.py` rewrites the page).
 
 """

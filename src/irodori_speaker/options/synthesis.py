@@ -1,172 +1,22 @@
-"""The contract between the engine and the runtime; importing it loads no torch.
-
-- `SynthesisOptions`: how to render one line. Every option is one dataclass field that
-  carries its own check (type, bounds, choices), its one-line doc, the stage that reads it,
-  whether it changes the sound (the phrase-cache key is made of those), and, when `None`
-  means "the device preset's", the preset attribute it falls back to. Options are checked
-  when the object is built and resolved against the preset once (`resolve`).
-- `SamplerConfig`: the sampler part of those options; `engine.sampler` reads it.
-- `SynthesisRecord`, `SynthesisResult`, `AudioStream`: what a synthesizer gives back.
-- `SynthesizerLike`: everything the Speaker, the phrase cache and prebuild call on a
-  synthesizer (`synthesizer.Synthesizer` is the real one; the Speaker tests have a fake).
-
-Adding an option: one field with `option(...)` in the class whose stage reads it, then read
-it in that stage. Its check runs at construction; its range, default and doc make its command
-line flag (`cli.common.add_option_flag`), the server's bounds (`server/schemas.py`) and the
-table of docs/options.md (`scripts/gen_options_doc.py`); with `audio=True` it enters the
-cache key by itself.
-"""
+"""How to render one line: `SamplerConfig` (what `engine.sampler` reads) and `SynthesisOptions`."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
-import numbers
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
-import numpy as np
-
-from .audio.controls import parse_loudness, parse_volume, require_pitch
-from .audio.signal import SAMPLE_RATE
-from .cancel import CancelToken
-from .errors import InputError
+from ..audio.controls import parse_loudness, parse_volume, require_pitch
+from ..errors import InputError
+from .checks import Check, _validate, did_you_mean, option, option_specs
 
 SCHEDULES = ("linear", "sway")
 GUIDANCE_MODES = ("independent", "joint", "alternating")
-STAGES = ("sampler", "text", "length", "decode", "output")
 
 MAX_STEPS = 200  # upstream uses 40; beyond this nothing improves and a line takes minutes
 MAX_SEED = 2**63  # seeds are drawn by torch.Generator.manual_seed (64-bit); exclusive bound
 MAX_CHUNK_FRAMES = 750  # the longest utterance (30 s)
-
-
-# ---------------------------------------------------------------------------------------------
-# One option = one field: its check, doc and role live in the field's metadata
-# ---------------------------------------------------------------------------------------------
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-@dataclass(frozen=True)
-class Check:
-    """What values an option takes: a kind (int, float, str, bool), bounds or choices."""
-
-    kind: type
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False  # lo < value (else lo <= value)
-    hi_open: bool = False
-    choices: tuple[str, ...] = ()
-    nullable: bool = False
-    shown_hi: str | None = None  # how to print `hi` (e.g. "2**63")
-    parse: Callable[[Any], Any] | None = None  # turns another spelling into the value ("-16 LUFS")
-    unit: str = ""  # shown after the bounds, e.g. "dB"
-
-    def allowed(self, nullable: bool | None = None) -> str:
-        """The allowed values in words, e.g. 'an integer in [1, 200] or None' (`nullable`
-        False: without 'or None', as a command line flag takes them)."""
-        if self.choices:
-            text = "one of " + ", ".join(repr(c) for c in self.choices)
-        elif self.kind is bool:
-            text = "True or False"
-        else:
-            text = {int: "an integer", float: "a number", str: "a string"}[self.kind]
-            if self.lo is not None and self.hi is not None:
-                hi = self.shown_hi or f"{self.hi:g}"
-                text += f" in {'(' if self.lo_open else '['}{self.lo:g}, {hi}{')' if self.hi_open else ']'}"
-            elif self.lo is not None:
-                text += f" {'>' if self.lo_open else '>='} {self.lo:g}"
-            elif self.kind is float:
-                text = "a finite number"
-            if self.unit:
-                text += f" {self.unit}"
-        return text + (" or None" if (self.nullable if nullable is None else nullable) else "")
-
-    def clamp(self, value: float) -> float:
-        """`value` moved into [lo, hi] (the bounds that are set)."""
-        value = value if self.hi is None else min(value, self.hi)
-        return value if self.lo is None else max(value, self.lo)
-
-    def __call__(self, name: str, value: Any, hint: str | None = None) -> Any:
-        """The value in its canonical Python type (numpy scalars become int/float), or InputError."""
-        if value is None and self.nullable:
-            return None
-        ok, out = self._coerce(self.parse(value) if self.parse is not None else value)
-        if ok and not self.choices and self.kind in (int, float):
-            if self.lo is not None and (out < self.lo or (self.lo_open and out == self.lo)):
-                ok = False
-            if self.hi is not None and (out > self.hi or (self.hi_open and out == self.hi)):
-                ok = False
-        if not ok:
-            raise InputError(f"option {name} must be {self.allowed()}, got {_short(value)}", hint=hint)
-        return out
-
-    def _coerce(self, value: Any) -> tuple[bool, Any]:
-        if isinstance(value, (bool, np.bool_)):
-            return (True, bool(value)) if self.kind is bool else (False, None)
-        if self.kind is bool:
-            return False, None
-        if self.kind is int:
-            return (True, int(value)) if isinstance(value, numbers.Integral) else (False, None)
-        if self.kind is float:
-            if isinstance(value, numbers.Real) and math.isfinite(float(value)):
-                return True, float(value)
-            return False, None
-        if not isinstance(value, str):
-            return False, None
-        return (value in self.choices, value) if self.choices else (True, value)
-
-
-@dataclass(frozen=True)
-class OptionSpec:
-    """The metadata of one option field (see `option`)."""
-
-    check: Check
-    doc: str
-    default: Any
-    stage: str
-    audio: bool  # changes the sound: part of the phrase-cache key
-    preset: str | None  # None means the device preset's value of this attribute
-    limit: str | None  # name of a model limit the value may not exceed (see `resolve`)
-
-
-def option(
-    default: Any,
-    check: Check,
-    doc: str,
-    *,
-    stage: str,
-    audio: bool = True,
-    preset: str | None = None,
-    limit: str | None = None,
-) -> Any:
-    """A dataclass field that is an option: its check, doc, stage and role in one place."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}")
-    spec = OptionSpec(check, doc, default, stage, audio, preset, limit)
-    return field(default=default, metadata={"option": spec})
-
-
-def option_specs(cls_or_obj: Any) -> dict[str, OptionSpec]:
-    """Field name -> OptionSpec of every option of a dataclass (in field order)."""
-    return {f.name: f.metadata["option"] for f in dataclasses.fields(cls_or_obj) if "option" in f.metadata}
-
-
-def describe_options(cls: Any = None) -> list[tuple[str, str, str, str]]:
-    """(name, allowed values, stage, doc) of every option: the source of the docs' option table."""
-    specs = option_specs(cls or SynthesisOptions)
-    return [(name, s.check.allowed(), s.stage, s.doc) for name, s in specs.items()]
-
-
-def _validate(obj: Any) -> None:
-    for name, spec in option_specs(obj).items():
-        object.__setattr__(obj, name, spec.check(name, getattr(obj, name), hint=f"{name}: {spec.doc}"))
 
 
 _O = TypeVar("_O", bound="SamplerConfig")
@@ -200,11 +50,6 @@ API_SPEED = Check(float, 0.25, 4.0)
 _REAL_OPT = Check(float, nullable=True)
 _UNIT = Check(float, 0.0, 1.0)
 _POSITIVE_OPT = Check(float, 0.0, lo_open=True, nullable=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# The options
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -485,7 +330,7 @@ class SynthesisOptions(SamplerConfig):
             specs = option_specs(cls)
             for key in value:
                 if key not in specs:
-                    raise InputError(f"{name}: unknown option {key!r}", hint=_did_you_mean(str(key), specs))
+                    raise InputError(f"{name}: unknown option {key!r}", hint=did_you_mean(str(key), specs))
             return cls(**value)
         raise InputError(
             f"{name} must be SynthesisOptions or a mapping of options, got {type(value).__name__}",
@@ -497,7 +342,7 @@ class SynthesisOptions(SamplerConfig):
         specs = option_specs(self)
         for key in changes:
             if key not in specs:
-                raise InputError(f"unknown option {key!r}", hint=_did_you_mean(key, specs))
+                raise InputError(f"unknown option {key!r}", hint=did_you_mean(key, specs))
         return dataclasses.replace(self, **changes) if changes else self
 
     def resolve(
@@ -522,108 +367,7 @@ class SynthesisOptions(SamplerConfig):
         return {name: getattr(self, name) for name, spec in option_specs(self).items() if spec.audio}
 
 
-def _did_you_mean(name: str, known: Mapping[str, Any] | list[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
-
-
-# ---------------------------------------------------------------------------------------------
-# What comes back
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class SynthesisRecord:
-    """What happened while rendering one line."""
-
-    text: str = ""  # normalised text actually spoken
-    source: str = ""  # the line as written, less its pause markup and stripped tags (captions show it)
-    seed: int = 0
-    frames: int = 0  # latent frames sampled (25 per second)
-    samples: int = 0  # audio samples returned (after tail trim)
-    steps: int = 0
-    schedule: str = ""
-    pieces: int = 1  # >1 when long text was split
-    # stage -> seconds ("sampling" counts the wait for the line's batch too)
-    timings: dict[str, float] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def audio_seconds(self) -> float:
-        return self.samples / SAMPLE_RATE
-
-    @property
-    def compute_seconds(self) -> float:
-        return float(sum(self.timings.values()))
-
-
-@dataclass
-class SynthesisResult:
-    audio: np.ndarray  # float32, mono, (samples,)
-    record: SynthesisRecord
-    sample_rate: int = SAMPLE_RATE
-
-
-class AudioStream(Iterator[np.ndarray]):
-    """Audio chunks (float32 mono) of one line in order as the decoder produces them.
-
-    `record` is complete once the iterator is exhausted.
-    """
-
-    def __init__(self, chunks: Iterator[np.ndarray], record: SynthesisRecord) -> None:
-        self._chunks = chunks
-        self.record = record
-
-    def __iter__(self) -> AudioStream:
-        return self
-
-    def __next__(self) -> np.ndarray:
-        return next(self._chunks)
-
-    def close(self) -> None:
-        close = getattr(self._chunks, "close", None)  # a generator has one, a list iterator not
-        if close is not None:
-            close()
-
-
-@runtime_checkable
-class SynthesizerLike(Protocol):
-    """What the Speaker, the phrase cache and prebuild call on a synthesizer.
-
-    Calls are synchronous (the Speaker runs them in its worker thread). `options` may be
-    SynthesisOptions, a mapping of options or None. An implementation holds
-    `backends.lock.MODEL_LOCK` around its model work (per stage or chunk); callers never do.
-    """
-
-    sample_rate: int
-
-    def resolve_options(
-        self, options: SynthesisOptions | Mapping[str, Any] | None = None
-    ) -> SynthesisOptions:
-        """The options as this synthesizer renders them (checked; preset defaults filled in)."""
-        ...
-
-    def synthesize(
-        self,
-        text: str,
-        voice: Any = None,
-        options: SynthesisOptions | None = None,
-        cancel: CancelToken | None = None,
-    ) -> SynthesisResult: ...
-
-    def stream(
-        self,
-        text: str,
-        voice: Any = None,
-        options: SynthesisOptions | None = None,
-        cancel: CancelToken | None = None,
-    ) -> AudioStream: ...
-
-    def prewarm(self, voice: Any = None) -> float:
-        """Absorb first-call costs (one dummy line); return the wall time in seconds."""
-        ...
-
-    def render_identity(self, text: str, voice: Any = None, options: SynthesisOptions | None = None) -> dict:
-        """JSON-able: everything that changes the sound of this line (the phrase-cache key)."""
-        ...
+def describe_options(cls: Any = None) -> list[tuple[str, str, str, str]]:
+    """(name, allowed values, stage, doc) of every option: the source of the docs' option table."""
+    specs = option_specs(cls or SynthesisOptions)
+    return [(name, s.check.allowed(), s.stage, s.doc) for name, s in specs.items()]
