@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .signal import loudness_lufs, peak_limit
 
 log = logging.getLogger("irodori_speaker.audio.controls")
 
@@ -248,7 +249,6 @@ def process_piece(audio: np.ndarray, sr: int, options: Any, notes: list[str] | N
     """Pitch, loudness, volume and peak limit of one rendered piece (see the module doc).
 
     `notes` collects what the caller should tell the user (a peak-limited piece)."""
-    from .signal import loudness_lufs, peak_limit
 
     x = np.asarray(audio, dtype=np.float32)
     if len(x) == 0:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import soundfile as sf
 import soxr
 
 from ..errors import AudioError, InputError
@@ -55,7 +56,6 @@ _MAX_CHANNELS = 64  # more than this almost always means a (channels, samples) a
 
 def read_audio(path: str | os.PathLike[str]) -> tuple[np.ndarray, int]:
     """Read any file soundfile (libsndfile) decodes -> (float32 (samples, channels), sample rate)."""
-    import soundfile as sf
 
     p = Path(path)
     if not p.exists():

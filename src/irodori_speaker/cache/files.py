@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import soundfile as sf
 
 from ..dirs import cache_root
 from ..errors import CacheError, InputError
@@ -54,7 +55,6 @@ def format_size(n: float) -> str:
 def encode_audio(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     if fmt == "f32":
         return np.ascontiguousarray(audio, dtype="<f4").tobytes()
-    import soundfile as sf
 
     buf = io.BytesIO()
     sf.write(buf, np.clip(audio, -1.0, 1.0), sample_rate, format="FLAC", subtype="PCM_24")
@@ -67,8 +67,6 @@ def decode_audio(data: bytes, fmt: str) -> np.ndarray:
             raise ValueError("raw float32 file size is not a multiple of 4")
         return np.frombuffer(data, dtype="<f4").astype(np.float32)
     if fmt == "flac":
-        import soundfile as sf
-
         audio, _ = sf.read(io.BytesIO(data), dtype="float32", always_2d=False)
         return np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
     raise ValueError(f"unknown audio format {fmt!r}")

@@ -10,6 +10,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,9 +165,6 @@ def hub_unreachable() -> str | None:
     One HEAD request, at most PROBE_TIMEOUT_S: without it huggingface_hub retries each file
     for ~25 s and prints every retry. Any HTTP answer (even an error status) counts as reachable.
     """
-    import time
-    import urllib.error
-    import urllib.request
 
     endpoint = hub_endpoint()
     now = time.monotonic()

@@ -15,7 +15,11 @@ from pathlib import Path
 
 import torch
 
+from ..errors import InputError
+from ..text.backbone_tokenizer import build_tiny_backbone_tokenizer
+from ..text.tokenizer import build_tiny_tokenizer
 from .checkpoint import build_model, save_checkpoint
+from .codec import TINY_CODEC_KWARGS, convert_codec, save_random_codec_pth
 from .config import BackboneConfig, InferenceConfig, ModelConfig
 
 TINY_VOCAB = 512
@@ -122,9 +126,6 @@ def tiny_random_files(kind: str = "v2", directory: str | os.PathLike | None = No
 
     v4 kinds are laid out as a release: `dit-<kind>/model.safetensors` with its `tokenizer/`
     folder beside it (`tokenizer` is that folder's tokenizer.json)."""
-    from ..errors import InputError
-    from ..text.tokenizer import build_tiny_tokenizer
-    from .codec import TINY_CODEC_KWARGS, convert_codec, save_random_codec_pth
 
     if kind not in TINY_CONFIGS:
         raise InputError(f"unknown tiny-random kind {kind!r}; use one of {', '.join(TINY_CONFIGS)}")
@@ -143,8 +144,6 @@ def tiny_random_files(kind: str = "v2", directory: str | os.PathLike | None = No
     with _lock:
         root.mkdir(parents=True, exist_ok=True)
         if is_v4_kind(kind) and not files.tokenizer.is_file():
-            from ..text.backbone_tokenizer import build_tiny_backbone_tokenizer
-
             tmp_dir = files.tokenizer.parent.with_name(f"tokenizer.tmp{os.getpid()}")
             build_tiny_backbone_tokenizer(TINY_VOCAB, tmp_dir)
             try:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import soundfile as sf
 
 from ..audio.signal import SAMPLE_RATE
 from ..errors import AudioError
@@ -27,7 +28,6 @@ def file_format(
     path: str | os.PathLike[str], subtype: str | None = None, sample_rate: int = SAMPLE_RATE
 ) -> tuple[str, str]:
     """(format, subtype) for a sound file named `path`, from its extension; AudioError if we cannot."""
-    import soundfile as sf
 
     ext = Path(path).suffix.lower()
     known = ", ".join(FILE_FORMATS)
@@ -81,7 +81,6 @@ def write_sound_file(
     path: str | os.PathLike[str], audio: np.ndarray, sample_rate: int, subtype: str | None = None
 ) -> Path:
     """Write float audio to `path` in the format its extension names (see FILE_FORMATS)."""
-    import soundfile as sf
 
     fmt, sub = file_format(path, subtype, sample_rate)
     p = Path(path)
@@ -126,7 +125,6 @@ class FileOutput(PacedOutput):
         self._file: Any = None
 
     def _open_sink(self) -> None:
-        import soundfile as sf
 
         try:
             self._file = sf.SoundFile(

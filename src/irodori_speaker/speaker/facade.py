@@ -18,6 +18,7 @@ from ..options import SynthesisOptions, SynthesizerLike
 from ..outputs import Output, OutputSpec
 from ..synthesis.load_options import LoadOptions
 from ..text.split import check_line_text
+from ..text.tags import TagMap
 from . import lifetime, settings
 from .events import EventBus, EventStream, KindSpec, Metrics
 from .feeder import Feeder, default_segmenter, speak_stream
@@ -88,7 +89,6 @@ class Speaker:
             ttl=ttl, max_queue=max_queue, lookahead_lines=lookahead_lines, lookahead_s=lookahead_s
         )
         self._output_specs = settings.output_specs(output, stall_flush_s, lipsync_hz, cache_store)
-        from ..text.tags import TagMap
 
         self.synthesizer = synthesizer
         self._load_options = load

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterable, Callable, Iterable
 from typing import Any
 
 from ..errors import InputError
+from ..text.segment import StreamSegmenter
 from .lines import LineOptions
 from .utterance import Utterance
 
@@ -25,7 +26,6 @@ Enqueue = Callable[[str, LineOptions], Utterance]
 
 
 def default_segmenter() -> Any:
-    from ..text.segment import StreamSegmenter
 
     return StreamSegmenter(min_chars=10, first_min_chars=5)
 

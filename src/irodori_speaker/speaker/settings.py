@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..cache import PhraseCache, StorePolicy
 from ..errors import BackendError, InputError
 from ..options import SynthesisOptions, SynthesizerLike, option_specs
 from ..synthesis.load_options import LOAD_FIELDS, LoadOptions, unexpected_keyword
@@ -63,7 +64,6 @@ def loading_options(
 
 def phrase_cache(cache: Any) -> tuple[Any, bool]:
     """(the PhraseCache, whether the Speaker made it and so closes it) from `cache=`."""
-    from ..cache import PhraseCache
 
     own = cache is not None and not isinstance(cache, PhraseCache)
     return (PhraseCache(cache) if own else cache), own
@@ -84,7 +84,6 @@ def check_loop(loop: Any) -> None:
 
 def output_specs(output: Any, stall_flush_s: Any, lipsync_hz: Any, cache_store: Any) -> list[Any]:
     """The outputs to open (one or a list), after checking the Speaker's other arguments."""
-    from ..cache import StorePolicy
 
     if stall_flush_s is not None and not stall_flush_s > 0:
         raise InputError(f"stall_flush_s must be > 0 or None, got {stall_flush_s!r}")

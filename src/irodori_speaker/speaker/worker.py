@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..audio.signal import StreamResampler, resample
+from ..cache import CachedRender
 from ..cancel import check
 from ..errors import Cancelled
 from ..options import SynthesisRecord, SynthesizerLike
@@ -93,8 +94,6 @@ class LineWorker:
         self.synthesizer = synthesizer
         self.sample_rate = int(synthesizer.sample_rate)
         if self.cache is not None:
-            from ..cache import CachedRender
-
             self.cached = CachedRender(self.cache, synthesizer, store=self.cache_store, source="speaker")
 
     @property

@@ -29,6 +29,8 @@ from typing import Any, Final
 
 from irodori_speaker.errors import InputError
 
+from ..options import SynthesisOptions
+
 __all__ = [
     "EMOTIONS",
     "STAGE_WORDS_EN",
@@ -126,7 +128,6 @@ class TagAction:
             raise InputError(
                 f"tags[{name!r}]: unknown key {unknown[0]!r}", hint=f"known: {', '.join(sorted(known))}"
             )
-        from irodori_speaker.options import SynthesisOptions
 
         options = dict(value.get("options") or {})
         SynthesisOptions().replace(**options)  # each value checked now, by its option

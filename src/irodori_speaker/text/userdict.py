@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 import uuid as uuidlib
@@ -39,6 +42,9 @@ from typing import Any
 from irodori_speaker.errors import InputError, IrodoriError
 from irodori_speaker.text.normalize import normalize_text
 from irodori_speaker.text.prosody import kana_to_moras, to_katakana
+
+from . import prosody
+from .length import _load_pyopenjtalk
 
 __all__ = [
     "WORD_TYPES",
@@ -451,7 +457,6 @@ class UserDictionary:
 
     def fingerprint(self) -> str:
         """Changes whenever a word that could change a reading does (for cache keys and logs)."""
-        import hashlib
 
         h = hashlib.sha256()
         for w in sorted(self._load(), key=lambda w: w.uuid):
@@ -465,7 +470,6 @@ class UserDictionary:
         The text pyopenjtalk sees comes after `apply`, so it meets the readings, and the
         accent phrases get the user's accent type.
         """
-        from irodori_speaker.text.length import _load_pyopenjtalk
 
         words = self._load()
         stamp = self._stamp
@@ -475,15 +479,12 @@ class UserDictionary:
         pyopenjtalk = _load_pyopenjtalk()
         if pyopenjtalk is None:
             return None
-        from irodori_speaker.text import prosody
 
         if not words:
             with prosody._lock:
                 pyopenjtalk.unset_user_dict()
             result = None
         else:
-            import tempfile
-
             directory = Path(tempfile.mkdtemp(prefix="irodori-openjtalk-"))
             csv_path, dic_path = directory / "user.csv", directory / "user.dic"
             rows = []
@@ -505,8 +506,6 @@ class UserDictionary:
             old, self._openjtalk_dir = self._openjtalk_dir, None if result is None else Path(result).parent
             self._openjtalk = (stamp, result)
         if old is not None:
-            import shutil
-
             shutil.rmtree(old, ignore_errors=True)
         return result
 

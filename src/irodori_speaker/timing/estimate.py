@@ -25,6 +25,7 @@ from typing import Final
 
 import numpy as np
 
+from ..text.length import _load_pyopenjtalk
 from .source_spans import SourceMap
 
 __all__ = [
@@ -196,7 +197,6 @@ def estimate_timing(
     seconds of audio, the voice filling `speech` = (start, end) of it (default: all of it);
     `source` (`SynthesisRecord.source`): the line as written, which words and captions show.
     None when pyopenjtalk is not installed or the text has nothing to read."""
-    from ..text.length import _load_pyopenjtalk  # lazily: the text package imports torch
 
     pj = _load_pyopenjtalk()
     if pj is None or not text.strip() or not duration > 0:
