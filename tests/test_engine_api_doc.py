@@ -113,5 +113,6 @@ def attributes_of(name: str) -> set[str]:
 def test_every_sampler_option_and_family_is_named():
     options = [f.name for f in dataclasses.fields(SamplerConfig)]
     assert not [o for o in options if f"`{o}`" not in TEXT and f"`{o} / " not in TEXT]
-    families = {"v2", "v2-voicedesign", "v3", "v3-voicedesign", "v4", "v4.1-mf"}  # ModelConfig.family
+    # every value of ModelConfig.family
+    families = {"v2", "v2-voicedesign", "v3", "v3-voicedesign", "v4", "v4.1-mf", "v4-large"}
     assert not [f for f in families if f"`{f}`" not in TEXT]

@@ -1,7 +1,9 @@
-"""The torchao-quantised `-Quantized` v4 releases: one clear CheckpointError, before any work.
+"""The torchao-quantised `-Quantized` v4 releases: a file that is not torchao int8 weight-only is one
+clear CheckpointError, before any work (the int8 reader: tests/engine/test_fixtures_v4_large.py).
 
-Their format (torchao tensor subclasses) is not in our specs; the file here only has its
-outward signs (tensor parts such as `.qdata` / `.scale`, torchao named in the metadata).
+The files here only have torchao's outward signs (tensor parts such as `.qdata`, torchao named in
+the metadata), no `irodori_quantization_json`. The synthesizer still refuses every torchao file
+until it is wired to the engine's reader.
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ CONFIG = json.dumps({"model_dim": 64, "text_encoder_type": "pretrained"})
 def test_a_torchao_file_is_named_and_refused(tmp_path, tensors, meta):
     path = tmp_path / "model.safetensors"
     save_file(tensors, str(path), metadata=meta)
-    for load in (lambda: load_checkpoint(path), lambda: load_dit(path, select_preset("cpu", int4=True))):
-        with pytest.raises(CheckpointError, match="torchao-quantised copy") as e:
-            load()
-        assert "not read yet" in str(e.value) and "irodori-speaker quantize" in e.value.hint
+    with pytest.raises(CheckpointError, match="torchao-quantised copy: no irodori_quantization_json") as e:
+        load_checkpoint(path)
+    assert "supported: torchao int8_weight_only" in str(e.value)
+    assert "irodori-speaker quantize" in e.value.hint
+    with pytest.raises(CheckpointError, match="torchao-quantised copy") as e:
+        load_dit(path, select_preset("cpu", int4=True))
+    assert "not read yet" in str(e.value) and "irodori-speaker quantize" in e.value.hint
 
 
 def test_a_quantized_repo_is_refused_before_any_download(tmp_path):

@@ -17,6 +17,13 @@ from safetensors.torch import save_file
 from ..errors import CheckpointError
 from .config import InferenceConfig, ModelConfig, parse_config_json
 from .model import TextToLatentRFDiT
+from .torchao import (  # noqa: F401 - TORCHAO_HINT, torchao_error: re-exported for the synthesizer
+    TORCHAO_HINT,
+    int8_layout,
+    is_torchao_file,
+    read_int8_state,
+    torchao_error,
+)
 
 DTYPES = {
     "fp32": torch.float32,
@@ -60,31 +67,6 @@ def read_header(path: str | Path) -> tuple[dict[str, str], dict[str, tuple[int, 
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
     return meta, shapes
-
-
-# What a torchao-quantised file (the `-Quantized` releases of v4 / v4.1) looks like: tensor
-# subclasses flattened into parts with these suffixes, or torchao named in the metadata.
-TORCHAO_SUFFIXES = (".qdata", ".zero_point", ".scale_and_zero", ".packed_weight", ".int_data", ".float8_data")
-TORCHAO_HINT = (
-    "use the unquantised release (v4.1 / v4.1-mf: Aratako/Irodori-TTS-v4.1-Small[-MF]), or our int4: "
-    "`irodori-speaker quantize` on it, or --int4 to quantise at load"
-)
-
-
-def torchao_error(source: str) -> CheckpointError:
-    return CheckpointError(
-        f"{source} is a torchao-quantised copy (INT8 / INT4 / FP8 tensor subclasses, the "
-        "-Quantized releases): its format is not read yet",
-        hint=TORCHAO_HINT,
-    )
-
-
-def is_torchao_file(meta: dict[str, str], names: object) -> bool:
-    """Does a safetensors header look like torchao's (metadata naming it, or its tensor parts)?"""
-    text = " ".join(f"{k} {v[:200]}" for k, v in meta.items()).lower()
-    if "torchao" in text:
-        return True
-    return any(str(n).endswith(TORCHAO_SUFFIXES) for n in names)  # type: ignore[attr-defined]
 
 
 def config_from_metadata(meta: dict[str, str], source: str) -> tuple[ModelConfig, InferenceConfig]:
@@ -131,6 +113,10 @@ def load_checkpoint(
 ) -> LoadedModel:
     """Load a float DiT checkpoint; the stored dtype may be fp32, bf16 or fp16, `dtype` is the one wanted.
 
+    A torchao int8 weight-only file (the `-Quantized` releases' `int8-weight-only/`) loads too:
+    its weights dequantised (qdata * scale) to `dtype` (bf16 is what the reference computes in
+    on CUDA; fp32 or bf16 on the CPU). Other torchao files are refused (engine/torchao.py).
+
     The engine knows no int4: an int4 file (metadata `quant_method`) is a `CheckpointError` naming
     `irodori_speaker.engine.quant.checkpoint.load_int4_model`, which builds this engine's model and swaps
     in the packed layers (`synthesizer.load_dit` picks the loader by the file).
@@ -145,15 +131,19 @@ def load_checkpoint(
             hint="load it with irodori_speaker.engine.quant.checkpoint.load_int4_model(path), or through "
             "load_synthesizer / synthesizer.load_dit, which pick the loader by the file",
         )
-    if is_torchao_file(meta, shapes):
-        raise torchao_error(source)
+    int8 = int8_layout(meta, shapes, source) if is_torchao_file(meta, shapes) else None
     cfg, inference = config_from_metadata(meta, source)
     model = build_model(cfg, device="meta", dtype=dtype)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    check_tensor_names(expected, shapes, source)
+    check_tensor_names(expected, int8.shapes if int8 is not None else shapes, source)
     state = {}
     with safe_open(str(path), framework="pt", device="cpu") as f:
-        for name in expected:
+        if int8 is not None:
+            try:
+                state = read_int8_state(f, int8, expected, dtype=dtype, device=device)
+            except CheckpointError as e:
+                raise CheckpointError(f"{source}: {e}") from e
+        for name in expected.keys() - state.keys():
             t = f.get_tensor(name)
             if not t.is_floating_point():
                 raise CheckpointError(f"{source}: tensor {name} has non-float dtype {t.dtype}")

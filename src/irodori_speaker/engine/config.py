@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CheckpointError
+from .backbone_config import (  # noqa: F401 - BackboneConfig and the constants: re-exported
+    GELU_ACTIVATIONS,
+    LAYER_TYPES,
+    BackboneConfig,
+    T5Gemma2Config,
+    TextBackboneConfig,
+    parse_backbone_config,
+)
 
 # Inference-only keys that may sit in the same `config_json` object.
 INFERENCE_KEYS = ("max_text_len", "max_caption_len", "fixed_target_latent_steps", "ref_max_seconds")
@@ -19,9 +27,6 @@ DURATION_ARCHITECTURES = ("token_sum_adarn_zero_no_aux", "token_sum_dual_adarn_z
 FLOW_PARAMETERIZATIONS = ("rf_velocity", "meanflow")
 TEXT_ENCODER_TYPES = ("scratch", "pretrained")
 PROJECTOR_TYPES = ("linear", "residual_mlp")
-LAYER_TYPES = ("full_attention", "sliding_attention")
-# GELU spellings of Hugging Face configs: exact (erf) or the tanh approximation.
-GELU_ACTIVATIONS = {"gelu": "none", "gelu_python": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 # Reference cap of files that do not store `ref_max_seconds` (v2, v3).
 DEFAULT_REF_MAX_SECONDS = 30.0
 
@@ -60,126 +65,6 @@ def _check_field_types(cls: type, data: dict[str, Any], source: str, what: str =
             raise CheckpointError(
                 f"{source}: {what}: {why}", hint="the file's metadata is damaged or hand-edited"
             )
-
-
-@dataclass(frozen=True)
-class BackboneConfig:
-    """The pretrained ModernBERT text backbone of v4 files (metadata `text_encoder_config_json`).
-
-    Built from the Hugging Face config object stored in the file (docs/models.md, "The v4 file format"):
-    transformers 5.x `layer_types` / `rope_parameters`, or the 4.x `global_attn_every_n_layers`,
-    `global_rope_theta`, `local_rope_theta` (`layer_types` wins). Fields we do not use are kept
-    in `raw`, so a re-saved file keeps the object unchanged.
-    """
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    layer_types: tuple[str, ...]
-    full_rope_theta: float = 160000.0
-    sliding_rope_theta: float = 10000.0
-    local_attention: int = 128
-    norm_eps: float = 1e-5
-    norm_bias: bool = False
-    attention_bias: bool = False
-    mlp_bias: bool = False
-    hidden_activation: str = "gelu"
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def gelu_approximate(self) -> str:
-        return GELU_ACTIVATIONS[self.hidden_activation]
-
-    def rope_theta(self, layer_type: str) -> float:
-        return self.full_rope_theta if layer_type == "full_attention" else self.sliding_rope_theta
-
-    @classmethod
-    def from_dict(cls, data: Any, *, source: str = "text_encoder_config_json") -> BackboneConfig:
-        def bad(msg: str) -> CheckpointError:
-            return CheckpointError(f"{source}: text backbone config: {msg}")
-
-        if not isinstance(data, dict):
-            raise bad("must be a JSON object")
-        model_type = data.get("model_type", "modernbert")
-        if model_type != "modernbert":
-            raise bad(
-                f"model_type {model_type!r} is not supported (only ModernBERT backbones, as in "
-                "v4-Small / v4.1-Small / v4.1-Small-MF)"
-            )
-        shape = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-        missing = [k for k in shape if not isinstance(data.get(k), int) or data[k] <= 0]
-        if missing:
-            raise bad(f"missing or non-positive {', '.join(missing)}")
-        n = data["num_hidden_layers"]
-        layer_types = data.get("layer_types")
-        if layer_types is None:
-            every = int(data.get("global_attn_every_n_layers") or 1)
-            layer_types = ["full_attention" if i % every == 0 else "sliding_attention" for i in range(n)]
-        if not isinstance(layer_types, list) or len(layer_types) != n or set(layer_types) - set(LAYER_TYPES):
-            raise bad(f"layer_types must list {n} of {', '.join(LAYER_TYPES)}, got {layer_types!r}")
-        full = float(data.get("global_rope_theta") or 160000.0)
-        sliding = float(data.get("local_rope_theta") or 10000.0)
-        rope = data.get("rope_parameters")
-        if isinstance(rope, dict):
-            per_type = rope if set(rope) & set(LAYER_TYPES) else dict.fromkeys(LAYER_TYPES, rope)
-            thetas = {}
-            for kind in LAYER_TYPES:
-                params = per_type.get(kind) or {}
-                if params.get("rope_type", "default") not in ("default", None):
-                    raise bad(f"rope_type {params['rope_type']!r} ({kind}) is not supported, only 'default'")
-                thetas[kind] = params.get("rope_theta")
-            full = float(thetas["full_attention"] or full)
-            sliding = float(thetas["sliding_attention"] or sliding)
-        activation = data.get("hidden_activation", "gelu")
-        if activation not in GELU_ACTIVATIONS:
-            raise bad(f"hidden_activation {activation!r} is not supported ({', '.join(GELU_ACTIVATIONS)})")
-        cfg = cls(
-            vocab_size=data["vocab_size"],
-            hidden_size=data["hidden_size"],
-            intermediate_size=data["intermediate_size"],
-            num_hidden_layers=n,
-            num_attention_heads=data["num_attention_heads"],
-            layer_types=tuple(layer_types),
-            full_rope_theta=full,
-            sliding_rope_theta=sliding,
-            local_attention=int(data.get("local_attention", 128)),
-            norm_eps=float(data.get("norm_eps", 1e-5)),
-            norm_bias=bool(data.get("norm_bias", False)),
-            attention_bias=bool(data.get("attention_bias", False)),
-            mlp_bias=bool(data.get("mlp_bias", False)),
-            hidden_activation=activation,
-            pad_token_id=data.get("pad_token_id"),
-            bos_token_id=data.get("bos_token_id"),
-            raw=dict(data),
-        )
-        if cfg.hidden_size % cfg.num_attention_heads or cfg.head_dim % 2:
-            raise bad(
-                f"hidden_size {cfg.hidden_size} over {cfg.num_attention_heads} heads "
-                "must give an even head size"
-            )
-        return cfg
-
-    def to_dict(self) -> dict[str, Any]:
-        """The Hugging Face config object as stored (what `from_dict` read, or our fields)."""
-        if self.raw:
-            return dict(self.raw)
-        return {
-            "model_type": "modernbert",
-            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "raw"},
-            "layer_types": list(self.layer_types),
-            "rope_parameters": {
-                "full_attention": {"rope_type": "default", "rope_theta": self.full_rope_theta},
-                "sliding_attention": {"rope_type": "default", "rope_theta": self.sliding_rope_theta},
-            },
-        }
 
 
 @dataclass(frozen=True)
@@ -236,7 +121,7 @@ class ModelConfig:
     pretrained_projector_hidden_ratio: float = 2.0
     pretrained_projector_dropout: float = 0.0
     # From the separate metadata key `text_encoder_config_json` (not part of `config_json`).
-    text_backbone: BackboneConfig | None = None
+    text_backbone: TextBackboneConfig | None = None
     # Fields we did not recognise, kept so a re-saved file loses nothing.
     unknown: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -264,7 +149,10 @@ class ModelConfig:
     @property
     def family(self) -> str:
         """Which release this configuration is shaped like: v2, v2-voicedesign, v3,
-        v3-voicedesign, v4 (v4 / v4.1, rectified flow) or v4.1-mf (MeanFlow)."""
+        v3-voicedesign, v4 (v4 / v4.1, rectified flow), v4.1-mf (MeanFlow) or v4-large (the
+        T5Gemma 2 backbone; "v4-large-mf" would be a MeanFlow one, none is released)."""
+        if self.pretrained_text and isinstance(self.text_backbone, T5Gemma2Config):
+            return "v4-large-mf" if self.meanflow else "v4-large"
         if self.pretrained_text:
             return "v4.1-mf" if self.meanflow else "v4"
         base = "v3" if self.use_duration_predictor else "v2"
@@ -325,7 +213,7 @@ class ModelConfig:
     # ---- (de)serialisation ----------------------------------------------------------------
     @classmethod
     def from_dict(
-        cls, data: dict[str, Any], *, source: str = "config", text_backbone: BackboneConfig | None = None
+        cls, data: dict[str, Any], *, source: str = "config", text_backbone: TextBackboneConfig | None = None
     ) -> ModelConfig:
         """Build from a `config_json` object: missing fields take defaults, unknown ones warn.
 
@@ -467,7 +355,7 @@ def parse_config_json(
     if text_encoder_config is not None:
         raw = _json_object(text_encoder_config, "text_encoder_config_json", source)
         try:
-            backbone = BackboneConfig.from_dict(raw, source=source)
+            backbone = parse_backbone_config(raw, source=source)
         except (TypeError, ValueError) as e:  # a number field holding a string, a list, ...
             raise CheckpointError(
                 f"{source}: text_encoder_config_json: a field of the wrong type ({e})"

@@ -29,8 +29,8 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from .encoders import capturing
 from .kernels.triton_common import HAS_TRITON, interp_bf16, interpreter_active
-from .model import capturing
 
 T = TypeVar("T")
 

@@ -67,3 +67,44 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def rotate_half_tables(
+    seq_len: int, dim: int, theta: float, device: torch.device, factor: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """cos/sin (seq_len, dim) of angle = position * theta^(-2j/dim) / factor, each half repeated:
+    [a, a]. `factor` is the "linear" RoPE scaling of Hugging Face configs (1: none)."""
+    inv = torch.pow(theta, -torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+    if factor != 1.0:
+        inv = inv / factor
+    angles = torch.arange(seq_len, device=device, dtype=torch.float32)[:, None] * inv[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x cos + rot(x) sin with rot(x) = [-x2, x1] for x (B, H, S, D), in float32."""
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)
+    out = x32 * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return out.to(x.dtype)
+
+
+def window_masks(mask: Tensor, back: int, ahead: int) -> tuple[Tensor, Tensor]:
+    """Boolean attention masks (B, 1, L, L) of a bidirectional text encoder from its token mask
+    (B, L): full layers see every valid key, sliding layers the valid keys k with
+    q - back <= k <= q + ahead.
+
+    A query row with no allowed key (padding on a sliding layer, every row of an empty caption)
+    attends to every key instead: its output stays finite and is zeroed by the encoder's final
+    mask product, and padding keys are masked for every valid row, so valid outputs do not
+    change. No host sync (graph-safe).
+    """
+    L = mask.shape[1]
+    keys = mask[:, None, None, :]
+    pos = torch.arange(L, device=mask.device)
+    offset = pos[None, :] - pos[:, None]  # k - q
+    near = (offset >= -back) & (offset <= ahead)
+    full = keys.expand(-1, 1, L, L)
+    sliding = keys & near[None, None]
+    return tuple(m | ~m.any(dim=-1, keepdim=True) for m in (full, sliding))  # type: ignore[return-value]

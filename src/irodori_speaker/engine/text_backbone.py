@@ -1,5 +1,6 @@
-"""The v4 text side: a ModernBERT encoder (our own, so it can be graphed, fused and quantised)
-and the projectors that map its states to the DiT's text and caption widths.
+"""The v4 text side: a ModernBERT encoder (our own, so it can be graphed, fused and quantised),
+the choice between it and v4-Large's T5Gemma 2 encoder (engine/t5gemma.py), and the projectors
+that map the backbone's states to the DiT's text and caption widths.
 
 Module names equal the released tensor names (`pretrained_text_backbone.backbone.layers.3.attn.Wqkv.weight`,
 `text_encoder.residual_up.weight`, ...). Format: docs/models.md ("The v4 file format").
@@ -15,41 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import BackboneConfig
-from .layers import RMSNorm
-
-
-def rotate_half_tables(seq_len: int, dim: int, theta: float, device: torch.device) -> tuple[Tensor, Tensor]:
-    """cos/sin (seq_len, dim) of angle = position * theta^(-2j/dim), each half repeated: [a, a]."""
-    inv = torch.pow(theta, -torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
-    angles = torch.arange(seq_len, device=device, dtype=torch.float32)[:, None] * inv[None, :]
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def apply_rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x cos + rot(x) sin with rot(x) = [-x2, x1] for x (B, H, S, D), in float32."""
-    x32 = x.float()
-    x1, x2 = x32.chunk(2, dim=-1)
-    out = x32 * cos + torch.cat((-x2, x1), dim=-1) * sin
-    return out.to(x.dtype)
-
-
-def backbone_masks(mask: Tensor, window: int) -> tuple[Tensor, Tensor]:
-    """Boolean attention masks (B, 1, L, L) for full and sliding layers from the token mask (B, L).
-
-    Keys are the valid tokens (and, on sliding layers, |i - j| <= window). A query row with no
-    allowed key (padding on a sliding layer, every row of an empty caption) may attend to every
-    key instead: its output stays finite and is zeroed at the end, and padding keys are masked
-    for every valid row, so valid outputs do not change. No host sync (graph-safe).
-    """
-    L = mask.shape[1]
-    keys = mask[:, None, None, :]
-    pos = torch.arange(L, device=mask.device)
-    near = (pos[:, None] - pos[None, :]).abs() <= window
-    full = keys.expand(-1, 1, L, L)
-    sliding = keys & near[None, None]
-    return tuple(m | ~m.any(dim=-1, keepdim=True) for m in (full, sliding))  # type: ignore[return-value]
+from .backbone_config import BackboneConfig, TextBackboneConfig
+from .layers import RMSNorm, apply_rotate_half, rotate_half_tables, window_masks
+from .t5gemma import T5Gemma2TextEncoder
 
 
 class LayerNorm(nn.Module):
@@ -136,7 +105,8 @@ class ModernBert(nn.Module):
         cfg = self.cfg
         L = ids.shape[1]
         x = self.embeddings(ids)
-        full, sliding = backbone_masks(mask, cfg.local_attention // 2)
+        window = cfg.local_attention // 2
+        full, sliding = window_masks(mask, window, window)
         masks = {"full_attention": full, "sliding_attention": sliding}
         ropes = {
             kind: rotate_half_tables(L, cfg.head_dim, cfg.rope_theta(kind), x.device)
@@ -149,11 +119,15 @@ class ModernBert(nn.Module):
 
 
 class PretrainedTextBackbone(nn.Module):
-    """Holds the backbone under the released name `pretrained_text_backbone.backbone`."""
+    """Holds the backbone under the released name `pretrained_text_backbone.backbone`: ModernBERT
+    or (v4-Large) T5Gemma 2's text encoder, by the config's `model_type`. Both map (ids, mask)
+    to masked states (B, L, hidden_size)."""
 
-    def __init__(self, cfg: BackboneConfig) -> None:
+    def __init__(self, cfg: TextBackboneConfig) -> None:
         super().__init__()
-        self.backbone = ModernBert(cfg)
+        self.backbone: nn.Module = (
+            ModernBert(cfg) if isinstance(cfg, BackboneConfig) else T5Gemma2TextEncoder(cfg)
+        )
 
     def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
         return self.backbone(ids, mask)

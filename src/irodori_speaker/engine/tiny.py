@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from ..text.backbone_tokenizer import build_tiny_backbone_tokenizer
+from ..text.backbone_tokenizer import build_tiny_backbone_tokenizer, build_tiny_gemma_tokenizer
 from ..text.tokenizer import build_tiny_tokenizer
 from .checkpoint import build_model, save_checkpoint
 from .codec import TINY_CODEC_KWARGS, convert_codec, save_random_codec_pth
-from .config import BackboneConfig, InferenceConfig, ModelConfig
+from .config import InferenceConfig, ModelConfig, parse_backbone_config
 
 TINY_VOCAB = 512
 FORMAT_VERSION = "2"  # bump when the tiny files change, so stale caches are rebuilt
@@ -96,6 +96,59 @@ _V4 = dict(
 )
 TINY_CONFIGS["v4"] = _V4
 TINY_CONFIGS["v4.1-mf"] = dict(_V4, flow_parameterization="meanflow")
+# v4-Large: the T5Gemma 2 text encoder of the golden fixture (tests/data/dit_v4_large): GQA,
+# head_dim != hidden / heads, query_pre_attn_scalar != head_dim, linear RoPE on the full layer,
+# an asymmetric window of 6, the end-of-image token at 300; stored as a whole T5Gemma2Config
+# (only the encoder's text_config and eoi_token_index are read).
+T5GEMMA_VOCAB = 320
+TINY_T5GEMMA_BACKBONE: dict[str, object] = dict(
+    model_type="t5gemma2",
+    encoder=dict(
+        model_type="t5gemma2_encoder",
+        text_config=dict(
+            model_type="t5gemma2_text",
+            vocab_size=T5GEMMA_VOCAB,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+            sliding_window=6,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+            attention_bias=False,
+            attn_logit_softcapping=None,
+            pad_token_id=0,
+            eos_token_id=1,
+            bos_token_id=2,
+        ),
+        eoi_token_index=300,
+    ),
+    eoi_token_index=300,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+    vocab_size=T5GEMMA_VOCAB,
+)
+TINY_CONFIGS["v4-large"] = dict(
+    _V4,
+    text_tokenizer_repo="tiny-random/t5gemma-2",
+    caption_tokenizer_repo="tiny-random/t5gemma-2",
+    text_vocab_size=T5GEMMA_VOCAB,
+    caption_vocab_size=T5GEMMA_VOCAB,
+    text_dim=40,
+    caption_dim=40,
+    duration_hidden_dim=40,
+    duration_attention_heads=4,
+)
+TINY_BACKBONES = {"v4": TINY_BACKBONE, "v4.1-mf": TINY_BACKBONE, "v4-large": TINY_T5GEMMA_BACKBONE}
 # What the v4 releases store beside the model config.
 V4_INFERENCE = InferenceConfig(max_text_len=256, max_caption_len=512, ref_max_seconds=120.0)
 
@@ -145,7 +198,10 @@ def tiny_random_files(kind: str = "v2", directory: str | os.PathLike | None = No
         root.mkdir(parents=True, exist_ok=True)
         if is_v4_kind(kind) and not files.tokenizer.is_file():
             tmp_dir = files.tokenizer.parent.with_name(f"tokenizer.tmp{os.getpid()}")
-            build_tiny_backbone_tokenizer(TINY_VOCAB, tmp_dir)
+            if kind == "v4-large":
+                build_tiny_gemma_tokenizer(T5GEMMA_VOCAB, tmp_dir, eoi_token_index=300)
+            else:
+                build_tiny_backbone_tokenizer(TINY_VOCAB, tmp_dir)
             try:
                 os.replace(tmp_dir, files.tokenizer.parent)
             except OSError:  # another process made the folder first: keep its copy
@@ -173,7 +229,7 @@ def tiny_random_files(kind: str = "v2", directory: str | os.PathLike | None = No
 
 def random_model(kind: str = "v2", seed: int = 0):
     """A randomly initialised tiny model (PyTorch's default init, seeded)."""
-    backbone = BackboneConfig.from_dict(dict(TINY_BACKBONE)) if is_v4_kind(kind) else None
+    backbone = parse_backbone_config(dict(TINY_BACKBONES[kind])) if is_v4_kind(kind) else None
     cfg = ModelConfig.from_dict(TINY_CONFIGS[kind], source=f"tiny-random {kind}", text_backbone=backbone)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -1,13 +1,15 @@
-"""The v4 tokenizer: the ModernBERT-ja `tokenizer/` folder shipped next to `model.safetensors`.
+"""The v4 tokenizers: the `tokenizer/` folder shipped next to `model.safetensors` (ModernBERT-ja's
+for v4-Small / v4.1, Gemma 3's for v4-Large).
 
 A v4 release holds `tokenizer/tokenizer.json` (a `tokenizers` file) with
 `tokenizer_config.json` and `special_tokens_map.json` beside it, as Hugging Face saves them.
 Text and caption both use it (docs/models.md, "Tokens"): encoded without special tokens (the
-file's post-processor, which adds BOS and EOS, is not used), BOS first when `add_bos`, padded
-with the pad token; no EOS, CLS or SEP. The BOS and pad ids are read from the folder's
-config files and checked against the backbone's config (`bos_token_id`, `pad_token_id`).
-Encoding itself is `TextTokenizer`'s: literal special-token spellings in user text never
-become special ids.
+file's post-processor, which adds BOS (and EOS), is not used), BOS first when `add_bos`, padded
+with the pad token; no EOS, CLS or SEP. The BOS and pad ids (ModernBERT-ja: 1 and 3; Gemma 3:
+2 and 0) are read from the folder's config files and checked against the backbone's config
+(`bos_token_id`, `pad_token_id`). Encoding itself is `TextTokenizer`'s: literal special-token
+spellings in user text never become special ids (so a typed `<end_of_image>` stays text on
+v4-Large, where the reference would turn it into the EOI token).
 """
 
 from __future__ import annotations
@@ -20,14 +22,24 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from ..errors import CheckpointError
-from .tokenizer import TextTokenizer, _tiny_document, tiny_vocab, write_tokenizer_json
+from ..errors import CheckpointError, InputError
+from .tokenizer import (
+    TINY_TOKENIZER_CORPUS,
+    TextTokenizer,
+    _byte_piece,
+    _tiny_document,
+    _train_pieces,
+    tiny_vocab,
+    write_tokenizer_json,
+)
 
 __all__ = [
+    "GEMMA3_SPECIAL_TOKENS",
     "MODERNBERT_JA_SPECIAL_TOKENS",
     "TOKENIZER_DIR",
     "TOKENIZER_FILES",
     "build_tiny_backbone_tokenizer",
+    "build_tiny_gemma_tokenizer",
     "find_tokenizer_dir",
     "load_backbone_tokenizer",
     "special_token_ids",
@@ -158,7 +170,7 @@ def tokenizer_for_model(
 ) -> TextTokenizer:
     """The tokenizer of a v4 model: `given` (its folder, or the folder's tokenizer.json), else
     the `tokenizer/` folder beside `model_file` (`find_tokenizer_dir`); its ids checked against
-    `backbone` (the model's `BackboneConfig`)."""
+    `backbone` (the model's backbone config: ModernBERT's or T5Gemma 2's)."""
     folder = None if given is None else Path(given)
     if folder is not None and folder.is_file():
         folder = folder.parent
@@ -209,31 +221,155 @@ def build_tiny_backbone_tokenizer(vocab_size: int, folder: str | os.PathLike[str
     write_tokenizer_json(
         _tiny_document(tiny_vocab(vocab_size, specials), specials, template), folder / "tokenizer.json"
     )
-    added = {
-        str(i): {
-            "content": name,
-            "lstrip": False,
-            "normalized": False,
-            "rstrip": False,
-            "single_word": False,
-            "special": True,
-        }
-        for i, name in enumerate(specials)
-    }
     config = {
         "add_bos_token": True,
         "add_eos_token": True,
-        "added_tokens_decoder": added,
         "clean_up_tokenization_spaces": False,
         "model_max_length": 8192,
         "tokenizer_class": "LlamaTokenizer",
         **_ROLES,
     }
-    token_map = {
-        role: {"content": name, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
-        for role, name in _ROLES.items()
+    _write_configs(folder, dict(enumerate(specials)), config, _ROLES)
+    return folder
+
+
+def _write_configs(
+    folder: Path, added: dict[int, str], config: dict[str, Any], roles: dict[str, str]
+) -> None:
+    """tokenizer_config.json (`config` plus the added tokens by id) and special_tokens_map.json."""
+    flags = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
+    config = dict(config)
+    config["added_tokens_decoder"] = {
+        str(i): {"content": name, **flags, "special": True} for i, name in sorted(added.items())
     }
+    token_map = {role: {"content": name, **flags} for role, name in roles.items()}
     for name, data in (("tokenizer_config.json", config), ("special_tokens_map.json", token_map)):
         text = json.dumps(data, ensure_ascii=False, indent=2, sort_keys=True)
         (folder / name).write_text(text + "\n", encoding="utf-8")
+
+
+# Gemma 3's special tokens by id (T5Gemma 2: pad 0, eos 1, bos 2), then its turn markers; the
+# image markers sit at 255999 / 256000 in the real vocabulary, `eoi_token_index` - 1 / that index
+# in the tiny one.
+GEMMA3_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<unk>",
+    "<mask>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+)
+_GEMMA3_IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>")
+_GEMMA3_ROLES = {
+    "pad_token": "<pad>",
+    "eos_token": "<eos>",
+    "bos_token": "<bos>",
+    "unk_token": "<unk>",
+    "mask_token": "<mask>",
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+}
+
+
+def _bpe_pieces(count: int) -> tuple[list[str], list[list[str]]]:
+    """`count` pieces learned from the tiny corpus, closed under BPE merges: every piece of two or
+    more characters is (its prefix, its last character), both pieces before it; with the merges."""
+    ranked = [p for p, _ in _train_pieces(TINY_TOKENIZER_CORPUS, 4 * count + 64)]
+    chars = sorted({p for p in ranked if len(p) == 1})
+    kept, seen = list(chars[:count]), set(chars[:count])
+    merges = []
+    for piece in ranked:
+        if len(kept) >= count:
+            break
+        if len(piece) > 1 and piece not in seen and piece[:-1] in seen and piece[-1] in seen:
+            kept.append(piece)
+            seen.add(piece)
+            merges.append([piece[:-1], piece[-1]])
+    return kept, merges
+
+
+def build_tiny_gemma_tokenizer(
+    vocab_size: int, folder: str | os.PathLike[str], *, eoi_token_index: int = 300
+) -> Path:
+    """Write `folder/{tokenizer.json, tokenizer_config.json, special_tokens_map.json}` laid out as
+    the Gemma 3 folder of v4-Large (a byte-fallback BPE, `tokenizer_class` GemmaTokenizer): ids
+    0-6 the special tokens (pad 0, EOS 1, BOS 2, unk 3, mask 4, the turn markers), 256 byte
+    pieces, learned pieces, and `<start_of_image>` / `<end_of_image>` at `eoi_token_index` - 1 /
+    `eoi_token_index`; `vocab_size` entries in all. The post-processor adds BOS, as the
+    release's does. Deterministic. (The released files were not seen: the layout follows
+    Gemma 3's published tokenizer files.)"""
+    folder = Path(folder)
+    specials = GEMMA3_SPECIAL_TOKENS
+    reserved = len(specials) + 256
+    if not reserved + 1 <= eoi_token_index < vocab_size or vocab_size < reserved + 3:
+        raise InputError(
+            f"vocab_size {vocab_size} and eoi_token_index {eoi_token_index} leave no room for the "
+            f"{reserved} reserved ids, the learned pieces and the image markers"
+        )
+    pieces, merges = _bpe_pieces(vocab_size - reserved - 2)
+    ordered = [*specials, *(_byte_piece(b) for b in range(256)), *pieces]
+    start = eoi_token_index - 1
+    ordered[start:start] = list(_GEMMA3_IMAGE_TOKENS)
+    vocab = {piece: i for i, piece in enumerate(ordered)}
+    added = {vocab[name]: name for name in (*specials, *_GEMMA3_IMAGE_TOKENS)}
+    meta = "\u2581"
+    document: dict[str, object] = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {"id": i, "content": name, "single_word": False, "lstrip": False, "rstrip": False}
+            | {"normalized": False, "special": True}
+            for i, name in sorted(added.items())
+        ],
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": meta},
+        "pre_tokenizer": None,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [
+                {"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+            ],
+            "pair": [
+                {"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": "<bos>", "type_id": 1}},
+                {"Sequence": {"id": "B", "type_id": 1}},
+            ],
+            "special_tokens": {"<bos>": {"id": "<bos>", "ids": [vocab["<bos>"]], "tokens": ["<bos>"]}},
+        },
+        "decoder": {
+            "type": "Sequence",
+            "decoders": [
+                {"type": "Replace", "pattern": {"String": meta}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+            ],
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": "<unk>",
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": True,
+            "byte_fallback": True,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }
+    write_tokenizer_json(document, folder / "tokenizer.json")
+    config = {
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1_000_000_000_000_000_019_884_624_838_656,
+        "padding_side": "right",
+        "spaces_between_special_tokens": False,
+        "tokenizer_class": "GemmaTokenizer",
+        **_GEMMA3_ROLES,
+    }
+    _write_configs(folder, added, config, _GEMMA3_ROLES)
     return folder

@@ -84,6 +84,8 @@ RELEASE_SELECTION = LayerSelection(
         r"(text|speaker|caption)_encoder\.blocks\.\d+\.attention\.(wq|wk|wv|wo|gate)",
         # v4: the ModernBERT text backbone's linears (236 M of its 315 M parameters at full size)
         r"pretrained_text_backbone\.backbone\.layers\.\d+\.(attn\.Wqkv|attn\.Wo|mlp\.Wi|mlp\.Wo)",
+        # v4-Large: the T5Gemma 2 encoder's linears (its 302 M embedding table stays float)
+        r"pretrained_text_backbone\.backbone\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)",
     ),
     embed=(
         r"(text|caption)_encoder\.text_embedding",
