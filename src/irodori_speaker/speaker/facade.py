@@ -17,6 +17,7 @@ from ..cancel import CancelToken
 from ..errors import InputError
 from ..options import SynthesisOptions, SynthesizerLike
 from ..outputs import Output, OutputSpec
+from ..text.readings import nothing_to_say
 from . import lifetime, settings
 from .events import EventBus, EventStream, KindSpec, Metrics
 from .feeder import Feeder, default_segmenter, speak_stream
@@ -257,7 +258,7 @@ class Speaker:
         deadline = self._queue.deadline(lane, line.ttl, now)
         rec = LineRecord(self, self._tracker.new_id(), text, lane, voice, options, deadline, now, line.cache)
         self._tracker.counts["queued"] += 1
-        if not text.strip():
+        if not text.strip() or nothing_to_say(text, options):  # e.g. only "[happy]"
             self._tracker.skipped_empty(rec, now)
             return rec.handle
         self._idle.clear()
