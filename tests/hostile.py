@@ -1,7 +1,8 @@
 """Shared by the hostile-input suite (issue 12): the checks every case ends with.
 
 Each case asserts the error type, a one-line message (`one_line`), that nothing hangs (a
-per-case timeout: `run` and the modules' `pytest.mark.timeout`), and that the same Speaker then
+per-case timeout: `run` and the modules' `pytest.mark.timeout`; where a case has a cost to bound,
+`cpu_bound` measures it in CPU time, which a loaded machine does not inflate), and that the same Speaker then
 speaks a normal line (`speaks_normally`: real, finite audio out of that Speaker). The Speaker is
 `hostile_speaker` of tests/conftest.py, one per module (tiny model, NullOutput, a phrase cache).
 Where no Speaker can exist (a checkpoint that does not load), `loads_and_speaks` asserts that the
@@ -10,6 +11,9 @@ process then loads a good model and speaks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -25,6 +29,15 @@ def one_line(e: BaseException) -> str:
     text = str(e)
     assert text and "\n" not in text, repr(text)
     return text
+
+
+@contextlib.contextmanager
+def cpu_bound(seconds: float) -> Iterator[None]:
+    """The block uses under `seconds` of this process's CPU time (all its threads)."""
+    t0 = time.process_time()
+    yield
+    used = time.process_time() - t0
+    assert used < seconds, f"{used:.2f} s of CPU, over the case's bound of {seconds} s"
 
 
 def run(loop: asyncio.AbstractEventLoop, coro: Any, timeout: float = 45.0) -> Any:

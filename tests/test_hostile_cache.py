@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hostile import one_line, real_audio, run, speaks_normally
+from hostile import real_audio, run, speaks_normally
 from irodori_speaker.cache import PhraseCache
 from irodori_speaker.errors import CacheError
 from irodori_speaker.options import SynthesisOptions
@@ -231,16 +231,23 @@ def test_say_with_the_cache_renders_past_a_rotted_row(irodori_home, tmp_path, ca
     assert "from the phrase cache" in capsys.readouterr().out  # stored again, then a hit
 
 
-def refused_then_the_speaker_speaks(loop, speaker, synth, directory: Path) -> None:
-    """A Speaker given this cache directory is refused at construction (one CacheError line);
-    the process's Speaker goes on speaking."""
+def starts_without_it_then_speaks(loop, speaker, synth, directory: Path) -> None:
+    """A Speaker given this cache directory starts without the cache, with one warning line
+    (issue 30: it used to be refused, and the bot did not start); it and the process's Speaker
+    speak."""
     from irodori_speaker.outputs import NullOutput
     from irodori_speaker.speaker import Speaker
 
-    with pytest.raises(CacheError) as e:
-        Speaker(synth, output=NullOutput(speed=float("inf")), cache=str(directory))
-    one_line(e.value)
-    run(loop, speaks_normally(speaker))
+    with pytest.warns(RuntimeWarning, match="starting without the phrase cache") as w:
+        s = Speaker(synth, output=NullOutput(speed=float("inf")), cache=str(directory))
+    assert s.cache is None and all("\n" not in str(x.message) for x in w)
+
+    async def both():
+        async with s:
+            await speaks_normally(s)
+        await speaks_normally(speaker)
+
+    run(loop, both())
 
 
 def test_a_cache_dir_that_is_a_file_is_one_clear_error(tmp_path, hostile_loop, hostile_speaker, synth):
@@ -249,7 +256,7 @@ def test_a_cache_dir_that_is_a_file_is_one_clear_error(tmp_path, hostile_loop, h
     with pytest.raises(CacheError) as e:
         PhraseCache(f)
     assert "\n" not in str(e.value) and str(f) in str(e.value)
-    refused_then_the_speaker_speaks(hostile_loop, hostile_speaker, synth, f)
+    starts_without_it_then_speaks(hostile_loop, hostile_speaker, synth, f)
 
 
 @pytest.mark.skipif(os.geteuid() == 0 if hasattr(os, "geteuid") else True, reason="root writes anywhere")
@@ -261,6 +268,6 @@ def test_a_read_only_cache_dir_is_one_clear_error(tmp_path, hostile_loop, hostil
         with pytest.raises(CacheError) as e:
             PhraseCache(d)
         assert "\n" not in str(e.value)
-        refused_then_the_speaker_speaks(hostile_loop, hostile_speaker, synth, d)
+        starts_without_it_then_speaks(hostile_loop, hostile_speaker, synth, d)
     finally:
         d.chmod(0o700)

@@ -59,6 +59,7 @@ class CacheStats:
     dropped: int  # entries found corrupt, truncated or missing and removed
     session_hits: int = 0  # this PhraseCache object only
     session_misses: int = 0
+    read_only: bool = False  # opened read-only: nothing is stored or counted
 
     @property
     def hit_rate(self) -> float:

@@ -4,6 +4,12 @@ schema, its counters and meta values, and every query the cache makes.
 One connection per thread; every write is one transaction (BEGIN IMMEDIATE). A destroyed
 index (a disk fault, a stray write) is moved aside and rebuilt; the audio files it listed
 become orphans that `verify()` removes.
+
+`read_only=True` (a prebuilt cache shipped on a read-only file system): opened with sqlite's
+`mode=ro`, plus `immutable=1` when the folder cannot be written (sqlite could not even make
+its lock files there; the file must then not change while it is open, which a read-only
+file system guarantees). Reads work; counting hits is skipped; every other write is a
+`CacheError` saying "read-only".
 """
 
 from __future__ import annotations
@@ -62,10 +68,11 @@ class Index:
     """The index of the cache at `directory`. `timeout_s`: how long a write waits for another
     process's write. Thread-safe. Raises `CacheError` for an index it cannot read or write."""
 
-    def __init__(self, directory: Path, timeout_s: float) -> None:
+    def __init__(self, directory: Path, timeout_s: float, *, read_only: bool = False) -> None:
         self.directory = directory
         self.path = directory / INDEX_NAME
         self.timeout_s = timeout_s
+        self.read_only = read_only
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -80,9 +87,14 @@ class Index:
         if conn is None:
             try:
                 conn = sqlite3.connect(
-                    self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
+                    self._target(),
+                    timeout=self.timeout_s,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    uri=self.read_only,
                 )
-                conn.execute("PRAGMA synchronous=NORMAL")  # WAL: the index stays consistent on a crash
+                if not self.read_only:
+                    conn.execute("PRAGMA synchronous=NORMAL")  # WAL: the index stays consistent on a crash
             except sqlite3.Error as e:
                 raise CacheError(f"cannot open the cache index {self.path}: {e}") from e
             self._local.conn = conn
@@ -90,7 +102,39 @@ class Index:
                 self._conns.append(conn)
         return conn
 
+    def _target(self) -> str | Path:
+        if not self.read_only:
+            return self.path
+        uri = self.path.resolve().as_uri() + "?mode=ro"
+        return uri + ("" if os.access(self.directory, os.W_OK) else "&immutable=1")
+
+    def _refuse(self, what: str) -> CacheError:
+        return CacheError(
+            f"cannot {what}: the phrase cache at {self.directory} is read-only",
+            hint="copy it to a writable place (or mount it read-write) to change it",
+        )
+
+    def _open_read_only(self) -> None:
+        if not self.path.is_file():
+            raise CacheError(
+                f"cannot open the phrase cache at {self.directory}: it is read-only and has no index",
+                hint="fill it where it can be written (`irodori-speaker prebuild`), then ship it",
+            )
+        try:
+            row = self._conn().execute("SELECT value FROM meta WHERE name='schema'").fetchone()
+        except sqlite3.Error as e:
+            raise CacheError(f"cannot open the cache index {self.path} (read-only): {e}") from e
+        if row is not None and int(row[0]) > SCHEMA_VERSION:
+            raise CacheError(
+                f"the phrase cache at {self.directory} was written by a newer irodori-speaker "
+                f"(index schema {row[0]}, this one reads {SCHEMA_VERSION})",
+                hint="upgrade, or use another --cache-dir directory",
+            )
+
     def _open(self) -> None:
+        if self.read_only:
+            self._open_read_only()
+            return
         try:
             self._init_schema()
         except (sqlite3.DatabaseError, CacheError) as err:
@@ -178,6 +222,8 @@ class Index:
         return None if row is None else str(row[0])
 
     def set_meta(self, name: str, value: str) -> None:
+        if self.read_only:
+            raise self._refuse("store settings")
         conn = self._conn()
         try:
             with self._write(conn):
@@ -187,7 +233,10 @@ class Index:
 
     def count(self, name: str, key: str | None) -> None:
         """Add one to the counter `name`; with `key`, mark that entry used (LRU clock, hits).
-        Bookkeeping: a write that cannot be made at once is skipped, never waited for."""
+        Bookkeeping: a write that cannot be made at once is skipped, never waited for (and
+        never tried on a read-only index)."""
+        if self.read_only:
+            return
         conn = self._conn()
         try:
             # Bookkeeping must never hold up a hit: wait at most 250 ms for another writer.
@@ -263,6 +312,8 @@ class Index:
         """Store a row (`values` in `rows.COLUMNS` order, then last_used), replacing the key's
         old one, and evict LRU rows until the total is under `limit`. Returns (the file the old
         row named or None, the evicted rows' files): the caller removes those files."""
+        if self.read_only:
+            raise self._refuse("store a line")
         conn = self._conn()
         try:
             with self._write(conn):
@@ -281,6 +332,8 @@ class Index:
     def delete(self, key: Any, file: Any) -> bool:
         """Delete the row (key, file), counted as dropped; False if it is gone already. The
         values are compared as sqlite holds them, so a row with a damaged column is found too."""
+        if self.read_only:
+            raise self._refuse("drop an entry")
         conn = self._conn()
         try:
             with self._write(conn):
@@ -293,6 +346,8 @@ class Index:
 
     def evict(self, limit: int) -> list[str]:
         """Delete LRU rows until the total is under `limit`; returns their files."""
+        if self.read_only:
+            raise self._refuse("evict entries")
         conn = self._conn()
         try:
             with self._write(conn):
@@ -322,6 +377,8 @@ class Index:
 
     def clear(self) -> list[tuple[Any, int]]:
         """Delete every row and reset the counters; returns the rows' (file, bytes)."""
+        if self.read_only:
+            raise self._refuse("clear it")
         conn = self._conn()
         try:
             with self._write(conn):

@@ -151,6 +151,8 @@ class CachedRender:
             return None
 
     def stores(self, marked: bool | None = None, options: Any = None) -> bool:
+        if getattr(self.cache, "read_only", False) and not self.strict:  # served, not filled
+            return False  # (strict callers, prebuild, are told "read-only" by the store)
         return self.policy.stores(marked, options)
 
     def store(self, slot: Slot, audio: np.ndarray, record: SynthesisRecord | None) -> CachedLine | None:

@@ -9,10 +9,15 @@ either no entry or a complete one; a reader that finds a file missing, truncated
 matching its checksum drops the entry and reports a miss, so it is re-rendered, never
 played. Several processes may read while one writes (sqlite serialises writers). Every
 public method is thread-safe (one sqlite connection per thread).
+
+A cache on a read-only file system (a prebuilt one shipped in a container image) opens
+read-only (`read_only`, detected, or asked for): hits are served, nothing is stored, counted,
+dropped or evicted, and opening it logs one line saying so.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -40,7 +45,7 @@ from .files import (
     format_size,
     parse_size,
 )
-from .index import Index
+from .index import INDEX_NAME, Index
 from .keys import canonical_json, identity_key, line_identity
 from .policy import CachedRender, CachedSynthesizer
 from .rows import load_row, parse_row, show
@@ -52,6 +57,15 @@ DEFAULT_MAX_BYTES = 2 * 1024**3
 LIPSYNC_HZ = 50.0
 TMP_GRACE_S = 3600.0  # temp files older than this are leftovers of a crashed writer
 ORPHAN_GRACE_S = 300.0  # audio files without a row are removed by verify() after this age
+_READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _cannot_write(directory: Path) -> bool:
+    """An existing cache this process cannot change: its folder (or index) not writable."""
+    index = directory / INDEX_NAME
+    if not index.is_file():
+        return False
+    return not os.access(directory, os.W_OK) or not os.access(index, os.W_OK)
 
 
 class PhraseCache:
@@ -75,6 +89,7 @@ class PhraseCache:
         audio_format: str = "f32",
         lipsync_hz: float = LIPSYNC_HZ,
         timeout_s: float = 10.0,
+        read_only: bool | None = None,
     ) -> None:
         if audio_format not in AUDIO_FORMATS:
             raise InputError(f"audio_format must be one of {AUDIO_FORMATS}, got {audio_format!r}")
@@ -88,20 +103,27 @@ class PhraseCache:
         self._session = {"hits": 0, "misses": 0}
         self._warned: set[Any] = set()  # keys of damaged rows already logged
         self._files = AudioFiles(self.directory)
-        try:
-            self._files.create()
-        except OSError as e:
-            raise CacheError(f"cannot create the phrase cache at {self.directory}: {e}") from e
-        self._index = Index(self.directory, self.timeout_s)
+        self.read_only = _cannot_write(self.directory) if read_only is None else bool(read_only)
+        if not self.read_only:
+            try:
+                self._files.create()
+            except OSError as e:
+                if not (self.directory / INDEX_NAME).is_file() or e.errno not in _READ_ONLY_ERRNOS:
+                    raise CacheError(f"cannot create the phrase cache at {self.directory}: {e}") from e
+                self.read_only = True
+        self._index = Index(self.directory, self.timeout_s, read_only=self.read_only)
         self.index_path = self._index.path
+        stored = self._index.meta("max_bytes")
         if max_bytes is None:
-            stored = self._index.meta("max_bytes")
             self.max_bytes = int(stored) if stored else DEFAULT_MAX_BYTES
         else:
             self.max_bytes = parse_size(max_bytes)
-            if self._index.meta("max_bytes") != str(self.max_bytes):
+            if stored != str(self.max_bytes) and not self.read_only:
                 self._index.set_meta("max_bytes", str(self.max_bytes))
-        self._files.sweep_temp(TMP_GRACE_S)
+        if self.read_only:
+            log.warning("phrase cache %s is read-only: serving its lines, storing nothing", self.directory)
+        else:
+            self._files.sweep_temp(TMP_GRACE_S)
 
     def __enter__(self) -> PhraseCache:
         return self
@@ -110,7 +132,8 @@ class PhraseCache:
         self.close()
 
     def __repr__(self) -> str:
-        return f"PhraseCache({str(self.directory)!r}, max_bytes={self.max_bytes})"
+        ro = ", read_only=True" if self.read_only else ""
+        return f"PhraseCache({str(self.directory)!r}, max_bytes={self.max_bytes}{ro})"
 
     def close(self) -> None:
         """Close every connection (any thread's). Further use raises CacheError."""
@@ -148,9 +171,18 @@ class PhraseCache:
     ) -> tuple[CachedLine, bool]:
         """The cached line, rendering and storing it first on a miss. Returns (line, was_hit)."""
         kwargs = {"progress": progress} if progress is not None else {}
-        cached = CachedRender(self, synth, store="all", source=source, strict=True)
+        cached = CachedRender(self, synth, store="all", source=source, strict=not self.read_only)
         rendered = cached.render(text, voice, options, cancel=cancel, **kwargs)
-        assert rendered.line is not None  # strict: a line that is not stored raises
+        if rendered.line is None:  # read-only: a miss is rendered and handed back, not stored
+            res = rendered.result
+            audio = np.ascontiguousarray(res.audio, dtype=np.float32)
+            slot = cached.slot(text, voice, options)
+            levels = mouth_levels(audio, res.sample_rate, hz=self.lipsync_hz).astype(np.float32)
+            line = CachedLine(
+                slot.key, res.record.text, audio, int(res.sample_rate), res.record, levels,
+                self.lipsync_hz, time.time(), source, slot.identity,
+            )  # fmt: skip
+            return line, False
         return rendered.line, rendered.hit
 
     def store(
@@ -221,7 +253,10 @@ class PhraseCache:
         row named a file of this cache."""
         if key not in self._warned:  # once: a row that cannot be deleted (read-only) stays quiet
             self._warned.add(key)
-            log.warning("phrase cache: dropping entry %s: %s", show(key)[:18], why)
+            verb = "skipping" if self.read_only else "dropping"
+            log.warning("phrase cache: %s entry %s: %s", verb, show(key)[:18], why)
+        if self.read_only:  # served as a miss, left as it is
+            return
         try:
             gone = self._index.delete(key, rel)
         except CacheError as e:
@@ -244,6 +279,8 @@ class PhraseCache:
         """Store `audio` under `key` atomically; evict LRU entries until under `max_bytes`."""
         if not isinstance(key, str) or not re.fullmatch(r"[0-9a-f]{16,128}", key):
             raise InputError(f"cache keys are lowercase hex digests, got {key!r}")
+        if self.read_only:
+            raise self._index._refuse("store a line")
         x = np.asarray(audio)
         if x.ndim != 1 or x.size == 0:
             raise InputError(f"cached audio must be non-empty mono (samples,), got shape {x.shape}")
@@ -307,6 +344,7 @@ class PhraseCache:
             audio_seconds=seconds,
             session_hits=session["hits"],
             session_misses=session["misses"],
+            read_only=self.read_only,
             **counters,
         )
 
@@ -331,6 +369,7 @@ class PhraseCache:
     ) -> VerifyReport:
         """Check every entry's audio against its checksum; with `repair`, drop the bad ones and
         remove orphan audio files and stale temp files older than `grace_s`."""
+        repair = repair and not self.read_only  # read-only: report only
         return verify(self._index, self._files, self._drop, repair=repair, grace_s=grace_s, on_entry=on_entry)
 
     def clear(self) -> tuple[int, int]:

@@ -76,6 +76,8 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
     print(f"size        {format_size(s.bytes)} of {format_size(s.max_bytes)}")
     print(f"lookups     {s.hits} hits, {s.misses} misses (hit rate {rate})")
     print(f"stores      {s.stores}; evicted {s.evictions}; dropped as damaged {s.dropped}")
+    if s.read_only:
+        print("mode        read-only (hits are served; nothing is stored, counted or repaired)")
     return EXIT_OK
 
 
@@ -95,6 +97,8 @@ def cmd_cache_verify(args: argparse.Namespace) -> int:
             report = cache.verify(repair=not args.no_repair, on_entry=progress)
         finally:
             progress.close()
+    if cache.read_only and not args.no_repair:
+        print(f"note: {cache.directory} is read-only: reporting only, nothing repaired", file=sys.stderr)
     for key, text, why in report.bad:
         action = "dropped" if report.repaired else "bad"
         print(f"{action}: {key[:12]} {text!r}: {why}", file=sys.stderr)

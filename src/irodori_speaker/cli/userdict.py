@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..errors import InputError
-from ..text.userdict import WORD_TYPES, UserDictionary, default_user_dict_path
+from ..text.userdict import WORD_TYPES, BadRow, UserDictError, UserDictionary, default_user_dict_path
 from .common import EXIT_OK, sub_parser
 
 DESCRIPTION = f"""\
@@ -64,22 +64,36 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d.export_voicevox(), ensure_ascii=False, indent=2))
         return EXIT_OK
-    words = d.words()
+    words, bad = d.words(), d.bad_rows()
     for w in words:
         print(
             f"{w.uuid}  {w.surface}\t{w.pronunciation}\taccent {w.accent_type}\t{w.word_type}\tp{w.priority}"
         )
-    print(f"{len(words)} word(s) in {d.path}", file=sys.stderr)
+    for b in bad:  # rows another tool or a hand edit broke: skipped by every line
+        print(f"{_row_name(b)}  BAD {str(b.surface)[:40]!r}: {b.why}")
+    note = f", {len(bad)} bad row(s) skipped (`dict remove` removes one)" if bad else ""
+    print(f"{len(words)} word(s) in {d.path}{note}", file=sys.stderr)
     return EXIT_OK
+
+
+def _row_name(b: BadRow) -> str:
+    """What `dict remove` takes for a bad row: its uuid, or row:N when that is unusable."""
+    return b.uuid if isinstance(b.uuid, str) and b.uuid.strip() else f"row:{b.rowid}"
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
     d = _dict(args)
     matches = [w for w in d.words() if args.word in (w.uuid, w.surface)]
-    if len(matches) != 1:
+    bad = [b for b in d.bad_rows() if args.word in (_row_name(b), b.surface)]
+    if len(matches) + len(bad) != 1:
         raise InputError(
-            f"{len(matches)} words match {args.word!r}", hint="give the UUID that `dict list` shows"
+            f"{len(matches) + len(bad)} words match {args.word!r}",
+            hint="give the UUID (or row:N) that `dict list` shows",
         )
+    if bad:
+        d.remove_row(bad[0].rowid)
+        print(f"removed the bad row {_row_name(bad[0])} ({bad[0].why})")
+        return EXIT_OK
     d.remove(matches[0].uuid)
     print(f"removed {matches[0].surface} ({matches[0].uuid})")
     return EXIT_OK
@@ -94,8 +108,13 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     text = json.dumps(_dict(args).export_voicevox(), ensure_ascii=False, indent=2)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as e:
+            raise UserDictError(
+                f"cannot write {args.output}: {e.strerror or e}", hint="choose a file you can write"
+            ) from e
     else:
         print(text)
     return EXIT_OK

@@ -17,6 +17,7 @@ from ..errors import InputError
 from ..options import SynthesisOptions, SynthesizerLike
 from ..outputs import Output, OutputSpec
 from ..synthesis.load_options import LoadOptions
+from ..text.readings import nothing_to_say
 from ..text.split import check_line_text
 from ..text.tags import TagMap
 from . import lifetime, settings
@@ -243,7 +244,7 @@ class Speaker:
         deadline = self._queue.deadline(lane, line.ttl, now)
         rec = LineRecord(self, self._tracker.new_id(), text, lane, voice, options, deadline, now, line.cache)
         self._tracker.counts["queued"] += 1
-        if not text.strip():
+        if not text.strip() or nothing_to_say(text, options):  # e.g. only "[happy]"
             self._tracker.skipped_empty(rec, now)
             return rec.handle
         self._idle.clear()

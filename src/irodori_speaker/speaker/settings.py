@@ -10,11 +10,12 @@ import asyncio
 import inspect
 import math
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..cache import PhraseCache, StorePolicy
-from ..errors import BackendError, InputError
+from ..errors import BackendError, CacheError, InputError
 from ..options import SynthesisOptions, SynthesizerLike, option_specs
 from ..synthesis.load_options import LOAD_FIELDS, LoadOptions, unexpected_keyword
 
@@ -66,7 +67,13 @@ def phrase_cache(cache: Any) -> tuple[Any, bool]:
     """(the PhraseCache, whether the Speaker made it and so closes it) from `cache=`."""
 
     own = cache is not None and not isinstance(cache, PhraseCache)
-    return (PhraseCache(cache) if own else cache), own
+    if not own:
+        return cache, False
+    try:
+        return PhraseCache(cache), True
+    except CacheError as e:  # issue 30: a cache that cannot be opened must not stop the bot
+        warnings.warn(f"starting without the phrase cache: {e}", RuntimeWarning, stacklevel=3)
+        return None, False
 
 
 def check_loop(loop: Any) -> None:

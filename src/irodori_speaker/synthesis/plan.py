@@ -94,7 +94,7 @@ def spoken_parts(
         text = strip_markup(text)
     parts = split_pauses(text)
     if len(parts) == 1 and isinstance(parts[0], str):
-        return [spoken(text, opts, user_dict)]
+        return [spoken(parts[0], opts, user_dict)]  # less any unclosed markup
     out: list[str | Pause] = []
     for part in parts:
         if isinstance(part, Pause):

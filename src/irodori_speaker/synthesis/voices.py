@@ -48,6 +48,13 @@ class Voice:
     _audio_rate: int | None = field(default=None, repr=False, compare=False)
     clips: tuple[Voice, ...] = ()  # several reference clips, each a one-clip Voice (from_clips)
 
+    def __post_init__(self) -> None:
+        if self.caption is not None and not isinstance(self.caption, str):  # issue 30: was AttributeError
+            raise InputError(
+                f"a voice caption must be a str, got {type(self.caption).__name__}",
+                hint='describe the voice in words, e.g. Voice(caption="落ち着いた女性の声")',
+            )
+
     @classmethod
     def from_wav(
         cls, path: str | os.PathLike, *, caption: str | None = None, name: str | None = None

@@ -10,6 +10,12 @@ pieces and joins them with exactly round(seconds * SAMPLE_RATE) zero samples. Th
 reaches the model. Something that starts like markup but is not valid (`<break time="x"/>`,
 `[pause:]`, a pause over `MAX_PAUSE_S`) is an `InputError` naming it, not text read aloud.
 
+Unclosed markup (``こんにちは[pause:0.5テスト``, an LLM stream cut inside ``<break time="5``):
+the opener and what can still be read as its argument are dropped, everywhere (speech,
+captions, the stream segmenter, `pause_markup=False`): the line says ``こんにちはテスト``, with no
+pause (nothing says where it would end) and no error (chat and LLM text break markup by
+accident; reading ``[ポーズ:0.5`` aloud is worse than nothing).
+
 Pauses are bounded: one markup (or several in a row, which add up) over `MAX_PAUSE_S` (10 s)
 is an `InputError`, not clamped: a bot that asks for 15 s gets told, instead of a shorter pause
 it did not ask for. Longer silences are `pre_silence` / `post_silence` (up to 60 s).
@@ -46,8 +52,16 @@ _HINT = (
     "longer: pre_silence / post_silence)"
 )
 
-# Anything that announces itself as pause markup; validated by _VALID below.
-_CANDIDATE = re.compile(r"<\s*break\b[^<>]*>|\[\s*pause\s*:[^\[\]]*\]", re.IGNORECASE)
+# Anything that announces itself as pause markup: closed (validated by _BREAK / _PAUSE), else
+# unclosed: the opener and the part of its argument that can be read as one (dropped).
+_NUM = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_UNIT = r"(?:ms|s)(?![A-Za-z])"
+_CLOSED = r"<\s*break\b[^<>]*>|\[\s*pause\s*:[^\[\]]*\]"
+_UNCLOSED = (
+    rf"<\s*break(?![A-Za-z0-9_])(?:\s*time\s*(?:=\s*(?:[\"']\s*)?(?:{_NUM}\s*(?:{_UNIT})?\s*[\"']?\s*/?)?)?)?"
+    rf"|\[\s*pause\s*:\s*(?:{_NUM}\s*(?:{_UNIT})?)?"
+)
+_CANDIDATE = re.compile(f"(?P<closed>{_CLOSED})|{_UNCLOSED}", re.IGNORECASE)
 _BREAK = re.compile(
     r"<\s*break\s+time\s*=\s*(?P<q>[\"']?)\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s)\s*(?P=q)\s*/?\s*>",
     re.IGNORECASE,
@@ -77,7 +91,7 @@ def _seconds(markup: str) -> float:
 
 
 def markup_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) of every pause markup (valid or not) in `text`."""
+    """(start, end) of every pause markup (valid or not, closed or not) in `text`."""
     return [m.span() for m in _CANDIDATE.finditer(text)]
 
 
@@ -88,7 +102,13 @@ def split_pauses(text: str) -> list[str | Pause]:
     pos = 0
     for m in _CANDIDATE.finditer(text):
         if m.start() > pos:
-            out.append(text[pos : m.start()])
+            if out and isinstance(out[-1], str):  # the text around dropped unclosed markup
+                out[-1] += text[pos : m.start()]
+            else:
+                out.append(text[pos : m.start()])
+        pos = m.end()
+        if m["closed"] is None:  # unclosed: dropped, no pause
+            continue
         seconds = _seconds(m.group(0))
         if out and isinstance(out[-1], Pause):
             seconds += out[-1].seconds
@@ -99,14 +119,16 @@ def split_pauses(text: str) -> list[str | Pause]:
             out[-1] = Pause(seconds)
         else:
             out.append(Pause(seconds))
-        pos = m.end()
-    if pos < len(text) or not out:
+    if out and isinstance(out[-1], str):
+        out[-1] += text[pos:]
+    elif pos < len(text) or not out:
         out.append(text[pos:])
     return out
 
 
 def strip_markup(text: str) -> str:
-    """`text` with every pause markup (valid or not) taken out: no pause, nothing read."""
+    """`text` with every pause markup (valid or not, closed or not) taken out: no pause,
+    nothing read."""
     return _CANDIDATE.sub("", text)
 
 

@@ -22,11 +22,13 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
+from irodori_speaker.errors import InputError
 from irodori_speaker.text.english import read_english, read_laughter
 from irodori_speaker.text.numbers import read_numbers
+from irodori_speaker.text.pauses import Pause, split_pauses, strip_markup
 from irodori_speaker.text.tags import strip_tags
 
-__all__ = ["URL_WORD", "apply_readings", "read_urls"]
+__all__ = ["URL_WORD", "apply_readings", "nothing_to_say", "read_urls", "url_spans"]
 
 URL_WORD: Final = "URL"
 _URL: Final = re.compile(r"(?:https?://|(?<![\w.])www\.)[!-~]+", re.IGNORECASE)
@@ -38,6 +40,13 @@ def _host_words(url: str) -> str:
     m = _HOST.match(url)
     host = m[1] if m else url
     return "ドット".join(p for p in host.split(".") if p)
+
+
+def url_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of every URL `read_urls` would read in `text`."""
+    if "://" not in text and "www." not in text.lower():
+        return []
+    return [m.span() for m in _URL.finditer(text)]
 
 
 def read_urls(text: str, mode: str = "word") -> str:
@@ -78,3 +87,22 @@ def apply_readings(text: str, options: Any = None) -> str:
     if getattr(options, "read_english", True):
         text = read_english(text)
     return text
+
+
+def nothing_to_say(text: str, options: Any = None) -> bool:
+    """Does `text` say nothing once `options` take out its tags, pause markup and URLs? (A line
+    of only `[happy]`, or of `[pause:1]` with `pause_markup=False`: the Speaker skips it as it
+    skips an empty line.) A line of valid pauses with `pause_markup` on is silence, not nothing."""
+    if getattr(options, "pause_markup", True):
+        try:
+            parts = split_pauses(text)
+        except InputError:  # bad markup: the synthesizer's error to report
+            return False
+        if any(isinstance(p, Pause) for p in parts):
+            return False
+        text = "".join(p for p in parts if isinstance(p, str))  # less unclosed markup
+    else:
+        text = strip_markup(text)
+    if getattr(options, "tags", "strip") == "strip":
+        text = strip_tags(text)
+    return not read_urls(text, getattr(options, "urls", "word")).strip()

@@ -12,13 +12,21 @@ processes: every change is one transaction, readers see the last committed state
 
 Matching: surfaces are normalised the way the text is (NFKC, ...), so "ＶＴｕｂｅｒ" and
 "VTuber" are one word. Where matches overlap, the higher priority wins; among equal
-priorities the longer surface, then the earlier one. Priority is 0-10 (VOICEVOX's scale,
+priorities the longer surface, then the earlier one (`dict_match.SurfaceMatcher`: a trie, linear
+in the text). Tags (`[happy]`, `（笑）`), URLs and pause markup are recognised on the text first
+and never rewritten: `happy` -> ハッピー leaves `[happy]` a tag. Priority is 0-10 (VOICEVOX's scale,
 default 5). The word class and accent type do not change the text; they go into the
 pyopenjtalk dictionary built from the same words (`openjtalk_dictionary`), so the accent
 phrases of the VOICEVOX AudioQuery carry the accent the user gave.
 
 Import/export speak VOICEVOX's user-dictionary JSON ({uuid: UserDictWord}), the format
 of its `GET /user_dict` and of the VOICEVOX editor's export.
+
+Every row is checked when read (`dict_words.word_from_row`): one that another tool or a hand
+edit broke (an empty surface, a text priority, an unknown word type) is skipped with one
+warning naming it, listed by `bad_rows()` (`dict list`) and removable (`dict remove`). Bounds:
+`MAX_WORDS` words, `MAX_SURFACE_CHARS` / `MAX_READING_CHARS` per word, `MAX_IMPORT_BYTES` of
+JSON; an import over a bound is refused whole, naming it, before anything is stored.
 """
 
 from __future__ import annotations
@@ -27,55 +35,55 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sqlite3
 import tempfile
 import threading
 import time
-import uuid as uuidlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from irodori_speaker.errors import InputError, IrodoriError
-from irodori_speaker.text.normalize import normalize_text
-from irodori_speaker.text.prosody import kana_to_moras, to_katakana
+from irodori_speaker.text.dict_match import SurfaceMatcher
+from irodori_speaker.text.dict_words import (
+    MAX_READING_CHARS,
+    MAX_SURFACE_CHARS,
+    WORD_TYPES,
+    DictWord,
+    _check_uuid,
+    _zenkaku,
+    priority_cost,
+    word_from_row,
+)
+from irodori_speaker.text.pauses import markup_spans
+from irodori_speaker.text.readings import url_spans
+from irodori_speaker.text.tags import find_tags
 
 from . import prosody
 from .length import _load_pyopenjtalk
 
 __all__ = [
+    "MAX_IMPORT_BYTES",
+    "MAX_READING_CHARS",
+    "MAX_SURFACE_CHARS",
+    "MAX_WORDS",
     "WORD_TYPES",
+    "BadRow",
     "DictWord",
     "UserDictionary",
     "default_user_dict_path",
+    "protected_spans",
     "resolve_user_dict",
 ]
 
-MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = 0, 10, 5
-MAX_SURFACE_CHARS = 100
+log = logging.getLogger("irodori_speaker.text")
 
-
-@dataclass(frozen=True)
-class WordClass:
-    """A word class as naist-jdic (OpenJTalk's dictionary) spells it."""
-
-    part_of_speech: str
-    detail_1: str
-    detail_2: str
-    detail_3: str
-    context_id: int  # naist-jdic's left/right context id of this class
-
-
-WORD_TYPES: dict[str, WordClass] = {
-    "PROPER_NOUN": WordClass("名詞", "固有名詞", "一般", "*", 1348),
-    "COMMON_NOUN": WordClass("名詞", "一般", "*", "*", 1345),
-    "VERB": WordClass("動詞", "自立", "*", "*", 642),
-    "ADJECTIVE": WordClass("形容詞", "自立", "*", "*", 20),
-    "SUFFIX": WordClass("名詞", "接尾", "一般", "*", 1358),
-}
+MAX_WORDS = 100_000
+MAX_IMPORT_BYTES = 64 * 1024 * 1024
 
 
 class UserDictError(IrodoriError):
@@ -91,145 +99,21 @@ def default_user_dict_path() -> Path:
     return Path(base) / "irodori-speaker" / "user_dict.sqlite3"
 
 
-def _check_text(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise InputError(f"{name} must be a string, got {type(value).__name__}")
-    if any(c in value for c in "\n\r\x00"):
-        raise InputError(f"{name} {value[:30]!r} contains a line break or NUL")
-    return value
-
-
-def normalize_surface(surface: str) -> str:
-    surface = normalize_text(_check_text("surface", surface)).strip()
-    if not surface:
-        raise InputError("surface is empty (after normalisation)", hint="give the word as it is written")
-    if len(surface) > MAX_SURFACE_CHARS:
-        raise InputError(f"surface is longer than {MAX_SURFACE_CHARS} characters")
-    return surface
-
-
-def normalize_reading(pronunciation: str) -> str:
-    """Katakana (hiragana accepted and converted); raises InputError on anything else."""
-    reading = to_katakana(normalize_text(_check_text("pronunciation", pronunciation)).strip())
-    if not reading:
-        raise InputError("pronunciation is empty", hint="give the reading in katakana, e.g. ブイチューバー")
-    kana_to_moras(reading)  # validates
-    return reading
-
-
 @dataclass(frozen=True)
-class DictWord:
-    """One word. `surface` and `pronunciation` are stored normalised (see the module doc)."""
+class BadRow:
+    """A stored row that is not a valid word: its rowid, uuid and surface as stored, and why."""
 
-    uuid: str
-    surface: str
-    pronunciation: str
-    accent_type: int = 0
-    word_type: str = "PROPER_NOUN"
-    priority: int = DEFAULT_PRIORITY
-
-    @property
-    def mora_count(self) -> int:
-        return len(kana_to_moras(self.pronunciation))
-
-    @classmethod
-    def make(
-        cls,
-        surface: str,
-        pronunciation: str,
-        accent_type: int = 0,
-        word_type: str | None = None,
-        priority: int | None = None,
-        uuid: str | None = None,
-    ) -> DictWord:
-        """A validated word (InputError with a hint on bad fields)."""
-        word_type = word_type or "PROPER_NOUN"
-        if word_type not in WORD_TYPES:
-            raise InputError(f"word_type {word_type!r} is not one of {', '.join(WORD_TYPES)}")
-        priority = DEFAULT_PRIORITY if priority is None else priority
-        if not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-            raise InputError(f"priority must be an integer {MIN_PRIORITY}-{MAX_PRIORITY}, got {priority!r}")
-        word = cls(
-            uuid or str(uuidlib.uuid4()),
-            normalize_surface(surface),
-            normalize_reading(pronunciation),
-            accent_type,
-            word_type,
-            priority,
-        )
-        if not isinstance(accent_type, int) or not 0 <= accent_type <= word.mora_count:
-            raise InputError(
-                f"accent_type must be 0-{word.mora_count} for {word.pronunciation} "
-                f"({word.mora_count} moras), got {accent_type!r}",
-                hint="0 is flat; n means the pitch falls after the n-th mora",
-            )
-        return word
-
-    # ---- VOICEVOX's UserDictWord -------------------------------------------------------------
-    def to_voicevox(self) -> dict[str, Any]:
-        wc = WORD_TYPES[self.word_type]
-        return {
-            "surface": _zenkaku(self.surface),
-            "priority": self.priority,
-            "context_id": wc.context_id,
-            "part_of_speech": wc.part_of_speech,
-            "part_of_speech_detail_1": wc.detail_1,
-            "part_of_speech_detail_2": wc.detail_2,
-            "part_of_speech_detail_3": wc.detail_3,
-            "inflectional_type": "*",
-            "inflectional_form": "*",
-            "stem": "*",
-            "yomi": self.pronunciation,
-            "pronunciation": self.pronunciation,
-            "accent_type": self.accent_type,
-            "mora_count": self.mora_count,
-            "accent_associative_rule": "*",
-        }
-
-    @classmethod
-    def from_voicevox(cls, uuid: str, data: Any) -> DictWord:
-        if not isinstance(data, dict):
-            raise InputError(f"word {uuid}: expected an object, got {type(data).__name__}")
-        missing = [k for k in ("surface", "pronunciation", "accent_type") if k not in data]
-        if missing:
-            raise InputError(f"word {uuid}: missing {', '.join(missing)}")
-        return cls.make(
-            data["surface"],
-            data["pronunciation"],
-            data["accent_type"],
-            _word_type_of(data),
-            data.get("priority", DEFAULT_PRIORITY),
-            uuid=_check_uuid(uuid),
-        )
+    rowid: int
+    uuid: Any
+    surface: Any
+    why: str
 
 
-def _check_uuid(value: str) -> str:
-    try:
-        return str(uuidlib.UUID(str(value)))
-    except ValueError as e:
-        raise InputError(f"{value!r} is not a word UUID") from e
-
-
-def _word_type_of(data: dict) -> str:
-    cid = data.get("context_id")
-    for name, wc in WORD_TYPES.items():
-        if cid == wc.context_id:
-            return name
-    parts = (data.get("part_of_speech"), data.get("part_of_speech_detail_1"))
-    for name, wc in WORD_TYPES.items():
-        if parts == (wc.part_of_speech, wc.detail_1):
-            return name
-    return "PROPER_NOUN"
-
-
-def _zenkaku(text: str) -> str:
-    """ASCII -> full width, as OpenJTalk sees text (and VOICEVOX stores surfaces)."""
-    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else ("\u3000" if c == " " else c) for c in text)
-
-
-def priority_cost(priority: int) -> int:
-    """MeCab word cost for a priority: lower cost wins. 5 -> 2500 beats most system entries."""
-    return 6000 - 700 * priority
+def protected_spans(text: str) -> list[tuple[int, int]]:
+    """Where the dictionary never rewrites: tags, URLs and pause markup (valid, broken or
+    unclosed), as the readings pass and the pause splitter will recognise them."""
+    spans = [(t.start, t.end) for t in find_tags(text)]
+    return spans + url_spans(text) + markup_spans(text)
 
 
 _SCHEMA = """
@@ -258,7 +142,9 @@ class UserDictionary:
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._words: list[DictWord] = []
-        self._index: dict[str, list[DictWord]] = {}
+        self._bad: list[BadRow] = []
+        self._warned: set[tuple[Any, str]] = set()
+        self._matcher: SurfaceMatcher[str] = SurfaceMatcher(())
         self._openjtalk: tuple[tuple[int, int] | None, str | None] = (None, None)
         self._openjtalk_dir: Path | None = None
 
@@ -269,7 +155,13 @@ class UserDictionary:
     @contextlib.contextmanager
     def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
         if write:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:  # a regular file where a folder should be, a read-only place
+                raise UserDictError(
+                    f"cannot create the user dictionary {self.path}: {e.strerror or e}",
+                    hint="give --file (or $IRODORI_DICT) a path in a folder you can write to",
+                ) from e
         try:
             conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
         except sqlite3.Error as e:
@@ -299,8 +191,10 @@ class UserDictionary:
     def _file_stamp(self) -> tuple[int, int] | None:
         try:
             st = os.stat(self.path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # nothing there yet: an empty dictionary
             return None
+        except OSError as e:
+            raise UserDictError(f"cannot read the user dictionary {self.path}: {e.strerror or e}") from e
         return (st.st_mtime_ns, st.st_size)
 
     def _load(self) -> list[DictWord]:
@@ -309,21 +203,35 @@ class UserDictionary:
         with self._lock:
             if stamp == self._stamp and (stamp is not None or not self._words):
                 return self._words
-            words: list[DictWord] = []
+            rows: list[tuple] = []
             if stamp is not None:
                 with self._connect() as conn:
                     try:
                         rows = conn.execute(
-                            "SELECT uuid, surface, pronunciation, accent_type, word_type, priority "
-                            "FROM words ORDER BY updated"
+                            "SELECT rowid, uuid, surface, pronunciation, accent_type, word_type, priority "
+                            "FROM words ORDER BY updated, rowid"
                         ).fetchall()
                     except sqlite3.OperationalError:  # an empty file (created, no table yet)
                         rows = []
-                words = [DictWord(*row) for row in rows]
-            index: dict[str, list[DictWord]] = {}
-            for w in words:
-                index.setdefault(w.surface[0], []).append(w)
-            self._words, self._index, self._stamp = words, index, stamp
+            words: list[DictWord] = []
+            bad: list[BadRow] = []
+            for row in rows:
+                word = word_from_row(row[1:])
+                if isinstance(word, DictWord):
+                    words.append(word)
+                    continue
+                bad.append(BadRow(row[0], row[1], row[2], word))
+                if (row[1], word) not in self._warned:  # once per row and reason, not per line
+                    self._warned.add((row[1], word))
+                    log.warning(
+                        "user dictionary %s: skipping the bad row %r (%s); `irodori-speaker dict "
+                        "remove` removes it",
+                        self.path,
+                        row[1],
+                        word,
+                    )
+            matcher = SurfaceMatcher((w.surface, w.priority, w.pronunciation) for w in words)
+            self._words, self._bad, self._matcher, self._stamp = words, bad, matcher, stamp
             return words
 
     # ---- editing ----------------------------------------------------------------------------
@@ -339,6 +247,30 @@ class UserDictionary:
 
     def __len__(self) -> int:
         return len(self._load())
+
+    def bad_rows(self) -> list[BadRow]:
+        """The stored rows that are not valid words (skipped by `apply`), oldest first."""
+        self._load()
+        return list(self._bad)
+
+    def remove_row(self, rowid: int) -> None:
+        """Delete a row by its rowid (a bad row whose uuid is not usable)."""
+        with self._connect(write=True) as conn:
+            self._stamp = None
+            if conn.execute("DELETE FROM words WHERE rowid = ?", (int(rowid),)).rowcount == 0:
+                raise InputError(f"no row {rowid} in the user dictionary")
+
+    def _check_room(self, conn: sqlite3.Connection, new: int) -> None:
+        """Refuse, before anything is stored, a change that would pass MAX_WORDS."""
+        try:
+            have = conn.execute("SELECT COUNT(*) FROM words").fetchone()[0]
+        except sqlite3.OperationalError:
+            have = 0
+        if have + new > MAX_WORDS:
+            raise InputError(
+                f"the user dictionary would hold {have + new} words, over MAX_WORDS ({MAX_WORDS})",
+                hint="remove words first (`irodori-speaker dict remove`), or import fewer",
+            )
 
     def _put(self, conn: sqlite3.Connection, word: DictWord) -> None:
         self._stamp = None  # our own change: re-read even if the file's mtime did not tick
@@ -358,6 +290,7 @@ class UserDictionary:
         """Add a word; returns it (with its new UUID)."""
         word = DictWord.make(surface, pronunciation, accent_type, word_type, priority)
         with self._connect(write=True) as conn:
+            self._check_room(conn, 1)
             self._put(conn, word)
         return word
 
@@ -394,15 +327,14 @@ class UserDictionary:
         many words were written.
         """
         if not isinstance(data, dict):
-            try:
-                data = json.loads(Path(data).read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:
-                raise InputError(f"cannot read a VOICEVOX user dictionary from {data}: {e}") from e
-            if not isinstance(data, dict):
-                raise InputError("a VOICEVOX user dictionary is a JSON object {uuid: word}")
+            data = _read_json(Path(data))
+        if len(data) > MAX_WORDS:
+            raise InputError(f"{len(data)} words to import, over MAX_WORDS ({MAX_WORDS})")
         words = [DictWord.from_voicevox(k, v) for k, v in data.items()]
         written = 0
         with self._connect(write=True) as conn:
+            known = {r[0] for r in conn.execute("SELECT uuid FROM words")}
+            self._check_room(conn, sum(w.uuid not in known for w in words))
             for w in words:
                 exists = conn.execute("SELECT 1 FROM words WHERE uuid = ?", (w.uuid,)).fetchone()
                 if exists and not override:
@@ -422,38 +354,13 @@ class UserDictionary:
 
     # ---- use --------------------------------------------------------------------------------
     def apply(self, text: str) -> str:
-        """`text` (already normalised) with every matched surface replaced by its reading."""
-        words = self._load()
-        if not words or not text:
+        """`text` (already normalised) with every matched surface replaced by its reading; tags,
+        URLs and pause markup are left as they are (`protected_spans`)."""
+        self._load()
+        matcher = self._matcher
+        if not len(matcher) or not text:
             return text
-        index = self._index
-        matches: list[tuple[int, int, DictWord]] = []  # (start, end, word)
-        for i, ch in enumerate(text):
-            for w in index.get(ch, ()):
-                if text.startswith(w.surface, i):
-                    matches.append((i, i + len(w.surface), w))
-        if not matches:
-            return text
-        # priority first, then the longer surface, then the earlier start, then the newest word
-        order = sorted(
-            range(len(matches)),
-            key=lambda k: (-matches[k][2].priority, -(matches[k][1] - matches[k][0]), matches[k][0], -k),
-        )
-        taken = [False] * len(text)
-        chosen: list[tuple[int, int, DictWord]] = []
-        for k in order:
-            start, end, w = matches[k]
-            if not any(taken[start:end]):
-                taken[start:end] = [True] * (end - start)
-                chosen.append((start, end, w))
-        chosen.sort(key=lambda m: m[0])
-        out, pos = [], 0
-        for start, end, w in chosen:
-            out.append(text[pos:start])
-            out.append(w.pronunciation)
-            pos = end
-        out.append(text[pos:])
-        return "".join(out)
+        return matcher.replace(text, protected_spans(text))
 
     def fingerprint(self) -> str:
         """Changes whenever a word that could change a reading does (for cache keys and logs)."""
@@ -508,6 +415,30 @@ class UserDictionary:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return result
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A VOICEVOX user-dictionary file: UTF-8 with or without a BOM (Windows Notepad writes one),
+    at most MAX_IMPORT_BYTES, an object {uuid: word}."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_IMPORT_BYTES:
+            raise InputError(
+                f"{path} is {size} bytes, over MAX_IMPORT_BYTES ({MAX_IMPORT_BYTES})",
+                hint="split the dictionary into several files",
+            )
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else e
+        raise InputError(f"cannot read a VOICEVOX user dictionary from {path}: {why}") from e
+    except RecursionError as e:
+        raise InputError(
+            f"cannot read a VOICEVOX user dictionary from {path}: JSON nested too deeply",
+            hint="a VOICEVOX dictionary is a flat object {uuid: word}",
+        ) from e
+    if not isinstance(data, dict):
+        raise InputError("a VOICEVOX user dictionary is a JSON object {uuid: word}")
+    return data
 
 
 @contextlib.contextmanager

@@ -13,16 +13,25 @@ speech; a timing without a source (`estimate_timing` given none) shows the spoke
 
 from __future__ import annotations
 
+import errno
+import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import IrodoriError
 from .estimate import LineTiming
 
-__all__ = ["CaptionFile", "Cue", "cues", "srt", "webvtt"]
+__all__ = ["CaptionError", "CaptionFile", "Cue", "cues", "srt", "webvtt"]
+
+
+class CaptionError(IrodoriError):
+    """A caption or subtitle file cannot be written (a full disk, a directory, no permission)."""
+
 
 # text.split's SENTENCE_END_CHARS | CLAUSE_CHARS (not imported: the text package imports torch)
 _BREAKS = frozenset("。．.!?！？…‥\n、，,､；;")
@@ -60,6 +69,10 @@ def cues(timing: LineTiming, *, max_chars: int = 24, offset: float = 0.0) -> lis
 
 
 def _stamp(seconds: float, sep: str) -> str:
+    if not math.isfinite(seconds):
+        raise CaptionError(
+            f"a cue time of {seconds} s cannot be written", hint="cue times are finite seconds"
+        )
     ms = max(0, round(seconds * 1000))
     h, rest = divmod(ms, 3_600_000)
     m, rest = divmod(rest, 60_000)
@@ -82,16 +95,54 @@ def webvtt(items: Iterable[Cue]) -> str:
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Replace the file's contents in one step (a reader sees the old text or the new)."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=".caption-", dir=target.parent)
+    """Replace the file's contents in one step (a reader sees the old text or the new).
+
+    A symlink is written through (its target is replaced; an OBS text source is often a link);
+    something that is not a regular file (a device, a FIFO) is written into, never renamed over;
+    every failure (a full disk, a directory, no permission) is one `CaptionError`."""
+    target = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise _caption_error(path, e) from e
+    if mode is not None and stat.S_ISDIR(mode):
+        raise CaptionError(f"cannot write the caption file {path}: it is a directory", hint=_HINT_NAME)
+    try:
+        if mode is not None and not stat.S_ISREG(mode):
+            with open(target, "w", encoding="utf-8") as f:  # /dev/stdout, a FIFO: write into it
+                f.write(text)
+            return
+        fd, tmp = tempfile.mkstemp(prefix=".caption-", dir=target.parent)
+    except OSError as e:
+        raise _caption_error(path, e) from e
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        # the file's own permissions kept; a new one readable by others (mkstemp makes 0600)
+        os.chmod(tmp, stat.S_IMODE(mode) if mode is not None else 0o644)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise _caption_error(path, e) from e
         raise
+
+
+_HINT_NAME = "give a file name, e.g. captions.txt"
+
+
+def _caption_error(path: str | os.PathLike[str], e: OSError) -> CaptionError:
+    hint = {
+        errno.ENOSPC: "free some disk space, or write the captions elsewhere",
+        errno.EISDIR: _HINT_NAME,
+        errno.ENOENT: "create the folder first, or give a path in an existing one",
+        errno.ENOTDIR: "a part of the path is a file, not a folder",
+        errno.EACCES: "choose a place you can write to",
+        errno.EROFS: "the file system is read-only: choose a place you can write to",
+    }.get(e.errno or 0, "check the path and the free disk space")
+    return CaptionError(f"cannot write the caption file {path}: {e.strerror or e}", hint=hint)
 
 
 class CaptionFile:
@@ -108,7 +159,10 @@ class CaptionFile:
         self.keep_last = keep_last
         self.shown: str | None = None
         self._cues: dict[int, list[Cue]] = {}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _caption_error(path, e) from e
         self.clear()
 
     def show(self, text: str) -> None:

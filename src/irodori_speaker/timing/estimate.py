@@ -20,11 +20,13 @@ Without pyopenjtalk (the ``ja`` extra) `estimate_timing` returns None: nothing i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Final
 
 import numpy as np
 
+from ..errors import InputError
 from ..text.length import _load_pyopenjtalk
 from .source_spans import SourceMap
 
@@ -198,6 +200,12 @@ def estimate_timing(
     `source` (`SynthesisRecord.source`): the line as written, which words and captions show.
     None when pyopenjtalk is not installed or the text has nothing to read."""
 
+    values = (duration, *(speech or ()))
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        raise InputError(
+            f"estimate_timing needs finite seconds, got duration={duration!r}, speech={speech!r}",
+            hint="pass the audio's length: len(audio) / sample_rate",
+        )
     pj = _load_pyopenjtalk()
     if pj is None or not text.strip() or not duration > 0:
         return None
