@@ -9,6 +9,7 @@ there is what a listener hears as a hole)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import numpy as np
@@ -20,7 +21,13 @@ from irodori_speaker.options import AudioStream, SynthesisOptions
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
 from irodori_speaker.speaker.events import Underrun
-from irodori_speaker.speaker.jitter import JitterBuffer, LineFeed, line_seconds_estimate
+from irodori_speaker.speaker.jitter import (
+    JitterBuffer,
+    LineFeed,
+    ModelLoad,
+    line_seconds_estimate,
+    model_load,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -121,3 +128,75 @@ def test_the_line_length_comes_from_the_record_being_filled():
     assert line_seconds_estimate(Rec(), 0.5) == pytest.approx(6.0)
     assert line_seconds_estimate(None, 1.5) == 1.5
     assert np.isfinite(line_seconds_estimate(Rec(), 0.0))
+
+
+def test_a_shared_model_plans_with_its_cost_per_line_times_the_lines_on_it():
+    """Issue 30 item 8: a Speaker's first line on a model other Speakers keep busy is planned at
+    the model's cost per line of load times the lines in synthesis now, not at its own first
+    chunk's speed (measured before the others' work arrived)."""
+    load = ModelLoad()
+    done = LineFeed()
+    done.add(0.0, 0.5, load=4)
+    done.add(1.0, 2.0, load=4)  # RTF 0.5 while 4 lines shared the model: 0.125 per line of load
+    other = JitterBuffer(load=load)
+    other.finished(done)
+    assert load.unit_rtf() == pytest.approx(0.125)
+    jb = JitterBuffer(load=load)
+    with contextlib.ExitStack() as stack:
+        for _ in range(16):
+            stack.enter_context(load.busy())
+        assert jb.lines_now() == 16
+        first = LineFeed(started_t=0.0)
+        first.add(0.01, 0.32, load=16)  # a fast first chunk
+        assert jb.rtf(first) == pytest.approx(2.0)  # 0.125 x 16
+        assert not jb.ready(first, 3.0)
+        need = jb.needed_s(first, 3.0)
+        assert need is not None and need > 3.0 * (1 - 1 / 2.0)  # held back, with the shared margin
+    assert jb.lines_now() == 1 and jb.rtf(first) == pytest.approx(0.125)  # the others left
+
+
+def test_a_first_chunk_is_trusted_only_when_the_model_serves_this_line_alone():
+    load = ModelLoad()
+    jb = JitterBuffer(load=load)
+    alone = LineFeed(started_t=0.0)
+    alone.add(0.02, 0.32, load=1)
+    assert jb.ready(alone, 3.0)
+    with load.busy(), load.busy():
+        shared = LineFeed(started_t=0.0)
+        shared.add(0.02, 0.32, load=2)
+        assert not jb.ready(shared, 3.0)  # wait for a second chunk: a later start, no hole
+        shared.add(0.05, 1.0, load=2)
+        assert jb.ready(shared, 3.0)
+
+
+def test_the_model_load_is_one_per_synthesizer():
+    class Synth:
+        pass
+
+    a, b = Synth(), Synth()
+    assert model_load(a) is model_load(a) and model_load(a) is not model_load(b)
+
+
+@pytest.mark.slow
+def test_sixteen_speakers_on_one_model_never_stop_inside_a_line(run, synth):
+    """Issue 30 item 8: 16 Speakers sharing the tiny model (each line streamed at real time on a
+    NullOutput). Before: 21 of 96 lines had a hole (benchmarks/many_speakers.py): the model lock
+    served some lines many times in a row while others starved, and each Speaker trusted its first
+    chunk's speed. Overload must show as a later start, never as a hole."""
+    opts = SynthesisOptions(steps=4, seconds=2.0, seed=2, tail_trim=False)
+
+    async def speaker(i: int, holes: list[Underrun]):
+        async with Speaker(synth, output=NullOutput(speed=1.0), options=opts, prewarm=False) as s:
+            s.on("underrun", holes.append)
+            lines = [s.enqueue(f"話者{i}の{k}行目です") for k in range(2)]
+            await asyncio.gather(*(h.wait() for h in lines))
+            return [h.state for h in lines]
+
+    async def body():
+        holes: list[Underrun] = []
+        states = await asyncio.gather(*(speaker(i, holes) for i in range(16)))
+        return states, holes
+
+    states, holes = run(body(), timeout=110)
+    assert all(s == [UtteranceState.PLAYED] * 2 for s in states)
+    assert holes == [], f"{len(holes)} holes inside lines"

@@ -206,13 +206,14 @@ class LineRecord:
         """Worker thread: the stream's record, read by the jitter buffer as it fills in."""
         self._live_record = record
 
-    def chunk_arrived(self, chunk: Chunk, t: float, sample_rate: int) -> float | None:
-        """A chunk of its audio arrived at `t`; for the first one, its delay after the start."""
+    def chunk_arrived(self, chunk: Chunk, t: float, sample_rate: int, load: int = 1) -> float | None:
+        """A chunk of its audio arrived at `t` with `load` lines in synthesis on the model; for
+        the first one, its delay after the start."""
         first = "first_chunk" not in self._timings
         if first:
             self._timings["first_chunk"] = t
         self._chunks.append(chunk)
-        self._feed.add(t, len(chunk.audio) / max(1, sample_rate))
+        self._feed.add(t, len(chunk.audio) / max(1, sample_rate), load)
         return t - self._timings.get("synthesis_started", t) if first else None
 
     def timed(self, timing: Any) -> None:

@@ -109,6 +109,8 @@ class Runtime:
                 synthesizer = await worker.call(load_synthesizer_for, load_options)
             assert synthesizer is not None
             worker.attach(synthesizer)
+            assert worker.load is not None
+            self.tracker.jitter.attach(worker.load)
             self.tracker.sample_rate = worker.sample_rate
             if config.timing:  # the reading dictionary loads now, not (holding the GIL) mid-line
                 await worker.call(estimate_timing, "あ", 1.0)

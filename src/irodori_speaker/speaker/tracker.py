@@ -110,7 +110,7 @@ class LineTracker:
     def chunk(self, line: LineRecord, chunk: Chunk, t: float) -> None:
         if line.state.terminal or line.preempted:  # a pre-empted run's audio is rendered again
             return
-        first = line.chunk_arrived(chunk, t, self.sample_rate)
+        first = line.chunk_arrived(chunk, t, self.sample_rate, self.jitter.lines_now())
         if first is not None:
             self.series["first_chunk"].add(first)
         if line.item is not None and self.player is not None:

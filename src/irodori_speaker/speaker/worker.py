@@ -26,6 +26,7 @@ from ..cancel import check
 from ..errors import Cancelled
 from ..options import SynthesisRecord, SynthesizerLike
 from ..timing.estimate import SpeechSpan, estimate_timing
+from .jitter import ModelLoad, model_load
 from .playback import Chunk
 from .tasks import TaskScope
 from .utterance import UtteranceState
@@ -71,6 +72,7 @@ class LineWorker:
         self.cache = cache
         self.cache_store = cache_store
         self.synthesizer: SynthesizerLike | None = None
+        self.load: ModelLoad | None = None  # the shared model's load, once the model is known
         self.cached: CachedRender | None = None  # the cache integration, once the model is known
         self.sample_rate = 0
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -92,6 +94,7 @@ class LineWorker:
     def attach(self, synthesizer: SynthesizerLike) -> None:
         """The model is loaded: lines go to `synthesizer`, through the phrase cache if one is set."""
         self.synthesizer = synthesizer
+        self.load = model_load(synthesizer)
         self.sample_rate = int(synthesizer.sample_rate)
         if self.cache is not None:
             self.cached = CachedRender(self.cache, synthesizer, store=self.cache_store, source="speaker")
@@ -117,7 +120,7 @@ class LineWorker:
     async def _line(self, line: LineRecord, rates: list[int]) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self.executor, self._render, loop, line, rates)
+            await loop.run_in_executor(self.executor, self._render_counted, loop, line, rates)
         except Cancelled:
             if not line.token.cancelled:
                 self.reports.synth_failed(line, Cancelled("the synthesizer stopped on its own"))
@@ -128,6 +131,13 @@ class LineWorker:
             self.current = None
             with contextlib.suppress(RuntimeError):  # an abandoned Speaker's loop may be closed
                 self.reports.synth_ended(line)
+
+    def _render_counted(self, loop: asyncio.AbstractEventLoop, line: LineRecord, rates: list[int]) -> None:
+        """`_render`, counted among the lines in synthesis on the shared model (the jitter
+        buffers of every Speaker on it plan with that load)."""
+        assert self.load is not None
+        with self.load.busy():
+            self._render(loop, line, rates)
 
     def _render(self, loop: asyncio.AbstractEventLoop, line: LineRecord, rates: list[int]) -> None:
         """Worker thread: synthesise the line, post its chunks to the loop, store it if asked."""

@@ -206,5 +206,4 @@ def _fan_out(fns: list[ProgressFn | None]) -> ProgressFn | None:
 
 
 def _holds_model_lock() -> bool:
-    is_owned = getattr(MODEL_LOCK, "_is_owned", None)  # CPython's RLock; elsewhere: assume not
-    return bool(is_owned()) if is_owned is not None else False
+    return MODEL_LOCK.held_by_me()

@@ -1,0 +1,72 @@
+"""Many Speakers on one model: holes inside streamed lines, and when each line starts.
+
+N Speakers share one synthesizer (the tiny random model on the CPU by default), each speaking
+`--lines` streamed lines on a NullOutput paced at real time; an underrun there is a hole a
+listener hears. Only names of the package root are used, so the same script runs against an older
+tree (`PYTHONPATH=<old tree>/src python benchmarks/many_speakers.py`) for a side-by-side.
+
+    python benchmarks/many_speakers.py --speakers 16,32 --lines 3 --repeat 3
+
+Columns: lines with a hole (of all lines, over the repeats), first audio = enqueue of a Speaker's
+first line -> its playback start (p50 / p95 over Speakers and repeats), wall of a repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import statistics
+import time
+
+from irodori_speaker import NullOutput, Speaker, SynthesisOptions, load_synthesizer
+
+
+async def _speaker(synth, opts, i: int, lines: int, holes: set[tuple[int, int]]) -> float | None:
+    async with Speaker(synth, output=NullOutput(speed=1.0), options=opts, prewarm=False) as s:
+        s.on("underrun", lambda e: holes.add((i, e.utterance_id)))
+        hs = [s.enqueue(f"話者{i}の{k}行目です") for k in range(lines)]
+        await asyncio.gather(*(h.wait() for h in hs))
+        t = hs[0].timings
+        return t["playback_started"] - t["enqueued"] if "playback_started" in t else None
+
+
+async def _round(synth, opts, speakers: int, lines: int) -> tuple[int, list[float], float]:
+    holes: set[tuple[int, int]] = set()
+    t0 = time.monotonic()
+    firsts = await asyncio.gather(*(_speaker(synth, opts, i, lines, holes) for i in range(speakers)))
+    return len(holes), [f for f in firsts if f is not None], time.monotonic() - t0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--speakers", default="16,32", help="comma-separated Speaker counts")
+    ap.add_argument("--lines", type=int, default=3, help="lines per Speaker")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=2.0, help="audio per line")
+    args = ap.parse_args()
+    synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False)
+    opts = SynthesisOptions(steps=args.steps, seconds=args.seconds, seed=2, tail_trim=False)
+    print(f"# {platform.processor() or platform.machine()}, tiny random model, {args.seconds} s lines")
+    print("| speakers | lines | lines with a hole | first audio p50 / p95 s | wall s (median) |")
+    print("|---|---|---|---|---|")
+    for n in (int(x) for x in args.speakers.split(",")):
+        holes, firsts, walls = 0, [], []
+        for _ in range(args.repeat):
+            h, f, w = asyncio.run(_round(synth, opts, n, args.lines))
+            holes, firsts, walls = holes + h, firsts + f, [*walls, w]
+        total = n * args.lines * args.repeat
+        print(
+            f"| {n} | {total} | {holes} | {statistics.median(firsts):.2f} / {_pct(firsts, 0.95):.2f} "
+            f"| {statistics.median(walls):.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
