@@ -2,7 +2,7 @@
 
 MPS command buffers are not thread-safe, and on CUDA one model at a time keeps
 memory and timing predictable. Every Speaker, the CLI, the server and prebuild
-share it. It is taken at one level: inside the synthesizer (`synthesizer.py`, with its
+share it. It is taken at one level: inside the synthesizer (`synthesis/synthesizer.py`, with its
 voice part `voice_conditions.py` and `loading.py` while weights go to the device),
 around each stage and decode chunk, so other model work can run between two
 chunks of a line and a cancel is seen within one. It is re-entrant (a stage may
