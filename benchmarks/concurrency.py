@@ -5,7 +5,7 @@ Each stream is a thread that speaks news5 sentences one after another through ON
 server's workers do. Per concurrency N, two runs side by side in this process:
 
 - batched: `max_batch` = N, at most `--max-batch` (lines waiting for the sampler together are
-  sampled as one batch, `batching.py`);
+  sampled as one batch, `synthesis/batching.py`);
 - serial: `max_batch` = 1 (one line after another behind the model lock, as before).
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),

@@ -7,7 +7,7 @@ does (8 sway steps, text trimmed, fast path, the codec's 8-frame first chunk the
 chunks: news5's mode (f); the preset rows stream the windows the preset picks, `preset-w25` the
 same picks with the 25-frame windows). Each row swaps one thing:
 
-- DiT: fp32 / bf16 weights and activations / int8 linears (`quant.int8`, W8A8 per row) on fp32 or
+- DiT: fp32 / bf16 weights and activations / int8 linears (`engine.quant.int8`, W8A8 per row) on fp32 or
   bf16 activations / torch.ao's deprecated `quantize_dynamic` (for comparison only);
 - codec: fp32 / bf16 with Snake through fp32 (as before) / bf16 with Snake in bf16 / bf16 on the
   channels-last decoder (`codec_channels_last`, engine/codec/fast.py, its torch epilogue on the CPU);

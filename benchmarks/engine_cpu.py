@@ -3,7 +3,7 @@
 Side by side in one run: 40 linear steps (upstream default) vs 8 sway steps (our preset),
 and text padded to 256 tokens (the reference) vs trimmed to its real length.
 
-`--int8`: instead, the CPU preset's int8 linears (`quant.int8`) on the full-size model, 8 sway
+`--int8`: instead, the CPU preset's int8 linears (`engine.quant.int8`) on the full-size model, 8 sway
 steps on the fast path as the product samples: siblings sharing one quantisation of their input
 (q/k/v/gate, w1/w3: today's) against each linear quantising its own (before), on fp32 and bf16
 activations, the two timed alternately `--repeat` times after a warm-up (fastest shown), and their

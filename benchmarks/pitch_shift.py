@@ -1,4 +1,4 @@
-"""Pitch control (issue 16): accuracy and cost of `controls.pitch_shift` on real speech.
+"""Pitch control (issue 16): accuracy and cost of `audio.controls.pitch_shift` on real speech.
 
 The speech is pyopenjtalk-plus's HTS voice (48 kHz, no model weights needed). For each
 interval asked, the f0 is measured before and after with Harvest (run on the output audio):

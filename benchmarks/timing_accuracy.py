@@ -1,4 +1,4 @@
-"""How far are the estimated mora and word times (timing.py) from the truth?
+"""How far are the estimated mora and word times (timing/estimate.py) from the truth?
 
 Truth: pyopenjtalk's own HTS voice speaking the sentence. Its duration model gives each
 full-context label (phoneme) a length from that label alone, so synthesising one label at a
@@ -13,7 +13,7 @@ baseline (every mora the same length). Errors are |estimated - true| start times
 every mora and every word of the 50 sentences of benchmarks/duration_estimate.py (its 45 and
 news5).
 
-Run: ``python benchmarks/timing_accuracy.py`` (``--fit`` prints the table for timing.py).
+Run: ``python benchmarks/timing_accuracy.py`` (``--fit`` prints the table for timing/estimate.py).
 HTS is a proxy: Irodori's own timing is not known here (no alignment, no real weights).
 """
 
@@ -109,7 +109,7 @@ def score(rows, table, final, span_mode: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", action="store_true", help="print the fitted table for timing.py")
+    ap.add_argument("--fit", action="store_true", help="print the fitted table for timing/estimate.py")
     args = ap.parse_args()
     with contextlib.redirect_stdout(io.StringIO()):
         import pyopenjtalk as pj

@@ -1,4 +1,4 @@
-"""Lines waiting for the sampler at the same time are sampled as one batch (batching.py).
+"""Lines waiting for the sampler at the same time are sampled as one batch (synthesis/batching.py).
 
 The Synthesizer part runs the real tiny model on the CPU from several threads, as several
 Speakers or the server's streams do; the model lock is held while the threads start so that

@@ -1,4 +1,4 @@
-"""timing.py: word and mora estimates, the voiced span, and their distance from HTS's own timing."""
+"""timing/estimate.py: word and mora estimates, the voiced span, and their distance from HTS's own timing."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from typing import Any
 
 if sys.platform == "darwin":
     # Read when torch starts MPS, so set before torch loads: ops MPS lacks then run on the CPU.
-    # A value the user set wins (backends/presets.py warns when it disables the fallback).
+    # A value the user set wins (engine/hardware/presets.py warns when it disables the fallback).
     os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
 
 from .errors import (

@@ -1,7 +1,7 @@
 """The CPU preset's tricks end to end on the tiny random model: bf16, int8 linears, the CPU decoder.
 
 Each run loads the tiny-random synthesizer with the preset fields, applies the after-load steps
-(`backends.cpu_tricks`, which the loader runs too once it is wired in: applying twice is harmless),
+(`engine.hardware.cpu_tricks`, which the loader runs too: applying twice is harmless),
 renders one line with a fixed seed, and compares the latent and the audio with the fp32 run.
 Nothing is timed (benchmarks/cpu_preset.py measures speed).
 """

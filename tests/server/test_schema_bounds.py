@@ -1,5 +1,5 @@
 """The server's request fields that map onto synthesis options take their bounds from the
-options' specs (options.py), in the fields' own units: no range is written twice."""
+options' specs (options/synthesis.py), in the fields' own units: no range is written twice."""
 
 from __future__ import annotations
 

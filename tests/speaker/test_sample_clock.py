@@ -1,4 +1,4 @@
-"""The sample clock behind PortAudio event times (sample_clock.py): a line in sample position,
+"""The sample clock behind PortAudio event times (outputs/clock.py): a line in sample position,
 moved only as far as the callbacks' observations force."""
 
 from __future__ import annotations

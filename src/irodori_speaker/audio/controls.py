@@ -11,10 +11,10 @@ text's markup (`text/pauses.py`). Order per piece:
    moved to median + (log f0 - median) * intonation + st/12, resynthesis at the same length;
    the spectral envelope is kept, so the timbre and the rate stay.
 2. loudness (`loudness` LUFS): the piece is scaled to that integrated loudness
-   (ITU-R BS.1770 via pyloudnorm, `audio.loudness_lufs`); silence is left alone.
+   (ITU-R BS.1770 via pyloudnorm, `audio.signal.loudness_lufs`); silence is left alone.
 3. volume (`volume` dB) on top: a relative gain (-100 dB is silence).
 4. peak limit: a piece whose peak would pass `PEAK_CEILING` is scaled down to it
-   (`audio.peak_limit`) and a note says by how much: never clipped, never silently quieter.
+   (`audio.signal.peak_limit`) and a note says by how much: never clipped, never silently quieter.
    Streamed (`PieceGain`), the limiter cannot know the piece's peak before it comes: its gain
    falls, within a chunk, to what each new peak needs and never rises again in that piece, so
    from the piece's peak on the audio is the whole-piece path's and before it at most the

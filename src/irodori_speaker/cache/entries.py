@@ -24,7 +24,7 @@ class CachedLine:
     audio: np.ndarray  # float32 mono
     sample_rate: int
     record: SynthesisRecord
-    levels: np.ndarray  # mouth-open level per 1/levels_hz s (lipsync.mouth_levels)
+    levels: np.ndarray  # mouth-open level per 1/levels_hz s (audio.lipsync.mouth_levels)
     levels_hz: float
     created: float  # unix time it was stored
     source: str  # who stored it: "prebuild", "speaker", "render", ...

@@ -121,7 +121,7 @@ def add_voice_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--caption", help="voice description for VoiceDesign and v4 models (with --voice on v4)")
 
 
-# ---- option flags: generated from the options' specs (options.py) ---------------------------
+# ---- option flags: generated from the options' specs (options/synthesis.py) -----------------
 
 #: The synthesis options each flag group sets, in the order `--help` shows them.
 SAMPLING_OPTIONS = ("steps", "schedule", "seed", "seconds", "tail_trim")

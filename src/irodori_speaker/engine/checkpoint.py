@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from ..errors import CheckpointError
 from .config import InferenceConfig, ModelConfig, parse_config_json
 from .model import TextToLatentRFDiT
-from .torchao import (  # noqa: F401 - TORCHAO_HINT, torchao_error: re-exported for the synthesizer
+from .torchao import (  # noqa: F401 - TORCHAO_HINT, torchao_error: re-exported (synthesis.loading, engine.sources)
     TORCHAO_HINT,
     int8_layout,
     is_torchao_file,
@@ -119,7 +119,7 @@ def load_checkpoint(
 
     The engine knows no int4: an int4 file (metadata `quant_method`) is a `CheckpointError` naming
     `irodori_speaker.engine.quant.checkpoint.load_int4_model`, which builds this engine's model and swaps
-    in the packed layers (`synthesizer.load_dit` picks the loader by the file).
+    in the packed layers (`synthesis.loading.load_dit` picks the loader by the file).
     """
     path = Path(path)
     dtype = resolve_dtype(dtype)

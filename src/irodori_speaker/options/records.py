@@ -74,7 +74,7 @@ class SynthesizerLike(Protocol):
 
     Calls are synchronous (the Speaker runs them in its worker thread). `options` may be
     SynthesisOptions, a mapping of options or None. An implementation holds
-    `backends.lock.MODEL_LOCK` around its model work (per stage or chunk); callers never do.
+    `engine.hardware.lock.MODEL_LOCK` around its model work (per stage or chunk); callers never do.
     """
 
     sample_rate: int

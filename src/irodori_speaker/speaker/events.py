@@ -114,7 +114,7 @@ class Mouth(Event):
 
 @dataclass(frozen=True)
 class LineTimingEvent(UtteranceEvent):
-    """A line's estimated word and mora times (`timing.LineTiming`) on the playback clock:
+    """A line's estimated word and mora times (`timing.estimate.LineTiming`) on the playback clock:
     `time` and every time inside `timing` are `time.monotonic()` seconds at which the sound
     card plays them. Sent once per line when it starts being heard (captions, subtitles)."""
 

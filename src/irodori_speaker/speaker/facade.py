@@ -100,7 +100,7 @@ class Speaker:
             self.options = (self.options or SynthesisOptions()).replace(**line_options)
         # tag name -> voice / caption / options / words for lines that carry the tag (text/tags.py)
         self.tags = TagMap.coerce(tags)
-        self.timing = bool(timing)  # word / viseme / line_timing events (timing.py; needs pyopenjtalk)
+        self.timing = bool(timing)  # word / viseme / line_timing events (timing.estimate; needs pyopenjtalk)
         self.streaming, self.prewarm, self.pause_s = streaming, prewarm, float(pause_s)
         self.stall_flush_s = stall_flush_s
         self._segmenter_factory = segmenter or default_segmenter

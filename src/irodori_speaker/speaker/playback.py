@@ -1,7 +1,7 @@
 """The loop side of playback: lines handed to the outputs, and what the listener hears.
 
 The `Player` pushes each line's audio to every output as one `Track` (see
-outputs.py), keeps at most the current line and the next one inside the
+outputs/base.py), keeps at most the current line and the next one inside the
 outputs (so a high-priority line can still go next), and polls the outputs
 about 50 times a second to turn their sample positions into events: playback
 started / finished / interrupted at the moment the sound card plays it, the

@@ -168,7 +168,7 @@ class Utterance:
 
     @property
     def timing(self) -> Any:
-        """Its estimated word / mora times (`timing.LineTiming`), once synthesised; else None."""
+        """Its estimated word / mora times (`timing.estimate.LineTiming`), once synthesised; else None."""
         return self._line.timing
 
     @property

@@ -1,7 +1,7 @@
 """The line worker: synthesise one line (or serve it from the phrase cache) and report it.
 
 Model work runs on one thread per Speaker; the synthesizer takes the process-wide model
-lock itself, around each stage and decode chunk (backends/lock.py), so a line of another
+lock itself, around each stage and decode chunk (engine/hardware/lock.py), so a line of another
 Speaker, the server or prebuild can run between two chunks of this one, and a cancel is
 seen within one. Phrase-cache lookups run on a second thread, so a hit never waits behind
 the model. Every result goes to `LineReports` on the event loop: started, chunk, timing,

@@ -73,7 +73,7 @@ def load_dit(path: Any, preset: Any) -> Any:
 def load_codec_for(path: Any, preset: Any) -> Any:
     """The codec for `preset` on `preset.codec_device` (default: the DiT's device): float
     (`engine.codec.load_codec`), or with preset.codec_int4 its decoder packed as RTN int4
-    (`quant.codec.load_int4_codec`)."""
+    (`engine.quant.codec.load_int4_codec`)."""
     device = preset.codec_device or preset.device
     if preset.codec_int4:
         return load_int4_codec(path, device=device, dtype=preset.codec_dtype)

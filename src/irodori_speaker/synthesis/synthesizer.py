@@ -254,7 +254,7 @@ class Synthesizer:
         before = (0, 0) if fast is None else (fast.captures, fast.text_captures)
         estimate_seconds("こんにちは。")  # loads the reading dictionary (pyopenjtalk) once
         english_backends()  # and the English reader (e2k), so the first English word pays nothing
-        with tuning_allowed():  # kernel choosers measure here, not mid-stream (kernels/tuning.py)
+        with tuning_allowed():  # kernel choosers measure here, not mid-stream (engine/kernels/tuning.py)
             self.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
             if fast is not None and fast.use_graphs:
                 self._prewarm_graphs(voice, fast)

@@ -9,7 +9,7 @@ not measurements: every mora lasts `1 / MORAE_PER_SECOND` (the rate `text/length
 fitted to pyopenjtalk's HTS voice, so the lengths of a line add up to the same estimate
 the synthesizer uses), and a pause between breath groups lasts `PAUSE_S`. Pitches are
 the Tokyo accent pattern on a log-Hz scale (high/low), zero on unvoiced moras. The
-VOICEVOX AudioQuery (`server/voicevox.py`) and the caption timing and visemes of the
+VOICEVOX AudioQuery (`server/voicevox/`) and the caption timing and visemes of the
 voice-controls work build on these moras.
 """
 

@@ -1,6 +1,6 @@
 """Captions from line timings: cues, SRT and WebVTT files, and a caption file for OBS.
 
-A cue is a run of words of one line (`timing.LineTiming`), cut after sentence and clause
+A cue is a run of words of one line (`estimate.LineTiming`), cut after sentence and clause
 punctuation and before it grows past `max_chars`, with the text between its words as written
 in the spoken text (punctuation kept). `srt()` / `webvtt()` format cues; `CaptionFile` keeps a
 text file holding the cue being heard, which an OBS "Text (GDI+/FreeType 2)" source with

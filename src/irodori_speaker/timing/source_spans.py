@@ -2,7 +2,7 @@
 
 The readings pass rewrites a line before the model reads it (the user dictionary, tags,
 URLs, www, numbers, Latin words, and the reference normalisation before and after): the
-timing of a line (`timing.py`) is of that spoken text, but captions and word events should
+timing of a line (`estimate.py`) is of that spoken text, but captions and word events should
 show the line as the streamer wrote it ("VTuberの配信で草", not ブイチューバー...). `SourceMap`
 aligns the two texts once, after all the rewrites, so it covers every rewrite (present and
 future) without each having to record its edits; written here because the alignment is

@@ -10,7 +10,7 @@ The flags that matter (x86):
 - `avx512_bf16` (Cooper Lake, Zen 4 / Zen 5): bf16 dot products, ~2.5x fp32 per core here;
 - `avx512_vnni`, `avx_vnni` (Cascade Lake and later Xeons, Ice / Tiger Lake, Alder Lake and later
   desktops, Zen 4 / Zen 5): int8 dot products for int8 GEMMs.
-The preset's choices per flag: backends/presets.py (`cpu_preset_fields`); measurements:
+The preset's choices per flag: presets.py (`cpu_preset_fields`); measurements:
 benchmarks/cpu_preset.py and docs/backends.md.
 
 `IRODORI_CPU_FLAGS` replaces the detection: `none` (the CPU preset of before: fp32, no tricks),

@@ -4,7 +4,7 @@ bf16 needs no step here (the loaders read `Preset.dtype` / `codec_dtype`), nor d
 channels-last decoder (`codec_channels_last`: the Synthesizer switches it on, as on CUDA).
 `apply_cpu_tricks(model, preset)` does what the preset's `int8_linears` asks, where the
 model is on the CPU, and says what it did. The loader calls it once after loading
-(`loading.load_dit`); benchmarks and tests call it on models they loaded themselves.
+(`synthesis.loading.load_dit`); benchmarks and tests call it on models they loaded themselves.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _device_type(module: Any) -> str | None:
 
 
 def apply_int8_linears(model: Any) -> int:
-    """The DiT's per-step linears as `quant.int8.Int8Linear` (CPU only); how many were swapped."""
+    """The DiT's per-step linears as `engine.quant.int8.Int8Linear` (CPU only); how many were swapped."""
     if _device_type(model) != "cpu":
         return 0
     return quantize_linears_int8(model)

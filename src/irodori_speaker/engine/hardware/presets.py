@@ -52,7 +52,7 @@ class Preset:
     prewarm_seconds: float = 12.0  # CUDA graphs: capture every length bucket up to this at prewarm
     int8_linears: bool = False  # CPU: the DiT's per-step linears as int8 (W8A8, per-row activations)
     # lines waiting for the sampler at the same time (several Speakers, server requests) are
-    # sampled as one batch of up to this many (batching.py); 1: one after another. Also the
+    # sampled as one batch of up to this many (synthesis/batching.py); 1: one after another. Also the
     # server's default --streams (lines in synthesis at once). With more than 1, CUDA prewarm
     # captures a graph per batch bucket. Off (1): on the CPU 4 streams of news5 lines ran at
     # 0.60-0.83x serial (padding, cache misses); on the H200 graphed batches ran at 1.03-1.13x

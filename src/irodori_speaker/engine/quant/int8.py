@@ -10,7 +10,7 @@ shapes the GEMM error is about half (benchmarks/cpu_preset.py states the error o
 `quantize_linears_int8(model)` swaps the eight per-step GEMMs of every diffusion block
 (attention wq / wk / wv / gate / wo, MLP w1 / w3 / w2); the encoders, the condition keys/values
 (once per line) and the low-rank AdaLN (once per schedule) stay float. The engine knows nothing of
-this: the modules are swapped after loading (`backends.cpu_tricks`).
+this: the modules are swapped after loading (`engine.hardware.cpu_tricks`).
 
 Siblings that read the same activation (wq / wk / wv / gate on the attention's input, w1 / w3 on
 the MLP's) share one `SharedRows`: the first of them quantises the input, the others reuse the
