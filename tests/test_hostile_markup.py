@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from hostile import cpu_bound, run, speaks_normally
+from hostile import cpu_bound, one_line, run, speaks_normally
 from irodori_speaker.speaker import UtteranceState
 from irodori_speaker.synthesis.plan import caption_source, spoken_parts
 from irodori_speaker.text.pauses import Pause, markup_spans, split_pauses, strip_markup
@@ -108,3 +108,27 @@ def test_closed_but_invalid_markup_stays_an_input_error(synth) -> None:
     with pytest.raises(InputError, match="pause:abc"):
         split_pauses("はい[pause:abc]どうぞ")
     assert split_pauses("はい[pause:0.5]どうぞ") == ["はい", Pause(0.5), "どうぞ"]
+
+
+BAD_TAG_MAPS = {
+    "missing voice file": ({"happy": {"voice": "nope.wav"}}, "no such file"),
+    "empty name": ({"": {"text": "x"}}, "not a tag a line can carry"),
+    "name no line can carry": ({"two words": {"text": "x"}}, "not a tag a line can carry"),
+    "name not a string": ({5: {"text": "x"}}, "not a tag a line can carry"),
+    "voice of a wrong type": ({"happy": {"voice": 3}}, "must be a Voice or a path"),
+}
+
+
+@pytest.mark.parametrize(("tags", "said"), list(BAD_TAG_MAPS.values()), ids=list(BAD_TAG_MAPS))
+def test_a_bad_tag_map_is_refused_when_the_speaker_is_built(
+    hostile_loop, hostile_speaker, tags, said
+) -> None:
+    """Issue 30 item 9: `tags={"happy": {"voice": "nope.wav"}}` built, then every [happy] line
+    failed; `tags={"": ...}` was accepted. Both are one InputError when the Speaker is made (no
+    model work), and the module's Speaker speaks on."""
+    from irodori_speaker import InputError, Speaker
+
+    with cpu_bound(1.0), pytest.raises(InputError) as err:
+        Speaker(output="null", tags=tags)
+    assert said in one_line(err.value)
+    run(hostile_loop, speaks_normally(hostile_speaker))

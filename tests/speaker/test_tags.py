@@ -12,10 +12,17 @@ from irodori_speaker.speaker import Speaker
 from irodori_speaker.synthesis.voices import Voice
 
 TAGS = {
-    "happy": {"voice": "happy.wav", "options": {"seed": 7}},
+    "happy": {"voice": "happy.wav", "options": {"seed": 7}},  # made in the test's folder (autouse)
     "sad": {"caption": "悲しげな声"},
     "笑": {"text": "ふふっ"},
 }
+
+
+@pytest.fixture(autouse=True)
+def _tag_voice_file(tmp_path, monkeypatch):
+    """The tag map's voice file exists (checked when the Speaker is built; the fake reads no audio)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "happy.wav").write_bytes(b"")
 
 
 def test_a_mapped_tag_picks_voice_caption_options_and_words(run, tmp_path):

@@ -189,7 +189,9 @@ def test_pause_markup_and_ordinary_brackets_are_left_alone():
     assert strip_tags("[Google](https://g.co)") == "[Google](https://g.co)"  # a markdown link
 
 
-def test_a_tag_map_picks_the_first_mapped_tag_and_says_its_words():
+def test_a_tag_map_picks_the_first_mapped_tag_and_says_its_words(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "happy.wav").write_bytes(b"")  # a tag's voice file must exist
     tags = TagMap({"happy": {"voice": "happy.wav", "options": {"seed": 3}}, "笑": {"text": "ふふっ"}})
     line = tags.apply("[happy]やったー（笑）")
     assert line.tag == "happy" and line.action.voice == "happy.wav" and line.action.options == {"seed": 3}

@@ -22,6 +22,7 @@ speaks sentence by sentence).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -88,6 +89,16 @@ def find_tags(text: str) -> list[Tag]:
     return out
 
 
+def _carriable(name: Any) -> bool:
+    """Whether a line can carry the tag `name` in one of the forms `find_tags` reads."""
+    if not isinstance(name, str) or not name:
+        return False
+    return any(
+        [tag.name for tag in find_tags(form.format(name))] == [name.lower() if form != "({})" else name]
+        for form in ("[{}]", "({})", "*{}*")
+    )
+
+
 def _replace(text: str, tags: list[Tag], words: Mapping[str, str]) -> str:
     parts, pos = [], 0
     for t in tags:
@@ -131,12 +142,20 @@ class TagAction:
 
         options = dict(value.get("options") or {})
         SynthesisOptions().replace(**options)  # each value checked now, by its option
+        voice = value.get("voice")
+        if isinstance(voice, (str, os.PathLike)) and not os.path.isfile(voice):
+            raise InputError(
+                f"tags[{name!r}]['voice']: no such file {os.fspath(voice)!r}",
+                hint="a recording (.wav, .flac, ...) or a saved voice, checked when the Speaker is built",
+            )
+        if voice is not None and isinstance(voice, (bytes, int, float, bool)):
+            raise InputError(f"tags[{name!r}]['voice'] must be a Voice or a path, got {type(voice).__name__}")
         caption, text = value.get("caption"), value.get("text", "")
         if caption is not None and not isinstance(caption, str):
             raise InputError(f"tags[{name!r}]['caption'] must be a str")
         if not isinstance(text, str):
             raise InputError(f"tags[{name!r}]['text'] must be a str")
-        return cls(value.get("voice"), caption, options, text)
+        return cls(voice, caption, options, text)
 
 
 @dataclass(frozen=True)
@@ -154,6 +173,13 @@ class TagMap:
     def __init__(self, mapping: Mapping[str, Any] | None = None) -> None:
         if mapping is not None and not isinstance(mapping, Mapping):
             raise InputError(f"tags must be a mapping of tag names, got {type(mapping).__name__}")
+        for name in mapping or {}:
+            if not _carriable(name):
+                raise InputError(
+                    f"tags: {name!r} is not a tag a line can carry",
+                    hint="a Latin name such as 'happy' ([happy] in a line: up to 32 letters, digits, - or _),"
+                    " a stage word such as '笑' ((笑) in a line) or 'laughs' (*laughs*)",
+                )
         self.actions = {str(k).lower(): TagAction.coerce(str(k), v) for k, v in (mapping or {}).items()}
 
     @classmethod
