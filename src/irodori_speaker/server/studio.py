@@ -74,7 +74,8 @@ class Controls(BaseModel):
     post_silence: float = 0.0
 
     def fields(self) -> dict[str, Any]:
-        return self.model_dump()
+        """The controls alone (a body's other fields are not options)."""
+        return {name: getattr(self, name) for name in CONTROLS}
 
 
 class SpeakBody(Controls):
