@@ -18,9 +18,9 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("websockets")
 
-from irodori_speaker.outputs import NullOutput  # noqa: E402
-from irodori_speaker.server.events_server import EventsServer  # noqa: E402
-from irodori_speaker.speaker import Speaker  # noqa: E402
+from irodori_speaker.outputs import NullOutput
+from irodori_speaker.server.events_server import EventsServer
+from irodori_speaker.speaker import Speaker
 
 DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")

@@ -18,6 +18,7 @@ LINE = "今日はいい天気ですね、みんなで散歩に行きましょう
 LONG = "それでは次のお便りを読んでいきます、ペンネームはるかぜさんからいただきました。"
 KANA = "こんにちは、おげんきですか"
 LAG_MS = 100.0
+SHOWN_ALL = "return window.__irodori.log.filter(e => e.id === arguments[0]).length >= arguments[1]"
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +68,7 @@ def test_every_word_in_order_within_100_ms_of_its_time_then_cleared(live, page):
     for line, bound in ((first, "delivered"), (utt, "time")):
         words = [w for w in live.of("word", line.id) if w.text]
         assert len(words) >= 3
-        wait_for(page, "return window.__irodori.log.filter(e => e.id === arguments[0]).length >= arguments[1]",
-                 10, line.id, len(words))  # fmt: skip
+        wait_for(page, SHOWN_ALL, 10, line.id, len(words))
         log = shown(page, line.id)
         assert [e["text"] for e in log] == [w.text for w in words]  # every word, in order, once
         assert [e["index"] for e in log] == [w.index for w in words]
@@ -92,8 +92,7 @@ def test_the_overlay_comes_back_after_the_feed_restarts_and_shows_nothing_stale(
     utt = live.call(lambda: live.speaker.enqueue("おかえりなさい、また会えましたね。"))
     live.run(utt.wait())
     words = [w.text for w in live.of("word", utt.id) if w.text]
-    wait_for(page, "return window.__irodori.log.filter(e => e.id === arguments[0]).length >= arguments[1]", 10,
-             utt.id, len(words))  # fmt: skip
+    wait_for(page, SHOWN_ALL, 10, utt.id, len(words))
     assert [e["text"] for e in shown(page, utt.id)] == words
 
 

@@ -15,6 +15,7 @@ from irodori_speaker.synthesis.loading import load_synthesizer
 pytest.importorskip("pyopenjtalk")  # readings and the dictionary need the ja extra
 
 TEXT = "蒼月ソラです、よろしくお願いします！"
+SPOKEN = "こんにちは、今日もよろしくお願いします！"
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def test_a_dictionary_word_changes_the_reading_preview(page):
 
 
 def test_a_line_is_spoken_into_the_audio_element_as_a_wav_of_its_length(live, page):
-    fill(page, "try-text", "こんにちは、今日もよろしくお願いします！")
+    fill(page, "try-text", SPOKEN)
     click(page, "try-speak")
     wav = wait_for(page, "return window.__studio.lastWav", 60)
     duration = wait_for(page, "const a = document.getElementById('try-audio');"
