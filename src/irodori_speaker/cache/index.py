@@ -329,16 +329,17 @@ class Index:
             raise CacheError(f"cannot write the cache index {self.path}: {e}") from e
         return (None if row is None else row[0]), evicted
 
-    def delete(self, key: Any, file: Any) -> bool:
-        """Delete the row (key, file), counted as dropped; False if it is gone already. The
-        values are compared as sqlite holds them, so a row with a damaged column is found too."""
+    def delete(self, key: Any, file: Any, *, dropped: bool = True) -> bool:
+        """Delete the row (key, file), counted as dropped (a damaged entry) unless `dropped` is
+        False (a user's removal); False if it is gone already. The values are compared as sqlite
+        holds them, so a row with a damaged column is found too."""
         if self.read_only:
             raise self._refuse("drop an entry")
         conn = self._conn()
         try:
             with self._write(conn):
                 gone = conn.execute("DELETE FROM entries WHERE key=? AND file=?", (key, file)).rowcount > 0
-                if gone:
+                if gone and dropped:
                     conn.execute("UPDATE counters SET value=value+1 WHERE name='dropped'")
         except sqlite3.Error as e:
             raise CacheError(f"cannot write the cache index: {e}") from e

@@ -352,6 +352,16 @@ class PhraseCache:
         """Entries, most recently used first (`order`: last_used, hits, bytes or created)."""
         return self._index.entries(limit, order)
 
+    def remove(self, key: str) -> bool:
+        """Remove the entry `key` (its row and audio file); False when there was none."""
+        row = self._index.row(key)
+        if row is None:
+            return False
+        gone = self._index.delete(row[0], row[1], dropped=False)
+        if gone:
+            self._files.unlink(row[1])
+        return bool(gone)
+
     def evict(self, max_bytes: int | str | None = None) -> int:
         """Evict LRU entries until under `max_bytes` (default: the limit); returns how many."""
         limit = self.max_bytes if max_bytes is None else parse_size(max_bytes)

@@ -70,6 +70,14 @@ def register(sub: Any) -> None:
     g.add_argument("--user-dict", metavar="FILE", help="user dictionary (default $IRODORI_DICT)")
     g.add_argument("--no-prewarm", action="store_true", help="skip the warm-up synthesis at start")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g = p.add_argument_group("on screen (docs/overlay.md)")
+    g.add_argument(
+        "--play",
+        metavar="OUTPUT",
+        help="run a Speaker of the server's own on this output ('null', a sound device, a file) for "
+        "lines from /studio; /feed and /overlay follow it",
+    )
+    g.add_argument("--overlay-dir", metavar="DIR", help="the overlay's own CSS and fonts (overlay.css loads)")
     g = p.add_argument_group("scale-out (Ray Serve)")
     g.add_argument("--ray", action="store_true", help="run on Ray Serve (needs ray[serve])")
     g.add_argument("--replicas", type=_positive, default=1, help="Ray Serve replicas (one per GPU)")
@@ -108,6 +116,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         cache_dir=args.cache_dir,
         prewarm=not args.no_prewarm,
         replicas=args.replicas,
+        play=args.play,
+        overlay_dir=args.overlay_dir,
     )
 
 

@@ -12,11 +12,11 @@ import asyncio
 import dataclasses
 import hmac
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,22 +28,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import __version__
 from ..errors import Cancelled, InputError, IrodoriError
 from ..text.userdict import UserDictionary
-from . import openai_api
+from . import onscreen, openai_api
 from .config import VoiceBook, default_voice_book
 from .metrics import Metrics
 from .parts import ServerParts
 from .service import QueueFull, ShuttingDown, SpeechService
-from .settings import ServerSettings, is_loopback
+from .settings import EXTENSION_ORIGINS, LOCAL_ORIGIN, ServerSettings, is_loopback
 from .state import AppState
 from .voicevox import engine_info, presets, speakers, tts
 from .voicevox import user_dict as user_dict_routes
 
 log = logging.getLogger("irodori_speaker.server")
 
-LOCAL_ORIGIN = re.compile(
-    r"^[a-zA-Z][a-zA-Z0-9+\-.]*://(([^/]+\.)?localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?$"
-)
-EXTENSION_ORIGINS = ("chrome-extension://", "moz-extension://", "safari-web-extension://")
 # Our own errors are {"detail": "message"} (as the VOICEVOX engine's own are); a request
 # that fails FastAPI's validation gets the list form. Both are documented for every route.
 _MESSAGE = {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]}
@@ -146,6 +142,7 @@ def create_app(
     app.include_router(tts.make_router(state))
     app.include_router(user_dict_routes.make_router(user_dict))
     app.include_router(openai_api.make_router(state))
+    app.include_router(onscreen.make_router(state))  # the feed, /overlay, /studio (docs/overlay.md)
 
     @app.get("/metrics", tags=["その他"], summary="Prometheus metrics", response_class=Response)
     def prometheus() -> Response:
@@ -287,11 +284,13 @@ class ApiKey(_Middleware):
         open_path = scope.get("path") in OPEN_PATHS
         if scope["type"] == "http" and self.key and scope["method"] != "OPTIONS" and not open_path:
             auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            given = auth[7:] if auth.lower().startswith("bearer ") else ""
+            # ?key=: what a browser source (OBS) or an EventSource can send (docs/overlay.md)
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("key", [""])
+            given = auth[7:] if auth.lower().startswith("bearer ") else query[0]
             if not hmac.compare_digest(given.encode(), self.key.encode()):
                 await _error(
                     401,
-                    "missing or wrong API key (Authorization: Bearer KEY)",
+                    "missing or wrong API key (Authorization: Bearer KEY, or ?key=KEY)",
                     {"WWW-Authenticate": "Bearer"},
                 )(scope, receive, send)
                 return

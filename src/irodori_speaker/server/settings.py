@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import os
+import re
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +24,28 @@ DEFAULT_PORT = 50021  # the VOICEVOX engine's port: its clients find us without 
 # the fixed ports a local Ray instance takes (ray/_private/ray_constants.py, Ray 2.x): its GCS,
 # its dashboard and its dashboard agent, bound by `ray.init` before Serve's proxy binds ours
 RAY_PORTS = {6379: "GCS", 8265: "dashboard", 52365: "dashboard agent"}
+
+
+# web pages the server answers (CORS "localapps", as the VOICEVOX engine does): local apps and
+# localhost origins, browser extensions, plus the allow-list
+LOCAL_ORIGIN = re.compile(
+    r"^[a-zA-Z][a-zA-Z0-9+\-.]*://(([^/]+\.)?localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?$"
+)
+EXTENSION_ORIGINS = ("chrome-extension://", "moz-extension://", "safari-web-extension://")
+
+
+def origin_allowed(origin: str, settings: ServerSettings) -> bool:
+    """Whether a page of `origin` may call the server (always, with CORS policy "all")."""
+    if settings.cors_policy == "all":
+        return True
+    allowed = ("app://.", *settings.allow_origins)
+    return origin in allowed or bool(LOCAL_ORIGIN.fullmatch(origin)) or origin.startswith(EXTENSION_ORIGINS)
+
+
+def loopback_host(host: str) -> bool:
+    """Whether a Host header names this machine (a DNS-rebinding page's does not)."""
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return name in ("localhost", "testserver") or is_loopback(name.strip("[]"))
 
 
 def is_loopback(host: str) -> bool:
@@ -63,6 +87,10 @@ class ServerSettings:
     cache_dir: str | None = None  # the phrase cache's directory (None: the user's)
     prewarm: bool = True  # a warm-up synthesis before the first request
     replicas: int = 1  # Ray Serve replicas (server/ray_app.py; one per GPU)
+    # on screen (docs/overlay.md): where the server's own Speaker plays lines from the studio
+    # (an output: "null", a device name, a file; None: no Speaker), and the user's overlay folder
+    play: str | None = None
+    overlay_dir: str | None = None
 
     def check(self) -> list[str]:
         """Raise on unsafe settings; return warnings to print."""
@@ -77,6 +105,11 @@ class ServerSettings:
                 )
             warnings.append(
                 f"listening on {self.host}: reachable from other machines; every request needs the API key"
+            )
+        if self.overlay_dir is not None and not os.path.isdir(os.path.expanduser(self.overlay_dir)):
+            raise InputError(
+                f"--overlay-dir {self.overlay_dir} is not a folder",
+                hint="make it and put overlay.css (and the fonts it names) in it",
             )
         if self.cors_policy == "all":
             warnings.append("CORS policy 'all': any web page may call this server")

@@ -54,6 +54,9 @@ class Speaker:
     "happy.wav"}, "sad": {"caption": "悲しげな声", "options": {"cfg_scale_speaker": 3}},
     "笑": {"text": "ふふっ"}}`` (`irodori_speaker.text.tags.TagMap`); tags not mapped are
     stripped (option ``tags="keep"`` reads them).
+
+    `events_server` (`irodori_speaker.server.events_server.EventsServer`, the `serve` extra)
+    serves the Speaker's event feed, `/overlay` and `/studio` from open to close (docs/overlay.md).
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Speaker:
         load: LoadOptions | None = None,
         tags: Any = None,
         timing: bool = True,
+        events_server: Any = None,
         **fields: Any,  # LoadOptions fields (model="v4") and SynthesisOptions fields (speed=1.2)
     ) -> None:
         load, line_options = settings.loading_options(synthesizer, load, fields, own=Speaker.__init__)
@@ -124,6 +128,7 @@ class Speaker:
         self._closed = asyncio.Event()  # set when a close has finished; every aclose() awaits it
         self._feeder: Feeder | None = None
         self._open_token = CancelToken()
+        self.events_server = events_server  # start(speaker) once open, stop() before closing
         self._created_at = lifetime.creation_site()  # for the unclosed-Speaker warning
 
     max_queue = property(lambda self: self._queue.max_queue)
@@ -152,6 +157,12 @@ class Speaker:
         self._player = self._runtime.player
         self._open = True
         lifetime.track(self)
+        if self.events_server is not None:
+            try:
+                await self.events_server.start(self)
+            except BaseException:
+                await self.aclose()
+                raise
 
     async def aclose(self, drain: bool = False) -> None:
         """Close: play what is queued first (`drain=True`) or stop now with a short fade.
@@ -178,6 +189,8 @@ class Speaker:
 
     async def _release(self) -> None:
         try:
+            if self.events_server is not None:
+                await self.events_server.stop()
             await self._runtime.close()
             self._open = False
             lifetime.untrack(self)
