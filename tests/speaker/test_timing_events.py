@@ -72,3 +72,29 @@ def test_the_caption_file_follows_a_speaker(run, tmp_path):
     assert seen[0] == "今日はとてもいい天気ですね。" and seen[-1] == "楽しみだよ!"
     assert "明日も晴れるといいな、" in seen
     assert path.read_text(encoding="utf-8") == "" and cap.shown == ""  # cleared when the line ended
+
+
+def test_a_streamed_line_announces_its_first_words_before_its_synthesis_ends(run, synth):
+    """Issue 32: a streamed line's word times came from its whole audio, so a line that started
+    at its first chunk announced its first words only when its synthesis ended (the overlay
+    showed them late). A line of one piece now sends a first estimate with its first chunk: its
+    length is known once its latent is sampled and trimmed; the whole-audio one replaces it."""
+    import time
+
+    from test_jitter import SlowStream
+
+    slow = SlowStream(synth, 1.3)  # decode slower than real time: playback starts mid-synthesis
+    opts = {"steps": 2, "seconds": 3.0, "seed": 2, "tail_trim": False}
+
+    async def body():
+        async with Speaker(slow, output=NullOutput(speed=1.0), options=opts, prewarm=False) as s:
+            said: list[tuple[str, float]] = []
+            s.on(["word", "synthesis_finished"], lambda e: said.append((e.kind, time.monotonic())))
+            utt = await s.say("今日はいい天気ですね、散歩に行きましょう")
+            return said, utt
+
+    said, utt = run(body(), timeout=60)
+    done = next(t for kind, t in said if kind == "synthesis_finished")
+    words = [t for kind, t in said if kind == "word"]
+    assert words and words[0] < done, "the first word waited for the end of synthesis"
+    assert utt.timing is not None and len(utt.timing.words) == len(words)

@@ -80,6 +80,12 @@ class PlayItem:
         self.visemes: list[tuple[float, str]] | None = None
         self.next_viseme = 0
 
+    def retimed(self, timing: Any) -> None:
+        """A newer timing of the line: what is not announced yet follows it (the words and
+        visemes already sent stay sent)."""
+        self.timing = timing
+        self.visemes = None  # remade from `timing` at the next announcement
+
 
 class Player:
     """Feeds the outputs and reports what is heard. Runs on the event loop only."""

@@ -217,10 +217,12 @@ class LineRecord:
         return t - self._timings.get("synthesis_started", t) if first else None
 
     def timed(self, timing: Any) -> None:
-        """Its estimated word / mora timing is known (its play item gets it too)."""
+        """Its estimated word / mora timing is known (its play item gets it too); a streamed
+        line's first estimate is replaced by the one from its whole audio (the words and visemes
+        not yet announced follow the new one)."""
         self._timing = timing
         if self._item is not None:
-            self._item.timing = timing
+            self._item.retimed(timing)
 
     def synthesised(self, record: SynthesisRecord, t1: float) -> None:
         """Its synthesis finished at `t1`: all its audio is in."""

@@ -26,7 +26,7 @@ from ..cancel import check
 from ..errors import Cancelled
 from ..options import SynthesisRecord, SynthesizerLike
 from ..timing.estimate import SpeechSpan, estimate_timing
-from .jitter import ModelLoad, model_load
+from .jitter import LATENT_HZ, ModelLoad, model_load
 from .playback import Chunk
 from .tasks import TaskScope
 from .utterance import UtteranceState
@@ -166,6 +166,7 @@ class LineWorker:
                 else synth.stream(line.text, line.voice, line.options, cancel=token)
             )
             line.stream_opened(audio_stream.record)  # read by the jitter buffer on the loop
+            provisional = span is not None  # the word times, sent with the first chunk
             try:
                 for x in audio_stream:
                     check(token)
@@ -174,6 +175,11 @@ class LineWorker:
                         span.add(x)
                     by_rate = {r: rs.feed(x) for r, rs in streams.items()}
                     post(reports.chunk, Chunk(x, by_rate), time.monotonic())
+                    if provisional and span is not None:
+                        provisional = False
+                        early = provisional_timing(audio_stream.record, span)
+                        if early is not None:
+                            post(reports.timing, early)
                 if streams:
                     empty = np.zeros(0, dtype=np.float32)
                     tail = {r: rs.flush() for r, rs in streams.items()}
@@ -271,6 +277,24 @@ class LineWorker:
         self._cache_executor = None
         if not abandon:
             self.executor = None
+
+
+def provisional_timing(record: SynthesisRecord | None, span: SpeechSpan) -> Any:
+    """A streamed line's word timing from its first chunk (worker thread): a line of one piece
+    is as long as its kept latent frames once they are sampled and trimmed, so its words can be
+    placed before the rest is decoded (a line that starts at its first chunk would otherwise
+    announce its first words only when its synthesis ends). `line_timing` replaces it then."""
+    if record is None or not record.text or record.pieces != 1 or record.frames <= 0:
+        return None
+    kept = record.frames - int(record.extra.get("trimmed_frames", 0))
+    seconds = max(kept / LATENT_HZ, span.samples / span.sample_rate)
+    if record.samples > span.samples:  # pre-silence already counted in the record
+        seconds += (record.samples - span.samples) / span.sample_rate
+    try:
+        return estimate_timing(record.text, seconds, speech=(span.span()[0], seconds), source=record.source)
+    except Exception as e:  # the timing is a nicety: it must never cost the line
+        log.debug("no provisional timing for %r: %s", record.text[:40], e)
+        return None
 
 
 def line_timing(record: SynthesisRecord | None, span: SpeechSpan) -> Any:
