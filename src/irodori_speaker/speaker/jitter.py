@@ -147,7 +147,7 @@ class JitterBuffer:
         self,
         *,
         margin: float = 1.25,
-        shared_margin: float = 1.6,
+        shared_margin: float = 2.0,
         fast_rtf: float = 0.8,
         history: int = 5,
         load: ModelLoad | None = None,
