@@ -63,13 +63,26 @@ def test_speed_changes_the_length(client, reference_seconds):
     assert decoded_seconds(fast.content, "pcm") < 0.7 * reference_seconds
 
 
-def test_errors_are_statuses(client):
-    with pytest.raises(openai.UnprocessableEntityError, match="unknown voice"):
+def test_errors_are_400_in_openais_shape(client, server):
+    """As OpenAI answers: 400, {"error": {"message", "type", "param", "code"}}; the SDK raises
+    BadRequestError with the message, and the server serves the next request."""
+    with pytest.raises(openai.BadRequestError, match="unknown voice") as e:
         client.audio.speech.create(model="tts-1", voice="nobody", input="テスト", response_format="wav")
-    with pytest.raises(openai.UnprocessableEntityError):
+    error = e.value.body
+    assert error["param"] == "voice" and error["type"] == "invalid_request_error"
+    assert "alloy" in error["message"] and "nova" in error["message"]  # the names it accepts
+    with pytest.raises(openai.BadRequestError) as e:
         client.audio.speech.create(model="tts-1", voice="alloy", input="テスト", speed=9.0)
-    with pytest.raises(openai.UnprocessableEntityError, match="empty"):
+    assert e.value.body["param"] == "speed"
+    with pytest.raises(openai.BadRequestError, match="empty"):
         client.audio.speech.create(model="tts-1", voice="alloy", input="\u3000\t")
+    with pytest.raises(openai.BadRequestError, match="at most 4096") as e:
+        client.audio.speech.create(model="tts-1", voice="alloy", input="あ" * 4097)
+    assert e.value.body["param"] == "input"
+    raw = httpx.post(server.url + "/v1/audio/speech", json={"model": "m", "voice": "alloy"})
+    assert raw.status_code == 400 and set(raw.json()) == {"error"} and raw.json()["error"]["param"] == "input"
+    r = client.audio.speech.create(model="tts-1", voice="alloy", input="テスト", response_format="pcm")
+    assert len(r.content) > 0
 
 
 def test_models(client, server):
