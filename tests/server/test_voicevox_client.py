@@ -180,7 +180,9 @@ def test_initialize_speaker(server):
     assert r.status_code == 204
     assert httpx.get(server.url + "/is_initialized_speaker", params={"speaker": 7}).json() is True
     # an unknown id is the default voice (every VOICEVOX client has its own default id)
-    assert httpx.post(server.url + "/initialize_speaker", params={"speaker": 99}, timeout=60).status_code == 204
+    assert (
+        httpx.post(server.url + "/initialize_speaker", params={"speaker": 99}, timeout=60).status_code == 204
+    )
 
 
 def test_reference_voice_style_synthesises(server):

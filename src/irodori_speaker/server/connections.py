@@ -5,14 +5,15 @@ runs, so a few hundred sockets that send half a request line shut the server for
 and uvicorn arms no timer before the first response, so such a socket is held for ever. Here
 the HTTP protocol (uvicorn's, subclassed) adds:
 
-- a read timeout: a connection has `read_timeout_s` from its first byte (or from its opening,
-  if it sends nothing) to finish a request's headers, else it is closed;
+- a read timeout: a request has `read_timeout_s` from its first byte (or from the connection's
+  opening, if it sends nothing) to arrive whole, headers and body, else the connection is
+  closed;
 - a keep-alive longer than common clients' pool expiry (httpx 5 s, aiohttp 15 s): a client
   never picks up a pooled connection the server is closing that instant (the cause of the
   connection errors seen under a burst with uvicorn's 5 s, which equals httpx's);
 - a per-client bound and a global cap that make room rather than refuse: at either, the
-  oldest connection with no request in progress (idle keep-alive, or still sending its
-  headers) is closed; only when every connection is mid-request is the new one refused with
+  oldest connection the app is not working for (idle keep-alive, or its request still
+  arriving) is closed; only when every connection is mid-request is the new one refused with
   a 503 and `Retry-After`. A client that sends its request promptly always gets in.
 
 Every connection closed or refused here is counted in `/metrics` (`irodori_rejected_total`).
@@ -69,7 +70,7 @@ def fd_headroom(wanted: int) -> int:
             pass
     if soft == resource.RLIM_INFINITY:
         return wanted
-    return max(16, min(wanted, soft - 64))
+    return min(wanted, max(8, soft - 64))
 
 
 def guarded_protocol(limits: ConnectionLimits, on_reject: Reject) -> type[asyncio.Protocol]:
@@ -115,16 +116,18 @@ def guarded_protocol(limits: ConnectionLimits, on_reject: Reject) -> type[asynci
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            if self.cycle is not None and self.cycle is not self._seen_cycle:
-                self._seen_cycle = self.cycle  # a request's headers are in: the app has it
-                self._cancel_read_timer()
-            elif self._read_timer is None and not self._busy():
-                self._arm_read_timer()  # the first bytes of the next request
+            if self._busy():
+                self._cancel_read_timer()  # the request is read whole: the app has it
+            elif self._read_timer is None:
+                self._arm_read_timer()  # the first bytes of a request: it has read_timeout_s
 
         # ---- state ---------------------------------------------------------------------------
         def _busy(self) -> bool:
-            """A request is in the app (headers read, response not finished)."""
-            return self.cycle is not None and not self.cycle.response_complete
+            """A request read whole (headers and body) whose response is not finished: the
+            app is working for it. A request still arriving is not busy (slow headers or a
+            body that never comes hold nothing)."""
+            cycle = self.cycle
+            return cycle is not None and not cycle.more_body and not cycle.response_complete
 
         def _arm_read_timer(self) -> None:
             self._cancel_read_timer()
