@@ -89,3 +89,31 @@ def test_models(client, server):
     ids = [m.id for m in client.models.list().data]
     assert "tts-1" in ids and "irodori-speaker" in ids
     assert httpx.get(server.url + "/v1/models").json()["object"] == "list"
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "mp3"])
+def test_stream_format_sse(client, fmt):
+    """`stream_format="sse"` through the SDK: OpenAI's events, `speech.audio.delta` with base64
+    audio as it is decoded, then one `speech.audio.done` with the usage; the deltas joined are
+    the audio the plain request gives."""
+    import base64
+    import json
+
+    text = TEXT + "もう少し続けます。"
+    with client.audio.speech.with_streaming_response.create(
+        model="gpt-4o-mini-tts", voice="alloy", input=text, response_format=fmt, stream_format="sse"
+    ) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[len("data: ") :]) for line in r.iter_lines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    assert kinds[-1] == "speech.audio.done" and set(kinds[:-1]) == {"speech.audio.delta"}
+    assert len(kinds) >= 3  # decoded in several chunks, each sent when it exists
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    usage = events[-1]["usage"]
+    assert usage["input_tokens"] == len(text)
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] > len(text)
+    plain = client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format=fmt)
+    if fmt == "pcm":
+        assert audio == plain.content
+    else:
+        assert decoded_seconds(audio, fmt) == pytest.approx(decoded_seconds(plain.content, fmt), abs=0.05)
