@@ -338,3 +338,22 @@ def test_a_long_openai_input_up_to_4096_characters(server):
     assert (
         httpx.post(server.url + "/audio_query", params={"text": "あ" * 1001, "speaker": 0}).status_code == 422
     )
+
+
+def test_the_docs_map_every_clients_default_id(tmp_path):
+    """docs/server.md's voices.toml lines for AITuberKit / AIAvatarKit 46, vv-synth 2,
+    mcp-server-voicevox 1 and AivisSpeech 888753760 load as written."""
+    import re
+
+    import soundfile as sf
+
+    from irodori_speaker.server.config import load_voice_book
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", doc, re.S) if "888753760" in b]
+    (tmp_path / "voices").mkdir()
+    sf.write(tmp_path / "voices" / "iro.wav", np.zeros(4800, np.float32), 48_000)
+    (tmp_path / "voices.toml").write_text(block, encoding="utf-8")
+    book = load_voice_book(tmp_path / "voices.toml")
+    assert {0, 46, 2, 1, 888753760} <= set(book.styles)
+    assert len({book.styles[i].wav for i in (0, 46, 2, 1, 888753760)}) == 1  # one voice for all

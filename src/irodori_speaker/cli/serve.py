@@ -27,7 +27,7 @@ Serve the VOICEVOX engine API and OpenAI's speech API on one loaded model.
 
   irodori-speaker serve                           # 127.0.0.1:50021, VOICEVOX's port
   irodori-speaker serve --voices voices.toml      # styles from a config file (docs/server.md)
-  irodori-speaker serve --host 0.0.0.0 --api-key "$KEY"   # beyond this machine: a key is required
+  IRODORI_API_KEY=... irodori-speaker serve --host 0.0.0.0   # beyond this machine: a key is required
 
 VOICEVOX clients (AITuberKit, AIAvatarKit, voicevox-client) need only the URL; the OpenAI
 SDK takes base_url=http://127.0.0.1:50021/v1. Stop with Ctrl-C: running lines get

@@ -64,9 +64,10 @@ def serve_ray(settings: ServerSettings) -> int:
     try:
         ray.init(ignore_reinit_error=True)
         serve.start(http_options={"host": settings.host, "port": settings.port})
-    except Exception as e:
-        _bounded(serve.shutdown, 30)
-        _bounded(ray.shutdown, 30)
+    except Exception as e:  # a node that fails to start raises a plain Exception (OSError...), not RayError
+        if ray.is_initialized():  # (serve.shutdown without Ray would start one, to fail again)
+            _bounded(serve.shutdown, 30)
+            _bounded(ray.shutdown, 30)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BackendError(
             f"Ray Serve did not start: {first}", hint="see Ray's log above; try again, or serve without --ray"
@@ -88,8 +89,16 @@ def serve_ray(settings: ServerSettings) -> int:
 
 def _bounded(fn: Callable[[], Any], seconds: float) -> None:
     """`fn()` in a daemon thread, waited for at most `seconds` (then left behind, with a warning)."""
-    t = threading.Thread(target=fn, name=f"irodori-{getattr(fn, '__name__', 'stop')}", daemon=True)
+    name = getattr(fn, "__name__", "stop")
+
+    def run() -> None:
+        try:
+            fn()
+        except Exception as e:  # a stop that fails is not the user's error: one line, then exit
+            log.warning("%s failed: %s", name, str(e).strip().splitlines()[0] if str(e).strip() else e)
+
+    t = threading.Thread(target=run, name=f"irodori-{name}", daemon=True)
     t.start()
     t.join(seconds)
     if t.is_alive():
-        log.warning("%s did not finish in %.0f s: exiting anyway", getattr(fn, "__name__", fn), seconds)
+        log.warning("%s did not finish in %.0f s: exiting anyway", name, seconds)
