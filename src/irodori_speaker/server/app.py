@@ -49,8 +49,9 @@ from .voicevox import user_dict as user_dict_routes
 
 log = logging.getLogger("irodori_speaker.server")
 
-# Our own errors are {"detail": "message"} (as the VOICEVOX engine's own are); a request
-# that fails FastAPI's validation gets the list form. Both are documented for every route.
+# Our own errors are {"detail": "message"} (as the VOICEVOX engine's own are) or, under /v1/,
+# OpenAI's shape; a VOICEVOX request that fails FastAPI's validation gets the list form. All
+# are documented for every route.
 _MESSAGE = {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]}
 # FastAPI's own HTTPValidationError component is left out of the document once 422 is ours:
 # its shape (a list of {loc, msg, type}) is spelled out here.
@@ -72,17 +73,38 @@ _VALIDATION = {
     },
     "required": ["detail"],
 }
+# the OpenAI routes' errors: {"error": {"message", "type", "param", "code"}}, as OpenAI's API
+_OPENAI_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "code": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            },
+            "required": ["message", "type"],
+        }
+    },
+    "required": ["error"],
+}
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: {
         "description": "Invalid input",
         "content": {"application/json": {"schema": {"anyOf": [_VALIDATION, _MESSAGE]}}},
     },
     **{
-        code: {"description": why, "content": {"application/json": {"schema": _MESSAGE}}}
+        code: {
+            "description": why,
+            "content": {"application/json": {"schema": {"anyOf": [_MESSAGE, _OPENAI_ERROR]}}},
+        }
         for code, why in (
             (400, "Invalid input (OpenAI routes, in OpenAI's error shape)"),
             (401, "API key missing or wrong"),
             (403, "Origin or Host not allowed"),
+            (404, "Unknown speaker uuid, preset or resource"),
             (413, "Body too large"),
             (499, "Cancelled"),
             (503, "Queue full or shutting down"),
