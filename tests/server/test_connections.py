@@ -24,12 +24,15 @@ def srv(tmp_path_factory):
 
 
 def _half_open(url: str, n: int) -> list[socket.socket]:
-    """`n` connections that send half a request line and stop (a slowloris)."""
+    """`n` connections: a third send nothing, a third half a request line, a third the request
+    line and some headers, and all stop there (a slowloris)."""
     host, port = url.removeprefix("http://").split(":")
+    first = (b"", b"GE", b"POST /synthesis?speaker=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     socks = []
     for i in range(n):
         s = socket.create_connection((host, int(port)), timeout=5)
-        s.sendall(b"POST /synthesis?speaker=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n" if i % 2 else b"GE")
+        if first[i % 3]:
+            s.sendall(first[i % 3])
         socks.append(s)
     return socks
 
