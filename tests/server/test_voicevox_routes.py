@@ -287,40 +287,43 @@ def test_a_chunked_body_over_the_limit_is_413(server):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 30 adds the user dictionary's entry-count/size bounds and a checked import "
-    "(text/userdict.py); until then the import is accepted and the next line is slow",
+    reason="needs issue 30's user dictionary (text/userdict.py, text/dict_match.py: a matcher whose "
+    "cost does not grow with 1,900 words of one surface), merged to redesign after this branch's "
+    "base; run against it the test passes: remove this mark at the merge",
 )
 def test_a_hostile_dictionary_import_is_refused_and_the_next_line_stays_fast(tmp_path):
-    """1,900 words of surface "ああ" (876 KB): refused with a 4xx naming the bound, before
-    anything is stored; the next line costs what it did (server CPU time, not wall time)."""
+    """An import over a bound is a 4xx naming it, before anything is stored; the import of the
+    issue (1,900 words of surface "ああ", 876 KB, under the body limit) leaves the next line as
+    cheap as it was (server CPU time, not wall time)."""
+    from irodori_speaker.text import userdict
+
+    bound = getattr(userdict, "MAX_SURFACE_CHARS", 100)  # issue 30's per-word bound
     server = start_server(tmp_path, "--no-prewarm", "--no-cache")
     try:
-        _hostile_import(server)
+        template = {
+            "surface": "ああ", "priority": 5, "context_id": 1348, "part_of_speech": "名詞",
+            "part_of_speech_detail_1": "固有名詞", "part_of_speech_detail_2": "一般",
+            "part_of_speech_detail_3": "*", "inflectional_type": "*", "inflectional_form": "*",
+            "stem": "*", "yomi": "アア", "pronunciation": "アア", "accent_type": 1, "mora_count": 2,
+            "accent_associative_rule": "*",
+        }  # fmt: skip
+        key = "00000000-0000-4000-8000-{:012d}".format
+        over = {key(i): template for i in range(10)} | {key(10): {**template, "surface": "あ" * 200}}
+        r = httpx.post(server.url + "/import_user_dict", params={"override": True}, json=over)
+        assert r.status_code == 422 and "surface" in r.text and str(bound) in r.text, r.text
+        assert httpx.get(server.url + "/user_dict").json() == {}  # refused whole: nothing stored
+        hostile = {key(i): {**template, "priority": i % 10} for i in range(1900)}
+        assert len(json.dumps(hostile).encode()) > 800_000
+        r = httpx.post(server.url + "/import_user_dict", params={"override": True}, json=hostile, timeout=120)
+        assert r.status_code in (204, 422), r.text
+        cpu = _cpu_seconds(server.proc.pid)
+        r = httpx.post(server.url + "/audio_query", params={"text": "あ" * 1000, "speaker": 0}, timeout=300)
+        assert r.status_code == 200
+        # the matcher before issue 30: 3.9 s of server CPU here (26 s on the issue's machine);
+        # with it 0.07 s, and 0.05 s with no dictionary at all
+        assert _cpu_seconds(server.proc.pid) - cpu < 1.0
     finally:
         assert server.stop() == 0
-
-
-def _hostile_import(server) -> None:
-    words = httpx.get(server.url + "/user_dict").json()
-    template = {
-        "surface": "ああ", "priority": 5, "context_id": 1348, "part_of_speech": "名詞",
-        "part_of_speech_detail_1": "固有名詞", "part_of_speech_detail_2": "一般",
-        "part_of_speech_detail_3": "*", "inflectional_type": "*", "inflectional_form": "*",
-        "stem": "*", "yomi": "アア", "pronunciation": "アア", "accent_type": 1, "mora_count": 2,
-        "accent_associative_rule": "*",
-    }  # fmt: skip
-    hostile = {f"00000000-0000-4000-8000-{i:012d}": {**template, "priority": i % 10} for i in range(1900)}
-    r = httpx.post(server.url + "/import_user_dict", params={"override": True}, json=hostile, timeout=120)
-    assert 400 <= r.status_code < 500 and any(w in r.text for w in ("at most", "limit", "bound"))
-    assert httpx.get(server.url + "/user_dict").json() == words  # nothing stored
-    cpu = _cpu_seconds(server.proc.pid)
-    assert (
-        httpx.post(
-            server.url + "/audio_query", params={"text": "あ" * 100, "speaker": 0}, timeout=120
-        ).status_code
-        == 200
-    )
-    assert _cpu_seconds(server.proc.pid) - cpu < 1.0
 
 
 def _cpu_seconds(pid: int) -> float:

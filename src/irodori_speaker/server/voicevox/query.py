@@ -96,7 +96,7 @@ def _phrase_moras(phrases: list[Any]) -> list[tuple[tuple[str, ...], bool]]:
 def plan_query(state: AppState, q: S.AudioQuery, readings: dict[str, Any] | None = None) -> Plan:
     """Map an AudioQuery onto the options pipeline (raises InputError on what we cannot honour).
 
-    speedScale -> speed, pitchScale -> pitch (semitones, `controls.pitch_from_voicevox`),
+    speedScale -> speed, pitchScale -> pitch (semitones, `audio.controls.pitch_from_voicevox`),
     intonationScale -> intonation (the same scale of log f0 about its median),
     volumeScale -> volume (dB), pre/postPhonemeLength (divided by speedScale, as VOICEVOX
     does) -> pre/post_silence, pauseLength / pauseLengthScale -> pause markup between the pieces.
