@@ -1,6 +1,6 @@
 """The server's request fields that map onto synthesis options take their ranges from the
-options' specs (options.py), in the fields' own units: no range is written twice. OpenAI's
-`speed` refuses beyond its range; an AudioQuery's scales are clamped into theirs
+options' specs (options/synthesis.py), in the fields' own units: no range is written twice.
+OpenAI's `speed` refuses beyond its range; an AudioQuery's scales are clamped into theirs
 (`schemas.QUERY_RANGES`, with a Warning header: test_voicevox_routes.py)."""
 
 from __future__ import annotations
