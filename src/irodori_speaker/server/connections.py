@@ -81,11 +81,10 @@ def guarded_protocol(limits: ConnectionLimits, on_reject: Reject) -> type[asynci
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._opened = time.monotonic()
-            self._seen_cycle: Any = None
             self._read_timer: asyncio.TimerHandle | None = None
             self._counted = False
             self._peer = self.client[0] if self.client else "-"
-            mine = book.by_client.setdefault(self._peer, set())
+            mine = book.by_client.get(self._peer, set())
             if len(mine) >= limits.per_client and not _evict(mine, "per_client"):
                 self._refuse("per_client")
                 return
@@ -94,7 +93,7 @@ def guarded_protocol(limits: ConnectionLimits, on_reject: Reject) -> type[asynci
             ):
                 self._refuse("total")
                 return
-            book.by_client.setdefault(self._peer, set()).add(self)  # (an eviction may have emptied it)
+            book.by_client.setdefault(self._peer, set()).add(self)
             book.count += 1
             self._counted = True
             self._arm_read_timer()
@@ -159,8 +158,8 @@ def guarded_protocol(limits: ConnectionLimits, on_reject: Reject) -> type[asynci
             self.transport.close()
 
     def _evict(candidates: set[Any], reason: str) -> bool:
-        """Close the oldest connection among `candidates` with no request in progress."""
-        idle = [c for c in candidates if not c._busy() and not c.transport.is_closing()]
+        """Close the oldest connection among `candidates` the app is not working for."""
+        idle = [c for c in list(candidates) if not c._busy() and not c.transport.is_closing()]
         if not idle:
             return False
         oldest = min(idle, key=lambda c: c._opened)
