@@ -58,9 +58,10 @@ class Server:
 
     headers: dict | None = None
 
-    def stop(self, timeout: float = 60) -> int:
+    def stop(self, timeout: float = 60, sig: int = signal.SIGINT) -> int:
+        """Ctrl-C (or `sig`: SIGTERM as a service manager stops it), then its exit status."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from server_helpers import httpx, start_server
@@ -90,11 +91,20 @@ def test_queue_limit_answers_503_with_retry_after(slow):
     second = threading.Thread(target=go)
     second.start()  # waits in the queue (its one place)
     time.sleep(1.0)
+    rejected = slow.metric("irodori_rejected_total")
     r = httpx.post(
         slow.url + "/v1/audio/speech", json={"model": "m", "voice": "alloy", "input": "あ"}, timeout=30
     )
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["message"].startswith("the synthesis queue is full")
+    q = httpx.post(slow.url + "/audio_query", params={"text": "あ", "speaker": 0}).json()
+    r = httpx.post(slow.url + "/synthesis", params={"speaker": 0}, json=q, timeout=30)  # VOICEVOX's shape
+    assert (
+        r.status_code == 503 and int(r.headers["retry-after"]) >= 1 and "queue is full" in r.json()["detail"]
+    )
+    # every rejection is counted, by its reason
+    assert slow.metric("irodori_rejected_total") == rejected + 2
+    assert 'irodori_rejected_total{reason="queue_full"}' in httpx.get(slow.url + "/metrics").text
     results.extend([0, 0])  # let the streams go
     first.join(60)
     second.join(60)
@@ -173,8 +183,12 @@ def test_api_key_and_beyond_localhost(tmp_path):
         timeout=60,
     )
     assert r.returncode == 1 and "needs an API key" in r.stderr
-    srv = start_server(tmp_path, "--api-key", "s3cret", "--no-prewarm")
+    # the key from a file: nobody reads it in `ps` (the command line of the process)
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret\n")
+    srv = start_server(tmp_path, "--api-key-file", str(key_file), "--no-prewarm")
     try:
+        assert b"s3cret" not in Path(f"/proc/{srv.proc.pid}/cmdline").read_bytes()
         assert httpx.get(srv.url + "/version").status_code == 200  # the liveness probe stays open
         assert httpx.get(srv.url + "/speakers").status_code == 401
         assert httpx.get(srv.url + "/speakers", headers={"Authorization": "Bearer wrong"}).status_code == 401

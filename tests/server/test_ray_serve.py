@@ -1,6 +1,7 @@
 """`irodori-speaker serve --ray --replicas 2` on a real local Ray instance (CPU, tiny model).
 
-Ray's own proxy spreads the requests; each replica loads the model and runs the whole app.
+Ray's own proxy spreads the requests; each replica loads the model and runs the whole app;
+SIGTERM stops it all, leaving no Ray process.
 The test reads Ray's per-replica access logs (logs/serve/replica_*.log under the session
 directory, set by RAY_TMPDIR) to see that both replicas served lines.
 """
@@ -9,8 +10,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import io
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -79,8 +85,45 @@ def test_two_replicas_serve_voicevox_and_openai(tmp_path: Path, request: pytest.
 
         audio, rate = sf.read(io.BytesIO(body))
         assert len(audio) > 0 and rate > 0
+        assert _ray_processes(ray_tmp)  # the check below sees this Ray instance's processes
 
     finally:
-        # Ray tears down its controller, proxy and replicas: slow on a loaded 2-core machine
-        code = server.stop(timeout=180)
+        # SIGTERM, as a service manager stops it (it ended 134 and left Ray running); Ray tears
+        # down its controller, proxy and replicas: slow on a loaded 2-core machine
+        code = server.stop(timeout=180, sig=signal.SIGTERM)
     assert code == 0, server.log.read_text()[-3000:]
+    deadline = time.monotonic() + 30
+    while _ray_processes(ray_tmp) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _ray_processes(ray_tmp), "Ray processes outlived the server"
+
+
+def _ray_processes(ray_tmp: Path) -> list[str]:
+    """The command lines of the processes of this test's Ray instance (they name its directory)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(ray_tmp) in text:
+            found.append(text[:200])
+    return found
+
+
+def test_a_ray_that_cannot_start_is_one_line(tmp_path: Path) -> None:
+    """A Ray node that fails to start (here: a session directory too long for its sockets)
+    raises a plain Exception: `serve --ray` says so in one line and exits 1, no traceback."""
+    long_tmp = Path(tempfile.mkdtemp(prefix="irodori-ray-" + "x" * 100))
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "irodori_speaker.cli", "serve", "--tiny-random", "--ray", "--no-prewarm"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "RAY_TMPDIR": str(long_tmp), "RAY_USAGE_STATS_ENABLED": "0"},
+        )
+    finally:
+        shutil.rmtree(long_tmp, ignore_errors=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "error: Ray Serve did not start: validate_socket_filename failed" in r.stderr

@@ -1,5 +1,7 @@
-"""The server's request fields that map onto synthesis options take their bounds from the
-options' specs (options/synthesis.py), in the fields' own units: no range is written twice."""
+"""The server's request fields that map onto synthesis options take their ranges from the
+options' specs (options/synthesis.py), in the fields' own units: no range is written twice.
+OpenAI's `speed` refuses beyond its range; an AudioQuery's scales are clamped into theirs
+(`schemas.QUERY_RANGES`, with a Warning header: test_voicevox_routes.py)."""
 
 from __future__ import annotations
 
@@ -21,9 +23,7 @@ def bounds(model, name: str) -> tuple[float, float]:
 
 
 def test_speed_fields_take_the_api_speed_range():
-    assert (
-        bounds(S.SpeechRequest, "speed") == bounds(S.AudioQuery, "speedScale") == (API_SPEED.lo, API_SPEED.hi)
-    )
+    assert bounds(S.SpeechRequest, "speed") == S.QUERY_RANGES["speedScale"] == (API_SPEED.lo, API_SPEED.hi)
 
 
 def test_the_api_speed_range_is_reachable_through_speed_and_duration_scale():
@@ -39,11 +39,28 @@ def test_the_api_speed_range_is_reachable_through_speed_and_duration_scale():
 
 def test_voicevox_scales_map_onto_the_options_ranges():
     intonation, pitch, volume = (SPECS[n].check for n in ("intonation", "pitch", "volume"))
-    assert bounds(S.AudioQuery, "intonationScale") == (intonation.lo, intonation.hi)
-    lo, hi = bounds(S.AudioQuery, "pitchScale")
+    ranges = S.QUERY_RANGES
+    assert ranges["intonationScale"] == (intonation.lo, intonation.hi)
+    lo, hi = ranges["pitchScale"]
     assert (pitch_from_voicevox(lo), pitch_from_voicevox(hi)) == pytest.approx((pitch.lo, pitch.hi))
-    lo, hi = bounds(S.AudioQuery, "volumeScale")
+    lo, hi = ranges["volumeScale"]
     assert lo == gain_of(volume.lo) == 0.0  # silence
     assert volume_from_scale(hi) == pytest.approx(volume.hi)
     for field, option in (("prePhonemeLength", "pre_silence"), ("postPhonemeLength", "post_silence")):
-        assert bounds(S.AudioQuery, field) == (SPECS[option].check.lo, SPECS[option].check.hi)
+        assert ranges[field] == (SPECS[option].check.lo, SPECS[option].check.hi)
+
+
+def test_an_audio_query_refuses_only_what_means_nothing():
+    """VOICEVOX sets no bound on its scales: the schema refuses a speed of 0, a negative length
+    or volume, and NaN, each named; anything else is taken (and clamped when planned)."""
+    base = {"accent_phrases": [], "speedScale": 1, "pitchScale": 0, "intonationScale": 1}
+    base |= {"volumeScale": 1, "prePhonemeLength": 0.1, "postPhonemeLength": 0.1}
+    base |= {"outputSamplingRate": 48000, "outputStereo": False}
+    S.AudioQuery(**{**base, "speedScale": 9.0, "pitchScale": 0.9, "intonationScale": 5.0})
+    from pydantic import ValidationError
+
+    for field, value in (("speedScale", 0.0), ("volumeScale", -1.0), ("prePhonemeLength", -0.1)):
+        with pytest.raises(ValidationError, match=field):
+            S.AudioQuery(**{**base, field: value})
+    with pytest.raises(ValidationError, match="pitchScale"):
+        S.AudioQuery(**{**base, "pitchScale": float("nan")})

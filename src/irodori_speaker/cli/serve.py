@@ -27,7 +27,7 @@ Serve the VOICEVOX engine API and OpenAI's speech API on one loaded model.
 
   irodori-speaker serve                           # 127.0.0.1:50021, VOICEVOX's port
   irodori-speaker serve --voices voices.toml      # styles from a config file (docs/server.md)
-  irodori-speaker serve --host 0.0.0.0 --api-key "$KEY"   # beyond this machine: a key is required
+  IRODORI_API_KEY=... irodori-speaker serve --host 0.0.0.0   # beyond this machine: a key is required
 
 VOICEVOX clients (AITuberKit, AIAvatarKit, voicevox-client) need only the URL; the OpenAI
 SDK takes base_url=http://127.0.0.1:50021/v1. Stop with Ctrl-C: running lines get
@@ -41,9 +41,10 @@ def register(sub: Any) -> None:
     g.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     g.add_argument(
         "--api-key",
-        default=os.environ.get("IRODORI_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (default $IRODORI_API_KEY; required beyond localhost)",
+        help="require 'Authorization: Bearer KEY' (required beyond localhost); visible in `ps`: "
+        "prefer $IRODORI_API_KEY or --api-key-file",
     )
+    g.add_argument("--api-key-file", metavar="FILE", help="read the API key from FILE (its first line)")
     g.add_argument(
         "--cors-policy",
         choices=["localapps", "all"],
@@ -53,8 +54,25 @@ def register(sub: Any) -> None:
     g.add_argument("--allow-origin", action="append", default=[], help="also allow this web origin (repeat)")
     g = p.add_argument_group("voices and limits")
     g.add_argument("--voices", help="voice config (.toml/.yaml): speakers, styles, ids (docs/server.md)")
-    g.add_argument("--max-text-chars", type=int, default=1000, help="longest text per request (default 1000)")
-    g.add_argument("--max-queue", type=int, default=64, help="lines waiting before 503 (default 64)")
+    g.add_argument(
+        "--max-text-chars", type=int, default=1000, help="longest VOICEVOX text per request (default 1000)"
+    )
+    g.add_argument(
+        "--max-input-chars", type=int, default=4096, help="longest OpenAI input (default 4096, as OpenAI)"
+    )
+    g.add_argument("--max-queue", type=int, default=512, help="lines waiting before 503 (default 512)")
+    g.add_argument(
+        "--max-connections",
+        type=_positive,
+        default=1024,
+        help="open connections (default 1024; at the cap an idle one is closed to make room)",
+    )
+    g.add_argument(
+        "--strict-speakers",
+        action="store_true",
+        help="an unknown VOICEVOX style id is a 422 (default: the default voice speaks it)",
+    )
+    g.add_argument("--presets", metavar="FILE", help="keep VOICEVOX presets in this JSON file")
     g.add_argument(
         "--streams",
         type=_positive,
@@ -93,15 +111,33 @@ def _positive(text: str) -> int:
     return value
 
 
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key-file, --api-key or $IRODORI_API_KEY (in that order)."""
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key = f.readline().strip()
+        except OSError as e:
+            raise InputError(f"cannot read --api-key-file {args.api_key_file}: {e.strerror}") from None
+        if not key:
+            raise InputError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    return args.api_key or os.environ.get("IRODORI_API_KEY") or None
+
+
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     """The server's settings from serve's flags: all `serve` hands the server."""
     return ServerSettings(
         host=args.host,
         port=args.port,
-        api_key=args.api_key or None,
+        api_key=api_key(args),
         cors_policy=args.cors_policy,
         allow_origins=tuple(args.allow_origin),
         max_text_chars=args.max_text_chars,
+        max_input_chars=args.max_input_chars,
+        max_connections=args.max_connections,
+        strict_speakers=args.strict_speakers,
+        presets=args.presets,
         max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue,
         streams=args.streams,
@@ -129,6 +165,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"the server needs {e.name}", hint="pip install 'irodori-speaker[serve]'") from None
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args)
+    if args.api_key:
+        print(
+            "warning: --api-key is visible to every user in `ps`; use $IRODORI_API_KEY or --api-key-file",
+            file=sys.stderr,
+        )
     for warning in settings.check():  # refuses unsafe settings before the model loads
         print(f"warning: {warning}", file=sys.stderr)
     check_port(settings.host, settings.port, ray=args.ray)

@@ -1,47 +1,56 @@
 """The FastAPI app: VOICEVOX routes, OpenAI routes, /metrics, and the guards around them.
 
-Guards, outermost first: errors become JSON (never a traceback); CORS as the VOICEVOX
-engine does it (local apps and localhost origins, plus an allow-list; other origins get
-403); the Host header must name this server when it listens on loopback (DNS rebinding);
-the API key (Authorization: Bearer) when one is set; a body size limit (413).
+`build_app(settings, parts)` includes one router per API group (VOICEVOX's groups in
+`voicevox/`, OpenAI's in `openai_api.py`) and wraps them in the middlewares of `guards.py`.
+Errors become JSON in the client's own shape (never a traceback): VOICEVOX's {"detail": ...}
+with 422 for bad input, OpenAI's {"error": {...}} with 400; 404 for an unknown speaker uuid,
+413 for a body over the limit, 503 with Retry-After when the queue is full or the server stops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from ..errors import Cancelled, InputError, IrodoriError
 from ..text.userdict import UserDictionary
 from . import onscreen, openai_api
-from .config import VoiceBook, default_voice_book
+from .config import NotFound, VoiceBook, default_voice_book
+from .guards import (
+    ApiKey,
+    BodyLimit,
+    BodyTooLarge,
+    JsonByDefault,
+    LoopbackHost,
+    OriginGuard,
+    RequestMetrics,
+    error_response,
+    is_openai,
+)
 from .metrics import Metrics
 from .parts import ServerParts
 from .service import QueueFull, ShuttingDown, SpeechService
-from .settings import EXTENSION_ORIGINS, LOCAL_ORIGIN, ServerSettings, is_loopback
+from .settings import LOCAL_ORIGIN, ServerSettings, is_loopback
 from .state import AppState
-from .voicevox import engine_info, presets, speakers, tts
+from .voicevox import engine_info, extras, presets, speakers, streaming, tts
 from .voicevox import user_dict as user_dict_routes
 
 log = logging.getLogger("irodori_speaker.server")
 
-# Our own errors are {"detail": "message"} (as the VOICEVOX engine's own are); a request
-# that fails FastAPI's validation gets the list form. Both are documented for every route.
+# Our own errors are {"detail": "message"} (as the VOICEVOX engine's own are) or, under /v1/,
+# OpenAI's shape; a VOICEVOX request that fails FastAPI's validation gets the list form. All
+# are documented for every route.
 _MESSAGE = {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]}
 # FastAPI's own HTTPValidationError component is left out of the document once 422 is ours:
 # its shape (a list of {loc, msg, type}) is spelled out here.
@@ -63,23 +72,44 @@ _VALIDATION = {
     },
     "required": ["detail"],
 }
+# the OpenAI routes' errors: {"error": {"message", "type", "param", "code"}}, as OpenAI's API
+_OPENAI_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "code": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            },
+            "required": ["message", "type"],
+        }
+    },
+    "required": ["error"],
+}
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: {
         "description": "Invalid input",
         "content": {"application/json": {"schema": {"anyOf": [_VALIDATION, _MESSAGE]}}},
     },
     **{
-        code: {"description": why, "content": {"application/json": {"schema": _MESSAGE}}}
+        code: {
+            "description": why,
+            "content": {"application/json": {"schema": {"anyOf": [_MESSAGE, _OPENAI_ERROR]}}},
+        }
         for code, why in (
+            (400, "Invalid input (OpenAI routes, in OpenAI's error shape)"),
             (401, "API key missing or wrong"),
             (403, "Origin or Host not allowed"),
+            (404, "Unknown speaker uuid, preset or resource"),
             (413, "Body too large"),
             (499, "Cancelled"),
             (503, "Queue full or shutting down"),
         )
     },
 }
-OPEN_PATHS = ("/version",)  # answered without the API key (a liveness probe)
 
 
 def build_app(settings: ServerSettings, parts: ServerParts) -> FastAPI:
@@ -137,9 +167,11 @@ def create_app(
     _install_errors(app, metrics)
     # the VOICEVOX engine's API groups, then OpenAI's
     app.include_router(engine_info.make_router())
-    app.include_router(speakers.make_router(book, service))
-    app.include_router(presets.make_router())
+    app.include_router(speakers.make_router(state))
+    app.include_router(presets.make_router(state))
     app.include_router(tts.make_router(state))
+    app.include_router(streaming.make_router(state))
+    app.include_router(extras.make_router(state))
     app.include_router(user_dict_routes.make_router(user_dict))
     app.include_router(openai_api.make_router(state))
     app.include_router(onscreen.make_router(state))  # the feed, /overlay, /studio (docs/overlay.md)
@@ -150,7 +182,8 @@ def create_app(
         return Response(metrics.render(), media_type=metrics.content_type)
 
     # middlewares: the last added runs first
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(JsonByDefault)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics)
     app.add_middleware(ApiKey, key=settings.api_key)
     if is_loopback(settings.host):
         app.add_middleware(LoopbackHost)
@@ -167,18 +200,9 @@ def create_app(
     return app
 
 
-def _error(
-    status: int, message: str, headers: dict[str, str] | None = None, request: Request | None = None
-) -> JSONResponse:
-    """{"detail": message}; on the OpenAI routes also OpenAI's {"error": {...}} (its SDK shows it)."""
-    content: dict[str, Any] = {"detail": message}
-    if request is not None and request.url.path.startswith("/v1/"):
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        content["error"] = {"message": message, "type": kind, "param": None, "code": None}
-    return JSONResponse(status_code=status, content=content, headers=headers)
-
-
 def _install_errors(app: FastAPI, metrics: Metrics) -> None:
+    rejected = metrics.rejected
+
     @app.exception_handler(RequestValidationError)
     async def validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         metrics.errors.labels(request.url.path, "validation").inc()
@@ -187,176 +211,63 @@ def _install_errors(app: FastAPI, metrics: Metrics) -> None:
             e.pop("input", None)
             e.pop("ctx", None)
             e.pop("url", None)
-        content: dict[str, Any] = {"detail": errors}
-        if request.url.path.startswith("/v1/"):
-            message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors)
-            content["error"] = {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": None,
-                "code": None,
-            }
-        return JSONResponse(status_code=422, content=content)
+        if is_openai(request.url.path):  # OpenAI answers bad input with 400 and names the field
+            message = "; ".join(f"{'.'.join(map(str, e['loc'][1:] or e['loc']))}: {e['msg']}" for e in errors)
+            loc = errors[0]["loc"] if errors else ()
+            param = next((str(x) for x in reversed(loc) if isinstance(x, str) and x != "body"), None)
+            return error_response(400, message, path=request.url.path, param=param)
+        return JSONResponse(status_code=422, content={"detail": errors})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        path = request.url.path
+        if isinstance(exc.__cause__, BodyTooLarge):  # a streamed body over the limit, cut off while read
+            rejected.labels("body_too_large").inc()
+            return error_response(413, str(exc.__cause__), path=path)
         if exc.status_code == 400:  # a body that is not JSON: a validation error like any other
-            return _error(422, f"invalid request body: {exc.detail}", None, request)
-        return _error(exc.status_code, str(exc.detail), getattr(exc, "headers", None), request)
+            status = 400 if is_openai(path) else 422
+            return error_response(status, f"invalid request body: {exc.detail}", path=path)
+        return error_response(exc.status_code, str(exc.detail), getattr(exc, "headers", None), path=path)
+
+    @app.exception_handler(BodyTooLarge)
+    async def too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
+        rejected.labels("body_too_large").inc()
+        return error_response(413, str(exc), path=request.url.path)
 
     @app.exception_handler(QueueFull)
     async def queue_full(request: Request, exc: QueueFull) -> JSONResponse:
-        metrics.errors.labels(request.url.path, "queue_full").inc()
-        return _error(503, str(exc), {"Retry-After": str(exc.retry_after)}, request)
+        rejected.labels("queue_full").inc()
+        return error_response(503, str(exc), {"Retry-After": str(exc.retry_after)}, path=request.url.path)
 
     @app.exception_handler(ShuttingDown)
     async def shutting_down(request: Request, exc: ShuttingDown) -> JSONResponse:
-        return _error(503, str(exc), {"Retry-After": "5"}, request)
+        rejected.labels("shutting_down").inc()
+        return error_response(503, str(exc), {"Retry-After": "5"}, path=request.url.path)
 
     @app.exception_handler(Cancelled)
     async def cancelled(request: Request, exc: Cancelled) -> JSONResponse:
-        return _error(499, f"cancelled: {exc}", None, request)
+        return error_response(499, f"cancelled: {exc}", path=request.url.path)
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+        metrics.errors.labels(request.url.path, "not_found").inc()
+        return error_response(404, str(exc), path=request.url.path)
 
     @app.exception_handler(InputError)
     async def bad_input(request: Request, exc: InputError) -> JSONResponse:
         metrics.errors.labels(request.url.path, "input").inc()
-        return _error(422, str(exc), None, request)
+        path = request.url.path
+        status = 400 if is_openai(path) else 422
+        return error_response(status, str(exc), path=path, param=getattr(exc, "param", None))
 
     @app.exception_handler(IrodoriError)
     async def failed(request: Request, exc: IrodoriError) -> JSONResponse:
         metrics.errors.labels(request.url.path, type(exc).__name__).inc()
         log.error("%s: %s", request.url.path, exc)
-        return _error(500, f"{type(exc).__name__}: {exc}", None, request)
+        return error_response(500, f"{type(exc).__name__}: {exc}", path=request.url.path)
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> JSONResponse:
         metrics.errors.labels(request.url.path, "internal").inc()
         log.exception("unexpected error on %s", request.url.path)
-        return _error(500, "internal error (logged on the server)", None, request)
-
-
-class _Middleware:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-
-class OriginGuard(_Middleware):
-    """403 for browser requests from origins CORS does not allow (a web page cannot make
-    this server speak, nor read the user dictionary)."""
-
-    def __init__(self, app: ASGIApp, allow_all: bool, origins: tuple[str, ...]) -> None:
-        super().__init__(app)
-        self.allow_all, self.origins = allow_all, ("app://.", *origins)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not self.allow_all:
-            origin = dict(scope["headers"]).get(b"origin")
-            if origin is not None:
-                o = origin.decode("latin-1")
-                ok = o in self.origins or LOCAL_ORIGIN.fullmatch(o) or o.startswith(EXTENSION_ORIGINS)
-                if not ok:
-                    await _error(403, f"origin {o} is not allowed (--allow-origin adds it)")(
-                        scope, receive, send
-                    )
-                    return
-        await self.app(scope, receive, send)
-
-
-class LoopbackHost(_Middleware):
-    """On loopback, the Host header must be a loopback name (stops DNS-rebinding pages)."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
-            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-            if host and not (name in ("localhost", "testserver") or is_loopback(name.strip("[]"))):
-                await _error(403, f"host {host} is not this server")(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-class ApiKey(_Middleware):
-    def __init__(self, app: ASGIApp, key: str | None) -> None:
-        super().__init__(app)
-        self.key = key
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        open_path = scope.get("path") in OPEN_PATHS
-        if scope["type"] == "http" and self.key and scope["method"] != "OPTIONS" and not open_path:
-            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            # ?key=: what a browser source (OBS) or an EventSource can send (docs/overlay.md)
-            query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("key", [""])
-            given = auth[7:] if auth.lower().startswith("bearer ") else query[0]
-            if not hmac.compare_digest(given.encode(), self.key.encode()):
-                await _error(
-                    401,
-                    "missing or wrong API key (Authorization: Bearer KEY, or ?key=KEY)",
-                    {"WWW-Authenticate": "Bearer"},
-                )(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-class BodyLimit(_Middleware):
-    """413 for bodies over `max_bytes` (declared or streamed)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        super().__init__(app)
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await _error(413, f"body over {self.max_bytes} bytes")(scope, receive, send)
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise InputError(f"body over {self.max_bytes} bytes")
-            return message
-
-        await self.app(scope, limited, send)
-
-
-class RequestMetrics(_Middleware):
-    """Counts every answer by route and status; time to first byte and total per route."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        super().__init__(app)
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        t0 = time.perf_counter()
-        route = scope["path"]  # replaced by the route's template once routed (bounded label values)
-        status = 500
-        first = True
-
-        async def timed(message: Message) -> None:
-            nonlocal status, first
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            elif message["type"] == "http.response.body" and first and route != "/v1/audio/speech":
-                first = False
-                name = getattr(scope.get("route"), "path", None) or "unmatched"
-                self.metrics.ttfb.labels(name).observe(time.perf_counter() - t0)
-            await send(message)
-
-        try:
-            await self.app(scope, receive, timed)
-        finally:
-            matched = scope.get("route")
-            route = getattr(matched, "path", None) or "unmatched"
-            self.metrics.requests.labels(route, str(status)).inc()
-            if route != "/v1/audio/speech":
-                self.metrics.total.labels(route).observe(time.perf_counter() - t0)
+        return error_response(500, "internal error (logged on the server)", path=request.url.path)

@@ -51,6 +51,10 @@ OPENAI_VOICES = (
 )
 
 
+class NotFound(InputError):
+    """Something named by id that does not exist (a speaker uuid, a preset): 404."""
+
+
 @dataclass(frozen=True)
 class Style:
     id: int
@@ -116,7 +120,7 @@ class VoiceBook:
         for sp in self.speakers:
             if sp.uuid == speaker_uuid:
                 return sp
-        raise InputError(f"no speaker with uuid {speaker_uuid}", hint="GET /speakers lists them")
+        raise NotFound(f"no speaker with uuid {speaker_uuid}", hint="GET /speakers lists them")
 
     def resolve_openai(self, voice: str) -> Style:
         """An OpenAI `voice`: an alias, a style id, "speaker/style", a speaker or style name."""
@@ -134,8 +138,18 @@ class VoiceBook:
             return named[0]
         if v.lower() in OPENAI_VOICES:
             return self.styles[self.default_style]
-        known = sorted({st.speaker_name for st in self.styles.values()} | {str(i) for i in self.styles})
-        raise InputError(f"unknown voice {voice!r}; known: {', '.join(known)[:300]}")
+        ours = sorted(
+            {a for st in self.styles.values() for a in st.aliases}
+            | {st.speaker_name for st in self.styles.values()}
+            | {str(i) for i in self.styles}
+        )
+        error = InputError(
+            f"unknown voice {voice!r}; accepted: OpenAI's {', '.join(OPENAI_VOICES)} (the default "
+            f"voice unless aliased), and this server's {', '.join(ours)[:300]}",
+            hint="GET /speakers lists the styles; `aliases` in the voice config names them",
+        )
+        error.param = "voice"  # type: ignore[attr-defined]  # OpenAI's error names the field
+        raise error
 
 
 def stable_style_id(speaker: str, style: str) -> int:

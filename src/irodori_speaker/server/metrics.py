@@ -17,6 +17,14 @@ class Metrics:
         self.requests = Counter(
             "irodori_requests_total", "Requests answered", ["route", "status"], registry=r
         )
+        self.rejected = Counter(
+            "irodori_rejected_total",
+            "Requests and connections turned away, by reason (queue_full, shutting_down, "
+            "body_too_large, connections_per_client / connections_total: refused with a 503; "
+            "evicted_*: an idle connection closed to make room; read_timeout: headers too slow)",
+            ["reason"],
+            registry=r,
+        )
         self.errors = Counter("irodori_errors_total", "Requests that failed", ["route", "kind"], registry=r)
         self.ttfb = Histogram(
             "irodori_time_to_first_byte_seconds",

@@ -3,13 +3,18 @@
 The response streams: the first bytes leave as soon as the first chunk of the line is
 decoded (wav with an open-ended header, raw pcm, and mp3 / opus / aac through FFmpeg's
 encoders); flac is sent when complete (docs/server.md says why). Audio is 24 kHz mono, as
-OpenAI's is, so clients that assume 24 kHz pcm play it right.
+OpenAI's is, so clients that assume 24 kHz pcm play it right. `stream_format: "sse"` sends the
+same bytes as server-sent events, OpenAI's `speech.audio.delta` (base64 `audio`) then one
+`speech.audio.done` (its `usage`: input characters and output 40 ms audio frames, as we have
+no tokens). Errors are OpenAI's: 400 with {"error": {"message", "type", "param", "code"}}.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -23,6 +28,7 @@ from .schemas import SpeechRequest
 from .state import AppState
 
 OPENAI_RATE = 24_000
+FRAME = OPENAI_RATE // 25  # samples of one 40 ms frame: the `usage` unit of output
 MODEL_IDS = ("irodori-speaker", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 
 
@@ -54,13 +60,14 @@ def make_router(state: AppState) -> APIRouter:
         summary="Create speech",
     )
     async def speech(body: SpeechRequest, request: Request) -> StreamingResponse:
-        if len(body.input) > state.settings.max_text_chars:
-            raise InputError(
-                f"input is longer than {state.settings.max_text_chars} characters",
-                hint="split it, or start the server with a larger --max-text-chars",
+        limit = state.settings.max_input_chars
+        if len(body.input) > limit:
+            error = InputError(
+                f"input is {len(body.input)} characters; at most {limit}",
+                hint="split it, or start the server with a larger --max-input-chars",
             )
-        if body.stream_format == "sse":
-            raise InputError("stream_format 'sse' is not supported; use 'audio' (the default)")
+            error.param = "input"  # type: ignore[attr-defined]
+            raise error
         voice_name = body.voice if isinstance(body.voice, str) else str(body.voice.get("id", ""))
         style = state.book.resolve_openai(voice_name)
         voice = style.voice()
@@ -80,13 +87,17 @@ def make_router(state: AppState) -> APIRouter:
         first = await anext(chunks, None)
         encoder = Encoder(body.response_format, OPENAI_RATE)
 
+        samples_sent = 0
+
         async def audio() -> AsyncIterator[bytes]:
+            nonlocal samples_sent
             resampler = StreamResampler(SAMPLE_RATE, OPENAI_RATE)
             samples, sent = 0, False
 
             def encode(chunk: np.ndarray) -> bytes:
-                nonlocal samples
+                nonlocal samples, samples_sent
                 samples += len(chunk)
+                samples_sent += round(len(chunk) * OPENAI_RATE / SAMPLE_RATE)
                 return encoder.encode(resampler.feed(chunk))
 
             def first_byte() -> None:
@@ -114,6 +125,28 @@ def make_router(state: AppState) -> APIRouter:
                 await chunks.aclose()
                 state.metrics.audio_seconds.inc(samples / SAMPLE_RATE)
 
+        if body.stream_format == "sse":
+            return StreamingResponse(
+                sse(audio(), len(body.input), lambda: samples_sent),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         return StreamingResponse(audio(), media_type=encoder.media_type)
 
     return router
+
+
+async def sse(
+    audio: AsyncIterator[bytes], characters: int, samples: Callable[[], int]
+) -> AsyncIterator[bytes]:
+    """`audio` as OpenAI's speech events: a `speech.audio.delta` per piece, then `speech.audio.done`."""
+
+    def event(payload: dict) -> bytes:
+        return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+    async for data in audio:
+        if data:
+            yield event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
+    frames = -(-samples() // FRAME)
+    usage = {"input_tokens": characters, "output_tokens": frames, "total_tokens": characters + frames}
+    yield event({"type": "speech.audio.done", "usage": usage})

@@ -15,8 +15,10 @@ not ours.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import ray  # type: ignore[import-not-found,unused-ignore]
@@ -53,23 +55,32 @@ def build_deployment(settings: ServerSettings) -> Any:
     return deployment.bind()  # type: ignore[attr-defined]
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops like Ctrl-C: the bounded shutdown below runs
+
+
 def serve_ray(settings: ServerSettings) -> int:
-    """Start a local Ray instance (or join $RAY_ADDRESS), deploy, serve until Ctrl-C."""
+    """Start a local Ray instance (or join $RAY_ADDRESS), deploy, serve until Ctrl-C or SIGTERM."""
     try:
         ray.init(ignore_reinit_error=True)
         serve.start(http_options={"host": settings.host, "port": settings.port})
-    except ray.exceptions.RayError as e:  # e.g. its proxy failing its health checks on a busy machine
-        _bounded(serve.shutdown, 30)
-        _bounded(ray.shutdown, 30)
+    except Exception as e:  # a node that fails to start raises a plain Exception (OSError...), not RayError
+        if ray.is_initialized():  # (serve.shutdown without Ray would start one, to fail again)
+            _bounded(serve.shutdown, 30)
+            _bounded(ray.shutdown, 30)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BackendError(
             f"Ray Serve did not start: {first}", hint="see Ray's log above; try again, or serve without --ray"
         ) from None
+    # ray.init replaced SIGTERM's handler with sys.exit, which skipped the shutdown below and
+    # left Ray's processes running (and the process ended 134): stop as on Ctrl-C instead
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         serve.run(build_deployment(settings), route_prefix="/", blocking=True)
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the stop short
         # bounded: a Ctrl-C must end the process, whatever state Ray's actors are in
         _bounded(serve.shutdown, settings.shutdown_grace_s + 30)
         _bounded(ray.shutdown, 30)
@@ -78,8 +89,16 @@ def serve_ray(settings: ServerSettings) -> int:
 
 def _bounded(fn: Callable[[], Any], seconds: float) -> None:
     """`fn()` in a daemon thread, waited for at most `seconds` (then left behind, with a warning)."""
-    t = threading.Thread(target=fn, name=f"irodori-{getattr(fn, '__name__', 'stop')}", daemon=True)
+    name = getattr(fn, "__name__", "stop")
+
+    def run() -> None:
+        try:
+            fn()
+        except Exception as e:  # a stop that fails is not the user's error: one line, then exit
+            log.warning("%s failed: %s", name, str(e).strip().splitlines()[0] if str(e).strip() else e)
+
+    t = threading.Thread(target=run, name=f"irodori-{name}", daemon=True)
     t.start()
     t.join(seconds)
     if t.is_alive():
-        log.warning("%s did not finish in %.0f s: exiting anyway", getattr(fn, "__name__", fn), seconds)
+        log.warning("%s did not finish in %.0f s: exiting anyway", name, seconds)

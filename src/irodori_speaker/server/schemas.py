@@ -1,7 +1,11 @@
 """Request and response bodies: VOICEVOX's shapes (field names, types, required fields as
-its OpenAPI document has them) and OpenAI's speech request. Ranges are ours: a value the
-model cannot honour is a 422 with its reason, never a silent clamp. A field that maps onto a
-synthesis option takes its bounds from the option's spec (`_bounds`), in the field's own units."""
+its OpenAPI document has them) and OpenAI's speech request.
+
+An AudioQuery's fields refuse (422, naming the field) only what means nothing: a negative
+length, a speed of 0, NaN. Where VOICEVOX sets no bound and our options do (vv-synth's and
+pvv-mcp-server's sliders go past ours), the value is clamped into the option's range with a
+`Warning` header (voicevox/query.py); `QUERY_RANGES` are those ranges, each from the option's
+spec (`_bounds`) in the field's own units. OpenAI's `speed` keeps its documented 0.25-4.0."""
 
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..audio.controls import gain_of, voicevox_pitch_scale
 from ..options import API_SPEED, Check, SynthesisOptions, option_specs
 from ..text import prosody
+from ..text.pauses import MAX_PAUSE_S
 from .audio_out import MAX_RATE, MIN_RATE
 
 _STRICT = ConfigDict(allow_inf_nan=False)
+MAX_PHRASE_MORAS = 500  # moras per accent phrase (longer ones are split: voicevox/tts.py)
 
 
 def _bounds(option: str | Check, to_field: Callable[[float], float] = float) -> Interval:
@@ -40,10 +46,10 @@ class Mora(BaseModel):
     model_config = _STRICT
     text: str = Field(description="文字", max_length=8)
     consonant: str | None = Field(default=None, description="子音の音素", max_length=4)
-    consonant_length: float | None = Field(default=None, description="子音の長さ", ge=0, le=10)
+    consonant_length: float | None = Field(default=None, description="子音の長さ", ge=0)
     vowel: str = Field(description="母音の音素", max_length=4)
-    vowel_length: float = Field(description="母音の長さ", ge=0, le=10)
-    pitch: float = Field(description="音高", ge=0, le=20)
+    vowel_length: float = Field(description="母音の長さ", ge=0)
+    pitch: float = Field(description="音高 (ignored: the model sets its own prosody)")
 
     @classmethod
     def of(cls, m: prosody.Mora) -> Mora:
@@ -65,8 +71,8 @@ class AccentPhrase(BaseModel):
     """アクセント句ごとの情報。"""
 
     model_config = _STRICT
-    moras: list[Mora] = Field(description="モーラのリスト", max_length=500)
-    accent: int = Field(description="アクセント箇所", ge=0, le=500)
+    moras: list[Mora] = Field(description="モーラのリスト", max_length=MAX_PHRASE_MORAS)
+    accent: int = Field(description="アクセント箇所", ge=0, le=MAX_PHRASE_MORAS)
     pause_mora: Mora | None = Field(default=None, description="アクセント句の末尾につく無音モーラ。")
     is_interrogative: bool = Field(default=False, description="疑問系かどうか")
 
@@ -81,31 +87,66 @@ class AccentPhrase(BaseModel):
 
 
 class AudioQuery(BaseModel):
-    """音声合成用のクエリ。`kana` carries the text to speak (as in AivisSpeech, docs/server.md)."""
+    """音声合成用のクエリ。`kana` carries the text to speak (as in AivisSpeech, docs/server.md).
+
+    Scales beyond QUERY_RANGES are clamped into them, with a `Warning` header."""
 
     model_config = _STRICT
-    accent_phrases: list[AccentPhrase] = Field(description="アクセント句のリスト", max_length=500)
-    speedScale: Annotated[float, _bounds(API_SPEED)] = Field(description="全体の話速 (the speed option)")
-    pitchScale: Annotated[float, _bounds("pitch", voicevox_pitch_scale)] = Field(
-        description="全体の音高 (the pitch option: docs/server.md)"
-    )
-    intonationScale: Annotated[float, _bounds("intonation")] = Field(
-        description="全体の抑揚 (the intonation option)"
-    )
-    volumeScale: Annotated[float, _bounds("volume", gain_of)] = Field(
-        description="全体の音量 (the volume option)"
-    )
-    prePhonemeLength: Annotated[float, _bounds("pre_silence")] = Field(description="音声の前の無音時間")
-    postPhonemeLength: Annotated[float, _bounds("post_silence")] = Field(description="音声の後の無音時間")
-    pauseLength: float | None = Field(
-        default=None, description="句読点などの無音時間。null: 無視", ge=0, le=30
-    )
-    pauseLengthScale: float = Field(default=1, description="句読点などの無音時間（倍率）", ge=0, le=10)
+    accent_phrases: list[AccentPhrase] = Field(description="アクセント句のリスト", max_length=4000)
+    speedScale: float = Field(description="全体の話速 (the speed option)", gt=0)
+    pitchScale: float = Field(description="全体の音高 (the pitch option: docs/server.md)")
+    intonationScale: float = Field(description="全体の抑揚 (the intonation option)", ge=0)
+    volumeScale: float = Field(description="全体の音量 (the volume option)", ge=0)
+    prePhonemeLength: float = Field(description="音声の前の無音時間", ge=0)
+    postPhonemeLength: float = Field(description="音声の後の無音時間", ge=0)
+    pauseLength: float | None = Field(default=None, description="句読点などの無音時間。null: 無視", ge=0)
+    pauseLengthScale: float = Field(default=1, description="句読点などの無音時間（倍率）", ge=0)
     outputSamplingRate: int = Field(
         description="音声データの出力サンプリングレート", ge=MIN_RATE, le=MAX_RATE
     )
     outputStereo: bool = Field(description="音声データをステレオ出力するか否か")
     kana: str | None = Field(default=None, description="読み上げテキスト (AivisSpeech と同じ扱い)")
+    tempoDynamicsScale: float | None = Field(
+        default=None,
+        description="AivisSpeech: 話速の緩急 (not supported: ignored, with a Warning header)",
+    )
+
+
+def _range(bounds: Interval) -> tuple[float, float]:
+    lo = bounds.ge if bounds.ge is not None else bounds.gt
+    hi = bounds.le if bounds.le is not None else bounds.lt
+    assert lo is not None and hi is not None
+    return float(lo), float(hi)  # type: ignore[arg-type]
+
+
+#: field -> (lo, hi): the options' ranges in the fields' units; beyond them a value is clamped
+QUERY_RANGES: dict[str, tuple[float, float]] = {
+    "speedScale": _range(_bounds(API_SPEED)),
+    "pitchScale": _range(_bounds("pitch", voicevox_pitch_scale)),
+    "intonationScale": _range(_bounds("intonation")),
+    "volumeScale": _range(_bounds("volume", gain_of)),
+    "prePhonemeLength": _range(_bounds("pre_silence")),
+    "postPhonemeLength": _range(_bounds("post_silence")),
+    "pauseLength": (0.0, MAX_PAUSE_S),
+}
+
+
+class Preset(BaseModel):
+    """プリセット情報 (VOICEVOX's shape)."""
+
+    model_config = _STRICT
+    id: int = Field(description="プリセットID")
+    name: str = Field(description="プリセット名", max_length=200)
+    speaker_uuid: str = Field(description="キャラクターのUUID", max_length=100)
+    style_id: int = Field(description="スタイルID")
+    speedScale: float = Field(description="全体の話速", gt=0)
+    pitchScale: float = Field(description="全体の音高")
+    intonationScale: float = Field(description="全体の抑揚", ge=0)
+    volumeScale: float = Field(description="全体の音量", ge=0)
+    prePhonemeLength: float = Field(description="音声の前の無音時間", ge=0)
+    postPhonemeLength: float = Field(description="音声の後の無音時間", ge=0)
+    pauseLength: float | None = Field(default=None, description="句読点などの無音時間", ge=0)
+    pauseLengthScale: float = Field(default=1, description="句読点などの無音時間（倍率）", ge=0)
 
 
 class SpeakerStyle(BaseModel):
@@ -146,6 +187,7 @@ class SupportedDevicesInfo(BaseModel):
 
 
 class SupportedFeatures(BaseModel):
+    streaming_synthesis: bool | None = None
     adjust_mora_pitch: bool
     adjust_phoneme_length: bool
     adjust_speed_scale: bool
@@ -237,7 +279,9 @@ class SpeechRequest(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
     model: str = Field(description="any name: one model is loaded (GET /v1/models lists it)", max_length=200)
-    input: str = Field(description="the text to speak", min_length=1)
+    input: str = Field(
+        description="the text to speak (at most the server's --max-input-chars, 4096)", min_length=1
+    )
     voice: str | dict = Field(description="a style id, speaker or style name, alias, or an OpenAI voice name")
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
     speed: Annotated[float, _bounds(API_SPEED)] = Field(
@@ -245,7 +289,10 @@ class SpeechRequest(BaseModel):
         description="speaking rate: the speed option, beyond its range the length (docs/options.md)",
     )
     instructions: str | None = Field(default=None, description="accepted and ignored", max_length=4096)
-    stream_format: Literal["audio", "sse"] | None = Field(default=None, description="only 'audio'")
+    stream_format: Literal["audio", "sse"] | None = Field(
+        default=None,
+        description="'audio' (the default): the audio bytes; 'sse': speech.audio.delta / .done events",
+    )
     # ours (the openai SDK's extra_body): the readings options of this request (server/readings.py)
     tags: str | None = Field(default=None, description="readings: 'strip' or 'keep' tags ([happy])")
     urls: str | None = Field(default=None, description="readings: 'word', 'domain', 'drop' or 'keep'")

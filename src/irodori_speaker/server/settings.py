@@ -67,9 +67,16 @@ class ServerSettings:
     api_key: str | None = None
     cors_policy: str = "localapps"  # "localapps" (VOICEVOX's default) or "all"
     allow_origins: tuple[str, ...] = ()
-    max_text_chars: int = 1000
+    max_text_chars: int = 1000  # VOICEVOX text; a query's audio is capped in proportion (QUERY_S_PER_CHAR)
+    max_input_chars: int = 4096  # OpenAI's `input` (OpenAI's own limit)
     max_body_bytes: int = 1_000_000
-    max_queue: int = 64  # waiting syntheses; more -> 503 with Retry-After
+    max_queue: int = 512  # waiting syntheses (a 200-request burst queues); more -> 503 with Retry-After
+    # connections (server/connections.py): a slow or idle socket never locks a client out
+    read_timeout_s: float = 10.0  # from a request's first byte (or the connection's start) to its headers
+    keep_alive_s: int = 20  # longer than common clients' pool expiry (httpx 5 s, aiohttp 15 s)
+    max_connections: int = 1024  # at the cap an idle connection makes room; all busy -> 503
+    max_client_connections: int = 256  # per client address (every local app shares 127.0.0.1)
+    strict_speakers: bool = False  # unknown VOICEVOX style ids: 422 (True) or the default voice
     streams: int | None = None  # lines in synthesis at once (None: the preset's max_batch)
     max_batch: int = 16  # queries per /multi_synthesis
     seed: int | None = 0  # fixed: the same request gives the same audio (VOICEVOX-like), cacheable
@@ -83,6 +90,7 @@ class ServerSettings:
     load: dict[str, Any] = field(default_factory=dict)  # load_synthesizer's arguments (model, backend...)
     voices: str | None = None  # the voice config file (None: the model's own voice as style 0)
     user_dict: str | None = None  # the user dictionary (None: $IRODORI_DICT or the user's)
+    presets: str | None = None  # VOICEVOX presets, a JSON file (None: in memory until the server stops)
     cache: bool = True  # phrase cache lookups and stores
     cache_dir: str | None = None  # the phrase cache's directory (None: the user's)
     prewarm: bool = True  # a warm-up synthesis before the first request
@@ -101,7 +109,8 @@ class ServerSettings:
             if not self.api_key:
                 raise InputError(
                     f"listening on {self.host} (beyond this machine) needs an API key",
-                    hint="pass --api-key KEY (or $IRODORI_API_KEY); clients send 'Authorization: Bearer KEY'",
+                    hint="set $IRODORI_API_KEY or pass --api-key-file FILE; "
+                    "clients send 'Authorization: Bearer KEY'",
                 )
             warnings.append(
                 f"listening on {self.host}: reachable from other machines; every request needs the API key"

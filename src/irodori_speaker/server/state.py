@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -16,6 +17,7 @@ from .service import SpeechService
 from .settings import ServerSettings
 
 SPEED = option_specs(SynthesisOptions)["speed"].check
+log = logging.getLogger("irodori_speaker.server")
 
 
 @dataclass
@@ -25,14 +27,32 @@ class AppState:
     service: SpeechService
     user_dict: UserDictionary
     metrics: Metrics
+    presets: Any = None  # voicevox/presets.py's PresetStore (set by its router)
+    _unknown_ids: set[int] = field(default_factory=set)  # style ids already logged as unknown
 
     @property
     def synth(self) -> Any:
         return self.service.synth
 
+    def style(self, style_id: int) -> Any:
+        """The Style of a VOICEVOX style id. An unknown id is the default style (every VOICEVOX
+        client has its own default id: 46, 2, 1, 888753760...), logged once per id; with
+        `strict_speakers` an InputError (422)."""
+        if style_id in self.book.styles or self.settings.strict_speakers:
+            return self.book.style(style_id)
+        if style_id not in self._unknown_ids:
+            self._unknown_ids.add(style_id)
+            log.warning(
+                "style id %d is not configured: speaking it with the default style %d "
+                "(map it in the voice config, docs/server.md; --strict-speakers refuses it)",
+                style_id,
+                self.book.default_style,
+            )
+        return self.book.styles[self.book.default_style]
+
     def voice(self, style_id: int) -> Any:
-        """The Voice of a configured style id (InputError -> 422 for an unknown one)."""
-        return self.book.style(style_id).voice()
+        """The Voice of a style id (`style`: an unknown id speaks the default voice)."""
+        return self.style(style_id).voice()
 
     def spoken_text(self, text: str, **fields: Any) -> str:
         """What the model reads for `text` with the server's options and `fields` (a request's)."""

@@ -40,6 +40,7 @@ def make_router() -> APIRouter:
             update_infos=[],
             dependency_licenses=[],
             supported_features=S.SupportedFeatures(
+                streaming_synthesis=True,  # POST /streaming_synthesis (voicevox/streaming.py)
                 adjust_mora_pitch=False,
                 adjust_phoneme_length=True,
                 adjust_speed_scale=True,
@@ -51,7 +52,7 @@ def make_router() -> APIRouter:
                 synthesis_morphing=False,
                 sing=False,
                 manage_library=False,
-                return_resource_url=False,
+                return_resource_url=True,
                 apply_katakana_english=False,
             ),
         )

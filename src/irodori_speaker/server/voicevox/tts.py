@@ -1,5 +1,9 @@
-"""Queries and synthesis: POST /audio_query, /accent_phrases, /mora_*, /synthesis,
-/cancellable_synthesis, /multi_synthesis (the VOICEVOX engine's tts pipeline)."""
+"""Queries and synthesis: POST /audio_query, /audio_query_from_preset, /accent_phrases, /mora_*,
+/synthesis, /cancellable_synthesis, /multi_synthesis (the VOICEVOX engine's tts pipeline;
+/streaming_synthesis: streaming.py).
+
+An accent phrase longer than `MAX_PHRASE_MORAS` (pyopenjtalk makes one of 600 moras from
+"草" * 300) is split into phrases of at most that many, so every query we make is one we take."""
 
 from __future__ import annotations
 
@@ -16,9 +20,10 @@ from ...errors import InputError
 from ...text import prosody
 from .. import schemas as S
 from ..audio_out import wav_bytes
+from ..config import NotFound
 from ..state import AppState
 from .common import Readings, StyleId
-from .query import plan_query, re_estimate
+from .query import Plan, plan_query, re_estimate, warning_headers
 
 _WAV: dict[int | str, dict[str, Any]] = {
     200: {"content": {"audio/wav": {"schema": {"type": "string", "format": "binary"}}}}
@@ -43,11 +48,31 @@ def make_router(state: AppState) -> APIRouter:
 
     def phrases_of(text: str, readings: dict[str, Any]) -> list[S.AccentPhrase]:
         spoken = state.spoken_text(check_text(text), **readings) if text.strip() else ""
-        return [S.AccentPhrase.of(p) for p in prosody.accent_phrases(spoken)]
+        return [S.AccentPhrase.of(p) for p in split_long(prosody.accent_phrases(spoken))]
+
+    def query_of(text: str, readings: dict[str, Any], **scales: Any) -> S.AudioQuery:
+        fields: dict[str, Any] = {
+            "speedScale": 1.0,
+            "pitchScale": 0.0,
+            "intonationScale": 1.0,
+            "volumeScale": 1.0,
+            "prePhonemeLength": 0.1,
+            "postPhonemeLength": 0.1,
+            "pauseLength": None,
+            "pauseLengthScale": 1.0,
+            **scales,
+        }
+        return S.AudioQuery(
+            accent_phrases=phrases_of(text, readings),
+            outputSamplingRate=SAMPLE_RATE,
+            outputStereo=False,
+            kana=text,
+            **fields,
+        )
 
     async def synthesize_query(
         q: S.AudioQuery, style_id: int, request: Request, route: str, readings: dict[str, Any]
-    ) -> tuple[np.ndarray, int]:
+    ) -> tuple[np.ndarray, int, Plan]:
         voice = state.voice(style_id)
         plan = plan_query(state, q, readings)
         audio = await state.service.render(
@@ -59,7 +84,7 @@ def make_router(state: AppState) -> APIRouter:
             is_disconnected=request.is_disconnected,
         )
         state.metrics.audio_seconds.inc(len(audio) / SAMPLE_RATE)
-        return plan.post.apply(audio), plan.post.rate
+        return plan.post.apply(audio), plan.post.rate, plan
 
     # ---- queries ------------------------------------------------------------------------------
     @router.post("/audio_query", tags=["クエリ作成"], summary="音声合成用のクエリを作成する")
@@ -71,21 +96,29 @@ def make_router(state: AppState) -> APIRouter:
         core_version: str | None = None,
     ) -> S.AudioQuery:
         """音声合成用のクエリの初期値を得ます。`kana` には読み上げるテキストが入ります。"""
-        state.voice(style_id)
-        return S.AudioQuery(
-            accent_phrases=phrases_of(text, readings),
-            speedScale=1.0,
-            pitchScale=0.0,
-            intonationScale=1.0,
-            volumeScale=1.0,
-            prePhonemeLength=0.1,
-            postPhonemeLength=0.1,
-            pauseLength=None,
-            pauseLengthScale=1.0,
-            outputSamplingRate=SAMPLE_RATE,
-            outputStereo=False,
-            kana=text,
-        )
+        state.style(style_id)
+        return query_of(text, readings)
+
+    @router.post(
+        "/audio_query_from_preset",
+        tags=["クエリ作成"],
+        summary="音声合成用のクエリをプリセットを用いて作成する",
+    )
+    def audio_query_from_preset(
+        text: str,
+        preset_id: int,
+        readings: Readings,
+        enable_katakana_english: bool = True,
+        core_version: str | None = None,
+    ) -> S.AudioQuery:
+        """プリセットの値を持つクエリ (an unknown preset id is a 422, as VOICEVOX answers)."""
+        try:
+            preset = state.presets.get(preset_id)
+        except NotFound as e:
+            raise InputError(str(e)) from None
+        state.style(preset.style_id)
+        scales = preset.model_dump(exclude={"id", "name", "speaker_uuid", "style_id"})
+        return query_of(text, readings, **scales)
 
     @router.post(
         "/accent_phrases",
@@ -101,11 +134,11 @@ def make_router(state: AppState) -> APIRouter:
         enable_katakana_english: bool = True,
         core_version: str | None = None,
     ) -> Any:
-        state.voice(style_id)
+        state.style(style_id)
         if not is_kana:
             return phrases_of(text, readings)
         try:
-            return [S.AccentPhrase.of(p) for p in prosody.parse_aquestalk(check_text(text))]
+            return [S.AccentPhrase.of(p) for p in split_long(prosody.parse_aquestalk(check_text(text)))]
         except prosody.KanaParseError as e:
             body = S.ParseKanaBadRequest(text=str(e), error_name=e.code, error_args={"text": e.text})
             return JSONResponse(status_code=400, content={"detail": body.model_dump()})
@@ -114,21 +147,21 @@ def make_router(state: AppState) -> APIRouter:
     def mora_data(
         accent_phrases: list[S.AccentPhrase], style_id: StyleId, core_version: str | None = None
     ) -> list[S.AccentPhrase]:
-        state.voice(style_id)
+        state.style(style_id)
         return re_estimate(accent_phrases, lengths=True, pitches=True)
 
     @router.post("/mora_length", tags=["クエリ編集"], summary="アクセント句から音素の長さを得る")
     def mora_length(
         accent_phrases: list[S.AccentPhrase], style_id: StyleId, core_version: str | None = None
     ) -> list[S.AccentPhrase]:
-        state.voice(style_id)
+        state.style(style_id)
         return re_estimate(accent_phrases, lengths=True, pitches=False)
 
     @router.post("/mora_pitch", tags=["クエリ編集"], summary="アクセント句から音高を得る")
     def mora_pitch(
         accent_phrases: list[S.AccentPhrase], style_id: StyleId, core_version: str | None = None
     ) -> list[S.AccentPhrase]:
-        state.voice(style_id)
+        state.style(style_id)
         return re_estimate(accent_phrases, lengths=False, pitches=True)
 
     # ---- synthesis ----------------------------------------------------------------------------
@@ -143,8 +176,8 @@ def make_router(state: AppState) -> APIRouter:
         enable_interrogative_upspeak: bool = True,
         core_version: str | None = None,
     ) -> Response:
-        audio, rate = await synthesize_query(query, style_id, request, "synthesis", readings)
-        return Response(wav_bytes(audio, rate), media_type="audio/wav")
+        audio, rate, plan = await synthesize_query(query, style_id, request, "synthesis", readings)
+        return Response(wav_bytes(audio, rate), media_type="audio/wav", headers=plan.headers())
 
     @router.post(
         "/cancellable_synthesis",
@@ -162,8 +195,10 @@ def make_router(state: AppState) -> APIRouter:
         core_version: str | None = None,
     ) -> Response:
         """Every synthesis here is cancellable: a client that disconnects stops its line."""
-        audio, rate = await synthesize_query(query, style_id, request, "cancellable_synthesis", readings)
-        return Response(wav_bytes(audio, rate), media_type="audio/wav")
+        audio, rate, plan = await synthesize_query(
+            query, style_id, request, "cancellable_synthesis", readings
+        )
+        return Response(wav_bytes(audio, rate), media_type="audio/wav", headers=plan.headers())
 
     @router.post(
         "/multi_synthesis",
@@ -187,13 +222,39 @@ def make_router(state: AppState) -> APIRouter:
         rate = queries[0].outputSamplingRate
         if any(q.outputSamplingRate != rate for q in queries):
             raise InputError("every query must have the same outputSamplingRate")
-        for q in queries:
-            plan_query(state, q, readings)  # every error before any synthesis
+        warnings = [w for q in queries for w in plan_query(state, q, readings).warnings]  # errors first
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w") as zf:
             for i, q in enumerate(queries):
-                audio, _ = await synthesize_query(q, style_id, request, "multi_synthesis", readings)
+                audio, _, _ = await synthesize_query(q, style_id, request, "multi_synthesis", readings)
                 zf.writestr(f"{i + 1:03d}.wav", wav_bytes(audio, rate))
-        return Response(buf.getvalue(), media_type="application/zip")
+        return Response(buf.getvalue(), media_type="application/zip", headers=warning_headers(warnings))
 
     return router
+
+
+def split_long(phrases: list[prosody.AccentPhrase]) -> list[prosody.AccentPhrase]:
+    """Phrases of at most `MAX_PHRASE_MORAS` moras: a longer one becomes several, the accent
+    kept in the piece that holds it (the others take their last mora; the model reads no
+    accent), the pause and the question mark on the last piece."""
+    out: list[prosody.AccentPhrase] = []
+    n = S.MAX_PHRASE_MORAS
+    for p in phrases:
+        if len(p.moras) <= n:
+            out.append(p)
+            continue
+        starts = range(0, len(p.moras), n)
+        for k, start in enumerate(starts):
+            moras = p.moras[start : start + n]
+            last = k == len(starts) - 1
+            accent = p.accent - start if start < p.accent <= start + len(moras) else len(moras)
+            out.append(
+                prosody.AccentPhrase(
+                    moras,
+                    accent,
+                    p.pause_mora if last else None,
+                    p.is_interrogative if last else False,
+                    list(p.words) if k == 0 else [],
+                )
+            )
+    return out
