@@ -51,6 +51,13 @@ class FeedGuard:
         return None
 
 
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {"data": {"type": "string", "description": "one feed message, JSON (docs/overlay.md)"}},
+    "required": ["data"],
+}
+
+
 def make_router(get_feed: Callable[[], EventFeed], settings: ServerSettings) -> APIRouter:
     """`/feed` (WebSocket), `/feed/sse` and `/feed/clock` of the feed `get_feed()` returns."""
     router = APIRouter(tags=["Feed"])
@@ -66,7 +73,8 @@ def make_router(get_feed: Callable[[], EventFeed], settings: ServerSettings) -> 
         "/feed/sse",
         summary="The event feed as Server-Sent Events",
         response_class=StreamingResponse,
-        responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+        # each event as schemathesis and OpenAPI 3.2's `itemSchema` read a stream: its fields
+        responses={200: {"content": {"text/event-stream": {"schema": _SSE_EVENT}}}},
     )
     async def sse(request: Request) -> StreamingResponse:
         """Each message of the feed as one `data:` line (docs/overlay.md); a browser's

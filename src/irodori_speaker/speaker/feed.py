@@ -147,7 +147,7 @@ class FeedReader:
     def put(self, message: str | None) -> None:
         if message is not None and len(self._queue) >= self.max_pending:
             self.lagging = True  # it cannot keep up: end it rather than queue without bound
-            self._feed._readers.discard(self)
+            self._feed.unsubscribe(self)
             self._queue.clear()
             message = None
         self._queue.append(message)
@@ -168,7 +168,7 @@ class FeedReader:
         return message
 
     def close(self) -> None:
-        self._feed._readers.discard(self)
+        self._feed.unsubscribe(self)
         self.put(None)
 
 
@@ -226,6 +226,10 @@ class EventFeed:
     @property
     def readers(self) -> int:
         return len(self._readers)
+
+    def unsubscribe(self, reader: FeedReader) -> None:
+        """`reader` gets nothing more (it ended, or fell too far behind)."""
+        self._readers.discard(reader)
 
     def subscribe(self) -> FeedReader:
         """A reader whose first message is the hello (schema version, clock, snapshot)."""
