@@ -22,8 +22,9 @@ from safetensors import safe_open
 
 from ...errors import QuantError
 from ...text.tokenizer import TextTokenizer
-from ..checkpoint import load_checkpoint
+from ..checkpoint import load_checkpoint, read_header
 from ..model import TextToLatentRFDiT
+from ..torchao import is_torchao_file, read_float_state
 from .calibration import (
     DEFAULT_CALIBRATION_TEXTS,
     DEFAULT_HELDOUT_TEXTS,
@@ -452,11 +453,14 @@ def quantize_checkpoint(
     src = Path(src)
     if not src.is_file():
         raise QuantError(f"checkpoint not found: {src}")
-    with safe_open(str(src), framework="pt") as f:
-        meta = dict(f.metadata() or {})
-        if "quant_method" in meta:
-            raise QuantError(f"{src} is already quantised ({meta['quant_method']})")
-        state = {k: f.get_tensor(k).to(torch.float32) for k in f.keys()}  # noqa: SIM118
+    meta, shapes = read_header(src)
+    if "quant_method" in meta:
+        raise QuantError(f"{src} is already quantised ({meta['quant_method']})")
+    if is_torchao_file(meta, shapes):  # a -Quantized int8 copy: its dequantised weights
+        meta, state = read_float_state(str(src), meta, shapes)
+    else:
+        with safe_open(str(src), framework="pt") as f:
+            state = {k: f.get_tensor(k).to(torch.float32) for k in f.keys()}  # noqa: SIM118
     try:
         config = json.loads(meta["config_json"])
     except (KeyError, ValueError) as e:
