@@ -88,7 +88,9 @@ def main() -> None:
     cap_ids[0, 0] = 2
     with torch.inference_mode():
         t0 = time.perf_counter()
-        conds = model.encode_conditions(ids, mask, ref, None, cap_ids, torch.ones_like(cap_ids, dtype=torch.bool))
+        conds = model.encode_conditions(
+            ids, mask, ref, None, cap_ids, torch.ones_like(cap_ids, dtype=torch.bool)
+        )
         cond_s = time.perf_counter() - t0
     sampler = FastSampler(model, use_graphs=False)
     noise = draw_noise(0, 1, args.frames, cfg.latent_dim).to(dtype)
@@ -103,10 +105,14 @@ def main() -> None:
         s = time.perf_counter() - t0
         assert torch.isfinite(out).all()
         rows.append((label, s, s / (sc.steps or 1), (s + cond_s) / audio_s))
-    print(f"# v4-Large full size, random weights, {args.dtype}, {torch.get_num_threads()} threads, "
-          f"{platform.processor() or platform.machine()}; built in {built:.0f} s")
-    print(f"# {args.text_tokens} text tokens, {args.ref_seconds:g} s reference, 12-token caption, "
-          f"{args.frames} frames ({audio_s:g} s of audio); conditions {cond_s:.2f} s")
+    print(
+        f"# v4-Large full size, random weights, {args.dtype}, {torch.get_num_threads()} threads, "
+        f"{platform.processor() or platform.machine()}; built in {built:.0f} s"
+    )
+    print(
+        f"# {args.text_tokens} text tokens, {args.ref_seconds:g} s reference, 12-token caption, "
+        f"{args.frames} frames ({audio_s:g} s of audio); conditions {cond_s:.2f} s"
+    )
     print(f"{'sampler':28s} {'total s':>8s} {'s/step':>8s} {'RTF (DiT)':>10s}")
     for label, s, per, rtf in rows:
         print(f"{label:28s} {s:8.1f} {per:8.2f} {rtf:10.1f}")
