@@ -56,6 +56,8 @@ DEFAULT_MODEL = "v4.1-mf"
 CODEC_REPO = "Aratako/Semantic-DACVAE-Japanese-32dim"
 TOKENIZER_REPO = "llm-jp/llm-jp-3-150m"
 LITE_INT4_CODEC = "hf://kizuna-intelligence/Irodori-TTS-Lite-int4/dacvae_int4.safetensors"
+#: Codec aliases: `--codec lite-int4` is the seed's int4 codec (read packed: quant/codec.py).
+CODECS = {"lite-int4": LITE_INT4_CODEC}
 
 # Suffixes that make `org/name.ext` a (missing) file rather than a repo id.
 FILE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".json", ".ckpt", ".gguf", ".onnx")
@@ -91,6 +93,8 @@ def parse_source(source: str | os.PathLike, kind: str = "model") -> SourceSpec:
     text = os.fspath(source)
     if kind == "model" and text in MODELS:
         text = MODELS[text]
+    if kind == "codec" and text in CODECS:
+        text = CODECS[text]
     if text.startswith("hf://"):
         parts = text[len("hf://") :].split("/")
         if len(parts) < 3 or not all(parts):

@@ -27,7 +27,7 @@ from ..engine.hardware.cpu_tricks import apply_cpu_tricks
 from ..engine.hardware.lock import hold_model_lock
 from ..engine.hardware.presets import select_preset
 from ..engine.quant.checkpoint import load_int4_model, model_from_int4
-from ..engine.quant.codec import load_int4_codec
+from ..engine.quant.codec import is_lite_int4_codec, load_int4_codec
 from ..engine.quant.quantize import quantize_checkpoint
 from ..engine.sources import (
     CODEC_REPO,
@@ -85,9 +85,10 @@ def load_dit(path: Any, preset: Any) -> Any:
 def load_codec_for(path: Any, preset: Any) -> Any:
     """The codec for `preset` on `preset.codec_device` (default: the DiT's device): float
     (`engine.codec.load_codec`), or with preset.codec_int4 its decoder packed as RTN int4
-    (`quant.codec.load_int4_codec`)."""
+    (`quant.codec.load_int4_codec`; Irodori-TTS-Lite's `dacvae_int4.safetensors` is read packed
+    as stored, with or without codec_int4)."""
     device = preset.codec_device or preset.device
-    if preset.codec_int4:
+    if preset.codec_int4 or is_lite_int4_codec(path):  # the seed's int4 codec loads as stored
         return load_int4_codec(path, device=device, dtype=preset.codec_dtype)
     return load_codec(path, device=device, dtype=preset.codec_dtype)
 
