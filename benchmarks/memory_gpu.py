@@ -10,6 +10,10 @@ cannot leak into the next.
     python benchmarks/memory_gpu.py                       # every row and codec column (CUDA)
     python benchmarks/memory_gpu.py --rows int4 --codecs none,int4
     python benchmarks/memory_gpu.py --smoke               # tiny model on the CPU: checks the script
+    python benchmarks/memory_gpu.py --family v4-large --rows bf16,int4   # v4-Large (13 GB fp32 file)
+
+`--family v4-large` measures the issue-31 goal: v4-Large end to end in <= 4 GB with our int4 and
+the fp16 codec (row int4, column fp16; its T5Gemma 2 token table packed, docs/int4.md).
 
 Rows: fp32 and bf16 DiT weights, and int4 (our RTN int4 file, W4A16 with bf16 activations).
 Columns: the size of the DiT file (bf16: a file saved from the model loaded in bf16); the peak of
@@ -145,7 +149,12 @@ def line_text() -> str:
     return max(sentences, key=len)
 
 
-def run_one(name: str, smoke: bool, seconds: float, int4_impl: str, seed: int) -> dict:
+def _key(kind: str, family: str) -> str:
+    """news5.prepare_files' key of a family's file ("dit", "int4", "dit:v4-large", ...)."""
+    return kind if family == "v2" else f"{kind}:{family}"
+
+
+def run_one(name: str, smoke: bool, seconds: float, int4_impl: str, seed: int, family: str = "v2") -> dict:
     """Load (load_synthesizer), then stream one line as users do; memory at every stage."""
     row, codec_kind = name.split("+")
     if codec_kind not in CODEC_PRESETS:
@@ -154,9 +163,10 @@ def run_one(name: str, smoke: bool, seconds: float, int4_impl: str, seed: int) -
     preset = preset_for(dtype, smoke)
     device = preset.device
     cuda = device == "cuda"
-    files = news5.prepare_files(int4=row == "int4", smoke=smoke)
-    dit = files["int4" if row == "int4" else "dit"]
+    files = news5.prepare_files(int4=row == "int4", smoke=smoke, families={family})
+    dit = files[_key("int4" if row == "int4" else "dit", family)]
     out: dict = {"name": name, "row": row, "codec": codec_kind, "device": device, "dtype": str(dtype)}
+    out["family"] = family
     if cuda:  # create the context, read what it costs, then start from a clean allocator
         torch.cuda.init()
         torch.zeros(1, device="cuda")
@@ -168,7 +178,7 @@ def run_one(name: str, smoke: bool, seconds: float, int4_impl: str, seed: int) -
 
     t0 = time.perf_counter()
     cfg, _ = config_from_metadata(read_header(dit)[0], str(dit))
-    tokenizer = news5.ApproxTokenizer(cfg.text_vocab_size)
+    tokenizer = news5.ApproxTokenizer(cfg.text_token_vocab)
     synth = load_synthesizer(
         dit,
         codec=files["codec"],
@@ -238,10 +248,11 @@ def run_one(name: str, smoke: bool, seconds: float, int4_impl: str, seed: int) -
 # ---------------------------------------------------------------------------------------------
 
 
-def disk_mib(files: dict[str, Path]) -> dict[str, float]:
+def disk_mib(files: dict[str, Path], family: str = "v2") -> dict[str, float]:
     """Size of the DiT file per row; bf16: a file saved from the fp32 one loaded in bf16."""
-    sizes = {"fp32": files["dit"].stat().st_size / MiB, "int4": files["int4"].stat().st_size / MiB}
-    loaded = load_checkpoint(files["dit"], dtype=torch.bfloat16, device="cpu")
+    dit, int4 = files[_key("dit", family)], files[_key("int4", family)]
+    sizes = {"fp32": dit.stat().st_size / MiB, "int4": int4.stat().st_size / MiB}
+    loaded = load_checkpoint(dit, dtype=torch.bfloat16, device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bf16.safetensors"
         save_checkpoint(loaded.model, path, inference=loaded.inference)
@@ -270,8 +281,14 @@ def cell(value: float | None, digits: int = 0) -> str:
 
 
 def print_tables(
-    results: dict[str, dict], disk: dict[str, float], rows: list[str], codecs: list[str]
+    results: dict[str, dict],
+    disk: dict[str, float],
+    rows: list[str],
+    codecs: list[str],
+    seed_rows: bool = True,
 ) -> None:
+    """The tables; `seed_rows`: the seed's v2 figures beside ours (v2 only: it ran no other family)."""
+
     def peak(row: str, codec: str) -> float | None:
         r = results.get(f"{row}+{codec}")
         return None if r is None or "error" in r else r["peak_allocated_mib"]
@@ -294,6 +311,8 @@ def print_tables(
         label = "int4 (W4A16, bf16 act.)" if row == "int4" else row
         ours = [label, cell(disk.get(row), 1), cell(peak(row, "none")), cell(after_load(row))]
         print("| " + " | ".join(ours + [cell(peak(row, c)) for c in cols]) + " |")
+        if not seed_rows:
+            continue
         seed = SEED[row]
         theirs = [f"{row} (seed)", cell(seed.get("disk")), cell(seed.get("none")), "–"]
         print("| " + " | ".join(theirs + [cell(seed.get(c)) for c in cols]) + " |")
@@ -302,7 +321,8 @@ def print_tables(
         "from a clean allocator in a fresh process. They do not include the CUDA context (nor kernel "
         "modules, Triton binaries): that memory is outside PyTorch's allocator; see 'context' below."
     )
-    print(SEED_NOTE)
+    if seed_rows:
+        print(SEED_NOTE)
 
     print(
         "\n| config | weights MiB (DiT / codec) | load peak | run peak | peak reserved | warm reserved "
@@ -345,16 +365,17 @@ def main() -> None:
     )
     ap.add_argument("--timeout", type=float, default=400.0, help="seconds per configuration")
     ap.add_argument("--smoke", action="store_true", help="tiny random model on the CPU (CUDA figures nan)")
+    ap.add_argument("--family", default="v2", choices=news5.FAMILIES, help="which release's configuration")
     ap.add_argument("--one", metavar="ROW+CODEC", help=argparse.SUPPRESS)  # child: one configuration
     ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)  # child: make the files
     args = ap.parse_args()
     if args.smoke:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the CPU path, even on a machine with a GPU
     if args.prepare:
-        news5.prepare_files(int4=True, smoke=args.smoke)
+        news5.prepare_files(int4=True, smoke=args.smoke, families={args.family})
         return
     if args.one:
-        result = run_one(args.one, args.smoke, args.seconds, args.int4_impl, args.seed)
+        result = run_one(args.one, args.smoke, args.seconds, args.int4_impl, args.seed, args.family)
         print("RESULT " + json.dumps(result), flush=True)
         return
 
@@ -365,18 +386,20 @@ def main() -> None:
         ap.error(f"unknown row(s)/codec(s) {bad}")
     common = ["--seconds", str(args.seconds), "--seed", str(args.seed), "--int4-impl", args.int4_impl]
     common += ["--smoke"] if args.smoke else []
+    common += ["--family", args.family]
     t_start = time.perf_counter()
     # The files are made in a child too: this process never creates a CUDA context of its own.
     if subprocess.run([sys.executable, str(Path(__file__).resolve()), "--prepare", *common]).returncode:
         sys.exit("preparing the files failed")
-    files = news5.prepare_files(int4=True, smoke=args.smoke)  # all exist now: only the paths
-    disk = disk_mib(files)
+    files = news5.prepare_files(int4=True, smoke=args.smoke, families={args.family})  # only the paths now
+    disk = disk_mib(files, args.family)
     print(f"disk MiB: {json.dumps({k: round(v, 1) for k, v in disk.items()})}", flush=True)
 
     results: dict[str, dict] = {}
     summary = {
         "torch": torch.__version__,
         "smoke": args.smoke,
+        "family": args.family,
         "seconds": args.seconds,
         "disk_mib": disk,
         "results": results,
@@ -412,7 +435,7 @@ def main() -> None:
         f"{args.seconds:g} s line, {steps} {schedule} steps, 10 s reference, "
         "CUDA preset (fast path, CUDA graphs)"
     )
-    print_tables(results, disk, rows, codecs)
+    print_tables(results, disk, rows, codecs, seed_rows=args.family == "v2")
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
     write_json(summary)
 

@@ -12,10 +12,17 @@ the ModernBERT backbone, MeanFlow 4 steps, no CFG): (m) the reference-equivalent
 our CUDA preset bf16, (o) int4, (p) our CPU preset; side by side with the v2 modes in one run.
 (q) and (r) are (e) and (o) with the (B, C, T) codec decoder (the CUDA preset decodes
 channels-last since 2026-12-04).
+Modes (s)-(v) are v4-Large (random full-size weights of its 3.29B-parameter manifest: the T5Gemma
+2 text encoder, RF with CFG; written for the H200, a 13 GB fp32 file): (s) the reference-equivalent
+path at upstream's default 40 linear steps, (t) the same at 8 sway steps (as upstream's demo runs
+it), (u) our CUDA preset bf16, (v) int4. Targets (issue 31): (u) >= 8x faster than (t); (v) RTF
+<= 0.05 with first audio <= 30 ms. Its text lengths use the llm-jp ratio too (Gemma 3's on
+Japanese news is not measured here).
 
     python benchmarks/news5.py                      # all v2 modes on CUDA, then (f) on the CPU
     python benchmarks/news5.py --modes a,b,d,e      # a subset
     python benchmarks/news5.py --family v4.1-mf     # the v4.1-MF modes (m, n, o, p) and v2 (e)
+    python benchmarks/news5.py --family v4-large    # the v4-Large modes (s, t, u, v)
     python benchmarks/news5.py --device mps         # Apple Silicon (fp32, sway 8)
 
 Weights are random, so the audio is noise: this measures speed and memory, not quality.
@@ -45,6 +52,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from irodori_speaker.engine.backbone_config import parse_backbone_config  # noqa: E402
 from irodori_speaker.engine.checkpoint import (  # noqa: E402
     build_model,
     config_from_metadata,
@@ -65,7 +73,9 @@ NEWS5_JSON = REPO / "benchmarks" / "data" / "news5.json"
 V2_MANIFEST = REPO / "tests" / "data" / "dit" / "v2_500m_keys.json"
 #: ... and of the v4.1-Small-MF release (its config and the ModernBERT-ja-310m backbone's).
 MF_MANIFEST = REPO / "tests" / "data" / "dit_v4" / "v4_1_small_mf_keys.json.gz"
-FAMILIES = ("v2", "v4.1-mf")
+#: ... and of v4-Large (its config and the T5Gemma 2 encoder's, tests/data/dit_v4_large/README.md).
+LARGE_MANIFEST = REPO / "tests" / "data" / "dit_v4_large" / "v4_large_keys.json.gz"
+FAMILIES = ("v2", "v4.1-mf", "v4-large")
 WORK = Path(os.environ.get("BENCH_WORK", "/tmp/irodori-news5"))
 
 
@@ -135,6 +145,12 @@ def modes_for(device: str) -> dict[str, Mode]:
         steps=4, family="v4.1-mf",
     )  # fmt: skip
     mf_ours = replace(mf_ref, fast=True, pad_text=None, stream_chunk=8)
+    # v4-Large: RF with CFG; upstream's default is 40 linear steps, its demo 8 sway
+    large_ref = replace(
+        ref, key="s", desc="v4-Large reference: fp32, 40 linear, eager, text padded 256, codec fp32",
+        family="v4-large",
+    )  # fmt: skip
+    large_ours = replace(large_ref, steps=8, schedule="sway", fast=True, pad_text=None, stream_chunk=8)
     if device == "mps":
         d = replace(
             ours, key="d", desc="our MPS preset: fp32, 8 sway, fast path, trimmed text, streamed decode"
@@ -143,7 +159,12 @@ def modes_for(device: str) -> dict[str, Mode]:
         return {"a": ref, "b": b, "d": d, "m": mf_ref, "n": mf_mps}
     cuda = replace(ours, dtype=bf16, codec_dtype=f16, graphs=True)
     mf_cuda = replace(mf_ours, dtype=bf16, codec_dtype=f16, graphs=True)
+    large_cuda = replace(large_ours, dtype=bf16, codec_dtype=f16, graphs=True)
     return {
+        "s": large_ref,
+        "t": replace(large_ref, key="t", desc="(s) at 8 sway steps", steps=8, schedule="sway"),
+        "u": replace(large_cuda, key="u", desc="v4-Large on our CUDA preset, bf16 weights (8 sway, graphs)"),
+        "v": replace(large_cuda, key="v", desc="v4-Large on our CUDA preset, int4 DiT (W4A16)", int4=True),
         "m": mf_ref,
         "n": replace(mf_cuda, key="n", desc="v4.1-MF on our CUDA preset, bf16 weights (4 MF steps, graphs)"),
         "o": replace(mf_cuda, key="o", desc="v4.1-MF on our CUDA preset, int4 DiT (W4A16)", int4=True),
@@ -190,17 +211,20 @@ def _full_config(family: str) -> ModelConfig:
     """The released configuration of `family` (from its tensor manifest in tests/data)."""
     if family == "v2":
         return ModelConfig.from_dict(json.loads(V2_MANIFEST.read_text())["config"])
-    with gzip.open(MF_MANIFEST, "rt", encoding="utf-8") as f:
+    with gzip.open(LARGE_MANIFEST if family == "v4-large" else MF_MANIFEST, "rt", encoding="utf-8") as f:
         manifest = json.load(f)
-    backbone = BackboneConfig.from_dict(manifest["text_encoder_config"])
+    backbone = parse_backbone_config(manifest["text_encoder_config"])
     return ModelConfig.from_dict(manifest["config"], text_backbone=backbone)
 
 
 def _smoke_config(family: str) -> ModelConfig:
-    from irodori_speaker.engine.tiny import TINY_BACKBONE, TINY_CONFIGS
+    from irodori_speaker.engine.tiny import TINY_BACKBONE, TINY_BACKBONES, TINY_CONFIGS
 
     if family == "v2":
         return ModelConfig.from_dict(dict(TINY_CONFIGS["v2"], model_dim=128, num_heads=4))
+    if family == "v4-large":
+        backbone = parse_backbone_config(dict(TINY_BACKBONES["v4-large"]))
+        return ModelConfig.from_dict(TINY_CONFIGS["v4-large"], text_backbone=backbone)
     return ModelConfig.from_dict(
         TINY_CONFIGS["v4.1-mf"], text_backbone=BackboneConfig.from_dict(TINY_BACKBONE)
     )
@@ -417,8 +441,8 @@ def run_mode(mode: Mode, files: dict[str, Path], sentences: list[str], seed: int
 
 
 def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
-    ref = next((m for m in modes if m.key == "a"), None) or next((m for m in modes if m.key == "m"), None)
-    ref_total = sum(r["gen_s"] for r in ref.rows) if ref else None
+    # each family's reference: (a) v2, (m) v4.1-MF, (t) v4-Large at 8 sway (the issue's target base)
+    refs = {m.family: sum(r["gen_s"] for r in m.rows) for m in modes if m.key in ("a", "m", "t")}
     cols = "mode | sentence | chars | audio s | gen ms | text ms | sampling ms | decode ms | RTF | TTFA ms"
     print(f"\n| {cols} |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -430,12 +454,15 @@ def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
                 f"{r['rtf']:.4f} | "
                 f"{1e3 * r['ttfa_s']:.1f} |"
             )
-    print("\n| mode | what | total gen s | audio s | RTF | TTFA 1st ms | peak MiB (load) | x vs (a)/(m) |")
+    print(
+        "\n| mode | what | total gen s | audio s | RTF | TTFA 1st ms | peak MiB (load) | x vs (a)/(m)/(t) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for m in modes:
         total = sum(r["gen_s"] for r in m.rows)
         audio = sum(r["audio_s"] for r in m.rows)
+        ref_total = refs.get(m.family)
         ratio = ref_total / total if ref_total else float("nan")
         summary[m.key] = {
             "desc": m.desc,
@@ -472,8 +499,9 @@ def main() -> None:
     ap.add_argument(
         "--family",
         default="v2",
-        choices=["v2", "v4.1-mf", "all"],
-        help="v2: modes a,b,d,e,g,c,f; v4.1-mf: m,n,o,e,p (v2's (e) side by side); all: both",
+        choices=["v2", "v4.1-mf", "v4-large", "all"],
+        help="v2: modes a,b,d,e,g,c,f; v4.1-mf: m,n,o,e,p (v2's (e) side by side); v4-large: "
+        "s,t,u,v; all: v2 and v4.1-mf",
     )
     ap.add_argument(
         "--int4-impl",
@@ -494,7 +522,12 @@ def main() -> None:
         os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
     sentences = json.loads(NEWS5_JSON.read_text())["sentences"]
     table = modes_for(args.device)
-    default_modes = {"v2": "a,b,d,e,g,c,f", "v4.1-mf": "m,n,o,e,p", "all": "a,b,d,e,g,c,m,n,o,f,p"}
+    default_modes = {
+        "v2": "a,b,d,e,g,c,f",
+        "v4.1-mf": "m,n,o,e,p",
+        "v4-large": "s,t,u,v",
+        "all": "a,b,d,e,g,c,m,n,o,f,p",
+    }
     chosen = [table[k] for k in (args.modes or default_modes[args.family]).split(",") if k in table]
     if args.smoke:
         for m in chosen:

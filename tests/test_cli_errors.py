@@ -103,8 +103,7 @@ def test_tiny_kind_picks_the_model_and_implies_tiny_random(irodori_home, tmp_pat
 def test_tiny_kinds_listed_by_the_cli_are_the_engines():
     from irodori_speaker.engine.tiny import TINY_CONFIGS
 
-    # v4-large: the engine has the preset; --tiny-kind gets it with the product wiring (issue 31)
-    assert tuple(k for k in TINY_CONFIGS if k != "v4-large") == TINY_KINDS
+    assert tuple(TINY_CONFIGS) == TINY_KINDS
 
 
 def test_say_dash_reads_standard_input(irodori_home, tmp_path):

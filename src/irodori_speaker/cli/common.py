@@ -19,7 +19,7 @@ log = logging.getLogger("irodori_speaker.cli")
 
 #: The kinds of --tiny-kind (engine.tiny.TINY_CONFIGS; a test keeps the two equal). Listed here so
 #: building the parser does not import torch.
-TINY_KINDS = ("v2", "v3", "v2-voicedesign", "v4", "v4.1-mf")
+TINY_KINDS = ("v2", "v3", "v2-voicedesign", "v4", "v4.1-mf", "v4-large")
 
 
 class Progress:
@@ -71,8 +71,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument(
         "--model",
-        help="DiT checkpoint: path, hf://org/repo/file, repo id, or alias "
-        "(v2, v3, v2-voicedesign, v3-voicedesign, lite-int4). Default: v2",
+        help="DiT checkpoint: path, hf://org/repo/file, repo id, or alias (v2, v3, v2-voicedesign, "
+        "v3-voicedesign, v4, v4.1, v4.1-mf, v4-large, lite-int4). Default: v4.1-mf",
     )
     g.add_argument("--codec", help="DACVAE codec: weights.pth, our converted .safetensors, or a repo id")
     g.add_argument("--tokenizer", help="tokenizer.json (default: the model's tokenizer repo)")
@@ -118,7 +118,9 @@ def add_voice_flags(p: argparse.ArgumentParser) -> None:
         help="reference voice: an audio file, or a saved latent (.safetensors); give it several "
         "times for one voice from several clips (joined in order up to the model's cap: 120 s on v4)",
     )
-    g.add_argument("--caption", help="voice description for VoiceDesign and v4 models (with --voice on v4)")
+    g.add_argument(
+        "--caption", help="voice description for VoiceDesign and v4 models, v4-large too (with --voice on v4)"
+    )
 
 
 # ---- option flags: generated from the options' specs (options/synthesis.py) -----------------
@@ -308,7 +310,8 @@ def check_caption(args: argparse.Namespace, synth: Any) -> None:
     if getattr(args, "caption", None) and not synth.config.caption_enabled:
         raise InputError(
             "--caption needs a VoiceDesign or v4 model; this model has no caption branch",
-            hint="use --model v3-voicedesign or v4.1-mf (offline: --tiny-kind v2-voicedesign or v4), "
+            hint="use --model v3-voicedesign, v4.1-mf or v4-large (offline: --tiny-kind v2-voicedesign, "
+            "v4 or v4-large), "
             "or leave --caption out",
         )
 
@@ -369,7 +372,7 @@ def load_from_args(args: argparse.Namespace):
     synth = load_synthesizer(**load_kwargs(args))
     log.info(
         "loaded %s on %s (preset %s) in %.1f s",
-        args.model or (f"tiny-random {kind}" if kind else "the default model (v2)"),
+        args.model or (f"tiny-random {kind}" if kind else "the default model"),
         synth.device,
         synth.preset.name,
         time.perf_counter() - t0,

@@ -17,13 +17,7 @@ from safetensors.torch import save_file
 from ..errors import CheckpointError
 from .config import InferenceConfig, ModelConfig, parse_config_json
 from .model import TextToLatentRFDiT
-from .torchao import (  # noqa: F401 - TORCHAO_HINT, torchao_error: re-exported (synthesis.loading, engine.sources)
-    TORCHAO_HINT,
-    int8_layout,
-    is_torchao_file,
-    read_int8_state,
-    torchao_error,
-)
+from .torchao import int8_layout, is_torchao_file, read_int8_state
 
 DTYPES = {
     "fp32": torch.float32,

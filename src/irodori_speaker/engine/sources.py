@@ -28,10 +28,26 @@ MODELS = {
     "v4": "Aratako/Irodori-TTS-v4-Small",
     "v4.1": "Aratako/Irodori-TTS-v4.1-Small",
     "v4.1-mf": "Aratako/Irodori-TTS-v4.1-Small-MF",
+    "v4-large": "Aratako/Irodori-TTS-v4-Large",
     "lite-int4": "hf://kizuna-intelligence/Irodori-TTS-Lite-int4/dit_int4.safetensors",
 }
+#: The torchao copies (`<repo>-Quantized/<kind>/model.safetensors`, `tokenizer/` at repo level):
+#: only their int8 weight-only folder is read (engine/torchao.py).
+QUANTIZED_SUFFIX = "-Quantized"
+INT8_FOLDER = "int8-weight-only"
+QUANTIZED_REPOS = frozenset(MODELS[k] + QUANTIZED_SUFFIX for k in ("v4", "v4.1", "v4-large"))
 #: Repos whose model ships its tokenizer in a `tokenizer/` folder beside it (v4 and later).
-TOKENIZER_FOLDER_REPOS = frozenset(MODELS[k] for k in ("v4", "v4.1", "v4.1-mf"))
+TOKENIZER_FOLDER_REPOS = frozenset(MODELS[k] for k in ("v4", "v4.1", "v4.1-mf", "v4-large")) | QUANTIZED_REPOS
+#: The releases under the Gemma Terms of Use (their text encoder derives from T5Gemma 2).
+GEMMA_REPOS = frozenset((MODELS["v4-large"], MODELS["v4-large"] + QUANTIZED_SUFFIX))
+GEMMA_TERMS = (
+    "Irodori-TTS v4-Large is licensed under the Gemma Terms of Use "
+    "(https://ai.google.dev/gemma/terms) and the Gemma Prohibited Use Policy "
+    "(https://ai.google.dev/gemma/prohibited_use_policy): its text encoder derives from "
+    "T5Gemma 2; by using it you agree to them (every other Irodori-TTS release is MIT)"
+)
+#: An ungated copy of the Gemma 3 tokenizer folder, tried before google/t5gemma-2-* (gated on the Hub).
+GEMMA_TOKENIZER_REPO = MODELS["v4-large"]
 #: The files of such a folder a model needs (special_tokens_map.json is read when present).
 FOLDER_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 #: What `say` / `Speaker()` / `load_synthesizer()` load with no model named: the 4-step MeanFlow
@@ -40,6 +56,8 @@ DEFAULT_MODEL = "v4.1-mf"
 CODEC_REPO = "Aratako/Semantic-DACVAE-Japanese-32dim"
 TOKENIZER_REPO = "llm-jp/llm-jp-3-150m"
 LITE_INT4_CODEC = "hf://kizuna-intelligence/Irodori-TTS-Lite-int4/dacvae_int4.safetensors"
+#: Codec aliases: `--codec lite-int4` is the seed's int4 codec (read packed: quant/codec.py).
+CODECS = {"lite-int4": LITE_INT4_CODEC}
 
 # Suffixes that make `org/name.ext` a (missing) file rather than a repo id.
 FILE_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".json", ".ckpt", ".gguf", ".onnx")
@@ -75,6 +93,8 @@ def parse_source(source: str | os.PathLike, kind: str = "model") -> SourceSpec:
     text = os.fspath(source)
     if kind == "model" and text in MODELS:
         text = MODELS[text]
+    if kind == "codec" and text in CODECS:
+        text = CODECS[text]
     if text.startswith("hf://"):
         parts = text[len("hf://") :].split("/")
         if len(parts) < 3 or not all(parts):
@@ -90,7 +110,10 @@ def parse_source(source: str | os.PathLike, kind: str = "model") -> SourceSpec:
     # a dot in a repo name is fine (Irodori-TTS-v4.1-Small-MF); a file name ends in a known suffix
     if looks_like_repo and path.suffix.lower() not in FILE_SUFFIXES:
         repo, _, rev = text.partition("@")
-        return SourceSpec(repo_id=repo, filename=DEFAULT_FILES[kind], revision=rev or None)
+        name = DEFAULT_FILES[kind]
+        if kind == "model" and repo.endswith(QUANTIZED_SUFFIX):  # the one folder we read
+            name = f"{INT8_FOLDER}/{name}"
+        return SourceSpec(repo_id=repo, filename=name, revision=rev or None)
     raise ModelSourceError(
         f"{kind} file {text!r} does not exist",
         hint="give a local path, hf://org/repo/file, or a Hugging Face repo id such as " + MODELS["v2"],
@@ -110,6 +133,10 @@ def resolve(
         if not spec.path.is_file():
             raise ModelSourceError(f"{spec.path} is not a file")
         return spec.path
+    if kind == "model":
+        check_quantized_source(spec)
+        if spec.repo_id in GEMMA_REPOS:
+            note_gemma_terms()
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -247,9 +274,14 @@ def resolve_files(
 
     The tokenizer defaults to the one the model's file names (its header is read, not the
     weights), else the released one. `want_tokenizer=False` (a tokenizer object was given)
-    leaves it out.
+    leaves it out. A `-Quantized` repo's int4 / fp8 folder is refused first, before any download.
     """
-    _refuse_torchao_repo(model)
+    try:
+        model_spec: SourceSpec | None = parse_source(model, "model")
+    except ModelSourceError:
+        model_spec = None  # resolving it names the problem, beside any other missing file
+    if model_spec is not None:
+        check_quantized_source(model_spec)
     found: dict[str, Path] = {}
     errors: list[ModelSourceError] = []
 
@@ -296,16 +328,30 @@ def resolve_files(
     return found["model"], found["codec"], found.get("tokenizer")
 
 
-def _refuse_torchao_repo(model: str | os.PathLike) -> None:
-    """The `-Quantized` v4 repos hold torchao copies we do not read: say so before any download."""
-    try:
-        spec = parse_source(model, "model")
-    except ModelSourceError:
+def check_quantized_source(spec: SourceSpec) -> None:
+    """A `-Quantized` repo's file must be its int8 weight-only copy: its int4 (tile-packed) and
+    fp8 folders are refused here, before any download, in one line."""
+    repo, filename = spec.repo_id or "", spec.filename or ""
+    if not repo.endswith(QUANTIZED_SUFFIX) or filename.startswith(f"{INT8_FOLDER}/"):
         return
-    if spec.repo_id is not None and spec.repo_id.lower().endswith("-quantized"):
-        from .checkpoint import torchao_error
+    folder = filename.partition("/")[0] if "/" in filename else "its top level"
+    raise ModelSourceError(
+        f"{spec.describe()}: {folder} of a torchao -Quantized repo is not read; "
+        f"supported: its {INT8_FOLDER}/model.safetensors (--model {repo})",
+        hint="for 4-bit weights make our int4 with `irodori-speaker quantize` (from the float "
+        "release or the int8 copy), or pass --int4 to quantise at load",
+    )
 
-        raise torchao_error(spec.repo_id)
+
+_gemma_noted = False
+
+
+def note_gemma_terms() -> None:
+    """Name the Gemma Terms of Use once per process (a warning log line: never silently)."""
+    global _gemma_noted
+    if not _gemma_noted:
+        _gemma_noted = True
+        logging.getLogger("irodori_speaker.models").warning(GEMMA_TERMS)
 
 
 def _pretrained_text(model_file: Path) -> tuple[str | None, str | None] | None:
@@ -347,14 +393,20 @@ def _tokenizer_folder_sources(
     if not repo:
         return None
     at = f"@{revision}" if revision else ""
-    return [[f"hf://{repo}{at}/{name}" for name in FOLDER_TOKENIZER_FILES]]
+    named: list[list[str | Path]] = [[f"hf://{repo}{at}/{name}" for name in FOLDER_TOKENIZER_FILES]]
+    if repo.startswith("google/t5gemma-2"):  # gated on the Hub: the release's copy first
+        release = SourceSpec(repo_id=GEMMA_TOKENIZER_REPO, filename=DEFAULT_FILES["model"])
+        return _repo_folder(release) + named
+    return named
 
 
 def _repo_folder(spec: SourceSpec) -> list[list[str | Path]]:
     """`<dir of the model in its repo>/tokenizer/*`, then (for `sub/model.safetensors`) the
-    repo's `tokenizer/*`, as hf:// sources."""
+    repo's `tokenizer/*` (the other way round in a `-Quantized` repo), as hf:// sources."""
     sub = str(Path(spec.filename or "").parent)
     bases = [""] if sub in ("", ".") else [f"{sub}/", ""]
+    if spec.repo_id in QUANTIZED_REPOS:  # their tokenizer/ sits at the repo's top level
+        bases.reverse()
     at = f"@{spec.revision}" if spec.revision else ""
     return [
         [f"hf://{spec.repo_id}{at}/{base}tokenizer/{name}" for name in FOLDER_TOKENIZER_FILES]

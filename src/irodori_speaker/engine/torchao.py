@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from torch import Tensor
 
 from ..errors import CheckpointError
@@ -37,27 +38,16 @@ TORCHAO_SUFFIXES = (
     ".int_data",
     ".float8_data",
 )
-TORCHAO_HINT = (
-    "use the unquantised release (v4.1 / v4.1-mf: Aratako/Irodori-TTS-v4.1-Small[-MF]), or our int4: "
-    "`irodori-speaker quantize` on it, or --int4 to quantise at load"
-)
 SUPPORTED = (
     "supported: torchao int8_weight_only files (the -Quantized releases' int8-weight-only folder), "
     "float files and our own int4"
 )
 OUR_INT4_HINT = (
-    "for 4-bit weights make our int4 from the float release with `irodori-speaker quantize` "
-    "(or pass --int4 to quantise at load)"
+    "for 4-bit weights make our int4 with `irodori-speaker quantize` (from the float release or "
+    "its int8-weight-only copy), or pass --int4 to quantise at load"
 )
-
-
-def torchao_error(source: str) -> CheckpointError:
-    """The refusal of a torchao file by callers that read none (the synthesizer, until wired)."""
-    return CheckpointError(
-        f"{source} is a torchao-quantised copy (INT8 / INT4 / FP8 tensor subclasses, the "
-        "-Quantized releases): its format is not read yet",
-        hint=TORCHAO_HINT,
-    )
+#: The metadata keys torchao's layout adds (beside one JSON entry per tensor name).
+TORCHAO_META = (QUANT_META, "tensor_names")
 
 
 def is_torchao_file(meta: dict[str, str], names: Iterable[object]) -> bool:
@@ -171,3 +161,20 @@ def read_int8_state(
                 raise CheckpointError(f"tensor {name} has non-float dtype {t.dtype}")
             state[name] = t.to(device=device, dtype=dtype)
     return state
+
+
+def plain_metadata(meta: dict[str, str], layout: Int8Layout) -> dict[str, str]:
+    """`meta` without torchao's own keys (its quantization record, tensor_names, the per-tensor
+    entries): the metadata of the float checkpoint the file was made from."""
+    return {k: v for k, v in meta.items() if k not in TORCHAO_META and k not in layout.shapes}
+
+
+def read_float_state(
+    path: str, meta: dict[str, str], shapes: dict[str, tuple[int, ...]]
+) -> tuple[dict[str, str], dict[str, Tensor]]:
+    """(metadata, float32 state) of a torchao int8 weight-only file, as the float checkpoint it was
+    made from (weights dequantised); any other torchao file is refused (`int8_layout`)."""
+    layout = int8_layout(meta, shapes, path)
+    with safe_open(path, framework="pt", device="cpu") as f:
+        state = read_int8_state(f, layout, layout.shapes, dtype=torch.float32, device="cpu")
+    return plain_metadata(meta, layout), state

@@ -21,16 +21,24 @@ from typing import Any
 
 import torch
 
-from ..engine.checkpoint import is_torchao_file, load_checkpoint, read_header, resolve_dtype, torchao_error
+from ..engine.checkpoint import load_checkpoint, read_header, resolve_dtype
 from ..engine.codec import load_codec
 from ..engine.hardware.cpu_tricks import apply_cpu_tricks
 from ..engine.hardware.lock import hold_model_lock
 from ..engine.hardware.presets import select_preset
 from ..engine.quant.checkpoint import load_int4_model, model_from_int4
-from ..engine.quant.codec import load_int4_codec
+from ..engine.quant.codec import is_lite_int4_codec, load_int4_codec
 from ..engine.quant.quantize import quantize_checkpoint
-from ..engine.sources import CODEC_REPO, DEFAULT_MODEL, TOKENIZER_REPO, resolve, resolve_files
+from ..engine.sources import (
+    CODEC_REPO,
+    DEFAULT_MODEL,
+    TOKENIZER_REPO,
+    note_gemma_terms,
+    resolve,
+    resolve_files,
+)
 from ..engine.tiny import tiny_random_files
+from ..engine.torchao import int8_layout, is_torchao_file
 from ..text.backbone_tokenizer import tokenizer_for_model
 from ..text.tokenizer import TextTokenizer
 from .fingerprint import file_fingerprint
@@ -47,19 +55,23 @@ def _with_bos(tok: Any, add_bos: bool) -> Any:
 
 
 def load_dit(path: Any, preset: Any) -> Any:
-    """The DiT for `preset`, by the loader its file needs: float files by the engine's, int4 files
-    by quant's; with preset.int4 a float file is RTN-quantised at load."""
+    """The DiT for `preset`, by the loader its file needs: float files (and the torchao int8
+    `-Quantized` copies, dequantised to the preset's dtype: bf16 on CUDA, fp32 on most CPUs) by
+    the engine's, int4 files by quant's. With preset.int4 a float or int8 file is RTN-quantised
+    at load (an int8 file from its dequantised weights: int8's per-row rounding is ~1/17 of an
+    int4 group's step, so the second rounding adds little). Other torchao files are refused by
+    the engine's reader in one line, before any weight is read."""
     meta, shapes = read_header(path)
-    if is_torchao_file(meta, shapes):  # before any loader: the -Quantized releases are not read
-        raise torchao_error(str(path))
     if "quant_method" in meta:
         return load_int4_model(path, dtype=preset.dtype, device=preset.device)
     if not preset.int4:
         loaded = load_checkpoint(path, dtype=preset.dtype, device=preset.device)
         apply_cpu_tricks(loaded.model, preset)  # int8 linears where the CPU preset asks for them
         return loaded
+    if is_torchao_file(meta, shapes):
+        int8_layout(meta, shapes, str(path))  # a torchao int4 / fp8 file: refused before any work
     warnings.warn(
-        f"{path} holds float weights: quantising them to int4 with RTN at load. A GPTQ file "
+        f"{path} holds float (or int8) weights: quantising them to int4 with RTN at load. A GPTQ file "
         "(irodori-speaker quantize, or the released int4 checkpoints) keeps more quality.",
         UserWarning,
         stacklevel=4,  # the caller of load_synthesizer (-> _load -> load_dit)
@@ -73,9 +85,10 @@ def load_dit(path: Any, preset: Any) -> Any:
 def load_codec_for(path: Any, preset: Any) -> Any:
     """The codec for `preset` on `preset.codec_device` (default: the DiT's device): float
     (`engine.codec.load_codec`), or with preset.codec_int4 its decoder packed as RTN int4
-    (`engine.quant.codec.load_int4_codec`)."""
+    (`engine.quant.codec.load_int4_codec`; Irodori-TTS-Lite's `dacvae_int4.safetensors` is read packed
+    as stored, with or without codec_int4)."""
     device = preset.codec_device or preset.device
-    if preset.codec_int4:
+    if preset.codec_int4 or is_lite_int4_codec(path):  # the seed's int4 codec loads as stored
         return load_int4_codec(path, device=device, dtype=preset.codec_dtype)
     return load_codec(path, device=device, dtype=preset.codec_dtype)
 
@@ -142,6 +155,8 @@ def _load(load: LoadOptions) -> Synthesizer:
     with hold_model_lock():  # the weights go to the device: no other model work meanwhile
         loaded = load_dit(model_path, preset)
     cfg = loaded.config
+    if cfg.family.startswith("v4-large") and not tiny_random:
+        note_gemma_terms()  # a local file or a mirror: named here (a known repo when fetched)
     cap_path: Any = None
     if given_tok:
         text_tok = tokenizer

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from safetensors import safe_open
@@ -22,8 +22,16 @@ from torch import nn
 
 from ...errors import QuantError
 from ..checkpoint import LoadedModel, build_model, config_from_metadata, resolve_dtype
+from ..t5gemma import ScaledEmbedding
 from .formats import GPTQ_FORMATS, GPTQPacked, RTNPacked, warn_if_corrupted
-from .layers import Int4Conv1d, Int4ConvTranspose1d, Int4Linear, PackedEmbedding, RTNLinear
+from .layers import (
+    Int4Conv1d,
+    Int4ConvTranspose1d,
+    Int4Linear,
+    PackedEmbedding,
+    PackedScaledEmbedding,
+    RTNLinear,
+)
 
 __all__ = [
     "DequantizePolicy",
@@ -372,14 +380,22 @@ def apply_int4(
         _set_submodule(model, name, new)
 
     for name, ep in ckpt.embed.items():
-        emb = _get(model, name, (nn.Embedding,), "embedding layer")
-        if (ep.rows, ep.cols) != (emb.num_embeddings, emb.embedding_dim):
-            raise QuantError(
-                f"embedding layer {name}: packed {ep.rows}x{ep.cols}, "
-                f"model {emb.num_embeddings}x{emb.embedding_dim}"
+        emb = _get(model, name, (nn.Embedding, ScaledEmbedding), "embedding layer")
+        shape = tuple(cast(torch.Tensor, emb.weight).shape)
+        if (ep.rows, ep.cols) != shape:
+            raise QuantError(f"embedding layer {name}: packed {ep.rows}x{ep.cols}, model {shape}")
+        if isinstance(emb, ScaledEmbedding):  # v4-Large: sqrt(hidden) and the end-of-image vector
+            if expand(name):
+                emb.weight = nn.Parameter(ep.dequantize(act_dtype).to(device), requires_grad=False)
+                new = emb  # its eoi_embedding is loaded with the other tensors
+            else:
+                new = PackedScaledEmbedding(
+                    ep, scale=emb.scale, eoi=emb.eoi, device=device, act_dtype=act_dtype
+                )
+        elif expand(name):
+            new = nn.Embedding(
+                ep.rows, ep.cols, device="meta", padding_idx=cast(nn.Embedding, emb).padding_idx
             )
-        if expand(name):
-            new = nn.Embedding(ep.rows, ep.cols, device="meta", padding_idx=emb.padding_idx)
             new.weight = nn.Parameter(ep.dequantize(act_dtype).to(device), requires_grad=False)
         else:
             new = PackedEmbedding(ep, device=device, act_dtype=act_dtype)

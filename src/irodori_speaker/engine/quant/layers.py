@@ -18,7 +18,14 @@ from .formats import GPTQPacked, RTNPacked, dequantize_rtn, pack_gptq_qzeros, un
 from .w4a16_chooser import w4a16_linear
 from .w4a16_kernel import zero_bias_from_zeros
 
-__all__ = ["Int4Conv1d", "Int4ConvTranspose1d", "Int4Linear", "PackedEmbedding", "RTNLinear"]
+__all__ = [
+    "Int4Conv1d",
+    "Int4ConvTranspose1d",
+    "Int4Linear",
+    "PackedEmbedding",
+    "PackedScaledEmbedding",
+    "RTNLinear",
+]
 
 
 class _PackedModule(nn.Module):
@@ -234,6 +241,28 @@ class PackedEmbedding(_RTNModule):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, num_groups={self.num_groups}"
+
+
+class PackedScaledEmbedding(PackedEmbedding):
+    """v4-Large's T5Gemma 2 embedding (`t5gemma.ScaledEmbedding`) on a packed table: the looked-up
+    rows dequantised, times sqrt(hidden), the end-of-image id given its own (float) vector."""
+
+    def __init__(
+        self, packed: RTNPacked, *, scale: float, eoi: int | None, device=None, act_dtype=torch.float16
+    ) -> None:
+        super().__init__(packed, device=device, act_dtype=act_dtype)
+        self.eoi_embedding = nn.Parameter(
+            torch.zeros(packed.cols, device=device, dtype=act_dtype), requires_grad=False
+        )
+        # sqrt(hidden) as a float32 number rounded to the compute dtype, as the float module has it
+        self.scale = torch.tensor(scale, dtype=torch.float32).to(act_dtype).item()
+        self.eoi = eoi
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = super().forward(ids) * self.scale
+        if self.eoi is None:
+            return x
+        return torch.where((ids == self.eoi)[..., None], self.eoi_embedding.to(x.dtype), x)
 
 
 Conv = nn.Conv1d | nn.ConvTranspose1d
