@@ -24,6 +24,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the subprocesses tests star
 # on every machine before), so results do not depend on the machine. tests/backends/test_cpu_preset.py
 # fakes the flags it needs.
 os.environ["IRODORI_CPU_FLAGS"] = "none"
+# The model's CPU threads: one, as above (the product's default is half the usable CPUs).
+os.environ["IRODORI_THREADS"] = "1"
+# tiny_random=True / --tiny-random: the v2 layout most tests were written against (the product's
+# default is the default model's family, v4.1-MF; tests/test_first_hour.py tests that default).
+os.environ["IRODORI_TINY_KIND"] = "v2"
 # Int4 kernel choices are timed afresh in every test run (GPU): never read from or written to the
 # user's cache; tests/quant/test_triton_interp.py sets its own file to test the persistence.
 os.environ["IRODORI_INT4_TUNE_CACHE"] = "off"
