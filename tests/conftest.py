@@ -102,3 +102,32 @@ def hostile_speaker(synth, hostile_loop, tmp_path_factory):
     yield s
     hostile_loop.run_until_complete(asyncio.wait_for(s.aclose(), 10))
     cache.close()
+
+
+#: Whole modules in `-m slow` (the README's quick subset, `-m "not slow"`, leaves them out), and why:
+#: each starts processes or servers, or runs a kernel interpreter, for most of its tests. Single
+#: slow tests elsewhere carry `@pytest.mark.slow` themselves.
+SLOW_MODULES: dict[str, str] = {
+    "tests/server/": "real uvicorn servers, Ray, schemathesis",
+    "tests/test_docs_commands.py": "every documented command, as a subprocess",
+    "tests/test_examples.py": "the examples end to end, as subprocesses",
+    "tests/test_cli_commands.py": "every command as a subprocess",
+    "tests/test_progress.py": "a real terminal (tmux)",
+    "tests/test_offline.py": "fresh processes with an empty Hugging Face cache",
+    "tests/test_precommit.py": "pre-commit's own start",
+    "tests/engine/test_fused_interp.py": "the Triton interpreter",
+    "tests/quant/test_triton_interp.py": "the Triton interpreter",
+    "tests/speaker/test_unclosed.py": "interpreters that exit with an open Speaker",
+    "tests/test_hostile_speaker.py": "hostile inputs through a real Speaker, each then speaking",
+    "tests/test_hostile_input.py": "hostile inputs through the CLI and the server",
+    "tests/test_hostile_checkpoint.py": "each damaged file, then a good model loaded and speaking",
+    "tests/text/test_properties.py": "hypothesis: hundreds of generated texts",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(str(config.rootpath))
+    for item in items:
+        where = Path(str(item.fspath)).relative_to(root).as_posix()
+        if any(where == m or (m.endswith("/") and where.startswith(m)) for m in SLOW_MODULES):
+            item.add_marker(pytest.mark.slow)

@@ -153,10 +153,10 @@ def voice_labels(voices: Sequence[Any]) -> list[str]:
     for i, v in enumerate(voices, 1):
         if v is None:
             label = "default"
-        elif isinstance(getattr(v, "name", None), str):
-            label = v.name
         elif isinstance(v, (str, os.PathLike)):
             label = Path(v).stem
+        elif isinstance(getattr(v, "name", None), str):
+            label = v.name
         else:
             label = f"voice {i}"
         base, n = label, 2
