@@ -415,6 +415,7 @@ def test_the_sample_voice_ships_in_the_package_with_its_licence():
     licence = (SAMPLE_VOICE.parent / "SAMPLE_VOICE.md").read_text(encoding="utf-8")
     assert "CC0" in licence and "espeak" in licence.lower()
     assert "data/*" in pyproject()["tool"]["setuptools"]["package-data"]["irodori_speaker"]
+    assert common.SAMPLE_VOICE_FILE == SAMPLE_VOICE  # `--voice sample` (the CLI knows it without torch)
 
 
 @pytest.mark.slow

@@ -87,13 +87,18 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: `--voice sample`: the sample voice in the package (synthesis.voices.SAMPLE_VOICE, Voice.sample()).
+SAMPLE_VOICE_FILE = Path(__file__).resolve().parents[1] / "data" / "sample_voice.opus"
+
+
 def add_voice_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("voice")
     g.add_argument(
         "--voice",
         action="append",
         help="reference voice: an audio file, or a saved latent (.safetensors); give it several "
-        "times for one voice from several clips (joined in order up to the model's cap: 120 s on v4)",
+        "times for one voice from several clips (joined in order up to the model's cap: 120 s on v4); "
+        "`sample`: the 4 s sample voice shipped in the package (CC0)",
     )
     g.add_argument("--caption", help="voice description for VoiceDesign and v4 models (with --voice on v4)")
 
@@ -255,6 +260,8 @@ def build_voice(args: argparse.Namespace):
     if given:
         for value in given:
             path = Path(value)
+            if value == "sample" and not path.exists():  # the voice shipped in the package
+                path = SAMPLE_VOICE_FILE
             if not path.is_file():
                 raise AudioError(
                     f"reference voice {path} does not exist",
