@@ -125,9 +125,40 @@ SLOW_MODULES: dict[str, str] = {
 }
 
 
+#: Single tests in `-m slow`: those over ~5 s in a `-m "not slow" --durations` run on a busy 2-core
+#: machine (2026-12-05), mostly a subprocess with torch's import and a model load each, or real-time
+#: playback. The quick subset keeps a faster test of the same behaviour where there is one.
+SLOW_TESTS = (
+    "tests/backends/test_cpu_tricks.py::test_int8_siblings_share_one_quantisation_and_render_the_same",
+    "tests/engine/test_codec.py::test_chunked_decode_equals_full",
+    "tests/speaker/test_jitter.py::test_a_line_streamed_slower_than_real_time_never_stops_inside",
+    "tests/speaker/test_preempt.py::test_a_high_line_pre_empts_a_normal_prefetch_which_is_requeued_in_order",
+    "tests/speaker/test_queue.py::test_lookahead_is_bounded_in_lines_and_seconds",
+    "tests/test_batching.py::test_a_line_cancelled_in_a_batch_stops_alone",
+    "tests/test_batching.py::test_lines_waiting_together_are_sampled_as_one_batch_and_sound_as_alone",
+    "tests/test_batching.py::test_only_lines_with_the_same_plan_share_a_batch",
+    "tests/test_cache.py::test_one_writer_and_two_reader_processes_never_see_a_torn_entry",
+    "tests/test_cache.py::test_speaker_cache_hit_plays_with_zero_synthesizer_calls_and_the_same_events",
+    "tests/test_captions.py::test_say_writes_srt_vtt_and_the_caption_file",
+    "tests/test_captions.py::test_speaker_word_events_and_the_caption_file_show_the_original",
+    "tests/test_cli.py::",
+    "tests/test_controls.py::test_loudness_target_makes_lines_equally_loud",
+    "tests/test_controls.py::test_speaker_takes_options_by_name_for_every_line",
+    "tests/test_controls.py::test_stream_equals_whole_with_controls",
+    "tests/test_controls.py::test_volume_is_a_gain_in_db",
+    "tests/test_prebuild.py::test_cli_prebuild_",
+    "tests/test_roofline.py::",
+    "tests/test_v4_product.py::test_quantize_calibrates_a_v4_model_with_its_tokenizer_folder",
+    "tests/test_v4_product.py::test_say_speaks_a_cached_mf_release_offline",
+    "tests/text/test_pauses.py::test_say_stream_with_markup_over_two_chunks_gives_exact_silence",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     root = Path(str(config.rootpath))
     for item in items:
         where = Path(str(item.fspath)).relative_to(root).as_posix()
-        if any(where == m or (m.endswith("/") and where.startswith(m)) for m in SLOW_MODULES):
+        node = where + "::" + item.name.partition("[")[0]
+        module = any(where == m or (m.endswith("/") and where.startswith(m)) for m in SLOW_MODULES)
+        if module or node.startswith(SLOW_TESTS):
             item.add_marker(pytest.mark.slow)

@@ -460,3 +460,17 @@ def test_the_version_is_one_for_the_command_and_the_wheel(tmp_path, capsys):
     assert f"\nVersion: {__version__}\n" in meta
     assert "Classifier: Topic :: Multimedia :: Sound/Audio :: Speech" in meta
     assert "Project-URL: " in meta and "License-Expression: MIT" in meta
+
+
+# ---- the quick subset ------------------------------------------------------------------------------
+
+
+def test_every_slow_listing_names_a_real_module_or_test():
+    import conftest
+
+    for module in conftest.SLOW_MODULES:
+        assert (REPO / module).exists(), module
+    for entry in conftest.SLOW_TESTS:
+        path, _, name = entry.partition("::")
+        text = (REPO / path).read_text(encoding="utf-8")
+        assert not name or f"def {name}" in text, entry
