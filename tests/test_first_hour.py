@@ -324,6 +324,8 @@ def test_serve_exits_130_on_ctrl_c_and_says_noise_once(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
+        # SIGINT as in a terminal's foreground: a shell's background job (CI started with `&`) ignores it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         limit = time.monotonic() + 480  # a hang guard: a loaded 2-core machine starts it in ~20 s

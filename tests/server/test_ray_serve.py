@@ -84,4 +84,4 @@ def test_two_replicas_serve_voicevox_and_openai(tmp_path: Path, request: pytest.
     finally:
         # Ray tears down its controller, proxy and replicas: slow on a loaded 2-core machine
         code = server.stop(timeout=180)
-    assert code == 0, server.log.read_text()[-3000:]
+    assert code == 130, server.log.read_text()[-3000:]  # Ctrl-C: 130, as serve's help says

@@ -134,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
             if not (e.name or "").startswith("ray"):
                 raise
             raise InputError("--ray needs Ray Serve", hint=extra_hint("ray")) from None
-        return serve_ray(settings)
+        serve_ray(settings)  # returns once Ctrl-C has stopped it (serve.run blocks until then)
+        print("stopped (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     from ..server.parts import ServerParts
     from ..server.run import serve
 
