@@ -205,6 +205,17 @@ def test_text_mistakes_cost_no_model_load(text, message, no_model, tmp_path, cap
     assert "say_stream()" not in hint  # the command line's words
 
 
+def test_a_tag_only_line_is_refused_early_unless_a_tag_map_gives_it_words(irodori_home, tmp_path, capsys):
+    tags = tmp_path / "tags.json"
+    tags.write_text('{"happy": {"text": "やったー"}}', encoding="utf-8")
+    out = str(tmp_path / "a.wav")
+    argv = ["say", "[happy]", "-o", out, "--tiny-random", "--backend", "cpu"]
+    assert cli.main([*argv, "--tag-map", str(tags)]) == 0
+    capsys.readouterr()
+    line, hint = two_lines(argv, capsys)
+    assert "nothing to say" in line and "--tags keep" in hint
+
+
 def test_caption_on_a_tiny_kind_without_a_caption_branch_costs_no_model_load(no_model, tmp_path, capsys):
     line, _ = two_lines(
         ["say", "x", "-o", tmp_path / "a.wav", "--tiny-kind", "v3", "--caption", "明るい"], capsys

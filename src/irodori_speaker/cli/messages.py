@@ -60,7 +60,10 @@ class Phases:
 IN_A_CLONE = (Path(__file__).resolve().parents[3] / "scripts" / "setup.sh").is_file()
 
 #: Python keyword spellings in the library's hints -> the command line's flags.
-_FLAGS = ("backend", "device", "dtype", "codec_device", "hostapi", "model", "codec", "tokenizer", "threads")
+_FLAGS = (
+    *("backend", "device", "dtype", "codec_device", "hostapi", "model", "codec", "tokenizer", "threads"),
+    *("tags", "urls", "laughter", "steps", "seed", "seconds", "speed"),  # synthesis options with a flag
+)
 _KEYWORD = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(?:(['\"])(.*?)\2|([\w.:/-]+))?")
 
 

@@ -60,9 +60,10 @@ def decode_text(raw: bytes, what: str) -> str:
     return text
 
 
-def check_text(text: str, options: Any) -> None:
+def check_text(text: str, options: Any, *, tag_map: bool = False) -> None:
     """What the synthesizer would refuse of the text itself (empty, too long, a pause over the
-    limit), before the model loads; hints in the command line's words."""
+    limit), before the model loads; hints in the command line's words. With a tag map a tag
+    may become words, so only the length is checked here."""
     from ..synthesis.plan import spoken_parts
     from ..text.split import MAX_LINE_CHARS, check_line_text
 
@@ -72,7 +73,9 @@ def check_text(text: str, options: Any) -> None:
             hint="split the text into several lines, one `say` each "
             "(or speak a long text from Python with Speaker.say_stream)",
         )
-    spoken_parts(check_line_text(text), options)
+    check_line_text(text)
+    if not tag_map:
+        spoken_parts(text, options)
 
 
 def cmd_say(args: argparse.Namespace) -> int:
@@ -89,7 +92,7 @@ def cmd_say(args: argparse.Namespace) -> int:
         find_output_device(args.output_device, args.hostapi)
     voice = voice_and_checks(args)
     options = build_options(args)  # a bad --speed / --loudness costs no model load
-    check_text(text, options)
+    check_text(text, options, tag_map=bool(args.tag_map))
     tag_map = read_tag_map(args)
     captions = [f for f in (args.srt, args.vtt, args.caption_file) if f]
     for f in captions:
