@@ -217,8 +217,8 @@ def default_threads(usable: int | None = None) -> int:
 
     A streaming PC is shared (OBS, a game, an LLM): torch's own default, a thread per core, made
     its OpenMP threads wait on each other whenever another program held a core, and the first
-    line of the README took 12.7 s instead of 1.5 s on a busy 2-core machine
-    (benchmarks/threads_under_load.py measures the two side by side)."""
+    line of the README took 21.1 s instead of 11.5 s on a busy 2-core machine, its synthesis
+    7.15 s instead of 0.73 s (benchmarks/threads_under_load.py measures the two side by side)."""
     return max(1, (usable if usable is not None else usable_cpus()) // 2)
 
 
