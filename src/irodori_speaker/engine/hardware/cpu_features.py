@@ -216,9 +216,10 @@ def default_threads(usable: int | None = None) -> int:
     """Torch's CPU threads when none are asked for: half the CPUs this process may use, at least one.
 
     A streaming PC is shared (OBS, a game, an LLM): torch's own default, a thread per core, made
-    its OpenMP threads wait on each other whenever another program held a core, and the first
-    line of the README took 21.1 s instead of 11.5 s on a busy 2-core machine, its synthesis
-    7.15 s instead of 0.73 s (benchmarks/threads_under_load.py measures the two side by side)."""
+    its OpenMP threads wait on each other whenever another program held a core: the synthesis of
+    the README's first line took 2.73 s instead of 0.81 s on a 2-core machine with 6 spinning
+    processes, 7.15 s instead of 0.73 s under heavier mixed load; on a quiet one the two were
+    equal (benchmarks/threads_under_load.py, docs/backends.md)."""
     return max(1, (usable if usable is not None else usable_cpus()) // 2)
 
 
