@@ -55,7 +55,12 @@ sys.path.insert(0, str(HERE))
 
 import news5  # noqa: E402  (the shared random full-size files and the approximate tokenizer)
 
-from irodori_speaker.engine.hardware.cpu_features import cgroup_cpu_limit, cpu_features, usable_cpus  # noqa: E402
+from irodori_speaker.engine.hardware.cpu_features import (  # noqa: E402
+    cgroup_cpu_limit,
+    choose_threads,
+    cpu_features,
+    usable_cpus,
+)
 from irodori_speaker.engine.hardware.cpu_tricks import apply_int8_linears  # noqa: E402
 from irodori_speaker.engine.hardware.presets import cpu_preset_fields, select_preset  # noqa: E402
 from irodori_speaker.options import SynthesisOptions  # noqa: E402
@@ -295,9 +300,9 @@ def main() -> None:
     feats = cpu_features()
     default_threads = torch.get_num_threads()
     usable = usable_cpus()
-    picks = cpu_preset_fields(feats)  # before any set_num_threads: it compares with torch's default
+    picks = cpu_preset_fields(feats)
     # the trick rows run at the preset's threads; the sweep adds torch's default, the usable CPUs, half
-    t_main = picks["threads"] or default_threads
+    t_main = choose_threads()[0]
     thread_list = (
         [int(t) for t in args.threads.split(",")]
         if args.threads

@@ -383,8 +383,6 @@ async def amain(args: argparse.Namespace) -> int:
     from irodori_speaker.outputs import FileOutput
 
     synth = load_from_args(args)
-    if synth.note:
-        print(f"note: {synth.note}", flush=True)
     voice = args.voice
     options = SynthesisOptions(steps=args.steps, seed=args.seed)
     cache = PhraseCache(args.cache_dir)

@@ -43,8 +43,6 @@ async def read_news(args: argparse.Namespace) -> int:
     from irodori_speaker.outputs import FileOutput
 
     synth = load_from_args(args)
-    if synth.note:
-        print(f"note: {synth.note}")
     sentences = load_sentences(args.sentences)
     output = FileOutput(args.out, speed=args.speed) if args.out else args.output_device
     options = SynthesisOptions(steps=args.steps, seed=args.seed, seconds=args.seconds)

@@ -24,6 +24,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the subprocesses tests star
 # on every machine before), so results do not depend on the machine. tests/backends/test_cpu_preset.py
 # fakes the flags it needs.
 os.environ["IRODORI_CPU_FLAGS"] = "none"
+# The model's CPU threads: one, as above (the product's default is half the usable CPUs).
+os.environ["IRODORI_THREADS"] = "1"
+# tiny_random=True / --tiny-random: the v2 layout most tests were written against (the product's
+# default is the default model's family, v4.1-MF; tests/test_first_hour.py tests that default).
+os.environ["IRODORI_TINY_KIND"] = "v2"
 # Int4 kernel choices are timed afresh in every test run (GPU): never read from or written to the
 # user's cache; tests/quant/test_triton_interp.py sets its own file to test the persistence.
 os.environ["IRODORI_INT4_TUNE_CACHE"] = "off"
@@ -97,3 +102,63 @@ def hostile_speaker(synth, hostile_loop, tmp_path_factory):
     yield s
     hostile_loop.run_until_complete(asyncio.wait_for(s.aclose(), 10))
     cache.close()
+
+
+#: Whole modules in `-m slow` (the README's quick subset, `-m "not slow"`, leaves them out), and why:
+#: each starts processes or servers, or runs a kernel interpreter, for most of its tests. Single
+#: slow tests elsewhere carry `@pytest.mark.slow` themselves.
+SLOW_MODULES: dict[str, str] = {
+    "tests/server/": "real uvicorn servers, Ray, schemathesis",
+    "tests/test_docs_commands.py": "every documented command, as a subprocess",
+    "tests/test_examples.py": "the examples end to end, as subprocesses",
+    "tests/test_cli_commands.py": "every command as a subprocess",
+    "tests/test_progress.py": "a real terminal (tmux)",
+    "tests/test_offline.py": "fresh processes with an empty Hugging Face cache",
+    "tests/test_precommit.py": "pre-commit's own start",
+    "tests/engine/test_fused_interp.py": "the Triton interpreter",
+    "tests/quant/test_triton_interp.py": "the Triton interpreter",
+    "tests/speaker/test_unclosed.py": "interpreters that exit with an open Speaker",
+    "tests/test_hostile_speaker.py": "hostile inputs through a real Speaker, each then speaking",
+    "tests/test_hostile_input.py": "hostile inputs through the CLI and the server",
+    "tests/test_hostile_checkpoint.py": "each damaged file, then a good model loaded and speaking",
+    "tests/text/test_properties.py": "hypothesis: hundreds of generated texts",
+}
+
+
+#: Single tests in `-m slow`: those over ~5 s in a `-m "not slow" --durations` run on a busy 2-core
+#: machine (2026-12-05), mostly a subprocess with torch's import and a model load each, or real-time
+#: playback. The quick subset keeps a faster test of the same behaviour where there is one.
+SLOW_TESTS = (
+    "tests/backends/test_cpu_tricks.py::test_int8_siblings_share_one_quantisation_and_render_the_same",
+    "tests/engine/test_codec.py::test_chunked_decode_equals_full",
+    "tests/speaker/test_jitter.py::test_a_line_streamed_slower_than_real_time_never_stops_inside",
+    "tests/speaker/test_preempt.py::test_a_high_line_pre_empts_a_normal_prefetch_which_is_requeued_in_order",
+    "tests/speaker/test_queue.py::test_lookahead_is_bounded_in_lines_and_seconds",
+    "tests/test_batching.py::test_a_line_cancelled_in_a_batch_stops_alone",
+    "tests/test_batching.py::test_lines_waiting_together_are_sampled_as_one_batch_and_sound_as_alone",
+    "tests/test_batching.py::test_only_lines_with_the_same_plan_share_a_batch",
+    "tests/test_cache.py::test_one_writer_and_two_reader_processes_never_see_a_torn_entry",
+    "tests/test_cache.py::test_speaker_cache_hit_plays_with_zero_synthesizer_calls_and_the_same_events",
+    "tests/test_captions.py::test_say_writes_srt_vtt_and_the_caption_file",
+    "tests/test_captions.py::test_speaker_word_events_and_the_caption_file_show_the_original",
+    "tests/test_cli.py::",
+    "tests/test_controls.py::test_loudness_target_makes_lines_equally_loud",
+    "tests/test_controls.py::test_speaker_takes_options_by_name_for_every_line",
+    "tests/test_controls.py::test_stream_equals_whole_with_controls",
+    "tests/test_controls.py::test_volume_is_a_gain_in_db",
+    "tests/test_prebuild.py::test_cli_prebuild_",
+    "tests/test_roofline.py::",
+    "tests/test_v4_product.py::test_quantize_calibrates_a_v4_model_with_its_tokenizer_folder",
+    "tests/test_v4_product.py::test_say_speaks_a_cached_mf_release_offline",
+    "tests/text/test_pauses.py::test_say_stream_with_markup_over_two_chunks_gives_exact_silence",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(str(config.rootpath))
+    for item in items:
+        where = Path(str(item.fspath)).relative_to(root).as_posix()
+        node = where + "::" + item.name.partition("[")[0]
+        module = any(where == m or (m.endswith("/") and where.startswith(m)) for m in SLOW_MODULES)
+        if module or node.startswith(SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)

@@ -512,7 +512,9 @@ def _speaker_run(synth, text: str, **speaker_kwargs):
     from irodori_speaker.speaker import Speaker
 
     async def body():
-        out = NullOutput(speed=2.0, record=True)  # real-time paced (x2): lip-sync events flow
+        # real-time paced: lip-sync events flow, and the jitter buffer's real-time plan holds (at x2 a
+        # busy machine's stream underran and the played audio had a hole the hit's had not)
+        out = NullOutput(speed=1.0, record=True)
         async with Speaker(synth, output=out, prewarm=False, options=FAST, **speaker_kwargs) as s:
             kinds: list[str] = []
             s.on(None, lambda e: kinds.append(e.kind))

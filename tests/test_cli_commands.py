@@ -113,7 +113,9 @@ def test_cache_commands(home, tmp_path):
     assert r.returncode == 1 and "dropped: " in r.stderr and "2 ok, 1 damaged" in r.stdout
     r = run(["cache", "verify", "--cache-dir", d], home)
     assert r.returncode == 0 and "2 ok, 0 damaged" in r.stdout
-    r = run(["cache", "clear", "--cache-dir", d], home)
+    r = run(["cache", "clear", "--cache-dir", d], home)  # not a terminal: it asks for --yes
+    assert "add --yes" in one_line_error(r)
+    r = run(["cache", "--cache-dir", d, "clear", "--yes"], home)  # --cache-dir before the action too
     assert r.returncode == 0 and "removed 2 entries" in r.stdout
     with PhraseCache(d) as c:
         assert c.stats().entries == 0

@@ -97,7 +97,7 @@ def test_flags_before_positionals_do_not_swallow_them(irodori_home, tmp_path, ca
 
 def test_tiny_kind_picks_the_model_and_implies_tiny_random(irodori_home, tmp_path, capsys):
     assert cli.main(["say", "はい", "-o", str(tmp_path / "a.wav"), "--tiny-kind", "v3", "-v"]) == 0
-    assert "loaded tiny-random v3" in capsys.readouterr().err
+    assert "model load:" in (err := capsys.readouterr().err) and "(tiny-random v3 on cpu" in err
 
 
 def test_tiny_kinds_listed_by_the_cli_are_the_engines():
@@ -130,7 +130,7 @@ def test_quiet_and_verbose_set_the_log_level(irodori_home, tmp_path, capsys):
     assert capsys.readouterr().err == ""
     assert cli.main(["-v", "say", "はい", "-o", out, *TINY]) == 0
     err = capsys.readouterr().err
-    assert "info: loaded tiny-random v2 on cpu" in err and "[irodori_speaker.cli]" in err
+    assert "info: model load:" in err and "(tiny-random v2 on cpu" in err and "[irodori_speaker.cli]" in err
 
 
 def test_caption_needs_a_model_with_a_caption_branch(irodori_home, tmp_path, capsys):
@@ -168,7 +168,11 @@ def test_a_device_that_is_not_here_names_what_is(device, match, tmp_path, capsys
 
 @pytest.mark.parametrize(
     "name, match",
-    [("out.xyz", "unknown extension '.xyz'"), ("out", "no extension"), ("out.WAVE", "unknown extension")],
+    [
+        ("out.xyz", "unknown file extension '.xyz'"),
+        ("out", "no file extension"),
+        ("out.WAVE", "unknown file extension"),
+    ],
 )
 def test_an_output_we_cannot_write_fails_first(name, match, tmp_path, capsys, no_model):
     _, hint = fails(say(tmp_path / name), AudioError, match, capsys)

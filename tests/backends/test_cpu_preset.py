@@ -11,7 +11,12 @@ import torch
 from irodori_speaker.engine.hardware import cpu_features as cf
 from irodori_speaker.engine.hardware import presets
 from irodori_speaker.engine.hardware.cpu_features import CpuFeatures, parse_cpuinfo
-from irodori_speaker.engine.hardware.presets import AUDIO_FLAGS, cpu_preset_fields, select_preset
+from irodori_speaker.engine.hardware.presets import (
+    AUDIO_FLAGS,
+    cpu_preset_fields,
+    resolve_threads,
+    select_preset,
+)
 from irodori_speaker.errors import BackendError
 
 
@@ -72,7 +77,7 @@ def test_the_first_processor_and_its_model_are_read():
     ],
 )
 def test_the_preset_picks_each_trick_only_with_its_instructions(text, dtype, int8, channels_last):
-    picks = cpu_preset_fields(parse_cpuinfo(text), usable=16, torch_threads=16)
+    picks = cpu_preset_fields(parse_cpuinfo(text))
     assert picks == {
         "dtype": dtype,
         "codec_dtype": dtype,
@@ -80,17 +85,33 @@ def test_the_preset_picks_each_trick_only_with_its_instructions(text, dtype, int
         "codec_channels_last": channels_last,
         "stream_chunk_frames": 50 if channels_last else 25,
         "stream_chunk_growth": 3.0 if channels_last else None,
-        "threads": None,
     }
 
 
-@pytest.mark.parametrize(
-    ("usable", "torch_threads", "threads"), [(16, 96, 16), (16, 16, None), (32, 16, None)]
-)
-def test_threads_never_exceed_the_cpus_this_process_may_use(usable, torch_threads, threads):
-    # torch starts a thread per physical core of the machine; a container or job slot may have fewer
-    picks = cpu_preset_fields(parse_cpuinfo(ZEN4), usable=usable, torch_threads=torch_threads)
-    assert picks["threads"] == threads
+@pytest.mark.parametrize(("usable", "threads"), [(1, 1), (2, 1), (3, 1), (8, 4), (16, 8)])
+def test_the_default_threads_leave_half_the_usable_cpus_free(usable, threads, monkeypatch):
+    # a streaming PC is shared: torch's thread per core collapsed under OBS / a game / an LLM
+    monkeypatch.delenv(cf.THREADS_ENV, raising=False)
+    n, why = cf.choose_threads(None, usable=usable)
+    assert n == threads and f"{usable} CPUs" in why
+
+
+def test_threads_asked_for_win_over_the_environment_which_wins_over_the_default(monkeypatch):
+    monkeypatch.setenv(cf.THREADS_ENV, "3")
+    assert cf.choose_threads(None, usable=16) == (3, "$IRODORI_THREADS")
+    assert cf.choose_threads(2, usable=16) == (2, "asked for")
+    preset, why = resolve_threads(select_preset("cpu"))
+    assert preset.threads == 3 and why == "$IRODORI_THREADS"
+
+
+@pytest.mark.parametrize("bad", ["0", "two", "-1"])
+def test_a_bad_thread_count_is_one_line_before_any_model(bad, monkeypatch):
+    monkeypatch.setenv(cf.THREADS_ENV, bad)
+    with pytest.raises(BackendError, match="IRODORI_THREADS"):
+        select_preset("cpu")
+    monkeypatch.delenv(cf.THREADS_ENV)
+    with pytest.raises(BackendError, match="whole number"):
+        select_preset("cpu", threads=0)
 
 
 def _cgroup(tmp_path, files: dict[str, str], own: str = "") -> tuple:

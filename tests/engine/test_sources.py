@@ -15,8 +15,9 @@ from irodori_speaker.errors import ModelSourceError
 
 def test_local_path(tmp_path):
     f = tmp_path / "model.safetensors"
-    f.write_bytes(b"x")
+    f.write_bytes(b"x")  # the strict loader reads it (and says what is wrong with it)
     assert resolve(f) == f
+    assert resolve(tmp_path) == f  # a release folder: its model.safetensors
 
 
 def test_repo_id_and_alias_from_cache(tmp_path):

@@ -23,7 +23,8 @@ import pytest
 from server_helpers import httpx, start_server, wav_info
 
 pytest.importorskip("ray.serve")
-pytestmark = pytest.mark.timeout(600)
+# hang guards, not speed bounds: Ray's node start took minutes on a busy 2-core machine
+pytestmark = pytest.mark.timeout(1500)
 
 
 def _replica_logs(ray_tmp: Path) -> dict[str, str]:
@@ -42,7 +43,7 @@ def test_two_replicas_serve_voicevox_and_openai(tmp_path: Path, request: pytest.
         "2",
         "--no-cache",
         env={"RAY_TMPDIR": str(ray_tmp), "RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0"},
-        wait_s=400,
+        wait_s=900,
     )
     try:
 

@@ -31,7 +31,7 @@ def servers(tmp_path_factory):
     many = start_server(tmp_path_factory.mktemp("many"), "--streams", "4", "--steps", "64", "--no-cache")
     one = start_server(tmp_path_factory.mktemp("one"), "--streams", "1", "--steps", "64", "--no-cache")
     yield many, one
-    assert many.stop() == 0 and one.stop() == 0
+    assert many.stop() == 130 and one.stop() == 130
 
 
 def test_lines_that_arrive_together_are_sampled_together_and_sound_as_alone(servers):

@@ -117,8 +117,11 @@ def test_file_output_is_one_continuous_file_in_order(run, tmp_path):
     )
     assert sr == SR
     np.testing.assert_array_equal(audio, expected)
+    run(_open_file_output(tmp_path / "no" / "such" / "dir" / "x.wav"))  # made, as `say -o` makes it
+    assert (tmp_path / "no" / "such" / "dir" / "x.wav").is_file()
+    (tmp_path / "a-file").write_text("")
     with pytest.raises(AudioError):
-        run(_open_file_output(tmp_path / "no" / "such" / "dir" / "x.wav"))
+        run(_open_file_output(tmp_path / "a-file" / "x.wav"))
 
 
 async def _open_file_output(path):
@@ -156,7 +159,7 @@ def test_make_output_specs(tmp_path):
     assert isinstance(make_output("USB Audio 2.0"), SoundDeviceOutput)
     for name in ("a.ogg", "a.opus", "a.MP3"):
         assert isinstance(make_output(str(tmp_path / name)), FileOutput)
-    with pytest.raises(AudioError, match=r"unknown extension '\.aiff'"):
+    with pytest.raises(AudioError, match=r"unknown file extension '\.aiff'"):
         make_output(str(tmp_path / "a.aiff"))  # a file we cannot write, not a device called "a.aiff"
     with pytest.raises(Exception, match="not an output"):
         make_output(3.5)  # type: ignore[arg-type]
@@ -202,11 +205,10 @@ def test_file_output_sample_rate_and_channels(run, tmp_path):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"path": "x.xyz"}, "unknown extension '.xyz'"),
-        ({"path": "noext"}, "no extension"),
+        ({"path": "x.xyz"}, "unknown file extension '.xyz'"),
+        ({"path": "noext"}, "no file extension"),
         ({"path": "x.wav", "subtype": "VORBIS"}, "cannot hold subtype 'VORBIS'"),
         ({"path": "x.opus", "sample_rate": 44_100}, "Opus cannot store 44100 Hz"),
-        ({"path": "missing-dir/x.wav"}, "does not exist"),
         ({"path": "/proc/x.wav"}, "cannot write /proc/x.wav"),
     ],
 )

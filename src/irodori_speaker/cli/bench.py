@@ -6,12 +6,12 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..engine.sources import DEFAULT_MODEL
 from ..errors import InputError
 from .common import (
     EXIT_OK,
@@ -157,7 +157,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if args.tiny_kind
             else "tiny-random"
             if args.tiny_random
-            else "default (v2)"
+            else f"default ({DEFAULT_MODEL})"
         ),
         "family": synth.config.family,
         "model_sha256": model_fp,
@@ -170,8 +170,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "python": platform.python_version(),
         "host": platform.node(),
     }
-    if synth.note:
-        print(f"note: {synth.note}", file=sys.stderr)
     print(
         f"{name} on {header['device']}, {header['dtype']}, {steps} steps {schedule}, seed {options.seed}; "
         f"model {header['model']} ({header['family']}) [{model_fp}]; {header['date']}"

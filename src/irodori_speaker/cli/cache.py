@@ -14,7 +14,6 @@ from .common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    Progress,
     add_cache_flags,
     add_model_flags,
     add_reading_flags,
@@ -27,6 +26,7 @@ from .common import (
     sub_parser,
     voice_and_checks,
 )
+from .messages import Progress
 
 
 def cmd_prebuild(args: argparse.Namespace) -> int:
@@ -39,8 +39,6 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
     voice = voice_and_checks(args)
     with open_cache(args.cache_dir, max_bytes=args.max_bytes, audio_format=args.audio_format) as cache:
         synth = load_from_args(args)
-        if synth.note:
-            print(f"note: {synth.note}", file=sys.stderr)
         progress = Progress("prebuilding", enabled=show_progress(args))
 
         def show(done: int, total: int, eta: float | None, res: Any) -> None:
@@ -113,6 +111,15 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
     from ..cache import format_size
 
     with open_cache(args.cache_dir, must_exist=True) as cache:
+        if not args.yes:
+            s = cache.stats()
+            question = f"remove all {s.entries} entries ({format_size(s.bytes)}) from {cache.directory}?"
+            if not sys.stdin.isatty():
+                raise InputError(f"cache clear would {question[:-1]}", hint="add --yes to clear it")
+            print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                print("nothing removed", file=sys.stderr)
+                return EXIT_OK
         n, size = cache.clear()
     print(f"removed {n} entries ({format_size(size)}) from {cache.directory}")
     return EXIT_OK
@@ -157,18 +164,19 @@ def register(sub: Any) -> None:
         "look into the phrase cache: stats, list, verify, clear",
         "Inspect or maintain a phrase cache directory (several processes may use it at once).",
     )
+    add_cache_flags(p)
     csub = p.add_subparsers(dest="cache_command", metavar="ACTION")
     csub.required = True
     c = sub_parser(
         csub, "stats", "entries, size, hits and misses", "Entries, size and lifetime hit/miss counts."
     )
-    add_cache_flags(c)
+    add_cache_flags(c, inner=True)
     c.add_argument("--json", action="store_true", help="print the numbers as JSON")
     c.set_defaults(func=cmd_cache_stats)
     c = sub_parser(
         csub, "list", "the entries, most recently used first", "List entries (key, length, hits, text)."
     )
-    add_cache_flags(c)
+    add_cache_flags(c, inner=True)
     c.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     c.add_argument(
         "--sort", choices=["last_used", "hits", "bytes", "created"], default="last_used", help="order"
@@ -182,9 +190,15 @@ def register(sub: Any) -> None:
         "re-rendered on next use) and remove leftover temp and orphan files.\n"
         "Exit status 1 if anything was damaged.",
     )
-    add_cache_flags(c)
+    add_cache_flags(c, inner=True)
     c.add_argument("--no-repair", action="store_true", help="only report; change nothing")
     c.set_defaults(func=cmd_cache_verify)
-    c = sub_parser(csub, "clear", "remove every entry", "Remove every entry and reset the counters.")
-    add_cache_flags(c)
+    c = sub_parser(
+        csub,
+        "clear",
+        "remove every entry",
+        "Remove every entry and reset the counters; asks first (--yes does not).",
+    )
+    add_cache_flags(c, inner=True)
+    c.add_argument("-y", "--yes", action="store_true", help="do not ask (needed when not on a terminal)")
     c.set_defaults(func=cmd_cache_clear)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import sys
+import os
 import time
 from pathlib import Path
 from typing import Any
 
+from ..engine.sources import DEFAULT_MODEL, MODELS
 from ..errors import AudioError, CacheError, InputError
 from ..options import OptionSpec, SynthesisOptions, option_specs
+from .messages import phases_of
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -20,48 +22,9 @@ log = logging.getLogger("irodori_speaker.cli")
 #: The kinds of --tiny-kind (engine.tiny.TINY_CONFIGS; a test keeps the two equal). Listed here so
 #: building the parser does not import torch.
 TINY_KINDS = ("v2", "v3", "v2-voicedesign", "v4", "v4.1-mf", "v4-large")
-
-
-class Progress:
-    """One tqdm bar on stderr for a whole job; nothing when stderr is not a terminal or with -q.
-
-    Called as `progress(done, total)` (a line's sampler steps across all its pieces, or
-    entries), optionally with an `eta` the caller knows (unused: tqdm's rate-based estimate
-    is the one shown) and a short `note`. The bar fits the terminal's width (no wrapping).
-    """
-
-    def __init__(self, label: str, enabled: bool | None = None, *, counts: bool = True) -> None:
-        self.label = label
-        self.enabled = enabled  # None: tqdm decides (on only on a terminal)
-        self.counts = counts  # show done/total; False for a fraction (a line's weighted steps)
-        self.bar: Any = None
-
-    def __call__(self, done: int, total: int, eta: float | None = None, note: Any = "") -> None:
-        if self.enabled is False:
-            return
-        if self.bar is None:
-            from tqdm import tqdm
-
-            fmt = "{desc} {percentage:3.0f}%|{bar}| " + ("{n}/{total} " if self.counts else "")
-            self.bar = tqdm(
-                total=total,
-                desc=self.label,
-                file=sys.stderr,
-                disable=None if self.enabled is None else not self.enabled,
-                dynamic_ncols=True,
-                leave=False,
-                bar_format=fmt + "[{elapsed}<{remaining}]{postfix}",
-            )
-        if self.bar.total != total:
-            self.bar.total = total
-        if note:
-            self.bar.set_postfix_str(str(note)[:30], refresh=False)
-        self.bar.update(done - self.bar.n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+#: engine.tiny: what --tiny-random builds (DEFAULT_KIND, moved by $IRODORI_TINY_KIND), and the kinds
+#: without a caption branch (--caption refused before the model loads). A test keeps them equal.
+TINY_DEFAULT, TINY_KIND_ENV, TINY_NO_CAPTION = "v4.1-mf", "IRODORI_TINY_KIND", ("v2", "v3")
 
 
 # ---- shared flags ---------------------------------------------------------------------------
@@ -71,20 +34,34 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument(
         "--model",
-        help="DiT checkpoint: path, hf://org/repo/file, repo id, or alias (v2, v3, v2-voicedesign, "
-        "v3-voicedesign, v4, v4.1, v4.1-mf, v4-large, lite-int4). Default: v4.1-mf",
+        help="DiT checkpoint: a path, hf://org/repo/file, a repo id, or an alias "
+        f"({', '.join(MODELS)}). Default: {DEFAULT_MODEL} ({MODELS[DEFAULT_MODEL]})",
     )
     g.add_argument("--codec", help="DACVAE codec: weights.pth, our converted .safetensors, or a repo id")
-    g.add_argument("--tokenizer", help="tokenizer.json (default: the model's tokenizer repo)")
+    g.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="text tokenizer: a v4 release's tokenizer/ folder, or tokenizer.json for v2 / v3 "
+        "(default: the folder beside the model, else the model's tokenizer repo)",
+    )
     g.add_argument(
         "--tiny-random",
         action="store_true",
-        help="use a small random model in the real formats (offline; the output is NOISE)",
+        help="a small random model in the real formats, of the default model's family "
+        "(offline; the output is NOISE)",
     )
     g.add_argument(
         "--tiny-kind",
         metavar="KIND",
-        help=f"which tiny-random model (implies --tiny-random): {', '.join(TINY_KINDS)} (default v2)",
+        help=f"which tiny-random model (implies --tiny-random): {', '.join(TINY_KINDS)} "
+        "(default: the default model's family)",
+    )
+    g.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch CPU threads (default: $IRODORI_THREADS, else half the CPUs this process may use, "
+        "leaving the rest to OBS, a game or an LLM; -v logs the choice)",
     )
     g.add_argument(
         "--backend",
@@ -110,13 +87,18 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: `--voice sample`: the sample voice in the package (synthesis.voices.SAMPLE_VOICE, Voice.sample()).
+SAMPLE_VOICE_FILE = Path(__file__).resolve().parents[1] / "data" / "sample_voice.opus"
+
+
 def add_voice_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("voice")
     g.add_argument(
         "--voice",
         action="append",
         help="reference voice: an audio file, or a saved latent (.safetensors); give it several "
-        "times for one voice from several clips (joined in order up to the model's cap: 120 s on v4)",
+        "times for one voice from several clips (joined in order up to the model's cap: 120 s on v4); "
+        "`sample`: the 4 s sample voice shipped in the package (CC0)",
     )
     g.add_argument(
         "--caption", help="voice description for VoiceDesign and v4 models, v4-large too (with --voice on v4)"
@@ -239,8 +221,9 @@ def read_tag_map(args: argparse.Namespace) -> Any:
     return TagMap(mapping)
 
 
-def add_cache_flags(p: argparse.ArgumentParser, *, switch: bool = False) -> None:
-    """--cache-dir DIR; with `switch`, also the --cache flag that turns the cache on (say)."""
+def add_cache_flags(p: argparse.ArgumentParser, *, switch: bool = False, inner: bool = False) -> None:
+    """--cache-dir DIR; with `switch`, also the --cache flag that turns the cache on (say); `inner`:
+    on a subcommand whose group takes it too (`cache --cache-dir D stats` = `cache stats --cache-dir D`)."""
     from ..cache import default_cache_dir
 
     g = p.add_argument_group("phrase cache")
@@ -254,6 +237,7 @@ def add_cache_flags(p: argparse.ArgumentParser, *, switch: bool = False) -> None
     g.add_argument(
         "--cache-dir",
         metavar="DIR",
+        default=argparse.SUPPRESS if inner else None,
         help=f"phrase cache directory{' (implies --cache)' if switch else ''} "
         f"(default: {default_cache_dir()}; $IRODORI_CACHE moves it)",
     )
@@ -271,14 +255,15 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_voice(args: argparse.Namespace):
-    """The voice the flags name; a reference file that is missing or no audio fails here, cheaply."""
-    from ..synthesis.voices import Voice
-
+    """The voice the flags name; a reference file that is missing or no audio fails here, cheaply
+    (torch loads with the Voice class: only when there is a voice, so -v times torch's import)."""
     given = [args.voice] if isinstance(args.voice, str) else list(args.voice or [])
+    clips = []
     if given:
-        clips = []
         for value in given:
             path = Path(value)
+            if value == "sample" and not path.exists():  # the voice shipped in the package
+                path = SAMPLE_VOICE_FILE
             if not path.is_file():
                 raise AudioError(
                     f"reference voice {path} does not exist",
@@ -287,10 +272,14 @@ def build_voice(args: argparse.Namespace):
             if path.suffix != ".safetensors":
                 check_audio_file(path)
             clips.append(path)
+    if not given and not args.caption:
+        return None
+    with phases_of(args).phase("torch import"):
+        from ..synthesis.voices import Voice
+
+    if given:
         return Voice.from_clips(clips, caption=args.caption)
-    if args.caption:
-        return Voice.designed(args.caption)
-    return None
+    return Voice.designed(args.caption)
 
 
 def check_audio_file(path: Path) -> None:
@@ -308,12 +297,16 @@ def check_audio_file(path: Path) -> None:
 def check_caption(args: argparse.Namespace, synth: Any) -> None:
     """--caption on a model without a caption branch would be silently ignored: refuse it."""
     if getattr(args, "caption", None) and not synth.config.caption_enabled:
-        raise InputError(
-            "--caption needs a VoiceDesign or v4 model; this model has no caption branch",
-            hint="use --model v3-voicedesign, v4.1-mf or v4-large (offline: --tiny-kind v2-voicedesign, "
-            "v4 or v4-large), "
-            "or leave --caption out",
-        )
+        raise caption_error()
+
+
+def caption_error() -> InputError:
+    return InputError(
+        "--caption needs a VoiceDesign or v4 model; this model has no caption branch",
+        hint="use --model v3-voicedesign, v4.1-mf or v4-large (offline: --tiny-kind v2-voicedesign, v4 "
+        "or v4-large), "
+        "or leave --caption out",
+    )
 
 
 def build_options(args: argparse.Namespace) -> SynthesisOptions:
@@ -331,19 +324,42 @@ def _given(args: argparse.Namespace, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 def tiny_kind(args: argparse.Namespace) -> str | bool:
-    """The tiny-random kind the flags ask for, or False for a real model."""
+    """The tiny-random kind the flags ask for (True: the default kind), or False for a real model.
+    A model file named beside it would be ignored: refused."""
+    kind: str | bool = bool(args.tiny_random)
     if args.tiny_kind:
         if args.tiny_kind not in TINY_KINDS:
             raise InputError(
                 f"unknown --tiny-kind {args.tiny_kind!r}", hint=f"one of {', '.join(TINY_KINDS)}"
             )
-        return str(args.tiny_kind)
-    return "v2" if args.tiny_random else False
+        kind = str(args.tiny_kind)
+    named = [f for f in ("model", "codec", "tokenizer") if getattr(args, f, None)]
+    if kind and named:
+        flag = "--tiny-kind" if args.tiny_kind else "--tiny-random"
+        raise InputError(
+            f"{flag} builds its own random model: --{named[0]} {getattr(args, named[0])} would be ignored",
+            hint=f"drop {flag} to load --{named[0]}, or drop --{named[0]}",
+        )
+    return kind
+
+
+def check_threads(args: argparse.Namespace) -> None:
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads < 1:
+        raise InputError(
+            f"--threads must be at least 1, got {threads}",
+            hint="leave it out for the default (half the CPUs this process may use)",
+        )
 
 
 def voice_and_checks(args: argparse.Namespace):
     """The cheap checks every synthesising command makes before loading a model; its voice."""
-    tiny_kind(args)
+    kind = tiny_kind(args)
+    if kind is True:
+        kind = os.environ.get(TINY_KIND_ENV, "").strip() or TINY_DEFAULT
+    if kind in TINY_NO_CAPTION and getattr(args, "caption", None):
+        raise caption_error()
+    check_threads(args)
     return build_voice(args)
 
 
@@ -360,22 +376,33 @@ def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "int4": args.int4 or None,  # None: the preset's
         "codec_int4": args.codec_int4 or None,
         "codec_device": args.codec_device,
+        "threads": getattr(args, "threads", None),
     }
 
 
 def load_from_args(args: argparse.Namespace):
-    """The synthesizer the model flags ask for (--caption is checked against it)."""
-    from ..synthesis.loading import load_synthesizer
-
+    """The synthesizer the model flags ask for (--caption is checked against it); -v logs how long
+    torch's import and the model load took."""
     kind = tiny_kind(args)
-    t0 = time.perf_counter()
-    synth = load_synthesizer(**load_kwargs(args))
+    check_threads(args)
+    phases = phases_of(args)
+    with phases.phase("torch import"):
+        import torch  # noqa: F401  (timed on its own: ~1.5 s of a first line on a small CPU)
+
+        from ..synthesis.loading import load_synthesizer
+    log.info("torch import: %.2f s", phases.parts["torch import"])  # with the voice's, if one was given
+    with phases.phase("model load"):
+        synth = load_synthesizer(**load_kwargs(args))
+    what = args.model or (
+        f"tiny-random {synth.config.family}" if kind else f"the default model ({DEFAULT_MODEL})"
+    )
     log.info(
-        "loaded %s on %s (preset %s) in %.1f s",
-        args.model or (f"tiny-random {kind}" if kind else "the default model"),
+        "model load: %.2f s (%s on %s, preset %s, %s CPU threads)",
+        phases.parts["model load"],
+        what,
         synth.device,
         synth.preset.name,
-        time.perf_counter() - t0,
+        synth.preset.threads,
     )
     check_caption(args, synth)
     return synth

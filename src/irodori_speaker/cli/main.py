@@ -11,11 +11,13 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from .. import __version__
 from ..errors import IrodoriError
 from . import bench, cache, devices, models, say, serve, userdict
-from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, add_log_flags
+from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, add_log_flags
+from .messages import Phases, cli_hint
 
 EPILOG = """\
 exit status: 0 done; 1 an error (one line on stderr, with a hint), or some phrases failed
@@ -28,8 +30,18 @@ with --tiny-random (a small random model: the output is noise)."""
 COMMAND_MODULES = (say, cache, devices, bench, models, serve, userdict)
 
 
+class Parser(argparse.ArgumentParser):
+    """Usage errors as two lines (the error, where the help is) instead of the whole usage block
+    before them; the subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            EXIT_USAGE, f"error: {self.prog}: {message}\nhint: `{self.prog} --help` lists the options\n"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="irodori-speaker",
         description="Japanese speech for livestream bots, on our own PyTorch Irodori-TTS engine.",
         epilog=EPILOG,
@@ -86,7 +98,9 @@ def setup_logging(quiet: int, verbose: int) -> None:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse and run one command; errors propagate (main() turns them into a line and a status)."""
+    phases = Phases()
     args = build_parser().parse_args(argv)
+    args.phases = phases
     if getattr(args, "log_level", None) is None:
         setup_logging(args.quiet, args.verbose)
     elif args.quiet or args.verbose:  # a command with its own --log-level (serve): -q / -v set it
@@ -101,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = " ".join(super(IrodoriError, e).__str__().split("\n"))  # one line, always
         print(f"error: {msg}", file=sys.stderr)
         if e.hint:
-            print(f"hint: {e.hint}", file=sys.stderr)
+            print(f"hint: {cli_hint(e.hint)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

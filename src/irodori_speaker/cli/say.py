@@ -9,7 +9,6 @@ from typing import Any
 from ..errors import InputError
 from .common import (
     EXIT_OK,
-    Progress,
     add_cache_flags,
     add_model_flags,
     add_output_flags,
@@ -27,6 +26,7 @@ from .common import (
     sub_parser,
     voice_and_checks,
 )
+from .messages import Progress, extra_hint, phases_of
 
 
 def read_text(text: str) -> str:
@@ -60,6 +60,24 @@ def decode_text(raw: bytes, what: str) -> str:
     return text
 
 
+def check_text(text: str, options: Any, *, tag_map: bool = False) -> None:
+    """What the synthesizer would refuse of the text itself (empty, too long, a pause over the
+    limit), before the model loads; hints in the command line's words. With a tag map a tag
+    may become words, so only the length is checked here."""
+    from ..synthesis.plan import spoken_parts
+    from ..text.split import MAX_LINE_CHARS, check_line_text
+
+    if isinstance(text, str) and len(text) > MAX_LINE_CHARS:
+        raise InputError(
+            f"a line of {len(text)} characters is longer than the {MAX_LINE_CHARS} one line may have",
+            hint="split the text into several lines, one `say` each "
+            "(or speak a long text from Python with Speaker.say_stream)",
+        )
+    check_line_text(text)
+    if not tag_map:
+        spoken_parts(text, options)
+
+
 def cmd_say(args: argparse.Namespace) -> int:
     from ..outputs import check_writable, file_format, find_output_device, write_sound_file
 
@@ -74,6 +92,7 @@ def cmd_say(args: argparse.Namespace) -> int:
         find_output_device(args.output_device, args.hostapi)
     voice = voice_and_checks(args)
     options = build_options(args)  # a bad --speed / --loudness costs no model load
+    check_text(text, options, tag_map=bool(args.tag_map))
     tag_map = read_tag_map(args)
     captions = [f for f in (args.srt, args.vtt, args.caption_file) if f]
     for f in captions:
@@ -84,10 +103,11 @@ def cmd_say(args: argparse.Namespace) -> int:
         if mora_method() != "openjtalk":
             raise InputError(
                 "--srt / --vtt / --caption-file need pyopenjtalk for the timing",
-                hint="pip install 'irodori-speaker[ja]'",
+                hint=extra_hint("ja"),
             )
     use_cache = args.cache or args.cache_dir is not None
     cache = open_cache(args.cache_dir) if use_cache else None
+    phases = phases_of(args)
     try:
         synth = load_from_args(args)
         if tag_map:  # a mapped tag in the line picks its voice / caption / options
@@ -100,21 +120,25 @@ def cmd_say(args: argparse.Namespace) -> int:
             "synthesising", enabled=show_progress(args), counts=False
         )  # steps: no unit to show
         try:
-            if cache is not None:
-                line, hit = cache.render(synth, text, voice, options, progress=progress, source="say")
-                audio, rec, rate = line.audio, line.record, line.sample_rate
-            else:
-                result = synth.synthesize(text, voice, options, progress=progress)
-                audio, rec, rate = result.audio, result.record, result.sample_rate
+            with phases.phase("synthesis"):
+                if cache is not None:
+                    line, hit = cache.render(synth, text, voice, options, progress=progress, source="say")
+                    audio, rec, rate = line.audio, line.record, line.sample_rate
+                else:
+                    result = synth.synthesize(text, voice, options, progress=progress)
+                    audio, rec, rate = result.audio, result.record, result.sample_rate
         finally:
             progress.close()
     finally:
         if cache is not None:
             cache.close()
+    log.info("synthesis: %.2f s for %.2f s of audio", phases.parts["synthesis"], rec.audio_seconds)
     for w in rec.warnings:
-        log.warning("%s", w)
+        if w != synth.note:  # the tiny-random notice: logged once, at load
+            log.warning("%s", w)
     if args.output:
-        write_sound_file(args.output, audio, rate)
+        with phases.phase("writing"):
+            write_sound_file(args.output, audio, rate)
     line_cues = write_captions(args, rec, audio, rate) if captions else []
     played = ""
     if args.play:
@@ -126,6 +150,7 @@ def cmd_say(args: argparse.Namespace) -> int:
                 follow.stop()
         played = f", played on {describe_device(info)}"
     dest = f" -> {args.output}" if args.output else ""
+    log.info("wall: %s", phases.summary())
     if hit:
         print(f"{rec.audio_seconds:.2f} s of audio from the phrase cache, seed {rec.seed}{dest}{played}")
         return EXIT_OK

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import shlex
@@ -13,6 +12,7 @@ from typing import Any
 from ..errors import InputError
 from ..server.settings import DEFAULT_HOST, DEFAULT_PORT, ServerSettings, check_port
 from .common import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     add_model_flags,
     add_option_flag,
@@ -21,6 +21,7 @@ from .common import (
     load_kwargs,
     sub_parser,
 )
+from .messages import extra_hint
 
 DESCRIPTION = """\
 Serve the VOICEVOX engine API and OpenAI's speech API on one loaded model.
@@ -31,7 +32,7 @@ Serve the VOICEVOX engine API and OpenAI's speech API on one loaded model.
 
 VOICEVOX clients (AITuberKit, AIAvatarKit, voicevox-client) need only the URL; the OpenAI
 SDK takes base_url=http://127.0.0.1:50021/v1. Stop with Ctrl-C: running lines get
---shutdown-grace seconds, then are cancelled."""
+--shutdown-grace seconds, then are cancelled; the exit status is then 130."""
 
 
 def register(sub: Any) -> None:
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ModuleNotFoundError as e:
-        raise InputError(f"the server needs {e.name}", hint="pip install 'irodori-speaker[serve]'") from None
+        raise InputError(f"the server needs {e.name}", hint=extra_hint("serve")) from None
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args)
     if args.api_key:
@@ -183,14 +184,19 @@ def run(args: argparse.Namespace) -> int:
         except ModuleNotFoundError as e:
             if not (e.name or "").startswith("ray"):
                 raise
-            raise InputError("--ray needs Ray Serve", hint="pip install 'ray[serve]'") from None
-        return serve_ray(settings)
+            raise InputError("--ray needs Ray Serve", hint=extra_hint("ray")) from None
+        serve_ray(settings)  # returns once Ctrl-C has stopped it (serve.run blocks until then)
+        print("stopped (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     from ..server.parts import ServerParts
     from ..server.run import serve
 
     parts = ServerParts.load(settings, book=book)
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
+    try:
         serve(settings, parts)
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        print("stopped (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 

@@ -8,6 +8,7 @@ is off. With no network, the error says exactly what is missing and how to suppl
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import os
 import time
@@ -105,7 +106,13 @@ def parse_source(source: str | os.PathLike, kind: str = "model") -> SourceSpec:
         return SourceSpec(repo_id=repo, filename="/".join(parts[2:]), revision=rev or None)
     path = Path(text).expanduser()
     if path.exists():
-        return SourceSpec(path=path)
+        return SourceSpec(path=_model_file(path) if kind == "model" else path)
+    if kind == "model" and _looks_like_alias(text):
+        close = difflib.get_close_matches(text.lower(), list(MODELS), n=1, cutoff=0.6)
+        raise ModelSourceError(
+            f"unknown model alias {text!r}" + (f" (did you mean {close[0]}?)" if close else ""),
+            hint=f"an alias is one of {', '.join(MODELS)}; or give a path, hf://org/repo/file or a repo id",
+        )
     looks_like_repo = text.count("/") == 1 and not text.startswith((".", "/", "~")) and " " not in text
     # a dot in a repo name is fine (Irodori-TTS-v4.1-Small-MF); a file name ends in a known suffix
     if looks_like_repo and path.suffix.lower() not in FILE_SUFFIXES:
@@ -116,8 +123,42 @@ def parse_source(source: str | os.PathLike, kind: str = "model") -> SourceSpec:
         return SourceSpec(repo_id=repo, filename=name, revision=rev or None)
     raise ModelSourceError(
         f"{kind} file {text!r} does not exist",
-        hint="give a local path, hf://org/repo/file, or a Hugging Face repo id such as " + MODELS["v2"],
+        hint="give a local path, hf://org/repo/file, or a Hugging Face repo id such as "
+        + MODELS[DEFAULT_MODEL],
     )
+
+
+def _looks_like_alias(text: str) -> bool:
+    """`v5`, `v4.1mf`, `V2`: a short word with no path in it, where a path or repo id has a slash."""
+    return "/" not in text and os.sep not in text and Path(text).suffix.lower() not in FILE_SUFFIXES
+
+
+def _model_file(path: Path) -> Path:
+    """A local model source: a DiT .safetensors file, or a release folder holding model.safetensors;
+    anything else (a WAV, a codec .pth, another folder) is "not a model checkpoint", before any
+    other file is looked for. A damaged .safetensors file is the strict loader's to describe."""
+    if path.is_dir():
+        inside = path / DEFAULT_FILES["model"]
+        if inside.is_file():
+            return inside
+        raise ModelSourceError(
+            f"{path} is a folder, not a model checkpoint (no {DEFAULT_FILES['model']} in it)",
+            hint="give the DiT's .safetensors file, or the release folder that holds model.safetensors",
+        )
+    if path.suffix.lower() == ".safetensors":  # the strict loader says what is wrong with one
+        return path
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError as e:
+        raise ModelSourceError(f"cannot read model file {path}: {e.strerror or e}") from e
+    size = int.from_bytes(head[:8], "little") if len(head) == 9 else 0
+    if not (head[8:9] == b"{" and 0 < size < 2**30):  # a safetensors file opens with its JSON header
+        raise ModelSourceError(
+            f"{path} is not a model checkpoint (not a .safetensors file)",
+            hint="give the DiT's .safetensors file (docs/models.md), or an alias such as " + DEFAULT_MODEL,
+        )
+    return path
 
 
 def resolve(
@@ -246,7 +287,10 @@ class FilesNotAvailable(ModelSourceError):
         names = ", ".join(f"{kind} {spec.describe()}" for kind, spec in missing)
         what = "is missing" if len(missing) == 1 else f"are missing ({len(missing)} files)"
         fetch = "; ".join(f"hf download {spec.repo_id} {spec.filename}" for _, spec in missing)
-        flags = " ".join(f"--{kind} FILE" for kind, _ in missing)
+        folder = {
+            kind: "FOLDER" if "tokenizer/" in (spec.filename or "") else "FILE" for kind, spec in missing
+        }
+        flags = " ".join(f"--{kind} {what}" for kind, what in folder.items())  # each flag once
         super().__init__(
             f"{names} {what}: {reason}; not in the Hugging Face cache at {cache}",
             hint=(
@@ -292,6 +336,8 @@ def resolve_files(
             errors.append(e)
 
     attempt(model, "model")
+    if errors and not isinstance(errors[0], FilesNotAvailable):  # a bad model: no other file matters
+        raise errors[0]
     attempt(codec, "codec")
     if want_tokenizer and tokenizer is not None and Path(tokenizer).expanduser().is_dir():
         found["tokenizer"] = Path(tokenizer).expanduser()  # a v4 tokenizer folder

@@ -32,7 +32,7 @@ def file_format(
     ext = Path(path).suffix.lower()
     known = ", ".join(FILE_FORMATS)
     if ext not in FILE_FORMATS:
-        what = f"unknown extension {ext!r}" if ext else "no extension"
+        what = f"unknown file extension {ext!r}" if ext else "no file extension"
         raise AudioError(
             f"cannot write sound file {os.fspath(path)!r}: {what}", hint=f"end the name in one of {known}"
         )
@@ -121,7 +121,7 @@ class FileOutput(PacedOutput):
         )
         self.path = Path(path)
         self.format, self.subtype = file_format(self.path, subtype, sample_rate)
-        check_writable(self.path)
+        check_writable(self.path, make_parent=True)  # one rule with `say -o out/a.wav`: the folder is made
         self._file: Any = None
 
     def _open_sink(self) -> None:

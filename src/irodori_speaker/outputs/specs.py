@@ -15,13 +15,15 @@ OutputSpec = Output | str | os.PathLike[str] | None
 
 
 def _looks_like_a_file(spec: str) -> bool:
-    """A path (a separator, or `name.ext` without spaces) rather than a device name ("CABLE Input")."""
+    """A path (a separator, or `name.ext` without spaces: `x.m4a` too, so an extension we cannot
+    write is an "unknown file extension", not a missing device) rather than a device name
+    ("CABLE Input")."""
     suffix = Path(spec).suffix
     if suffix.lower() in FILE_FORMATS:
         return True
     if any(c.isspace() for c in spec):
         return False
-    return "/" in spec or os.sep in spec or (len(suffix) in range(3, 6) and suffix[1:].isalpha())
+    return "/" in spec or os.sep in spec or (2 <= len(suffix) <= 6 and suffix[1:].isalnum())
 
 
 def make_output(spec: OutputSpec) -> Output:

@@ -23,7 +23,7 @@ from ..text.tags import TagMap
 from . import lifetime, settings
 from .events import EventBus, EventStream, KindSpec, Metrics
 from .feeder import Feeder, default_segmenter, speak_stream
-from .lines import UNSET, LineOptions, Priority
+from .lines import UNSET, LineOptions, Priority, Reply
 from .playback import Player
 from .queue import LineQueue, lanes_of
 from .record import LineRecord
@@ -116,7 +116,8 @@ class Speaker:
         self.tick_s = 0.02
         self.sample_rate = 0
         self.outputs: list[Output] = []
-        self.prewarm_seconds: dict[int, float] = {}
+        # seconds each voice's prewarm took, by its name ("default": the model's own voice)
+        self.prewarm_seconds: dict[str, float] = {}
         self._bus = EventBus()
         self._wake, self._idle = asyncio.Event(), asyncio.Event()
         self._idle.set()
@@ -242,7 +243,7 @@ class Speaker:
         """
         return self._enqueue_line(text, LineOptions.parse(line, "enqueue"))
 
-    def _enqueue_line(self, text: str, line: LineOptions) -> Utterance:
+    def _enqueue_line(self, text: str, line: LineOptions, reply: Reply | None = None) -> Utterance:
         self._require_open()
         check_line_text(text)
         lane, options = line.priority, line.synthesis_options(self.options)
@@ -255,10 +256,17 @@ class Speaker:
             self.synthesizer.resolve_options(options)
         now = time.monotonic()
         deadline = self._queue.deadline(lane, line.ttl, now)
-        rec = LineRecord(self, self._tracker.new_id(), text, lane, voice, options, deadline, now, line.cache)
+        if reply is not None:  # a segment of a streamed reply: the reply's one deadline
+            deadline = reply.deadline(deadline)
+        rec = LineRecord(
+            self, self._tracker.new_id(), text, lane, voice, options, deadline, now, line.cache, reply
+        )
         self._tracker.counts["queued"] += 1
         if not text.strip() or nothing_to_say(text, options):  # e.g. only "[happy]"
             self._tracker.skipped_empty(rec, now)
+            return rec.handle
+        if reply is not None and reply.expired:  # the reply was dropped whole: so are its late segments
+            self._tracker.cancel(rec, "expired")
             return rec.handle
         self._idle.clear()
         self._runtime.admit(rec, now)

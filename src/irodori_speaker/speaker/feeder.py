@@ -15,14 +15,14 @@ from typing import Any
 
 from ..errors import InputError
 from ..text.segment import StreamSegmenter
-from .lines import LineOptions
+from .lines import LineOptions, Reply
 from .utterance import Utterance
 
 log = logging.getLogger("irodori_speaker.speaker")
 
 __all__ = ["Feeder", "default_segmenter", "speak_stream"]
 
-Enqueue = Callable[[str, LineOptions], Utterance]
+Enqueue = Callable[[str, LineOptions, Reply], Utterance]
 
 
 def default_segmenter() -> Any:
@@ -31,7 +31,8 @@ def default_segmenter() -> Any:
 
 
 class Feeder:
-    """One turn of streamed text: segments are queued through `enqueue` as they complete."""
+    """One turn of streamed text: segments are queued through `enqueue` as they complete, as one
+    `Reply` (one time-to-live: the reply plays whole or expires whole)."""
 
     def __init__(
         self,
@@ -48,6 +49,7 @@ class Feeder:
         self.stall_flush_s = stall_flush_s
         self._closing = closing
         self.handles: list[Utterance] = []
+        self.reply = Reply()
         self._timer: asyncio.TimerHandle | None = None
 
     def feed(self, chunk: str | None, line: LineOptions | None = None) -> list[Utterance]:
@@ -72,7 +74,7 @@ class Feeder:
         out = []
         for seg in segments:
             if seg and seg.strip():
-                out.append(self._enqueue_line(seg, self.line))
+                out.append(self._enqueue_line(seg, self.line, self.reply))
                 if self.line.interrupt:  # only the turn's first segment cuts in
                     self.line = dataclasses.replace(self.line, interrupt=False)
         self.handles.extend(out)

@@ -101,4 +101,33 @@ class LineOptions:
         return (base if base is not None else SynthesisOptions()).replace(**self.overrides)
 
 
+class Reply:
+    """The segments of one streamed reply (a `say_stream` call, a `feed` turn) under one time-to-live.
+
+    The first segment's deadline (its lane's TTL, or `ttl=`) is the whole reply's: once any of
+    its segments is handed to the player, the reply is on its way and none of it expires any
+    more (a reply never loses its middle); when the deadline passes first, every segment expires
+    together, those still to come included: the reply is dropped whole (docs/speaker.md).
+    """
+
+    def __init__(self) -> None:
+        self._deadline: float | None = None
+        self._deadline_set = False
+        self.started = False  # a segment was handed to the player
+        self.expired = False  # its deadline passed before that: every segment is dropped
+
+    def deadline(self, first: float | None) -> float | None:
+        """The deadline of a segment queued now: the first segment's (`first`, for the first)."""
+        if not self._deadline_set:
+            self._deadline, self._deadline_set = first, True
+        return None if self.started else self._deadline
+
+    def on_its_way(self) -> None:
+        self.started = True
+
+    def expire(self) -> None:
+        if not self.started:
+            self.expired = True
+
+
 LINE_FIELDS = tuple(f.name for f in dataclasses.fields(LineOptions) if f.name != "overrides")

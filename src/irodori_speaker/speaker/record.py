@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ..cancel import CancelToken
 from ..options import SynthesisOptions, SynthesisRecord
 from .jitter import LineFeed
-from .lines import Priority
+from .lines import Priority, Reply
 from .playback import Chunk, PlayItem
 from .utterance import Utterance, UtteranceState
 
@@ -58,13 +58,15 @@ class LineRecord:
         deadline: float | None,
         now: float,
         cache: bool | None = None,
+        reply: Reply | None = None,
     ) -> None:
         self.id = uid
         self.text = text
         self.priority = priority
         self.voice = voice
         self.options = options
-        self.deadline = deadline  # monotonic time by which it must start playing
+        self._deadline = deadline  # monotonic time by which it must start playing
+        self.reply = reply  # the streamed reply it is a segment of (one TTL for all of them)
         self.cache = cache  # None: looked up, stored per the Speaker's cache_store; False: neither
         self._state = S.QUEUED
         self._error: BaseException | None = None
@@ -91,6 +93,13 @@ class LineRecord:
     @property
     def state(self) -> UtteranceState:
         return self._state
+
+    @property
+    def deadline(self) -> float | None:
+        """When it must have started playing, else it expires; None once its reply is on its way."""
+        if self.reply is not None and self.reply.started:
+            return None
+        return self._deadline
 
     @property
     def error(self) -> BaseException | None:
@@ -264,8 +273,10 @@ class LineRecord:
     # -- playback ----------------------------------------------------------------------------------
 
     def pushed(self, item: PlayItem) -> None:
-        """Given to the player as `item`."""
+        """Given to the player as `item` (its reply, if any, is on its way: none of it expires now)."""
         self._item = item
+        if self.reply is not None:
+            self.reply.on_its_way()
         item.timing = self._timing
 
     def returned(self) -> None:
@@ -303,6 +314,8 @@ class LineRecord:
         """Asked to stop (`reason`): its synthesis stops between steps; its end follows."""
         self._token.cancel(reason)
         self._reason = reason
+        if reason == "expired" and self.reply is not None:
+            self.reply.expire()  # the rest of the reply goes with it, never its middle alone
 
     def end(self, state: UtteranceState) -> None:
         """It is over, as `state`; its awaiters wake after this step's event callbacks (also

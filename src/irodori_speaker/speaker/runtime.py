@@ -27,7 +27,7 @@ from .playback import Player
 from .queue import LineQueue
 from .record import LineRecord
 from .scheduler import Scheduler
-from .settings import load_synthesizer_for
+from .settings import load_synthesizer_for, voice_labels
 from .tasks import TaskScope
 from .tracker import LineTracker
 from .utterance import UtteranceState
@@ -92,13 +92,14 @@ class Runtime:
         token: CancelToken,
         voices: Sequence[Any],
         idle: asyncio.Event,
-    ) -> tuple[SynthesizerLike, dict[int, float]]:
+    ) -> tuple[SynthesizerLike, dict[str, float]]:
         """Open the outputs, load (unless given) and prewarm the model, start the player and
-        the scheduler loop; the synthesizer and the prewarm seconds by voice id."""
+        the scheduler loop; the synthesizer and the prewarm seconds by voice name
+        (`settings.voice_labels`: "default" for the model's own voice)."""
         config, worker = self.config, self.worker
         worker.open()
         opened: list[Output] = []
-        prewarmed: dict[int, float] = {}
+        prewarmed: dict[str, float] = {}
         try:
             for spec in specs:
                 o = make_output(spec)
@@ -114,8 +115,8 @@ class Runtime:
             self.tracker.sample_rate = worker.sample_rate
             if config.timing:  # the reading dictionary loads now, not (holding the GIL) mid-line
                 await worker.call(estimate_timing, "あ", 1.0)
-            for voice in voices:
-                prewarmed[id(voice)] = await worker.call(_prewarm, synthesizer, voice, token)
+            for label, voice in zip(voice_labels(voices), voices):
+                prewarmed[label] = await worker.call(_prewarm, synthesizer, voice, token)
         except BaseException:
             token.cancel("open aborted")
             for o in opened:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import os
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..cache import PhraseCache, StorePolicy
@@ -30,6 +32,7 @@ __all__ = [
     "output_specs",
     "phrase_cache",
     "prewarm_voices",
+    "voice_labels",
 ]
 
 
@@ -148,3 +151,23 @@ def _same(a: Any, b: Any) -> bool:
         return type(a) is type(b) and bool(a == b)
     except Exception:  # arrays and the like: only identity counts
         return False
+
+
+def voice_labels(voices: Sequence[Any]) -> list[str]:
+    """A readable, unique name per voice (the keys of `Speaker.prewarm_seconds`): "default" for
+    None, a Voice's `name`, a path's stem, else "voice N"; a repeated name gets " (2)", ..."""
+    labels: list[str] = []
+    for i, v in enumerate(voices, 1):
+        if v is None:
+            label = "default"
+        elif isinstance(v, (str, os.PathLike)):
+            label = Path(v).stem
+        elif isinstance(getattr(v, "name", None), str):
+            label = v.name
+        else:
+            label = f"voice {i}"
+        base, n = label, 2
+        while label in labels:
+            label, n = f"{base} ({n})", n + 1
+        labels.append(label)
+    return labels

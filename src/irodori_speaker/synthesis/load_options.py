@@ -34,8 +34,12 @@ class LoadOptions:
     release); `tokenizer` may also be a tokenizer object (`encode` and `batch`). `backend`:
     auto, cuda, mps or cpu; `device` (a torch device, e.g. "cuda:1") and `dtype` (fp32, bf16,
     fp16) override its preset, as does `preset`: a `Preset`, or preset fields by name
-    (`{"int4": True}`); whether they exist here is checked at load. `tiny_random`: True or a
-    kind ("v2", "v4", ...) for a small random model, offline (its output is noise).
+    (`{"int4": True}`); whether they exist here is checked at load. `tiny_random`: True (the
+    default model's family, v4.1-MF) or a kind ("v2", "v4", ...) for a small random model,
+    offline (its output is noise); it builds its own files, so `model` / `codec` / a tokenizer
+    path with it are refused.
+    `threads`: torch's CPU threads (None: $IRODORI_THREADS, else half the CPUs this process
+    may use, leaving the rest to OBS, a game or an LLM; the startup log says which).
     `model_dir`: where models download (default: the Hugging Face cache). `voice_cache_dir`:
     encoded reference voices (None/True: the default folder; False: memory only).
     `user_dict`: None (the default file), a path, or False.
@@ -48,6 +52,7 @@ class LoadOptions:
     device: str | None = None
     dtype: Any = None  # "fp32", "bf16", "fp16" (or a torch.dtype)
     tiny_random: bool | str = False
+    threads: int | None = None
     model_dir: str | os.PathLike[str] | None = None
     voice_cache_dir: str | os.PathLike[str] | bool | None = None
     user_dict: Any = None
@@ -66,7 +71,21 @@ class LoadOptions:
         _require("backend", self.backend, str, "a backend name (auto, cuda, mps, cpu)", nullable=False)
         _require("device", self.device, str, "a torch device name (cpu, cuda:1, ...)")
         _require("tiny_random", self.tiny_random, (bool, str), "True, False or a tiny kind", nullable=False)
+        threads = self.threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise InputError(
+                f"threads must be a whole number >= 1 or None, got {threads!r}",
+                hint="None picks half the CPUs this process may use",
+            )
         _require("voice_cache_dir", self.voice_cache_dir, (*_PATH, bool), "a path, True or False")
+        if self.tiny_random:
+            given = [n for n in ("model", "codec", "tokenizer") if isinstance(getattr(self, n), _PATH)]
+            if given:
+                raise InputError(
+                    f"tiny_random builds its own random model: {', '.join(f'{n}=' for n in given)} "
+                    "would be ignored",
+                    hint=f"leave out tiny_random to load {given[0]}=, or leave out {given[0]}=",
+                )
         preset = self.preset
         if not (preset is None or isinstance(preset, Mapping) or hasattr(preset, "with_overrides")):
             raise InputError(

@@ -13,6 +13,7 @@ work.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Mapping
@@ -25,7 +26,7 @@ from ..engine.checkpoint import load_checkpoint, read_header, resolve_dtype
 from ..engine.codec import load_codec
 from ..engine.hardware.cpu_tricks import apply_cpu_tricks
 from ..engine.hardware.lock import hold_model_lock
-from ..engine.hardware.presets import select_preset
+from ..engine.hardware.presets import resolve_threads, select_preset
 from ..engine.quant.checkpoint import load_int4_model, model_from_int4
 from ..engine.quant.codec import is_lite_int4_codec, load_int4_codec
 from ..engine.quant.quantize import quantize_checkpoint
@@ -47,6 +48,8 @@ from .synthesizer import Synthesizer
 from .voices import VoiceCache, default_voice_cache_dir
 
 __all__ = ["load_codec_for", "load_dit", "load_synthesizer"]
+
+log = logging.getLogger("irodori_speaker.synthesis")
 
 
 def _with_bos(tok: Any, add_bos: bool) -> Any:
@@ -132,17 +135,22 @@ def _load(load: LoadOptions) -> Synthesizer:
         overrides["device"] = load.device
     if load.dtype is not None:
         overrides["dtype"] = resolve_dtype(load.dtype)
+    if load.threads is not None:
+        overrides["threads"] = load.threads
     preset = (
         preset.with_overrides(**overrides) if preset is not None else select_preset(load.backend, **overrides)
     )
-    if preset.threads:
-        torch.set_num_threads(preset.threads)
+    preset, why = resolve_threads(preset)
+    assert preset.threads is not None
+    torch.set_num_threads(preset.threads)
+    log.info("torch CPU threads: %d (%s)", preset.threads, why)
     note = None
     tok_path: Path | None
     if tiny_random:
-        files = tiny_random_files(kind=tiny_random if isinstance(tiny_random, str) else "v2")
+        files = tiny_random_files(kind=tiny_random if isinstance(tiny_random, str) else None)
         model_path, codec_path, tok_path = files.model, files.codec, files.tokenizer
         note = "tiny-random model: the output is noise, not speech"
+        log.warning("%s", note)  # the one notice, wherever it loads (CLI, server, Python)
     else:
         # all three at once, so a first run offline names every missing file in one error
         model_path, codec_path, tok_path = resolve_files(

@@ -29,6 +29,9 @@ from ..options import SynthesisOptions
 from ..text.tags import TagMap
 from .fingerprint import bytes_fingerprint, file_fingerprint
 
+#: The sample reference voice in the package (`Voice.sample()`).
+SAMPLE_VOICE = Path(__file__).resolve().parents[1] / "data" / "sample_voice.opus"
+
 
 @dataclass(frozen=True)
 class Voice:
@@ -63,6 +66,12 @@ class Voice:
         if not p.is_file():
             raise AudioError(f"reference voice {p} does not exist")
         return cls(reference=p, caption=caption, name=name or p.stem)
+
+    @classmethod
+    def sample(cls, *, caption: str | None = None) -> Voice:
+        """The sample reference voice shipped in the package (`SAMPLE_VOICE`: 4.4 s of synthesised
+        Japanese, CC0; irodori_speaker/data/SAMPLE_VOICE.md), to try a cloned voice offline."""
+        return cls.from_wav(SAMPLE_VOICE, caption=caption, name="sample")
 
     @classmethod
     def from_path(

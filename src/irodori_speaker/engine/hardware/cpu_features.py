@@ -27,12 +27,17 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...errors import BackendError
+
 __all__ = [
     "CPUINFO",
     "FLAGS_ENV",
+    "THREADS_ENV",
     "CpuFeatures",
     "cgroup_cpu_limit",
+    "choose_threads",
     "cpu_features",
+    "default_threads",
     "detect",
     "parse_cpuinfo",
     "usable_cpus",
@@ -41,6 +46,8 @@ __all__ = [
 CPUINFO = Path("/proc/cpuinfo")
 CGROUP = Path("/sys/fs/cgroup")
 FLAGS_ENV = "IRODORI_CPU_FLAGS"
+#: Torch's CPU threads for the model (`--threads`, `threads=` win over it).
+THREADS_ENV = "IRODORI_THREADS"
 #: The flags the preset reads, in the spelling of Linux's /proc/cpuinfo.
 INTERESTING = (
     "amx_bf16",
@@ -202,4 +209,39 @@ def usable_cpus(root: Path = CGROUP, proc_cgroup: Path = Path("/proc/self/cgroup
     limit = cgroup_cpu_limit(root, proc_cgroup)
     if limit is not None:
         n = min(n, max(1, math.floor(limit)))
+    return n
+
+
+def default_threads(usable: int | None = None) -> int:
+    """Torch's CPU threads when none are asked for: half the CPUs this process may use, at least one.
+
+    A streaming PC is shared (OBS, a game, an LLM): torch's own default, a thread per core, made
+    its OpenMP threads wait on each other whenever another program held a core: the synthesis of
+    the README's first line took 2.73 s instead of 0.81 s on a 2-core machine with 6 spinning
+    processes, 7.15 s instead of 0.73 s under heavier mixed load; on a quiet one the two were
+    equal (benchmarks/threads_under_load.py, docs/backends.md)."""
+    return max(1, (usable if usable is not None else usable_cpus()) // 2)
+
+
+def choose_threads(given: int | None = None, usable: int | None = None) -> tuple[int, str]:
+    """(threads, why): `given` (--threads, `threads=`), else $IRODORI_THREADS, else the default."""
+    if given is not None:
+        return _check_threads(given, "threads"), "asked for"
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if value:
+        try:
+            n = int(value)
+        except ValueError:
+            n = 0
+        return _check_threads(n, f"{THREADS_ENV}={value!r}"), f"${THREADS_ENV}"
+    usable = usable if usable is not None else usable_cpus()
+    return default_threads(usable), f"half of the {usable} CPUs this process may use, the rest left free"
+
+
+def _check_threads(n: object, what: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise BackendError(
+            f"{what}: CPU threads must be a whole number >= 1",
+            hint="e.g. --threads 2 (Speaker(threads=2), IRODORI_THREADS=2); leave it out for the default",
+        )
     return n

@@ -16,7 +16,7 @@ import torch
 
 from ...errors import BackendError
 from ..codec.streaming import stream_args
-from .cpu_features import CpuFeatures, cpu_features, usable_cpus
+from .cpu_features import CpuFeatures, choose_threads, cpu_features
 
 MPS_FALLBACK_ENV = "PYTORCH_ENABLE_MPS_FALLBACK"
 
@@ -39,7 +39,9 @@ class Preset:
     # where decode is slow next to real time, each window decodes while the shorter chunk before
     # it plays, and the longer windows later cost less context overhead
     stream_chunk_growth: float | None = None
-    threads: int | None = None  # CPU threads for torch (None: leave torch's default)
+    # CPU threads for torch; None: $IRODORI_THREADS, else half the CPUs this process may use
+    # (cpu_features.choose_threads: a streaming PC is shared; torch's thread per core collapsed)
+    threads: int | None = None
     fast_path: bool = True  # engine.fast: fused projections, precomputed AdaLN, buckets
     cuda_graphs: bool = False  # capture the whole sampling loop per bucket (CUDA only)
     codec_graphs: bool = False  # replay the stream's decode windows from CUDA graphs (CUDA only)
@@ -113,9 +115,7 @@ def base_preset(name: str) -> Preset:
     raise BackendError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}")
 
 
-def cpu_preset_fields(
-    features: CpuFeatures | None = None, *, usable: int | None = None, torch_threads: int | None = None
-) -> dict[str, Any]:
+def cpu_preset_fields(features: CpuFeatures | None = None) -> dict[str, Any]:
     """The CPU preset's precision, tricks and threads for `features` (default: this CPU's, read once).
 
     Each trick only where the instructions that make it pay are there (docs/backends.md has the
@@ -127,13 +127,10 @@ def cpu_preset_fields(
       faster (in fp32 on the CPU it was not);
     - stream windows 8, 24, then 50 frames (`stream_chunk_growth`) where bf16 makes decode fast
       enough that each window is ready before the chunk before it has played: a 50-frame window
-      costs 1.32x its audio in decoded frames, a 25-frame one 1.64x (slower CPUs keep 8 then 25);
-    - threads: no more than the CPUs this process may use (`usable`: affinity and cgroup quota;
-      torch counts the machine's cores), else torch's default (None).
+      costs 1.32x its audio in decoded frames, a 25-frame one 1.64x (slower CPUs keep 8 then 25).
+    Threads are every preset's (`resolve_threads`).
     """
     f = features if features is not None else cpu_features()
-    usable = usable if usable is not None else usable_cpus()
-    torch_threads = torch_threads if torch_threads is not None else torch.get_num_threads()
     bf16 = f.bf16_matmul
     return {
         "dtype": torch.bfloat16 if bf16 else torch.float32,
@@ -142,8 +139,14 @@ def cpu_preset_fields(
         "codec_channels_last": bf16,
         "stream_chunk_frames": 50 if bf16 else 25,
         "stream_chunk_growth": 3.0 if bf16 else None,
-        "threads": usable if usable < torch_threads else None,
     }
+
+
+def resolve_threads(preset: Preset) -> tuple[Preset, str]:
+    """`preset` with its torch CPU threads decided (`preset.threads`, else $IRODORI_THREADS, else
+    half the usable CPUs) and why, for the startup log."""
+    n, why = choose_threads(preset.threads)
+    return dataclasses.replace(preset, threads=n), why
 
 
 def ensure_mps_fallback_env() -> bool:
@@ -221,6 +224,7 @@ def select_preset(backend: str = "auto", **overrides) -> Preset:
             hint="MPS needs Apple Silicon and macOS 12.3+; use backend='cpu'",
         )
     preset = base_preset(backend).with_overrides(**overrides)
+    choose_threads(preset.threads)  # a bad threads= or $IRODORI_THREADS fails here, before any model
     # the stream's own checks, before any model loads
     stream_args(preset.stream_chunk_frames, 0, preset.stream_first_chunk_frames, preset.stream_chunk_growth)
     for field in ("device", "codec_device"):
