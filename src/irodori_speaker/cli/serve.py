@@ -185,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
             if not (e.name or "").startswith("ray"):
                 raise
             raise InputError("--ray needs Ray Serve", hint=extra_hint("ray")) from None
-        serve_ray(settings)  # returns once Ctrl-C has stopped it (serve.run blocks until then)
+        if not serve_ray(settings):  # blocks until Ctrl-C or SIGTERM has stopped it
+            print("stopped (SIGTERM)", file=sys.stderr)
+            return EXIT_OK
         print("stopped (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
     from ..server.parts import ServerParts

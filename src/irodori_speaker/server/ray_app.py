@@ -55,12 +55,17 @@ def build_deployment(settings: ServerSettings) -> Any:
     return deployment.bind()  # type: ignore[attr-defined]
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM: stop like Ctrl-C (the bounded shutdown runs), but as a service asked to stop."""
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM stops like Ctrl-C: the bounded shutdown below runs
+    raise _Terminated
 
 
-def serve_ray(settings: ServerSettings) -> int:
-    """Start a local Ray instance (or join $RAY_ADDRESS), deploy, serve until Ctrl-C or SIGTERM."""
+def serve_ray(settings: ServerSettings) -> bool:
+    """Start a local Ray instance (or join $RAY_ADDRESS), deploy, serve until Ctrl-C or SIGTERM.
+    Returns whether Ctrl-C stopped it (False: SIGTERM, a service manager's normal stop)."""
     try:
         ray.init(ignore_reinit_error=True)
         serve.start(http_options={"host": settings.host, "port": settings.port})
@@ -75,8 +80,11 @@ def serve_ray(settings: ServerSettings) -> int:
     # ray.init replaced SIGTERM's handler with sys.exit, which skipped the shutdown below and
     # left Ray's processes running (and the process ended 134): stop as on Ctrl-C instead
     signal.signal(signal.SIGTERM, _interrupt)
+    interrupted = True
     try:
         serve.run(build_deployment(settings), route_prefix="/", blocking=True)
+    except _Terminated:
+        interrupted = False
     except KeyboardInterrupt:
         pass
     finally:
@@ -84,7 +92,7 @@ def serve_ray(settings: ServerSettings) -> int:
         # bounded: a Ctrl-C must end the process, whatever state Ray's actors are in
         _bounded(serve.shutdown, settings.shutdown_grace_s + 30)
         _bounded(ray.shutdown, 30)
-    return 0
+    return interrupted
 
 
 def _bounded(fn: Callable[[], Any], seconds: float) -> None:
