@@ -96,9 +96,13 @@ def test_the_seed_codec_loads_packed_and_decodes_as_its_dequantised_weights(seed
 
 
 def test_codec_int4_speaks_with_the_seed_codec(seed_file, irodori_home, tmp_path):
+    from irodori_speaker.engine.tiny import tiny_random_files
+
     path, _, _ = seed_file
     out = tmp_path / "a.wav"
-    args = ["say", "こんにちは。", "--tiny-random", "--codec", path, "--codec-int4", "--seed", "1", "-o", out]
+    tiny = tiny_random_files("v2")  # the tiny model's own files: --tiny-random takes no --codec
+    model = ["--model", str(tiny.model), "--tokenizer", str(tiny.tokenizer), "--backend", "cpu"]
+    args = ["say", "こんにちは。", *model, "--codec", path, "--codec-int4", "--seed", "1", "-o", out]
     r = run_cli_offline(args, tmp_path / "hf", tmp_path)
     assert r.returncode == 0, r.stderr
     audio, sr = sf.read(str(out), dtype="float32")
