@@ -18,7 +18,6 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -28,20 +27,18 @@ from ..text.userdict import UserDictionary
 from . import onscreen, openai_api
 from .config import NotFound, VoiceBook, default_voice_book
 from .guards import (
-    ApiKey,
     BodyLimit,
     BodyTooLarge,
     JsonByDefault,
-    LoopbackHost,
-    OriginGuard,
     RequestMetrics,
     error_response,
+    install_access_guards,
     is_openai,
 )
 from .metrics import Metrics
 from .parts import ServerParts
 from .service import QueueFull, ShuttingDown, SpeechService
-from .settings import LOCAL_ORIGIN, ServerSettings, is_loopback
+from .settings import ServerSettings
 from .state import AppState
 from .voicevox import engine_info, extras, presets, speakers, streaming, tts
 from .voicevox import user_dict as user_dict_routes
@@ -184,18 +181,7 @@ def create_app(
     # middlewares: the last added runs first
     app.add_middleware(JsonByDefault)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics)
-    app.add_middleware(ApiKey, key=settings.api_key)
-    if is_loopback(settings.host):
-        app.add_middleware(LoopbackHost)
-    app.add_middleware(OriginGuard, allow_all=settings.cors_policy == "all", origins=settings.allow_origins)
-    app.add_middleware(
-        CORSMiddleware,
-        allow_origins=["*"] if settings.cors_policy == "all" else ["app://.", *settings.allow_origins],
-        allow_origin_regex=None if settings.cors_policy == "all" else LOCAL_ORIGIN.pattern,
-        allow_credentials=settings.cors_policy != "all",
-        allow_methods=["*"],
-        allow_headers=["*"],
-    )
+    install_access_guards(app, settings)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app
 

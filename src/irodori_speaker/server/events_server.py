@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
 from ..errors import InputError, IrodoriError
@@ -33,8 +32,8 @@ from ..speaker.feed import EventFeed, voice_label
 from ..speaker.tasks import TaskScope
 from ..text.userdict import UserDictionary
 from . import onscreen, studio
-from .app import ApiKey, LoopbackHost, OriginGuard
-from .settings import DEFAULT_HOST, LOCAL_ORIGIN, ServerSettings, check_port, is_loopback
+from .guards import install_access_guards
+from .settings import DEFAULT_HOST, ServerSettings, check_port
 from .voicevox import user_dict as user_dict_routes
 
 __all__ = ["DEFAULT_EVENTS_PORT", "EventsServer"]
@@ -177,17 +176,5 @@ class EventsServer:
             status = 422 if isinstance(exc, InputError) else 500
             return JSONResponse(status_code=status, content={"detail": str(exc)})
 
-        s = self.settings  # the same guards as serve's, outermost last
-        app.add_middleware(ApiKey, key=s.api_key)
-        if is_loopback(s.host):
-            app.add_middleware(LoopbackHost)
-        app.add_middleware(OriginGuard, allow_all=s.cors_policy == "all", origins=s.allow_origins)
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=["*"] if s.cors_policy == "all" else ["app://.", *s.allow_origins],
-            allow_origin_regex=None if s.cors_policy == "all" else LOCAL_ORIGIN.pattern,
-            allow_credentials=s.cors_policy != "all",
-            allow_methods=["*"],
-            allow_headers=["*"],
-        )
+        install_access_guards(app, self.settings)  # the same guards as serve's
         return app

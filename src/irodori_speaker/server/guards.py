@@ -18,6 +18,8 @@ import time
 from typing import Any
 from urllib.parse import parse_qs
 
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -201,3 +203,20 @@ class RequestMetrics(_Middleware):
             self.metrics.requests.labels(route, str(status)).inc()
             if route != "/v1/audio/speech":
                 self.metrics.total.labels(route).observe(time.perf_counter() - t0)
+
+
+def install_access_guards(app: FastAPI, settings: Any) -> None:
+    """The guards of who may call the app, outermost last: the API key, the Host on loopback, the
+    origin of a browser request, CORS. `serve`'s app and a bot's `EventsServer` share them."""
+    app.add_middleware(ApiKey, key=settings.api_key)
+    if is_loopback(settings.host):
+        app.add_middleware(LoopbackHost)
+    app.add_middleware(OriginGuard, allow_all=settings.cors_policy == "all", origins=settings.allow_origins)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=["*"] if settings.cors_policy == "all" else ["app://.", *settings.allow_origins],
+        allow_origin_regex=None if settings.cors_policy == "all" else LOCAL_ORIGIN.pattern,
+        allow_credentials=settings.cors_policy != "all",
+        allow_methods=["*"],
+        allow_headers=["*"],
+    )
