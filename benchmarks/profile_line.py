@@ -3,9 +3,10 @@
     python benchmarks/profile_line.py                      # every section
     python benchmarks/profile_line.py --sections accuracy  # accuracy | stages | kernels | codec
 
-- accuracy: the full 500M v2 config with random weights (the file news5.py makes), one 8 s line,
-  8 sway steps with guidance: the final latent of each fast variant (unfused / fused, eager /
-  CUDA graphs, bf16, int4) against the fp32 reference loop, as a relative L2 error.
+- accuracy: the full-size config of `--family` (v2's 500M by default, v4.1-mf, v4-large) with random
+  weights (the file news5.py makes), one 8 s line, 8 sway steps with guidance: the final latent of
+  each fast variant (unfused / fused, eager / CUDA graphs, bf16, int4) against the fp32 reference
+  loop, as a relative L2 error.
 - stages: news5 modes (`--modes`, default d and e; n and o are v4.1-MF), per-sentence stage
   timings from the synthesizer's record.
 - kernels: one line of each of those modes under torch.profiler: GPU kernels launched, GPU busy
@@ -39,6 +40,7 @@ from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.synthesis.voices import load_latent
 
 DEV = torch.device("cuda")
+FAMILY = ["v2"]  # --family: the accuracy section's model
 SENTENCES = json.loads(news5.NEWS5_JSON.read_text())["sentences"]
 
 
@@ -60,7 +62,7 @@ def gpu_ms(fn, reps: int = 10) -> float:
 
 
 def line_inputs(model, files, text: str, frames: int, seed: int = 7):
-    tok = news5.ApproxTokenizer(model.cfg.text_vocab_size)
+    tok = news5.ApproxTokenizer(model.cfg.text_token_vocab)
     ids, mask = tok.batch([text])
     ref = load_latent(files["ref"], model.cfg.latent_dim)[None].to(DEV, model.in_proj.weight.dtype)
     with torch.inference_mode():
@@ -71,7 +73,8 @@ def line_inputs(model, files, text: str, frames: int, seed: int = 7):
 def section_accuracy(files) -> dict:
     cfg = SamplerConfig(steps=8, schedule="sway")
     text, frames = SENTENCES[2], 200
-    model = load_checkpoint(files["dit"], dtype=torch.float32, device=DEV).model
+    suffix = "" if FAMILY[0] == "v2" else f":{FAMILY[0]}"
+    model = load_checkpoint(files["dit" + suffix], dtype=torch.float32, device=DEV).model
     conds, noise = line_inputs(model, files, text, frames)
     with torch.inference_mode():
         ref = sample(model, conds, noise, cfg)
@@ -86,17 +89,17 @@ def section_accuracy(files) -> dict:
     del model, sampler
     torch.cuda.empty_cache()
     for name, path in [
-        ("bf16 fast fused graphs", files["dit"]),
-        ("int4 (bf16 act) fast fused graphs", files["int4"]),
+        ("bf16 fast fused graphs", files["dit" + suffix]),
+        ("int4 (bf16 act) fast fused graphs", files["int4" + suffix]),
     ]:
-        load = load_int4_model if path == files["int4"] else load_checkpoint
+        load = load_int4_model if path == files["int4" + suffix] else load_checkpoint
         m = load(path, dtype=torch.bfloat16, device=DEV).model
         c, _ = line_inputs(m, files, text, frames)
         out[name] = rel(FastSampler(m).sample(c, noise, cfg), ref)
         del m
         torch.cuda.empty_cache()
     print(
-        "\n| variant (full 500M v2, random weights, 8 s line, 8 sway steps) "
+        f"\n| variant (full-size {FAMILY[0]}, random weights, 8 s line, 8 sway steps) "
         "| rel. L2 error of the latent vs the fp32 reference |"
     )
     print("|---|---|")
@@ -253,10 +256,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sections", default="accuracy,stages,kernels,codec")
     ap.add_argument("--modes", default="d,e", help="news5 modes for stages and kernels (n, o: v4.1-MF)")
+    ap.add_argument("--family", default="v2", choices=["v2", "v4.1-mf", "v4-large"], help="accuracy's model")
     args = ap.parse_args()
     MODES[:] = args.modes.split(",")
+    FAMILY[0] = args.family
     table = news5.modes_for("cuda")
-    families = {"v2"} | {table[k].family for k in MODES}
+    timed = "stages" in args.sections or "kernels" in args.sections
+    families = {args.family} | {table[k].family for k in MODES if timed}
     files = news5.prepare_files(int4=True, families=families)
     print(
         f"# profile_line  {torch.cuda.get_device_name()}  torch {torch.__version__}  "
