@@ -54,6 +54,28 @@ def test_add_rms_modulate(dtype, residual):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_modulate_per_row(dtype):
+    """The step batcher's rows at their own timesteps: gate, scale and shift (B, 1, D) per batch
+    row, taken as strided views of one (6, B, 1, D) table, and mixed with a shared (D,) scale."""
+    torch.manual_seed(2)
+    B, S, D = 3, 5, 80
+    x, y = _randn(B, S, D, dtype=dtype), _randn(B, S, D, dtype=dtype)
+    gate, scale1, shift = _randn(3, B, 1, D, dtype=dtype).unbind(0)
+    got = fu.add_rms_modulate(x, y, gate, scale1, shift, 1e-5)
+    want = twins.add_rms_modulate(x, y, gate, scale1, shift, 1e-5)
+    for a, b in zip(got, want):
+        _close(a, b, dtype)
+    shared = _randn(D, dtype=dtype)  # the final norm: a per-row gate, a shared weight, no shift
+    got = fu.add_rms_modulate(x, y, gate, shared, None, 1e-5)
+    want = twins.add_rms_modulate(x, y, gate, shared, None, 1e-5)
+    for a, b in zip(got, want):
+        _close(a, b, dtype)
+    for b in range(B):  # and each row as it would run alone
+        alone = fu.add_rms_modulate(x[b : b + 1], y[b : b + 1], gate[b, 0], scale1[b, 0], shift[b, 0], 1e-5)
+        _close(got[0][b], alone[0][0], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_qkv_joint(dtype):
     torch.manual_seed(1)
     B, S, L, H, Dh = 2, 5, 7, 5, 16  # odd heads (RoPE on the first 2), masked head block
@@ -132,6 +154,38 @@ def test_fused_sampler_matches_a_golden_case(dit_fixtures):
         SamplerConfig(**case_settings(cases[name])),
     )
     torch.testing.assert_close(out, io[f"sample_{name}_out"], atol=1e-4, rtol=1e-4)
+
+
+def test_fused_step_batch_equals_each_line_alone(dit_fixtures):
+    """Step-level batching (engine/steps.py) on the fused kernels: rows at their own timesteps
+    (per-row modulation), lines of two lengths joining at different steps, each equal to its
+    line sampled alone on the same fused path."""
+    from irodori_speaker.engine.sampler import draw_noise
+    from irodori_speaker.engine.steps import StepBatcher
+
+    model, io, _ = load_kind(dit_fixtures, "v3_base")
+    model = model.to(DEV)
+    io = {k: v.to(DEV) for k, v in io.items()}
+    fast = FastDiT(model, fused=True)
+    cfgs = [SamplerConfig(steps=3, schedule="sway"), SamplerConfig(steps=2, guidance="alternating")]
+    lines_in = [
+        (encode(model, io, slice(b, b + 1)), draw_noise(b, 1, 12 + 20 * b, 32, device=DEV), cfgs[b])
+        for b in range(2)
+    ]
+    alone = FastSampler(fast, use_graphs=False)
+    want = [alone.sample(*args) for args in lines_in]
+    batcher = StepBatcher(fast)
+    live = [batcher.start(*lines_in[0])]
+    batcher.step(live)  # the second line joins one step later
+    live.append(batcher.start(*lines_in[1]))
+    done = []
+    while live:
+        for line in batcher.step(live):
+            live.remove(line)
+            done.append(line)
+    assert batcher.rows_run > batcher.steps_run
+    for line, w in zip(sorted(done, key=lambda d: d.frames), want):
+        torch.testing.assert_close(line.latent(), w, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -73,23 +73,24 @@ if HAS_TRITON:
 
     @triton.jit
     def _add_rms_modulate_kernel(
-        x_ptr, y_ptr, g_ptr, s_ptr, b_ptr, xo_ptr, h_ptr, D, eps,
+        x_ptr, y_ptr, g_ptr, s_ptr, b_ptr, xo_ptr, h_ptr, D, eps, ROWS, g_stride, s_stride, b_stride,
         HAS_Y: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr, INTERP_BF16: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
+        line = row // ROWS  # the batch row whose modulation this token takes (stride 0: shared)
         offs = tl.arange(0, BLOCK)
         m = offs < D
         x = tl.load(x_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
         if HAS_Y:
             y = tl.load(y_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + line * g_stride + offs, mask=m, other=0.0).to(tl.float32)
             xr = round_to(x + g * y, xo_ptr.dtype.element_ty, INTERP_BF16)
             tl.store(xo_ptr + row * D + offs, xr, mask=m)
             x = xr.to(tl.float32)  # normalise the residual as stored, as the eager path does
         r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-        h = x * r * tl.load(s_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        h = x * r * tl.load(s_ptr + line * s_stride + offs, mask=m, other=0.0).to(tl.float32)
         if HAS_SHIFT:
-            h += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            h += tl.load(b_ptr + line * b_stride + offs, mask=m, other=0.0).to(tl.float32)
         tl.store(h_ptr + row * D + offs, round_to(h, h_ptr.dtype.element_ty, INTERP_BF16), mask=m)
 
     @triton.jit
@@ -191,16 +192,31 @@ if HAS_TRITON:
 def add_rms_modulate(
     x: Tensor, y: Tensor | None, gate: Tensor | None, scale1: Tensor, shift: Tensor | None, eps: float
 ) -> tuple[Tensor, Tensor]:
-    """(x + gate * y, rms_norm(x + gate * y) * scale1 + shift); y None skips the residual add."""
+    """(x + gate * y, rms_norm(x + gate * y) * scale1 + shift); y None skips the residual add.
+
+    gate, scale1 and shift are (D,) for every row, or (B, 1, D) per batch row of x (B, S, D): the
+    step batcher's rows sit at their own timesteps (engine/steps.py)."""
     D = x.shape[-1]
     x = x.contiguous()
     if y is not None:
         y = y.contiguous()
     xo = torch.empty_like(x) if y is not None else x
     h = torch.empty_like(x)
+    mods = [t for t in (gate, scale1, shift) if t is not None]
+    lines = max(t.numel() // D for t in mods)
+    rows = x.numel() // D // lines  # tokens per batch row
+
+    def stride(t: Tensor | None) -> int:
+        if t is None or t.numel() == D:
+            return 0
+        if t.numel() != lines * D or t.stride(-1) != 1:
+            raise ValueError(f"modulation of shape {tuple(t.shape)} for x of shape {tuple(x.shape)}")
+        return int(t.stride(0))
+
     _add_rms_modulate_kernel[(x.numel() // D,)](
         x, y if y is not None else x, gate if gate is not None else scale1, scale1,
         shift if shift is not None else scale1, xo, h, D, eps,
+        rows, stride(gate), stride(scale1), stride(shift),
         HAS_Y=y is not None, HAS_SHIFT=shift is not None, BLOCK=triton.next_power_of_2(D),
         INTERP_BF16=interp_bf16(x), num_warps=4,
     )  # fmt: skip

@@ -247,24 +247,42 @@ def euler_loop(
     B, S, C = x.shape
     for i, step in enumerate(plan.steps):
         check(cancel)
-        if step.group < 0:
-            v = velocity(x.to(dtype), i, ctx.cond, ctx.cond_mask).float()
-        else:
-            n = len(plan.groups[step.group])
-            xb = x.to(dtype).repeat(n, 1, 1)
-            out = velocity(xb, i, ctx.groups[step.group], ctx.group_masks[step.group])
-            out = out.float().view(n, B, S, C)
-            v_c = out[0]
-            v = v_c.clone()
-            for j, w in enumerate(plan.weights[step.group], start=1):
-                v = v + w * (v_c - out[j])
-        if cfg.rescale_k is not None and cfg.rescale_sigma is not None:
-            v = rescale_velocity(v, x, step.t, cfg.rescale_k, cfg.rescale_sigma)
-        x = x + v * (step.t_next - step.t)
-        if step.unscale_speaker_kv and cfg.speaker_kv_scale is not None:  # planned only with a scale
-            ctx.scale_speaker(1.0 / cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
+        n = branch_rows(plan, step)
+        xb = x.to(dtype) if n == 1 else x.to(dtype).repeat(n, 1, 1)
+        c, mask = (
+            (ctx.cond, ctx.cond_mask)
+            if step.group < 0
+            else (ctx.groups[step.group], ctx.group_masks[step.group])
+        )
+        out = velocity(xb, i, c, mask).float().view(n, B, S, C)
+        x = euler_step(plan, cfg, step, x, out, ctx)
         if progress is not None:
             progress(i + 1, len(plan.steps))
+    return x
+
+
+def branch_rows(plan: Plan, step: Step) -> int:
+    """How many branches (rows per line) the step's forward runs: 1 without guidance."""
+    return 1 if step.group < 0 else len(plan.groups[step.group])
+
+
+def euler_step(
+    plan: Plan, cfg: SamplerConfig, step: Step, x: Tensor, out: Tensor, ctx: LineContext
+) -> Tensor:
+    """One step's update from the model's outputs `out` (branches, B, S, C) in float32: guidance,
+    rescaling, the Euler move, and the planned speaker K/V unscaling of `ctx` (in place)."""
+    v_c = out[0]
+    if step.group < 0:
+        v = v_c
+    else:
+        v = v_c.clone()
+        for j, w in enumerate(plan.weights[step.group], start=1):
+            v = v + w * (v_c - out[j])
+    if cfg.rescale_k is not None and cfg.rescale_sigma is not None:
+        v = rescale_velocity(v, x, step.t, cfg.rescale_k, cfg.rescale_sigma)
+    x = x + v * (step.t_next - step.t)
+    if step.unscale_speaker_kv and cfg.speaker_kv_scale is not None:  # planned only with a scale
+        ctx.scale_speaker(1.0 / cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
     return x
 
 

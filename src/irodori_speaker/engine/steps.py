@@ -1,0 +1,221 @@
+"""Step-level batching: one sampler step for every live line, in one forward.
+
+Each line keeps its own plan (schedule, MeanFlow t/dt, guidance groups and weights, CFG window),
+its own step index, context, noise, cancel token and progress; a line joins or leaves the batch
+at any step boundary. A step packs every live line's rows (its guidance branches, or one row)
+into one batch: latent frames padded to the longest line, condition keys/values padded to the
+longest context, both masked; each row takes the AdaLN modulation of its own line's step
+(gathered from the per-schedule tables the fast path precomputes); the outputs go back to each
+line for its own guidance and Euler update (`sampler.euler_step`, the same math as a line alone).
+
+A line sampled here equals the line sampled alone up to the rounding of a larger GEMM (padded
+keys are masked out, padded frames never reach a valid one). The packed context is rebuilt only
+when the batch's make-up changes (a line joins, leaves, changes guidance group or unscales its
+speaker K/V), so a steady batch packs only its latents each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..cancel import Cancelled, CancelToken
+from .batch import frame_mask
+from .encoders import key_mask
+from .fast import FastDiT, pad_conditions, round_up
+from .layers import rope_tables
+from .model import Conditions, ContextKV
+from .sampler import (
+    LineContext,
+    Plan,
+    ProgressFn,
+    SamplerConfig,
+    branch_rows,
+    check_inputs,
+    euler_step,
+    initial_x,
+    plan_for,
+    prepare_context,
+)
+
+
+@dataclass(eq=False)
+class StepLine:
+    """One line in flight: its plan, latent (1, S_pad, C) float32, context and step index."""
+
+    plan: Plan
+    cfg: SamplerConfig
+    x: Tensor
+    frames: int  # its real length (latent frames); x is padded to a frame bucket
+    ctx: LineContext
+    table: Tensor  # (steps, layers, 6, D): each step's modulation
+    cancel: CancelToken | None = None
+    progress: ProgressFn | None = None
+    step: int = 0
+    version: int = 0  # bumped when its context changes in place (speaker K/V unscaled)
+    error: BaseException | None = None
+    tag: object = field(default=None, repr=False)  # the caller's handle
+
+    @property
+    def done(self) -> bool:
+        return self.error is not None or self.step >= len(self.plan.steps)
+
+    @property
+    def group(self) -> int:
+        return self.plan.steps[self.step].group
+
+    def latent(self) -> Tensor:
+        """The finished latent (1, frames, C)."""
+        return self.x[:, : self.frames]
+
+
+class StepBatcher:
+    """Runs one step of many lines at once on a `FastDiT` (fused or the model's own blocks)."""
+
+    def __init__(self, fast: FastDiT, *, frame_bucket: int = 16, context_bucket: int = 32) -> None:
+        self.fast = fast
+        self.frame_bucket = frame_bucket
+        self.context_bucket = context_bucket
+        self._tables: dict[tuple, Tensor] = {}
+        self._packed: tuple[tuple, _Packed] | None = None
+        self.steps_run = 0  # forwards so far
+        self.rows_run = 0  # rows over those forwards
+
+    # ---- a line joins ------------------------------------------------------------------------
+    def start(
+        self,
+        conds: Conditions,
+        noise: Tensor,
+        cfg: SamplerConfig,
+        *,
+        cancel: CancelToken | None = None,
+        progress: ProgressFn | None = None,
+        tag: object = None,
+    ) -> StepLine:
+        """A line (conditions of batch 1, noise (1, S, C)) ready to take its first step."""
+        model = self.fast.model
+        with torch.inference_mode():
+            check_inputs(model, conds, noise)
+            plan = plan_for(model, conds, cfg)
+            S = noise.shape[1]
+            S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
+            x = initial_x(F.pad(noise, (0, 0, 0, S_pad - S)), cfg, self.fast.device)
+            latent_mask = frame_mask([S], S_pad, self.fast.device)
+            ctx = prepare_context(model, pad_conditions(conds, self.context_bucket), plan, S_pad, latent_mask)
+            if cfg.speaker_kv_scale is not None:
+                ctx.scale_speaker(cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
+        return StepLine(plan, cfg, x, S, ctx, self._table(plan), cancel, progress, tag=tag)
+
+    def _table(self, plan: Plan) -> Tensor:
+        key = tuple((s.t, s.dt) for s in plan.steps)
+        if key not in self._tables:
+            ts = [s.t for s in plan.steps]
+            dts = [float(s.dt or 0.0) for s in plan.steps] if self.fast.cfg.meanflow else None
+            self._tables[key] = self.fast.modulation_table(ts, dts)
+        return self._tables[key]
+
+    # ---- one step of every line --------------------------------------------------------------
+    def step(self, lines: list[StepLine]) -> list[StepLine]:
+        """Advance every live line by one step; returns the lines that finished (or were
+        cancelled: their `error` is set) with this call."""
+        finished: list[StepLine] = []
+        live = []
+        for line in lines:
+            if line.cancel is not None and line.cancel.cancelled:
+                line.error = Cancelled("cancelled")
+                finished.append(line)
+            elif not line.done:
+                live.append(line)
+        if not live:
+            return finished
+        with torch.inference_mode():
+            self._forward_and_update(live)
+        finished += [line for line in live if line.done]
+        return finished
+
+    def _forward_and_update(self, lines: list[StepLine]) -> None:
+        fast, dtype = self.fast, self.fast.dtype
+        packed = self._pack(lines)
+        xs = []
+        for line, n in zip(lines, packed.branches):
+            x = line.x.to(dtype)
+            if x.shape[1] < packed.frames:
+                x = F.pad(x, (0, 0, 0, packed.frames - x.shape[1]))
+            xs.append(x if n == 1 else x.expand(n, -1, -1))
+        xb = torch.cat(xs)
+        # each row's modulation: its line's table at its line's step, (layers, 6, rows, 1, D)
+        mods = torch.stack(
+            [line.table[line.step] for line, n in zip(lines, packed.branches) for _ in range(n)]
+        )
+        mod = mods.permute(1, 2, 0, 3)[:, :, :, None].contiguous()
+        out = fast.velocity(xb, mod, packed.ctx, packed.mask, packed.rope).float()
+        self.steps_run += 1
+        self.rows_run += xb.shape[0]
+        start = 0
+        for line, n in zip(lines, packed.branches):
+            S = line.x.shape[1]
+            rows = out[start : start + n, :S][:, None]  # (branches, 1, S, C)
+            start += n
+            step = line.plan.steps[line.step]
+            line.x = euler_step(line.plan, line.cfg, step, line.x, rows, line.ctx)
+            if step.unscale_speaker_kv and line.cfg.speaker_kv_scale is not None:
+                line.version += 1  # its context changed in place: the packed copy is stale
+            line.step += 1
+            if line.progress is not None:
+                line.progress(line.step, len(line.plan.steps))
+
+    def _pack(self, lines: list[StepLine]) -> _Packed:
+        """The batch's context keys/values, masks and RoPE; rebuilt when its make-up changes."""
+        key = tuple((id(line), line.group, line.version, line.x.shape[1]) for line in lines)
+        if self._packed is not None and self._packed[0] == key:
+            return self._packed[1]
+        p = self.fast.cfg.latent_patch_size
+        frames = max(line.x.shape[1] for line in lines)
+        parts: list[tuple[ContextKV, int, int]] = []  # (context, branches, valid frames)
+        for line in lines:
+            g = line.group
+            ctx = line.ctx.cond if g < 0 else line.ctx.groups[g]
+            parts.append((ctx, branch_rows(line.plan, line.plan.steps[line.step]), line.frames))
+        L = max(c.mask.shape[1] for c, _, _ in parts)
+        layers = len(parts[0][0].keys)
+
+        def pad_kv(t: Tensor) -> Tensor:
+            return t if t.shape[2] == L else F.pad(t, (0, 0, 0, L - t.shape[2]))
+
+        keys = [torch.cat([pad_kv(c.keys[i]) for c, _, _ in parts]) for i in range(layers)]
+        values = [torch.cat([pad_kv(c.values[i]) for c, _, _ in parts]) for i in range(layers)]
+        ctx_mask = torch.cat([F.pad(c.mask, (0, L - c.mask.shape[1]), value=False) for c, _, _ in parts])
+        latent = torch.cat([frame_mask([s] * n, frames, ctx_mask.device) for _, n, s in parts])
+        self_mask = latent.reshape(latent.shape[0], frames // p, p).all(-1) if p > 1 else latent
+        mask = key_mask(torch.cat((self_mask, ctx_mask), dim=1))
+        if mask is not None and mask.dtype == torch.bool:
+            add = torch.zeros(mask.shape, dtype=self.fast.dtype, device=mask.device)
+            mask = add.masked_fill_(~mask, float("-inf"))
+        rope = rope_tables(frames // p, self.fast.cfg.head_dim, ctx_mask.device)
+        segments = parts[0][0].segments  # only read by speaker K/V scaling, which acts per line
+        packed = _Packed(
+            ContextKV(keys, values, ctx_mask, segments), mask, rope, frames, [n for _, n, _ in parts]
+        )
+        self._packed = (key, packed)
+        return packed
+
+
+@dataclass
+class _Packed:
+    ctx: ContextKV
+    mask: Tensor | None
+    rope: tuple[Tensor, Tensor]
+    frames: int
+    branches: list[int]
+
+
+def run_lines(batcher: StepBatcher, lines: list[StepLine]) -> None:
+    """Step `lines` together until each is done (a test and benchmark helper: the scheduler in
+    synthesis/ admits and retires lines between steps instead)."""
+    live = list(lines)
+    while live:
+        for line in batcher.step(live):
+            live.remove(line)

@@ -1,0 +1,121 @@
+"""Step-level batching (engine/steps.py): every line in a shared step equals the line alone.
+
+Lines of different lengths, texts, voices, seeds and plans (sway / linear, independent /
+alternating guidance, a CFG window, speaker K/V scaling, MeanFlow) join at different steps and
+leave when done; each one's latent is compared with the reference loop (`sampler.sample`) run on
+that line alone. On the CPU the model's own blocks run (fp32); the fused Triton kernels with
+per-row modulation are checked in test_fused.py (CUDA, or the interpreter).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dit_cases import encode, load_kind
+
+from irodori_speaker.cancel import CancelToken
+from irodori_speaker.engine.checkpoint import load_checkpoint
+from irodori_speaker.engine.fast import FastDiT
+from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
+from irodori_speaker.engine.steps import StepBatcher, run_lines
+from irodori_speaker.engine.tiny import tiny_random_files
+from irodori_speaker.errors import Cancelled
+
+LINES = [  # (fixture row, frames, seed, sampler settings)
+    (0, 24, 1, dict(steps=6, schedule="sway")),
+    (1, 40, 2, dict(steps=4, schedule="linear", guidance="alternating")),
+    (0, 17, 3, dict(steps=5, schedule="sway", cfg_min_t=0.3, cfg_max_t=0.8)),
+    (1, 33, 4, dict(steps=6, speaker_kv_scale=1.5, speaker_kv_min_t=0.5)),
+    (0, 8, 5, dict(steps=3, cfg_scale_text=0.0, cfg_scale_caption=0.0, cfg_scale_speaker=0.0)),
+]
+
+
+def _alone(model, conds, noise, cfg):
+    with torch.inference_mode():
+        return sample(model, conds, noise, cfg)
+
+
+@pytest.mark.parametrize("kind", ["v2_base", "v3_voicedesign"])
+def test_lines_joining_at_different_steps_equal_each_line_alone(dit_fixtures, kind):
+    model, io, _ = load_kind(dit_fixtures, kind)
+    C = model.cfg.latent_dim
+    inputs = []
+    for row, frames, seed, kw in LINES:
+        conds = encode(model, io, slice(row, row + 1))
+        inputs.append((conds, draw_noise(seed, 1, frames, C), SamplerConfig(**kw)))
+    want = [_alone(model, *args) for args in inputs]
+    batcher = StepBatcher(FastDiT(model))
+    progress: dict[int, list[int]] = {}
+    live, done = [], {}
+    joins = {0: [0, 1], 2: [2], 3: [3, 4]}  # at which step of the loop each line arrives
+    tick = 0
+    while len(done) < len(LINES):
+        for i in joins.get(tick, []):
+            conds, noise, cfg = inputs[i]
+            live.append(
+                batcher.start(
+                    conds, noise, cfg, tag=i, progress=lambda d, n, i=i: progress.setdefault(i, []).append(d)
+                )
+            )
+        for line in batcher.step(live):
+            live.remove(line)
+            done[line.tag] = line
+        tick += 1
+    assert batcher.rows_run > batcher.steps_run  # lines really shared forwards
+    for i, w in enumerate(want):
+        line = done[i]
+        assert line.error is None
+        torch.testing.assert_close(line.latent(), w, atol=1e-4, rtol=1e-4, msg=f"line {i}")
+        assert progress[i] == list(range(1, LINES[i][3]["steps"] + 1))
+
+
+def test_meanflow_lines_and_packing_reuse():
+    model = load_checkpoint(tiny_random_files("v4.1-mf").model).model
+    assert model.cfg.meanflow
+    torch.manual_seed(0)
+    lines_in = []
+    for n, (frames, steps) in enumerate([(20, 4), (36, 2), (12, 4)]):
+        ids = torch.randint(3, 200, (1, 6 + n))
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        ref = torch.randn(1, 10 + 4 * n, model.cfg.latent_dim)
+        with torch.inference_mode():
+            conds = model.encode_conditions(ids, mask, ref, None)
+        lines_in.append((conds, draw_noise(n, 1, frames, model.cfg.latent_dim), SamplerConfig(steps=steps)))
+    want = [_alone(model, *args) for args in lines_in]
+    batcher = StepBatcher(FastDiT(model))
+    lines = [batcher.start(*args) for args in lines_in]
+    packs = []
+    original = batcher._pack
+
+    def counting(ls):
+        packed = original(ls)
+        packs.append(id(packed))
+        return packed
+
+    batcher._pack = counting  # count how often the context is packed anew
+    run_lines(batcher, lines)
+    for line, w in zip(lines, want):
+        torch.testing.assert_close(line.latent(), w, atol=1e-4, rtol=1e-4)
+    # 4 steps; the 2-step line leaves after step 2: packed for 3 lines, then for 2
+    assert len(packs) == 4 and len(set(packs)) == 2
+
+
+def test_a_cancelled_line_leaves_and_the_others_are_unchanged(dit_fixtures):
+    model, io, _ = load_kind(dit_fixtures, "v2_base")
+    C = model.cfg.latent_dim
+    cfg = SamplerConfig(steps=6, schedule="sway")
+    a = (encode(model, io, slice(0, 1)), draw_noise(1, 1, 24, C), cfg)
+    b = (encode(model, io, slice(1, 2)), draw_noise(2, 1, 30, C), cfg)
+    want_b = _alone(model, *b)
+    batcher = StepBatcher(FastDiT(model))
+    token = CancelToken()
+    line_a = batcher.start(*a, cancel=token)
+    line_b = batcher.start(*b)
+    live = [line_a, line_b]
+    batcher.step(live)
+    token.cancel()
+    finished = batcher.step(live)  # takes effect at the next step boundary
+    assert finished == [line_a] and isinstance(line_a.error, Cancelled) and line_a.step == 1
+    live.remove(line_a)
+    run_lines(batcher, live)
+    torch.testing.assert_close(line_b.latent(), want_b, atol=1e-4, rtol=1e-4)
