@@ -293,7 +293,7 @@ def main() -> None:
     print(f"# concurrency: mode ({key}) {mode.desc}; device {device}; {args.lines} lines per stream")
     print(
         f"# torch {torch.__version__}; {torch.get_num_threads()} threads; "
-        f"max_padding {synth._batcher.max_padding}; thread switch interval "
+        f"max_padding {getattr(synth._batcher, 'max_padding', None)}; thread switch interval "
         f"{1e3 * sys.getswitchinterval():g} ms"
     )
     rows = []

@@ -31,12 +31,18 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def synth(irodori_home):
-    """The tiny-random synthesizer with batching on (the presets leave it off), any padding
-    allowed (the padding bound has its own test below)."""
+    """The tiny-random synthesizer with whole-line batching on (`step_batching=False`: the step
+    scheduler has its own tests, test_stepping.py), any padding allowed (the padding bound has its
+    own test below)."""
     from irodori_speaker.synthesis.loading import load_synthesizer
 
     return load_synthesizer(
-        tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=8, max_padding=100.0
+        tiny_random=True,
+        backend="cpu",
+        voice_cache_dir=False,
+        max_batch=8,
+        max_padding=100.0,
+        step_batching=False,
     )
 
 

@@ -41,12 +41,13 @@ from ..engine.duration import (
     frames_from_prediction,
     tail_trim_frames,
 )
-from ..engine.fast import FastSampler
+from ..engine.fast import FastDiT, FastSampler
 from ..engine.hardware.lock import hold_model_lock
 from ..engine.hardware.presets import select_preset
 from ..engine.kernels.tuning import tuning_allowed
 from ..engine.model import Conditions, check_ids
 from ..engine.sampler import MEANFLOW_IGNORED, draw_noise, meanflow_defaults, plan_meanflow, sample
+from ..engine.steps import StepBatcher, StepLine
 from ..errors import InputError
 from ..options import (
     SAMPLE_RATE,
@@ -63,6 +64,7 @@ from ..text.userdict import resolve_user_dict
 from .batching import SampleBatcher, SampleRequest
 from .fingerprint import file_fingerprint
 from .plan import LineProgress, Piece, Plan, plan_line, spoken_parts
+from .stepping import StepScheduler
 from .voice_conditions import VoiceConditions
 from .voices import Voice, VoiceCache
 
@@ -135,9 +137,16 @@ class Synthesizer:
         )
         self._fast = None  # engine.fast.FastSampler, built on first use when the preset asks for it
         # lines waiting for the sampler at the same time go as one batch (batching.py)
-        self._batcher = SampleBatcher(
-            self._sample_batch, self.preset.max_batch, max_padding=self.preset.max_padding
-        )
+        self._steps: StepBatcher | None = None  # engine.steps, built on first use
+        self._batcher: SampleBatcher | StepScheduler
+        if self.preset.max_batch > 1 and self.preset.step_batching:
+            self._batcher = StepScheduler(
+                self._start_line, self._step_lines, self._sample_batch, self.preset.max_batch
+            )
+        else:
+            self._batcher = SampleBatcher(
+                self._sample_batch, self.preset.max_batch, max_padding=self.preset.max_padding
+            )
         codec_device = getattr(codec, "device", None)
         if self.preset.codec_channels_last and hasattr(codec, "use_channels_last"):
             codec.use_channels_last(True)  # before the graphs: they capture whichever path is on
@@ -420,6 +429,18 @@ class Synthesizer:
             outs = [latent[b : b + 1, :n] for b, n in enumerate(lengths)]
         self._sync()
         return outs
+
+    def _start_line(self, req: SampleRequest) -> StepLine:
+        """A line joining the step batch (stepping.py): its context and plan, on the owner thread."""
+        if self._steps is None:
+            fast = self.fast_sampler
+            self._steps = StepBatcher(fast.fast if fast is not None else FastDiT(self.model, fused=False))
+        steps = self._steps
+        return steps.start(req.conds, req.noise, req.cfg, cancel=req.cancel, progress=req.progress, tag=req)
+
+    def _step_lines(self, lines: list[StepLine]) -> list[StepLine]:
+        assert self._steps is not None
+        return self._steps.step(lines)
 
     def _conditions(self, ids: Any, mask: Any, voice_states: tuple) -> Any:
         """Conditions of one piece: the text encoded now (graph-replayed on the fast path)."""

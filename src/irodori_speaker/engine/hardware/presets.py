@@ -60,6 +60,10 @@ class Preset:
     # 0.60-0.83x serial (padding, cache misses); on the H200 graphed batches ran at 1.03-1.13x
     # serial at 4-64 streams, no faster than one stream (lock hand-offs idle the GPU; RESULTS.md)
     max_batch: int = 1
+    # with max_batch > 1: one sampler thread steps every live line together, lines joining and
+    # leaving at step boundaries (synthesis/stepping.py); False: the whole-line batches of the
+    # lines that wait together (synthesis/batching.py), kept for the side-by-side benchmark
+    step_batching: bool = True
     # a batch's padded frames at most this fraction of its real ones (not tuned: batching is off)
     max_padding: float = 0.5
 

@@ -1,0 +1,96 @@
+"""One sampler thread steps every concurrent line (synthesis/stepping.py), through the Synthesizer.
+
+The real tiny model on the CPU, lines from several threads as several Speakers or the server's
+streams send them; the model lock is held while the threads start, so their lines really arrive
+together. Each line must sound as it does alone, whatever its plan; a cancelled line leaves at the
+next step; a line alone keeps its own path; no sampler thread outlives the lines.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from irodori_speaker.cancel import CancelToken
+from irodori_speaker.errors import Cancelled
+from irodori_speaker.synthesis.stepping import StepScheduler
+from test_batching import TEXTS, opts, together
+
+
+@pytest.fixture(scope="module")
+def synth(irodori_home):
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    s = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=8)
+    assert isinstance(s._batcher, StepScheduler)  # the default with max_batch > 1
+    return s
+
+
+def _no_sampler_thread() -> bool:
+    for t in threading.enumerate():
+        if t.name == "irodori-sampler":
+            t.join(5)
+    return not any(t.name == "irodori-sampler" for t in threading.enumerate())
+
+
+def test_concurrent_lines_of_different_plans_step_together_and_sound_as_alone(synth):
+    jobs = [
+        (TEXTS[0], opts(seed=1, steps=4)),
+        (TEXTS[1], opts(seed=2, steps=6, schedule="sway")),
+        (TEXTS[2], opts(seed=3, steps=3, guidance="alternating")),
+        (TEXTS[3], opts(seed=4, steps=5, cfg_scale_text=0.0)),
+    ]
+    alone = [synth.synthesize(t, options=o) for t, o in jobs]
+    assert all(r.record.extra["sample_batch"] == 1 for r in alone)
+    before = dict(synth._batcher.batches)
+    results = together(synth, jobs)
+    for a, b in zip(alone, results):
+        assert not isinstance(b, Exception), b
+        assert len(a.audio) == len(b.audio)
+        np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
+    stepped = {n: c - before.get(n, 0) for n, c in synth._batcher.batches.items()}
+    assert any(n >= 2 and c > 0 for n, c in stepped.items())  # lines really shared steps
+    assert max(r.record.extra["sample_batch"] for r in results) >= 2
+    assert _no_sampler_thread()
+
+
+def test_a_cancelled_line_leaves_at_the_next_step_and_the_others_finish(synth):
+    tokens = [CancelToken() for _ in TEXTS]
+
+    def cancel_line_2(done, total):
+        if done >= 1:
+            tokens[2].cancel("the viewer left")
+
+    jobs = [(t, opts(seed=i, steps=6)) for i, t in enumerate(TEXTS)]
+    results = together(synth, jobs, tokens=tokens, progress={2: cancel_line_2})
+    assert isinstance(results[2], Cancelled)
+    for i in (0, 1, 3):
+        np.testing.assert_allclose(
+            results[i].audio, synth.synthesize(jobs[i][0], options=jobs[i][1]).audio, atol=1e-5
+        )
+    assert _no_sampler_thread()
+
+
+def test_more_lines_than_max_batch_wait_for_a_free_row(synth):
+    sched = synth._batcher
+    sched.max_batch, before = 2, sched.max_batch
+    try:
+        jobs = [(t, opts(seed=i)) for i, t in enumerate(TEXTS)]
+        results = together(synth, jobs)
+    finally:
+        sched.max_batch = before
+    assert all(not isinstance(r, Exception) for r in results)
+    assert sched.peak_lines >= 2
+    for (t, o), r in zip(jobs, results):
+        np.testing.assert_allclose(r.audio, synth.synthesize(t, options=o).audio, atol=1e-5)
+
+
+def test_a_bad_line_fails_alone(synth):
+    """A line whose plan is refused when it joins fails on its own; the others are served."""
+    jobs = [(TEXTS[0], opts(seed=1)), (TEXTS[1], opts(seed=2, sway_coeff=5.0, schedule="sway"))]
+    results = together(synth, jobs)
+    assert not isinstance(results[0], Exception)
+    assert isinstance(results[1], Exception) and "sway" in str(results[1])
+    assert _no_sampler_thread()
