@@ -6,6 +6,8 @@ listener hears. Only names of the package root are used, so the same script runs
 tree (`PYTHONPATH=<old tree>/src python benchmarks/many_speakers.py`) for a side-by-side.
 
     python benchmarks/many_speakers.py --speakers 16,32 --lines 3 --repeat 3
+    python benchmarks/many_speakers.py --max-batch 32                    # lines stepped together
+    python benchmarks/many_speakers.py --max-batch 32 --batching line    # whole-line batches (old)
 
 Columns: lines with a hole (of all lines, over the repeats), first audio = enqueue of a Speaker's
 first line -> its playback start (p50 / p95 over Speakers and repeats), wall of a repeat.
@@ -50,10 +52,24 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=2.0, help="audio per line")
+    ap.add_argument("--backend", default="cpu", help="cpu or cuda (the tiny model either way)")
+    ap.add_argument("--max-batch", type=int, default=None, help="lines sampled together (preset's if unset)")
+    ap.add_argument(
+        "--batching",
+        choices=["step", "line"],
+        default="step",
+        help="with --max-batch > 1: step-level or whole-line",
+    )
     args = ap.parse_args()
-    synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False)
+    fields = {} if args.max_batch is None else {"max_batch": args.max_batch}
+    if args.batching == "line":  # an older tree has no such field: pass it only when asked
+        fields["step_batching"] = False
+    synth = load_synthesizer(tiny_random=True, backend=args.backend, voice_cache_dir=False, **fields)
     opts = SynthesisOptions(steps=args.steps, seconds=args.seconds, seed=2, tail_trim=False)
-    print(f"# {platform.processor() or platform.machine()}, tiny random model, {args.seconds} s lines")
+    print(
+        f"# {platform.processor() or platform.machine()}, tiny random model, {args.seconds} s lines, "
+        f"backend {args.backend}, max_batch {synth.preset.max_batch}, {type(synth._batcher).__name__}"
+    )
     print("| speakers | lines | lines with a hole | first audio p50 / p95 s | wall s (median) |")
     print("|---|---|---|---|---|")
     for n in (int(x) for x in args.speakers.split(",")):

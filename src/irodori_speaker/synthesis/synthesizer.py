@@ -522,13 +522,16 @@ class Synthesizer:
             it = self.codec.decode_stream(
                 latent, chunk, cancel=cancel, first_chunk_frames=first, growth=growth
             )
+            started = False
             while remaining > 0:
-                with hold_model_lock(cancel):
+                # once the line plays, its next window is urgent: late, it is a hole a listener hears
+                with hold_model_lock(cancel, urgent=started and not whole):
                     part = next(it, None)
                     if part is None:
                         return
                     out = part[0, 0, :remaining].float().cpu().numpy()
                 remaining -= len(out)
+                started = True
                 yield out, remaining <= 0
 
     def _run(self, pieces: Plan, voice, opts, record, cancel, progress, *, whole: bool):
