@@ -266,7 +266,7 @@ def test_cli_prebuild_failing_phrase_exits_1_with_a_summary(irodori_home, tmp_pa
 # ---- a cached file loads no model (issue 29) ----------------------------------------------------
 
 
-def test_only_the_missing_phrases_load_the_model_and_render(synth, pc):
+def test_only_the_missing_phrases_load_the_model_and_render(synth, pc, caplog):
     from irodori_speaker.synthesis.identity import model_identity
 
     keys = model_identity(tiny_random=True, backend="cpu")  # headers and hashes, no weights
@@ -286,6 +286,12 @@ def test_only_the_missing_phrases_load_the_model_and_render(synth, pc):
     whole = prebuild(keys, pc, [*PHRASES, PHRASES[0]], options=FAST, load=load)
     assert whole.ok and not whole.loaded and len(loads) == 2  # nothing missing: load() not called
     assert (whole.rendered, whole.cached) == (0, 6)
+    assert "differs" not in caplog.text  # the keys without the model were the loaded model's
+    # keys that did not match the model (here: another family's) cost a load, never a wrong line
+    other = model_identity(tiny_random="v3" if synth.config.family != "v3" else "v2", backend="cpu")
+    odd = prebuild(other, pc, PHRASES, options=FAST, load=load)
+    assert odd.loaded and len(loads) == 3 and loads[2].renders == [] and odd.cached == 5
+    assert caplog.text.count("the key without the model differs") == 5
 
 
 def test_a_fully_cached_file_prebuilds_without_loading_the_model(synth, irodori_home, tmp_path):
