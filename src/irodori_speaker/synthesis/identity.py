@@ -13,7 +13,6 @@ anything (a file whose every phrase is cached loads no model).
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,8 +36,6 @@ from .plan import spoken_parts
 from .voices import Voice
 
 __all__ = ["LoadPlan", "ModelIdentity", "as_load_options", "model_identity", "plan_load", "resolve_options"]
-
-log = logging.getLogger("irodori_speaker.synthesis")
 
 TINY_NOTE = "tiny-random model: the output is noise, not speech"
 
