@@ -160,7 +160,7 @@ def skip_if(cond: bool, reason: str):
 def test_a_device_that_is_not_here_names_what_is(device, match, tmp_path, capsys, monkeypatch):
     # the real loader: select_preset runs before any file is read or built
     monkeypatch.setattr(
-        "irodori_speaker.synthesis.loading.tiny_random_files", lambda **k: pytest.fail("built")
+        "irodori_speaker.synthesis.identity.tiny_random_files", lambda **k: pytest.fail("built")
     )
     line, _ = fails(say(tmp_path / "a.wav", "--device", device), BackendError, match, capsys)
     assert "available here: cpu" in line or "available: cpu" in line

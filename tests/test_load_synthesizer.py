@@ -92,7 +92,7 @@ def test_load_options_by_name_or_whole_load_the_same(synth):
 
 
 def test_bad_load_options_fail_before_anything_loads(monkeypatch):
-    import irodori_speaker.synthesis.loading as s
+    import irodori_speaker.synthesis.identity as s  # where the loader's plan finds select_preset
 
     monkeypatch.setattr(s, "select_preset", lambda *a, **k: pytest.fail("went on to load"))
     with pytest.raises(TypeError, match=r"'cache_dir'; did you mean cache= .* or model_dir="):

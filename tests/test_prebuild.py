@@ -261,3 +261,70 @@ def test_cli_prebuild_failing_phrase_exits_1_with_a_summary(irodori_home, tmp_pa
     assert proc.returncode == 1
     assert "failed: p.yaml: phrase 2: " in err and "missing.wav" in err and "Traceback" not in err
     assert "1 rendered, 0 already cached, 1 failed" in out
+
+
+# ---- a cached file loads no model (issue 29) ----------------------------------------------------
+
+
+def test_only_the_missing_phrases_load_the_model_and_render(synth, pc, caplog):
+    from irodori_speaker.synthesis.identity import model_identity
+
+    keys = model_identity(tiny_random=True, backend="cpu")  # headers and hashes, no weights
+    loads: list[Spy] = []
+
+    def load() -> Spy:
+        loads.append(Spy(synth))
+        return loads[-1]
+
+    first = prebuild(keys, pc, PHRASES[:3], options=FAST, load=load)
+    assert first.loaded and first.rendered == 3 and loads[0].renders == PHRASES[:3]
+    part = prebuild(keys, pc, PHRASES, options=FAST, load=load)  # two new phrases
+    assert part.loaded and len(loads) == 2 and loads[1].renders == PHRASES[3:]
+    assert (part.rendered, part.cached) == (2, 3)
+    for text in PHRASES:  # stored under the loaded model's key: a plain lookup finds each
+        assert pc.lookup(synth, text, None, FAST) is not None
+    whole = prebuild(keys, pc, [*PHRASES, PHRASES[0]], options=FAST, load=load)
+    assert whole.ok and not whole.loaded and len(loads) == 2  # nothing missing: load() not called
+    assert (whole.rendered, whole.cached) == (0, 6)
+    assert "differs" not in caplog.text  # the keys without the model were the loaded model's
+    # keys that did not match the model (here: another family's) cost a load, never a wrong line
+    other = model_identity(tiny_random="v3" if synth.config.family != "v3" else "v2", backend="cpu")
+    odd = prebuild(other, pc, PHRASES, options=FAST, load=load)
+    assert odd.loaded and len(loads) == 3 and loads[2].renders == [] and odd.cached == 5
+    assert caplog.text.count("the key without the model differs") == 5
+
+
+def test_a_fully_cached_file_prebuilds_without_loading_the_model(synth, irodori_home, tmp_path):
+    d = tmp_path / "cache"
+    with PhraseCache(d) as filled:  # filled by this process's model, as a stream's earlier prebuild
+        assert prebuild(synth, filled, PHRASES[:3], options=FAST).rendered == 3
+    f = tmp_path / "phrases.txt"
+    f.write_text("\n".join(PHRASES[:3]) + "\n", "utf-8")
+    args = ["prebuild", str(f), "--cache-dir", str(d), "--tiny-random", "--backend", "cpu", "-v"]
+    proc = run_cli([*args, "--steps", "2", "--seconds", "0.4"], irodori_home)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "0 rendered, 3 already cached, 0 failed" in out
+    assert "all 3 phrases already cached; model not loaded" in out
+    # -v shows where the time went: the identity from the files, no model load phase
+    assert "model identity" in err and "wall:" in err
+    assert "model load" not in err and "noise" not in err, err
+
+
+def test_cli_prebuild_renders_only_the_missing_phrases_of_a_partly_cached_file(synth, irodori_home, tmp_path):
+    d = tmp_path / "cache"
+    with PhraseCache(d) as filled:
+        assert prebuild(synth, filled, PHRASES[:3], options=FAST).rendered == 3
+        before = {e.key: e.created for e in filled.entries()}
+    f = tmp_path / "phrases.txt"
+    f.write_text("\n".join(PHRASES) + "\n", "utf-8")
+    args = ["prebuild", str(f), "--cache-dir", str(d), "--tiny-random", "--backend", "cpu", "-v"]
+    proc = run_cli([*args, "--steps", "2", "--seconds", "0.4"], irodori_home)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "2 rendered, 3 already cached, 0 failed" in out and "model not loaded" not in out
+    assert "model load" in err
+    with PhraseCache(d) as after:
+        entries = {e.key: e.created for e in after.entries()}
+        assert len(entries) == 5 and all(entries[k] == t for k, t in before.items())  # untouched
+        assert all(after.lookup(synth, text, None, FAST) is not None for text in PHRASES)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import CacheError
-from ..options import SynthesisOptions, SynthesizerLike
+from ..options import SynthesisOptions
 
 #: Bump when the stored audio for the same identity would differ (a key component).
 CACHE_FORMAT_VERSION = 1
@@ -46,7 +46,7 @@ def line_identity(
     format_version: int | None = None,
 ) -> dict:
     """Everything the key covers, as a JSON-able dict (the seed defaulted as the cache does)."""
-    if not isinstance(synth, SynthesizerLike):
+    if not callable(getattr(synth, "render_identity", None)):  # a synthesizer, or a key-only ModelIdentity
         raise CacheError(
             f"{type(synth).__name__} cannot be cached: it is not a synthesizer (no render_identity())",
             hint="use irodori_speaker.synthesis.synthesizer.Synthesizer (load_synthesizer)",

@@ -10,9 +10,11 @@ Phrase files:
   ...), `voice` (a path, relative to the file), `caption` and `name`.
 
 Every phrase is rendered with a fixed seed (its own, the defaults', else
-`cache.DEFAULT_SEED` = 0), so it can be found again. Already valid entries are skipped;
-a phrase that fails is reported and the run goes on; Ctrl-C stops after the entry being
-written is either complete or absent, so a re-run renders only what is left.
+`cache.DEFAULT_SEED` = 0), so it can be found again. Already valid entries are skipped
+(with `load=`, their keys come from the model's files alone and the model loads only when
+some phrase is missing); a phrase that fails is reported and the run goes on; Ctrl-C stops
+after the entry being written is either complete or absent, so a re-run renders only what
+is left.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class PrebuildReport:
     total: int = 0
     interrupted: bool = False
     seconds: float = 0.0
+    loaded: bool = False  # `load` was called: some phrase needed rendering
 
     def _count(self, status: str) -> int:
         return sum(1 for r in self.results if r.status == status)
@@ -260,13 +263,17 @@ def prebuild(
     progress: ProgressFn | None = None,
     cancel: Any = None,
     verify: bool = True,
+    load: Callable[[], Any] | None = None,
 ) -> PrebuildReport:
     """Render every phrase that is not validly cached yet; never stops at a failing phrase.
 
-    `voice` / `options`: defaults under each phrase's own settings. `progress(done, total,
-    eta_s, result)` is called before the first render and after each phrase that needed
-    rendering (`done`/`total` count those only). Ctrl-C (or `cancel`) ends the run with
-    `report.interrupted`; what was stored stays stored.
+    `synth`: the synthesizer; or, with `load`, what makes the keys alone (a
+    `synthesis.identity.ModelIdentity`: no weights), and `load()` gives the synthesizer, called
+    once and only when some phrase is missing (`report.loaded`). `voice` / `options`: defaults
+    under each phrase's own settings. `progress(done, total, eta_s, result)` is called before
+    the first render and after each phrase that needed rendering (`done`/`total` count those
+    only). Ctrl-C (or `cancel`) ends the run with `report.interrupted`; what was stored stays
+    stored.
     """
     t_start = time.perf_counter()
     items = [p if isinstance(p, Phrase) else Phrase(str(p)) for p in phrases]
@@ -294,6 +301,9 @@ def prebuild(
                 report.results.append(LineResult(ph, "cached", key))
                 continue
             todo.append((ph, v, slot))
+        if todo and load is not None:  # something to render: now the model
+            cached, todo = _loaded(cached, load(), todo, report)
+            report.loaded = True
         # Pass 2: render what is missing.
         spent = 0.0
         if progress is not None and todo:
@@ -315,6 +325,25 @@ def prebuild(
         report.interrupted = True
     report.seconds = time.perf_counter() - t_start
     return report
+
+
+def _loaded(
+    keys_only: CachedRender, synth: Any, todo: list[tuple[Phrase, Any, Slot]], report: PrebuildReport
+) -> tuple[CachedRender, list[tuple[Phrase, Any, Slot]]]:
+    """The render policy of the loaded synthesizer, and the missing phrases' slots made by it:
+    the loaded model's key is the one stored (a key-only key that differs is a bug, logged)."""
+    cached = CachedRender(keys_only.cache, synth, store="all", source="prebuild", strict=True)
+    out = []
+    for ph, v, slot in todo:
+        try:
+            mine = cached.slot(ph.text, v, slot.options)
+        except (IrodoriError, OSError, TypeError, ValueError) as e:
+            report.results.append(LineResult(ph, "failed", error=_message(e)))
+            continue
+        if mine.key != slot.key:
+            log.warning("prebuild: %s: the key without the model differs from the loaded model's", ph.where)
+        out.append((ph, v, mine))
+    return cached, out
 
 
 def _render_one(cached: CachedRender, ph: Phrase, voice: Any, slot: Slot, cancel: Any) -> LineResult:

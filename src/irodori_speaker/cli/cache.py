@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 import time
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, IrodoriError
 from .common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -20,13 +21,17 @@ from .common import (
     add_sampling_flags,
     add_voice_flags,
     build_options,
+    check_caption,
     load_from_args,
+    load_kwargs,
     open_cache,
     show_progress,
     sub_parser,
     voice_and_checks,
 )
-from .messages import Progress
+from .messages import Progress, phases_of
+
+log = logging.getLogger("irodori_speaker.cli")
 
 
 def cmd_prebuild(args: argparse.Namespace) -> int:
@@ -38,7 +43,10 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
         raise InputError(f"{args.phrases} has no phrases", hint="one phrase per line; # starts a comment")
     voice = voice_and_checks(args)
     with open_cache(args.cache_dir, max_bytes=args.max_bytes, audio_format=args.audio_format) as cache:
-        synth = load_from_args(args)
+        keys = _keys_without_model(args)
+        load = (lambda: load_from_args(args)) if keys is not None else None
+        if keys is None:
+            keys = load_from_args(args)
         progress = Progress("prebuilding", enabled=show_progress(args))
 
         def show(done: int, total: int, eta: float | None, res: Any) -> None:
@@ -46,7 +54,9 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
             progress(done, total, eta, note)
 
         try:
-            report = prebuild(synth, cache, phrases, voice=voice, options=build_options(args), progress=show)
+            report = prebuild(
+                keys, cache, phrases, voice=voice, options=build_options(args), progress=show, load=load
+            )
         finally:
             progress.close()
         stats = cache.stats()
@@ -54,10 +64,37 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
         where = r.phrase.where or r.phrase.text
         print(f"failed: {where}: {r.error}", file=sys.stderr)
     print(report.summary())
+    if load is not None and not report.loaded and not report.interrupted:
+        if report.cached == report.total:
+            print(f"all {report.total} phrases already cached; model not loaded")
+        else:
+            print("nothing to render; model not loaded")
     print(f"cache {stats.directory}: {stats.entries} entries, {format_size(stats.bytes)}")
+    log.info("wall: %s", phases_of(args).summary())
     if report.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_OK if not report.failed else EXIT_ERROR
+
+
+def _keys_without_model(args: argparse.Namespace) -> Any:
+    """The phrase keys' model identity from the files and their headers, no weight read
+    (synthesis/identity.py); None when it cannot be made so: the model then loads first and
+    says why if it cannot."""
+    phases = phases_of(args)
+    with phases.phase("torch import"):
+        from ..synthesis.identity import model_identity
+    with phases.phase("model identity"):
+        try:
+            ident = model_identity(**load_kwargs(args))
+        except (IrodoriError, OSError) as e:
+            log.debug("phrase keys need the model loaded: %s", e)
+            return None
+    log.info(
+        "model identity without its weights: %.2f s (files hashed, headers read)",
+        phases.parts["model identity"],
+    )
+    check_caption(args, ident)
+    return ident
 
 
 def cmd_cache_stats(args: argparse.Namespace) -> int:
@@ -134,7 +171,8 @@ def register(sub: Any) -> None:
         "(and valid). PHRASES is a .txt file (one phrase a line, lines starting with # are\n"
         "comments) or a .yaml file (phrases with their own seed/steps/seconds/voice; see\n"
         "docs/cache.md). Cached lines use a fixed seed: the phrase's, --seed, else 0.\n"
-        "Safe to interrupt and re-run: only what is missing is rendered. A phrase that\n"
+        "Safe to interrupt and re-run: only what is missing is rendered, and a file\n"
+        "whose every phrase is cached returns without loading the model. A phrase that\n"
         "fails is reported and the others go on; the exit status is 1 if any failed.\n\n"
         "  irodori-speaker prebuild phrases.txt --voice aoi.wav --cache-dir ./phrase-cache",
     )

@@ -16,34 +16,23 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..engine.checkpoint import load_checkpoint, read_header, resolve_dtype
+from ..engine.checkpoint import load_checkpoint, read_header
 from ..engine.codec import load_codec
 from ..engine.hardware.cpu_tricks import apply_cpu_tricks
 from ..engine.hardware.lock import hold_model_lock
-from ..engine.hardware.presets import resolve_threads, select_preset
 from ..engine.quant.checkpoint import load_int4_model, model_from_int4
 from ..engine.quant.codec import is_lite_int4_codec, load_int4_codec
 from ..engine.quant.quantize import quantize_checkpoint
-from ..engine.sources import (
-    CODEC_REPO,
-    DEFAULT_MODEL,
-    TOKENIZER_REPO,
-    note_gemma_terms,
-    resolve,
-    resolve_files,
-)
-from ..engine.tiny import tiny_random_files
+from ..engine.sources import note_gemma_terms
 from ..engine.torchao import int8_layout, is_torchao_file
 from ..text.backbone_tokenizer import tokenizer_for_model
 from ..text.tokenizer import TextTokenizer
-from .fingerprint import file_fingerprint
-from .load_options import LOAD_FIELDS, LoadOptions, unexpected_keyword
+from .identity import as_load_options, plan_load
+from .load_options import LoadOptions
 from .synthesizer import Synthesizer
 from .voices import VoiceCache, default_voice_cache_dir
 
@@ -111,105 +100,56 @@ def load_synthesizer(
     into cache keys), and `preset` a `Preset` used instead of the backend's (`device`, `dtype`
     and preset fields still apply).
     """
-    if isinstance(model, LoadOptions):
-        load = model
-    elif model is not None and "model" in options:
-        raise TypeError("load_synthesizer() got multiple values for argument 'model'")
-    else:
-        load = LoadOptions(model=model)
-    if "cache_dir" in options:
-        raise unexpected_keyword("load_synthesizer", "cache_dir", LOAD_FIELDS)
-    own = {k: v for k, v in options.items() if k in LOAD_FIELDS}
-    load = load.replace(**own).with_preset_fields(**{k: v for k, v in options.items() if k not in own})
-    return _load(load)
+    return _load(as_load_options(model, options))
 
 
 def _load(load: LoadOptions) -> Synthesizer:
-    """The synthesizer `load` asks for (checked when it was built)."""
-    tokenizer, tiny_random = load.tokenizer, load.tiny_random
-    given_tok = tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike))
-    preset, overrides = load.preset, {}
-    if preset is None or isinstance(preset, Mapping):  # preset fields by name: over the backend's
-        overrides, preset = dict(preset or {}), None
-    if load.device is not None:
-        overrides["device"] = load.device
-    if load.dtype is not None:
-        overrides["dtype"] = resolve_dtype(load.dtype)
-    if load.threads is not None:
-        overrides["threads"] = load.threads
-    preset = (
-        preset.with_overrides(**overrides) if preset is not None else select_preset(load.backend, **overrides)
-    )
-    preset, why = resolve_threads(preset)
+    """The synthesizer `load` asks for (checked when it was built), loaded by its plan
+    (identity.py: the same steps give the phrase-cache key without the weights)."""
+    plan = plan_load(load)
+    preset, cfg = plan.preset, plan.config
     assert preset.threads is not None
     torch.set_num_threads(preset.threads)
-    log.info("torch CPU threads: %d (%s)", preset.threads, why)
-    note = None
-    tok_path: Path | None
-    if tiny_random:
-        files = tiny_random_files(kind=tiny_random if isinstance(tiny_random, str) else None)
-        model_path, codec_path, tok_path = files.model, files.codec, files.tokenizer
-        note = "tiny-random model: the output is noise, not speech"
-        log.warning("%s", note)  # the one notice, wherever it loads (CLI, server, Python)
-    else:
-        # all three at once, so a first run offline names every missing file in one error
-        model_path, codec_path, tok_path = resolve_files(
-            load.model or DEFAULT_MODEL,
-            load.codec or CODEC_REPO,
-            tokenizer,
-            cache_dir=load.model_dir,
-            want_tokenizer=not given_tok,
-        )
+    log.info("torch CPU threads: %d (%s)", preset.threads, plan.threads_why)
+    if plan.note:
+        log.warning("%s", plan.note)  # the one notice, wherever it loads (CLI, server, Python)
     with hold_model_lock():  # the weights go to the device: no other model work meanwhile
-        loaded = load_dit(model_path, preset)
-    cfg = loaded.config
-    if cfg.family.startswith("v4-large") and not tiny_random:
+        loaded = load_dit(plan.model, preset)
+    if cfg.family.startswith("v4-large") and not load.tiny_random:
         note_gemma_terms()  # a local file or a mirror: named here (a known repo when fetched)
-    cap_path: Any = None
-    if given_tok:
-        text_tok = tokenizer
+    text_tok: Any
+    caption_tok: Any = None
+    if plan.tokenizer_object is not None:
+        text_tok = plan.tokenizer_object
+        caption_tok = text_tok if cfg.caption_enabled else None
     elif cfg.pretrained_text:  # v4: the release's tokenizer/ folder, for text and caption
-        text_tok = tokenizer_for_model(tok_path, model_path, cfg.text_backbone, add_bos=cfg.text_add_bos)
-        tok_path = cap_path = Path(text_tok.source)  # its tokenizer.json (hashed for the cache key)
+        assert plan.tokenizer is not None
+        text_tok = tokenizer_for_model(
+            plan.tokenizer.parent, plan.model, cfg.text_backbone, add_bos=cfg.text_add_bos
+        )
+        if cfg.caption_enabled:
+            add_bos = cfg.caption_add_bos if cfg.caption_add_bos is not None else cfg.text_add_bos
+            caption_tok = text_tok if add_bos == text_tok.add_bos else _with_bos(text_tok, add_bos)
     else:
-        if tok_path is None:
-            tok_source = tokenizer or cfg.text_tokenizer_repo or TOKENIZER_REPO
-            tok_path = resolve(tok_source, "tokenizer", cache_dir=load.model_dir)
+        assert plan.tokenizer is not None
         text_tok = TextTokenizer.from_file(
-            tok_path, add_bos=cfg.text_add_bos, expected_vocab_size=cfg.text_vocab_size
+            plan.tokenizer, add_bos=cfg.text_add_bos, expected_vocab_size=cfg.text_vocab_size
         )
-    caption_tok = None
-    if cfg.caption_enabled and given_tok:
-        caption_tok = text_tok
-    elif cfg.caption_enabled and cfg.pretrained_text:
-        add_bos = cfg.caption_add_bos if cfg.caption_add_bos is not None else cfg.text_add_bos
-        caption_tok = text_tok if add_bos == text_tok.add_bos else _with_bos(text_tok, add_bos)
-    elif cfg.caption_enabled:
-        same = cfg.caption_tokenizer_repo in (None, cfg.text_tokenizer_repo) and tokenizer is None
-        cap_path = tok_path if same or tiny_random else resolve(cfg.caption_tokenizer_repo, "tokenizer")
-        add_bos = cfg.caption_add_bos if cfg.caption_add_bos is not None else cfg.text_add_bos
-        caption_tok = TextTokenizer.from_file(
-            cap_path, add_bos=add_bos, expected_vocab_size=cfg.caption("vocab_size")
-        )
+        if cfg.caption_enabled:
+            add_bos = cfg.caption_add_bos if cfg.caption_add_bos is not None else cfg.text_add_bos
+            caption_tok = TextTokenizer.from_file(
+                plan.caption_tokenizer or plan.tokenizer,
+                add_bos=add_bos,
+                expected_vocab_size=cfg.caption("vocab_size"),
+            )
     with hold_model_lock():
-        codec_model = load_codec_for(codec_path, preset)
+        codec_model = load_codec_for(plan.codec, preset)
     if load.voice_cache_dir is False:
         cache = VoiceCache()
     elif load.voice_cache_dir is None or load.voice_cache_dir is True:
         cache = VoiceCache(default_voice_cache_dir())
     else:
         cache = VoiceCache(load.voice_cache_dir)
-    fingerprints = {
-        "model": file_fingerprint(model_path),
-        "codec": file_fingerprint(codec_path),
-        "tokenizer": (
-            file_fingerprint(tok_path)
-            if tok_path is not None and not given_tok
-            else str(getattr(text_tok, "fingerprint", None) or f"object:{type(text_tok).__qualname__}")
-        ),
-    }
-    if caption_tok is not None and not given_tok and cap_path is not None and cap_path != tok_path:
-        fingerprints["caption_tokenizer"] = file_fingerprint(cap_path)
     return Synthesizer(
         loaded.model,
         codec_model,
@@ -218,7 +158,7 @@ def _load(load: LoadOptions) -> Synthesizer:
         inference=loaded.inference,
         preset=preset,
         voice_cache=cache,
-        fingerprints=fingerprints,
-        note=note,
+        fingerprints=plan.fingerprints(),
+        note=plan.note,
         user_dict=load.user_dict,
     )

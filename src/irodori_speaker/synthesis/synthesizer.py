@@ -46,9 +46,8 @@ from ..engine.hardware.lock import hold_model_lock
 from ..engine.hardware.presets import select_preset
 from ..engine.kernels.tuning import tuning_allowed
 from ..engine.model import Conditions, check_ids
-from ..engine.sampler import MEANFLOW_IGNORED, draw_noise, meanflow_defaults, plan_meanflow, sample
+from ..engine.sampler import draw_noise, sample
 from ..engine.steps import StepBatcher, StepLine
-from ..errors import InputError
 from ..options import (
     SAMPLE_RATE,
     AudioStream,
@@ -59,14 +58,15 @@ from ..options import (
 )
 from ..text.english import english_backends
 from ..text.length import estimate_seconds
-from ..text.pauses import Pause, canonical
+from ..text.pauses import Pause
 from ..text.userdict import resolve_user_dict
 from .batching import SampleBatcher, SampleRequest
 from .fingerprint import file_fingerprint
+from .identity import ModelIdentity, resolve_options
 from .plan import LineProgress, Piece, Plan, plan_line, spoken_parts
 from .stepping import StepScheduler
 from .voice_conditions import VoiceConditions
-from .voices import Voice, VoiceCache
+from .voices import VoiceCache
 
 __all__ = ["EDGE_FADE_S", "Synthesizer"]
 
@@ -200,12 +200,7 @@ class Synthesizer:
         The one place the preset fallback happens: the stages, the CLI, the benchmarks and the
         phrase-cache key all read the object it returns. `options` may be a mapping of options.
         """
-        limits = {"max_text_len": self.inference.max_text_len or 256}
-        opts = SynthesisOptions.coerce(options)
-        if self.config.meanflow:  # the release's defaults (4 steps), not the RF preset's
-            opts = opts.with_defaults(meanflow_defaults())
-            plan_meanflow(opts)  # RF-only settings are an InputError here, before any work
-        return opts.resolve(self.preset, limits)
+        return resolve_options(self.config, self.inference, self.preset, options)
 
     @property
     def sampler_kind(self) -> str:
@@ -319,27 +314,21 @@ class Synthesizer:
                 self.sample_latent(batch, noise, cfg, frames=[frames] * rows)
 
     @property
-    def identity(self) -> dict[str, Any]:
-        """What this synthesizer is, as far as the sound goes: content hashes of the model,
-        codec and tokenizer files (each once), and the precision it runs at."""
+    def model_identity(self) -> ModelIdentity:
+        """What the phrase-cache key needs of this synthesizer (identity.py: the same as
+        `model_identity()` finds for its files without loading them)."""
         fps = dict(self.fingerprints)
         for name, tok in (("tokenizer", self.tokenizer), ("caption_tokenizer", self.caption_tokenizer)):
             source = getattr(tok, "source", None)  # a hand-built Synthesizer: hash the file it read
             if not fps.get(name) and isinstance(source, str) and os.path.isfile(source):
                 fps[name] = file_fingerprint(source)
-        caption_tok = fps.get("caption_tokenizer")
-        return {
-            "model": fps.get("model"),
-            "codec": fps.get("codec"),
-            "tokenizer": fps.get("tokenizer"),
-            "caption_tokenizer": None if caption_tok == fps.get("tokenizer") else caption_tok,
-            "precision": [
-                str(self.preset.dtype),
-                str(self.preset.codec_dtype),
-                self.preset.name,
-                *self.preset.audio_flags(),
-            ],
-        }
+        return ModelIdentity(self.config, self.inference, self.preset, fps, self.user_dict)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What this synthesizer is, as far as the sound goes: content hashes of the model,
+        codec and tokenizer files (each once), and the precision it runs at."""
+        return self.model_identity.identity
 
     def render_identity(
         self, text: str, voice: Any = None, options: SynthesisOptions | Mapping[str, Any] | None = None
@@ -350,27 +339,7 @@ class Synthesizer:
         (preset defaults filled in), those marked as changing the sound only. `options.seed`
         must be set (a random seed is not reproducible, so such a line cannot be cached).
         """
-        opts = self.resolve_options(options)
-        if opts.seed is None:
-            raise InputError("a cacheable line needs a fixed seed (options.seed)")
-        if isinstance(voice, (str, os.PathLike)):
-            voice = Voice.from_path(voice)
-        options_key = opts.audio_identity()
-        if self.config.meanflow:  # guidance and schedule change nothing: one key for all of them
-            options_key = {k: v for k, v in options_key.items() if k not in MEANFLOW_IGNORED}
-        return {
-            # after the dictionary and the readings (a new reading is a new line), pauses in one spelling
-            "text": "".join(
-                p if isinstance(p, str) else canonical(p.seconds) for p in self.spoken_parts(text, opts)
-            ),
-            "voice": None if voice is None else voice.content_key(),
-            "caption": getattr(voice, "caption", None),
-            "options": options_key,
-            # the family and sampler too: two families never share a line, even on equal files
-            "family": self.config.family,
-            "sampler": self.sampler_kind,
-            **self.identity,
-        }
+        return self.model_identity.render_identity(text, voice, options)
 
     # ---- stages -----------------------------------------------------------------------------
     def _prepare_text(self, text: str, opts: SynthesisOptions, record: SynthesisRecord) -> Plan:
