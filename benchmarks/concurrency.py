@@ -4,23 +4,40 @@ Each stream is a thread that speaks news5 sentences one after another through ON
 `Synthesizer`, streamed (the first chunk is its first audio), as several Speakers or the
 server's workers do. Per concurrency N, two runs side by side in this process:
 
-- batched: `max_batch` = N, at most `--max-batch` (lines waiting for the sampler together are
-  sampled as one batch, `synthesis/batching.py`);
-- serial: `max_batch` = 1 (one line after another behind the model lock, as before).
+- step: `max_batch` = N, at most `--max-batch`: one owner thread runs one sampler step for every
+  live line at once, lines joining and leaving at step boundaries (`synthesis/stepping.py`);
+- line: the same cap, whole-line batches of the lines that wait together (`synthesis/batching.py`,
+  the design before issue 27);
+- serial: `max_batch` = 1 (one line after another behind the model lock).
+`--batching` picks which of step and line run (default both), serial always runs beside them.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
 
-Per row: lines, audio seconds, wall seconds, aggregate audio seconds per second, p50 / p95
-time to first audio (from a line's start to its first chunk), each stage's mean time a line (its
-record's timings: text encoder and length, sampling (a batch's lines each count the batch),
-decode), the batch sizes that ran, and on CUDA the peak memory of the run. The model is
-news5's (benchmarks/news5.py: random full-size weights, the same files, `--mode` picks its
-preset: (e) int4 on CUDA, (f) the CPU preset).
+One table per news5 mode (`--modes`, default (e) and (o) on CUDA: v2 and v4.1-MF with int4
+weights; (f) and (p), their CPU presets, elsewhere), the model news5's (benchmarks/news5.py:
+random full-size weights, the same files). Every mode speaks the same audio: a v4 line is asked
+for v2's seconds estimate (`news5.estimate_seconds`, as news5 does; random weights make the v4
+duration predictor's lengths arbitrary), and the audio seconds of each sentence are printed per
+mode.
 
-    python benchmarks/concurrency.py                           # CUDA: mode e, 1,4,16,64 streams
-    python benchmarks/concurrency.py --mode f --streams 1,4 --lines 2   # the CPU preset
-    python benchmarks/concurrency.py --smoke --mode f --streams 1,4     # tiny model, any CPU
+Per row: lines, audio seconds, wall seconds, aggregate audio seconds per second, its ratio to
+serial and to one stream, p50 / p95 time to first audio (from a line's start to its first
+chunk), underruns (a chunk that arrives after the audio before it has played out, playback
+starting at the line's first chunk: events, and the lines that had one), errors (lines that
+raised or gave no audio), each stage's mean time a line (its record's timings: text encoder and
+length, sampling (a batch's lines each count the batch), decode), the batch sizes that ran, and
+on CUDA the peak memory of the run.
+
+Then the server stage (`--server N`, default 200; 0 leaves it out): benchmarks/server_load.py's
+burst of N mixed VOICEVOX / OpenAI requests at `serve`'s default settings, in its own server
+process after the tables (the model freed first): on CUDA the full-size model with the first
+mode's weights (`--full int4` / `bf16`), elsewhere news5's tiny files on the CPU preset
+(`--full smoke`). Its figures go to the JSON under "server".
+
+    python benchmarks/concurrency.py                           # CUDA: modes e and o, 1,4,16,64
+    python benchmarks/concurrency.py --modes f --streams 1,4 --lines 2 --server 0   # CPU preset
+    python benchmarks/concurrency.py --smoke --streams 1,4 --server 8   # tiny model, any CPU
 
 Two measurements explain the rows (CUDA):
 
@@ -38,8 +55,11 @@ Speed is the ratio batched / serial within one run; absolute times count only on
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,13 +73,16 @@ sys.path.insert(0, str(HERE))
 
 import news5  # noqa: E402  (the shared random full-size files, modes and the approximate tokenizer)
 
+from irodori_speaker.engine.duration import HOP  # noqa: E402
 from irodori_speaker.options import SynthesisOptions  # noqa: E402
+from irodori_speaker.synthesis.batching import SampleBatcher  # noqa: E402
+from irodori_speaker.synthesis.stepping import StepScheduler  # noqa: E402
 
 
 @dataclass
 class Run:
     streams: int
-    batched: bool
+    batched: str  # "step", "line" or "serial"
     ttfa: list[float] = field(default_factory=list)
     audio_s: float = 0.0
     wall_s: float = 0.0
@@ -67,44 +90,96 @@ class Run:
     batches: dict[int, int] = field(default_factory=dict)
     peak_mb: float = float("nan")
     stages: dict[str, float] = field(default_factory=dict)  # summed seconds per stage, every line
+    underruns: int = 0  # chunks that came after the audio before them had played out
+    underrun_lines: int = 0
+    errors: int = 0  # lines that raised or gave no audio
+    error_text: list[str] = field(default_factory=list)
 
     def per_line_ms(self, stage: str) -> float:
         return 1e3 * self.stages.get(stage, 0.0) / max(self.lines, 1)
 
     def pct(self, q: float) -> float:
-        xs = sorted(self.ttfa)
+        xs = sorted(x for x in self.ttfa if x == x)  # a line that failed has no first audio
         return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
 
 
-def run(synth, voice, sentences: list[str], streams: int, lines: int, batched: bool, device: str) -> Run:
-    """`streams` threads, each speaking `lines` sentences (stream i starts at sentence i)."""
-    # a measurement knob: the preset's max_batch (what prewarm captured batch graphs for) caps it
-    synth._batcher.max_batch = min(streams, synth.preset.max_batch) if batched else 1
+def line_options(family: str, text: str, seed: int) -> SynthesisOptions:
+    """A line's options: v4 lines get v2's seconds estimate, as news5 does, so every mode speaks
+    the same audio (random weights make the v4 duration predictor's lengths arbitrary)."""
+    opts = SynthesisOptions(seed=seed)
+    return opts if family == "v2" else opts.replace(seconds=news5.estimate_seconds(text))
+
+
+def late_chunks(arrivals: list[tuple[float, int]]) -> int:
+    """How many chunks came after the audio before them had played out: (arrival s, samples at
+    48 kHz) in order, playback starting at the first chunk and waiting (an underrun) for a late one."""
+    late, played_until = 0, None
+    for t, samples in arrivals:
+        if played_until is not None and t > played_until:
+            late += 1
+        start = t if played_until is None or t > played_until else played_until
+        played_until = start + samples / 48_000
+    return late
+
+
+MAX_PADDING: list[float | None] = [None]  # --max-padding (the line batches' bound; None: the preset's)
+
+
+def use_sampling(synth, kind: str, streams: int) -> None:
+    """Put the sampling under test in place on `synth` (a measurement knob: the preset's max_batch,
+    what prewarm captured batch graphs for, caps the batch)."""
+    top = min(streams, synth.preset.max_batch) if kind != "serial" else 1
+    if kind == "step":
+        synth._batcher = StepScheduler(synth._start_line, synth._step_lines, synth._sample_batch, top)
+    else:
+        pad = MAX_PADDING[0] if MAX_PADDING[0] is not None else synth.preset.max_padding
+        synth._batcher = SampleBatcher(synth._sample_batch, top, max_padding=pad)
+
+
+def run(
+    synth, voice, family: str, sentences: list[str], streams: int, lines: int, batched: str, device: str
+) -> Run:
+    """`streams` threads, each speaking `lines` sentences (stream i starts at sentence i);
+    `batched`: "step", "line" or "serial" (what samples concurrent lines)."""
+    use_sampling(synth, batched, streams)
     synth._batcher.batches = {}
     out = Run(streams, batched)
     lock = threading.Lock()
     start = threading.Barrier(streams + 1)
-    opts = SynthesisOptions(seed=0)
 
-    def stream(i: int) -> None:
-        start.wait()
-        for k in range(lines):
-            text = sentences[(i + k) % len(sentences)]
-            t0 = time.perf_counter()
-            first, samples = None, 0
-            s = synth.stream(text, voice, opts.replace(seed=i * 1000 + k))
+    def line(i: int, k: int) -> None:
+        text = sentences[(i + k) % len(sentences)]
+        t0 = time.perf_counter()
+        first, samples, arrivals = None, 0, []
+        try:
+            s = synth.stream(text, voice, line_options(family, text, i * 1000 + k))
             for chunk in s:
                 if first is None:
                     news5.sync(device)
                     first = time.perf_counter() - t0
+                arrivals.append((time.perf_counter() - t0, len(chunk)))
                 samples += len(chunk)
             timings = s.record.timings if s.record is not None else {}
-            with lock:
-                for stage in ("duration", "sampling", "decode"):
-                    out.stages[stage] = out.stages.get(stage, 0.0) + timings.get(stage, 0.0)
-                out.ttfa.append(first if first is not None else float("nan"))
-                out.audio_s += samples / 48_000
-                out.lines += 1
+            error = "" if samples else "no audio"
+        except Exception as e:  # counted in the row's errors; the stream goes on with its next line
+            timings, error = {}, f"{type(e).__name__}: {e}"
+        late = late_chunks(arrivals)
+        with lock:
+            for stage in ("duration", "sampling", "decode"):
+                out.stages[stage] = out.stages.get(stage, 0.0) + timings.get(stage, 0.0)
+            out.ttfa.append(first if first is not None else float("nan"))
+            out.audio_s += samples / 48_000
+            out.lines += 1
+            out.underruns += late
+            out.underrun_lines += late > 0
+            if error:
+                out.errors += 1
+                out.error_text.append(error)
+
+    def stream(i: int) -> None:
+        start.wait()
+        for k in range(lines):
+            line(i, k)
 
     threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(streams)]
     for t in threads:
@@ -171,7 +246,6 @@ def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> 
     Batch graphs prewarm did not capture are captured here (the sampler's and the codec's)."""
     from irodori_speaker.engine.batch import stack_conditions
     from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES, chunk_windows
-    from irodori_speaker.engine.duration import HOP
     from irodori_speaker.engine.hardware.lock import hold_model_lock
     from irodori_speaker.engine.kernels.tuning import tuning_allowed
 
@@ -245,9 +319,131 @@ def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> 
     return rows
 
 
+def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
+    """Mode `key`'s table (every concurrency, batched and serial) and its --profile / --ceiling."""
+    mode = news5.modes_for(device)[key]
+    if mode.device == "cuda" and device != "cuda":
+        raise SystemExit(f"mode {key} needs CUDA")
+    files = news5.prepare_files(int4=mode.int4, smoke=args.smoke, families={mode.family})
+    synth, voice = news5.build(mode, files, args.int4_impl, max_batch=args.max_batch)
+    MAX_PADDING[0] = args.max_padding
+    if mode.fast:
+        synth.prewarm(voice)
+    sentence_audio, sentence_frames = [], []  # warm-up (kernel selection, graphs of these buckets)
+    for text in sentences:
+        line = synth.stream(text, voice, line_options(mode.family, text, 0))
+        sentence_audio.append(sum(len(c) for c in line) / 48_000)
+        sentence_frames.append(line.record.frames if line.record is not None else 0)
+
+    length = "the engine's estimate" if mode.family == "v2" else "v2's seconds estimate, as news5"
+    print(f"\n# concurrency: mode ({key}) {mode.desc}; device {device}; {args.lines} lines per stream")
+    print(
+        f"# the {len(sentences)} sentences ({length}): latent frames {sentence_frames} "
+        f"= {sum(sentence_frames) * HOP / 48_000:.2f} s asked; audio "
+        f"{' + '.join(f'{a:.2f}' for a in sentence_audio)} = {sum(sentence_audio):.2f} s"
+    )
+    print(
+        f"# torch {torch.__version__}; {torch.get_num_threads()} threads; "
+        f"line batches' max_padding {MAX_PADDING[0] or synth.preset.max_padding}; thread switch interval "
+        f"{1e3 * sys.getswitchinterval():g} ms"
+    )
+    rows = []
+    one_stream = None  # audio s/s of the batched run at one stream (the "x 1 stream" column)
+    print(
+        "| streams | sampling | lines | audio s | wall s | audio s/s | x serial | x 1 stream | TTFA p50 ms "
+        "| TTFA p95 ms | underruns (lines) | errors | text / sampling / decode ms a line "
+        "| batches (size: count) | peak MiB |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    default_switch = sys.getswitchinterval()
+    intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [None]
+    current = None
+    for switch, n in [(s, n) for s in intervals for n in [int(x) for x in args.streams.split(",")]]:
+        if switch is not None and switch != current:
+            sys.setswitchinterval(switch)
+            current, one_stream = switch, None
+            print(f"| thread switch interval {1e3 * switch:g} ms |", flush=True)
+        lines = max(args.lines, -(-args.min_lines // n))
+        kinds = args.batching.split(",") if n > 1 else args.batching.split(",")[:1]
+        pair = [run(synth, voice, mode.family, sentences, n, lines, k, device) for k in kinds]
+        if args.serial and n > 1:
+            pair.append(run(synth, voice, mode.family, sentences, n, lines, "serial", device))
+        serial_rate = pair[-1].audio_s / pair[-1].wall_s  # the batched run itself when alone
+        if one_stream is None and n == 1:
+            one_stream = serial_rate
+        for r in pair:
+            rate = r.audio_s / r.wall_s
+            ratio = rate / serial_rate  # batched: its speed-up over serial; serial: 1
+            x_one = rate / one_stream if one_stream else float("nan")
+            print(
+                f"| {n} | {r.batched} | {r.lines} | {r.audio_s:.1f} "
+                f"| {r.wall_s:.2f} | {rate:.1f} | {ratio:.2f} | {x_one:.2f} "
+                f"| {1e3 * r.pct(0.5):.0f} | {1e3 * r.pct(0.95):.0f} | {r.underruns} ({r.underrun_lines}) "
+                f"| {r.errors} | {r.per_line_ms('duration'):.1f} / {r.per_line_ms('sampling'):.1f} / "
+                f"{r.per_line_ms('decode'):.1f} "
+                f"| {' '.join(f'{k}:{v}' for k, v in r.batches.items())} | {r.peak_mb:.0f} |",
+                flush=True,
+            )
+            for text in sorted(set(r.error_text))[:3]:
+                print(f"|  | error: {text[:200]} |")
+            rows.append(
+                {
+                    **{k: v for k, v in vars(r).items() if k != "ttfa"},
+                    "audio_s_per_s": rate,
+                    "x_serial": ratio,
+                    "x_one_stream": x_one,
+                    "p50_s": r.pct(0.5),
+                    "p95_s": r.pct(0.95),
+                    "switch_s": sys.getswitchinterval(),
+                }
+            )
+    sys.setswitchinterval(default_switch)
+    report: dict = {
+        "desc": mode.desc,
+        "family": mode.family,
+        "sentence_audio_s": sentence_audio,
+        "sentence_frames": sentence_frames,
+        "rows": rows,
+    }
+    for n in [int(x) for x in args.profile.split(",")] if args.profile else []:
+        if device != "cuda":
+            raise SystemExit("--profile needs CUDA (the GPU's busy time)")
+        lines = max(args.lines, -(-args.min_lines // n))
+        kind = args.batching.split(",")[0]
+        r, stats = profiled(run, synth, voice, mode.family, sentences, n, lines, kind, device)
+        rate = r.audio_s / r.wall_s
+        print(
+            f"\n# profiled ({key}): {n} streams batched, {r.lines} lines, {rate:.1f} audio s/s under the "
+            f"profiler; GPU busy {stats['busy_ms']:.1f} of {1e3 * r.wall_s:.1f} ms "
+            f"({100 * stats['busy_frac']:.0f} %), {stats['gpu_ms_a_line']:.2f} GPU ms a line, "
+            f"{stats['events']} kernels and copies; idle gaps: {stats['gaps_over_1ms']} over 1 ms "
+            f"({stats['gap_ms_over_1ms']:.1f} ms in all), {stats['gap_ms_under_1ms']:.1f} ms in "
+            f"shorter ones; batches {dict(sorted(r.batches.items()))}",
+            flush=True,
+        )
+        report.setdefault("profile", []).append({"streams": n, "audio_s_per_s": rate, **stats})
+    if args.ceiling:
+        if synth.fast_sampler is None:
+            raise SystemExit("--ceiling needs a fast-path mode")
+        top = min(args.max_batch, 16)
+        batches = [b for b in (1, 2, 4, 8, 16) if b <= top]
+        report["ceiling"] = ceiling(synth, voice, args.ceiling_frames, 32, batches)
+    return report
+
+
+def server_stage(requests: int, weights: str, out: Path) -> dict:
+    """benchmarks/server_load.py's burst of `requests` at serve's defaults, in its own process."""
+    cmd = [sys.executable, str(HERE / "server_load.py"), "-n", str(requests), "--full", weights]
+    print(f"\n# server: {' '.join(cmd[1:])}", flush=True)
+    code = subprocess.run([*cmd, "--json", str(out)], check=False).returncode
+    figures = json.loads(out.read_text()) if out.exists() else {}
+    return {**figures, "exit": code}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", default=None, help="news5 mode (default: e on CUDA, f elsewhere)")
+    modes_help = "news5 modes, one table each (comma-separated; default: e,o on CUDA, f,p elsewhere)"
+    ap.add_argument("--modes", "--mode", default=None, help=modes_help)
     ap.add_argument("--streams", default="1,4,16,64", help="concurrencies to run (comma-separated)")
     ap.add_argument("--lines", type=int, default=3, help="sentences each stream speaks")
     min_help = "every run speaks at least this many lines (few streams speak more each)"
@@ -263,8 +459,17 @@ def main() -> None:
     ap.add_argument("--switch-intervals", help=switch_help)
     serial_help = "also run each concurrency with max_batch 1 (the side-by-side baseline)"
     ap.add_argument("--serial", action=argparse.BooleanOptionalAction, default=True, help=serial_help)
-    ap.add_argument("--max-padding", type=float, help="the batcher's padding bound (default: the preset's)")
+    ap.add_argument(
+        "--max-padding", type=float, help="the line batches' padding bound (default: the preset's)"
+    )
+    ap.add_argument(
+        "--batching",
+        default="step,line",
+        help="which batched sampling runs beside serial: step, line or both",
+    )
     ap.add_argument("--max-batch", type=int, default=16, help="the preset max_batch: the largest batch")
+    server_help = "the server stage's burst of requests (benchmarks/server_load.py; 0: no server stage)"
+    ap.add_argument("--server", type=int, default=200, help=server_help)
     ap.add_argument("--json", type=Path, help="write the rows here too")
     ap.add_argument(
         "--int4-impl",
@@ -275,96 +480,27 @@ def main() -> None:
     args = ap.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    key = args.mode or ("e" if device == "cuda" else "f")
-    mode = news5.modes_for(device)[key]
-    if mode.device == "cuda" and device != "cuda":
-        raise SystemExit(f"mode {key} needs CUDA")
-    files = news5.prepare_files(int4=mode.int4, smoke=args.smoke, families={mode.family})
+    keys = (args.modes or ("e,o" if device == "cuda" else "f,p")).split(",")
     sentences = json.loads(news5.NEWS5_JSON.read_text())["sentences"]
-    synth, voice = news5.build(mode, files, args.int4_impl, max_batch=args.max_batch)
-    if args.max_padding is not None:
-        synth._batcher.max_padding = args.max_padding
-    if mode.fast:
-        synth.prewarm(voice)
-    for text in sentences:  # warm-up: kernel selection, graphs of these buckets
-        for _ in synth.stream(text, voice, SynthesisOptions(seed=0)):
-            pass
-
-    print(f"# concurrency: mode ({key}) {mode.desc}; device {device}; {args.lines} lines per stream")
-    print(
-        f"# torch {torch.__version__}; {torch.get_num_threads()} threads; "
-        f"max_padding {getattr(synth._batcher, 'max_padding', None)}; thread switch interval "
-        f"{1e3 * sys.getswitchinterval():g} ms"
-    )
-    rows = []
-    one_stream = None  # audio s/s of the batched run at one stream (the "x 1 stream" column)
-    print(
-        "| streams | sampling | lines | audio s | wall s | audio s/s | x serial | x 1 stream | TTFA p50 ms "
-        "| TTFA p95 ms | text / sampling / decode ms a line | batches (size: count) | peak MiB |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    default_switch = sys.getswitchinterval()
-    intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [None]
-    current = None
-    for switch, n in [(s, n) for s in intervals for n in [int(x) for x in args.streams.split(",")]]:
-        if switch is not None and switch != current:
-            sys.setswitchinterval(switch)
-            current, one_stream = switch, None
-            print(f"| thread switch interval {1e3 * switch:g} ms |", flush=True)
-        lines = max(args.lines, -(-args.min_lines // n))
-        pair = [run(synth, voice, sentences, n, lines, True, device)]
-        if args.serial and n > 1:
-            pair.append(run(synth, voice, sentences, n, lines, False, device))
-        serial_rate = pair[-1].audio_s / pair[-1].wall_s  # the batched run itself when alone
-        if one_stream is None and n == 1:
-            one_stream = serial_rate
-        for r in pair:
-            rate = r.audio_s / r.wall_s
-            ratio = rate / serial_rate  # batched: its speed-up over serial; serial: 1
-            x_one = f"{rate / one_stream:.2f}" if one_stream else "-"
-            print(
-                f"| {n} | {'batched' if r.batched else 'serial'} | {r.lines} | {r.audio_s:.1f} "
-                f"| {r.wall_s:.2f} "
-                f"| {rate:.1f} | {ratio:.2f} | {x_one} | {1e3 * r.pct(0.5):.0f} | {1e3 * r.pct(0.95):.0f} "
-                f"| {r.per_line_ms('duration'):.1f} / {r.per_line_ms('sampling'):.1f} / "
-                f"{r.per_line_ms('decode'):.1f} "
-                f"| {' '.join(f'{k}:{v}' for k, v in r.batches.items())} | {r.peak_mb:.0f} |",
-                flush=True,
-            )
-            rows.append(
-                {
-                    **{k: v for k, v in vars(r).items() if k != "ttfa"},
-                    "p50_s": r.pct(0.5),
-                    "p95_s": r.pct(0.95),
-                    "switch_s": sys.getswitchinterval(),
-                }
-            )
-    sys.setswitchinterval(default_switch)
-    report: dict = {"mode": key, "device": device, "rows": rows}
-    for n in [int(x) for x in args.profile.split(",")] if args.profile else []:
-        if device != "cuda":
-            raise SystemExit("--profile needs CUDA (the GPU's busy time)")
-        lines = max(args.lines, -(-args.min_lines // n))
-        r, stats = profiled(run, synth, voice, sentences, n, lines, True, device)
-        rate = r.audio_s / r.wall_s
-        print(
-            f"\n# profiled: {n} streams batched, {r.lines} lines, {rate:.1f} audio s/s under the "
-            f"profiler; GPU busy {stats['busy_ms']:.1f} of {1e3 * r.wall_s:.1f} ms "
-            f"({100 * stats['busy_frac']:.0f} %), {stats['gpu_ms_a_line']:.2f} GPU ms a line, "
-            f"{stats['events']} kernels and copies; idle gaps: {stats['gaps_over_1ms']} over 1 ms "
-            f"({stats['gap_ms_over_1ms']:.1f} ms in all), {stats['gap_ms_under_1ms']:.1f} ms in "
-            f"shorter ones; batches {dict(sorted(r.batches.items()))}",
-            flush=True,
-        )
-        report.setdefault("profile", []).append({"streams": n, "audio_s_per_s": rate, **stats})
-    if args.ceiling:
-        if synth.fast_sampler is None:
-            raise SystemExit("--ceiling needs a fast-path mode")
-        top = min(args.max_batch, 16)
-        batches = [b for b in (1, 2, 4, 8, 16) if b <= top]
-        report["ceiling"] = ceiling(synth, voice, args.ceiling_frames, 32, batches)
+    report: dict = {"device": device, "modes": {}}
+    for key in keys:
+        report["modes"][key] = measure_mode(args, key, device, sentences)
+        gc.collect()  # the mode's model goes before the next is built
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        if args.json:  # written after every stage: a later stage's timeout keeps what ran
+            args.json.write_text(json.dumps(report, indent=1))
+    if args.server:
+        first = news5.modes_for(device)[keys[0]]
+        weights = "smoke" if device != "cuda" else ("int4" if first.int4 else "bf16")
+        with tempfile.TemporaryDirectory(prefix="irodori-conc-") as tmp:
+            report["server"] = server_stage(args.server, weights, Path(tmp) / "server.json")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
+    if any(m["rows"] and any(r["errors"] for r in m["rows"]) for m in report["modes"].values()):
+        raise SystemExit("some lines failed (the rows' errors column)")
+    if args.server and report["server"]["exit"] != 0:
+        raise SystemExit("the server stage lost or rejected requests (its table above)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""benchmarks/concurrency.py: the GPU-busy arithmetic of `--profile`, and a smoke run of the rows
-and the `--ceiling` table on the tiny model (the CPU's clock: checks the script, times nothing)."""
+"""benchmarks/concurrency.py: the GPU-busy and underrun arithmetic, the v4 lines' length, and a smoke
+run of both modes' tables, the `--ceiling` table and the server stage on the tiny model (the CPU's
+clock: checks the script, times nothing)."""
 
 from __future__ import annotations
 
@@ -37,27 +38,70 @@ def test_busy_time_is_the_union_of_intervals_and_gaps_lie_between_them() -> None
     assert busy_and_gaps([(3, 9)]) == (6, [])
 
 
+def test_a_chunk_is_late_only_after_the_audio_before_it_has_played_out() -> None:
+    late_chunks = _module().late_chunks
+    second = 48_000  # samples of one second
+    assert late_chunks([]) == 0
+    assert late_chunks([(0.5, second), (1.4, second), (2.3, second)]) == 0  # each before the last ends
+    # the second chunk comes 0.1 s after the first ran out: one underrun; playback then resumes from
+    # it, so the third (due at 2.6 s, not 2.5) is in time
+    assert late_chunks([(0.5, second), (1.6, second), (2.55, second)]) == 1
+    assert late_chunks([(0.0, second // 2), (0.6, second // 2), (1.2, second // 2)]) == 2
+
+
+def test_v4_lines_ask_for_v2s_seconds_estimate_as_news5_does() -> None:
+    mod = _module()
+    text = "今日の東京は朝から青空が広がり、日中の最高気温は二十五度近くまで上がる見込みです。"
+    assert mod.line_options("v2", text, 7).seconds is None  # v2: the engine's own estimate
+    v4 = mod.line_options("v4.1-mf", text, 7)
+    assert v4.seconds == mod.news5.estimate_seconds(text) and v4.seed == 7
+
+
 @pytest.mark.slow
-def test_smoke_run_speaks_the_minimum_lines_and_the_ceiling_adds_up(tmp_path: Path) -> None:
+def test_smoke_run_tables_per_mode_the_same_audio_the_ceiling_and_the_server(tmp_path: Path) -> None:
     out = tmp_path / "concurrency.json"
-    cmd = [sys.executable, str(SCRIPT), "--smoke", "--mode", "f", "--streams", "1,2", "--lines", "1"]
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--modes", "f,p", "--streams", "1,2", "--lines", "1"]
     cmd += ["--min-lines", "3", "--max-batch", "2", "--no-serial", "--ceiling", "--ceiling-frames", "20"]
     run = subprocess.run(
-        [*cmd, "--json", str(out)],
+        [*cmd, "--server", "4", "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=400,
         env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
         check=False,
     )
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     report = json.loads(out.read_text())
-    rows = {r["streams"]: r for r in report["rows"]}
-    assert rows[1]["lines"] == 3  # one stream speaks --min-lines, not --lines
-    assert rows[2]["lines"] == 4  # two streams: ceil(3 / 2) each
-    assert "| x 1 stream |" in run.stdout
-    ceiling = report["ceiling"]
-    assert [c["rows"] for c in ceiling] == [1, 2]
+    assert list(report["modes"]) == ["f", "p"]  # one table each: v2 and v4.1-MF, the CPU presets
+    assert run.stdout.count("| underruns (lines) | errors |") == 2
+    v2, mf = report["modes"]["f"], report["modes"]["p"]
+    assert (v2["family"], mf["family"]) == ("v2", "v4.1-mf")
+    # the same latent frames per sentence in both modes (the v4 line asks for v2's estimate) ...
+    assert v2["sentence_frames"] == mf["sentence_frames"] and min(v2["sentence_frames"]) > 0
+    # ... so every row speaks the same audio (v4.1-MF's output trims a few ms of each line's end)
+    for a, b in zip(v2["rows"], mf["rows"], strict=True):
+        assert a["streams"] == b["streams"] and a["lines"] == b["lines"]
+        assert b["audio_s"] == pytest.approx(a["audio_s"], rel=0.02)
+    for mode in (v2, mf):
+        rows = {r["streams"]: r for r in mode["rows"]}
+        assert rows[1]["lines"] == 3  # one stream speaks --min-lines, not --lines
+        assert rows[2]["lines"] == 4  # two streams: ceil(3 / 2) each
+        for r in rows.values():
+            assert r["errors"] == 0 and 0 <= r["underrun_lines"] <= r["underruns"]
+            assert r["audio_s_per_s"] == pytest.approx(r["audio_s"] / r["wall_s"])
+            assert r["x_one_stream"] == pytest.approx(r["audio_s_per_s"] / rows[1]["audio_s_per_s"])
+            assert 0 < r["p50_s"] <= r["p95_s"]
+    server = report["server"]
+    assert server["exit"] == 0 and server["note"] is None  # pyopenjtalk here: both routes
+    assert {k: (g["requests"], g["ok"], g["rejected"], g["lost"]) for k, g in server["groups"].items()} == {
+        "voicevox": (2, 2, 0, 0),
+        "openai": (2, 2, 0, 0),
+        "all": (4, 4, 0, 0),
+    }
+    assert 0 < server["groups"]["all"]["total_p50_s"] <= server["groups"]["all"]["total_p95_s"]
+    assert "--max-queue" not in server["serve_args"]  # serve's default queue
+    ceiling = mf["ceiling"]
+    assert [c["rows"] for c in v2["ceiling"]] == [c["rows"] for c in ceiling] == [1, 2]
     audio_s = 20 * HOP / 48_000
     for c in ceiling:
         total = c["text_ms"] + c["sampling_ms"] + c["windows_ms"]
