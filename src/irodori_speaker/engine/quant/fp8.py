@@ -21,6 +21,7 @@ weight scales and per-row activation scales make the fused GEMM equal the separa
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,9 +60,14 @@ _TINY = 1e-12  # an all-zero row gets this scale: its codes are zeros, its outpu
 def fp8_gemm_device(device: torch.device | str) -> bool:
     """True where `torch._scaled_mm` runs on FP8 tensor cores: CUDA, compute capability >= 8.9."""
     dev = torch.device(device)
-    if dev.type != "cuda" or not torch.cuda.is_available():
+    return dev.type == "cuda" and _cuda_fp8(dev.index)
+
+
+@functools.cache
+def _cuda_fp8(index: int | None) -> bool:  # asked on every call of every layer: answered once
+    if not torch.cuda.is_available():
         return False
-    return torch.cuda.get_device_capability(dev) >= FP8_MIN_CAPABILITY
+    return torch.cuda.get_device_capability(index) >= FP8_MIN_CAPABILITY
 
 
 def _to_fp8(x: Tensor, scale: Tensor) -> Tensor:
