@@ -105,7 +105,7 @@ def test_activations_per_token_and_per_tensor():
     # per token, the small rows keep their relative precision
     assert _rel(dequantize_fp8(q, s)[0], x[0]) < REL_STEP
     qt, st = quantize_act_fp8(x, "tensor")
-    assert st.shape == (5, 1) and bool((st == st[0]).all())
+    assert st.shape == (5, 1) and st.is_contiguous() and s.is_contiguous() and bool((st == st[0]).all())
     torch.testing.assert_close(st[0, 0], x.abs().max() / 448.0)
     # per tensor, the 1e-3 row sits far below the scale: coarser than per token
     assert _rel(dequantize_fp8(qt, st)[0], x[0]) > _rel(dequantize_fp8(q, s)[0], x[0])
@@ -294,6 +294,44 @@ def test_load_synthesizer_refuses_fp8_before_loading(tmp_path, monkeypatch):
     assert not (tmp_path / "tiny").exists() or True  # nothing to check on disk: the error came first
 
 
+@pytest.fixture
+def fp8_allowed_here(monkeypatch):
+    """The device check passed as on an FP8 GPU (none here): the loader's FP8 path runs, emulated."""
+    from irodori_speaker.synthesis import loading
+
+    monkeypatch.setattr(presets, "check_fp8", lambda preset: None)
+    monkeypatch.setattr(loading, "check_fp8", lambda preset: None)
+
+
+def test_the_loader_swaps_the_linears_with_fp8(tmp_path, monkeypatch, fp8_allowed_here):
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
+    plain = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False)
+    synth = load_synthesizer(tiny_random=True, backend="cpu", fp8=True, voice_cache_dir=False)
+    assert synth.preset.fp8 and isinstance(synth.model.blocks[0].attention.wq, Fp8Linear)
+    assert not any(isinstance(m, Fp8Linear) for m in plain.model.modules())
+    assert synth.identity["precision"] == [*plain.identity["precision"], "fp8"]
+    a = synth.synthesize("テストです。", options={"seed": 1}).audio
+    b = plain.synthesize("テストです。", options={"seed": 1}).audio
+    assert (
+        len(a) > 0
+        and bool(torch.isfinite(torch.as_tensor(a)).all())
+        and not torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+    )
+
+
+def test_an_int4_file_with_fp8_is_refused(tmp_path, dit_fixtures, fp8_allowed_here):
+    from irodori_speaker.engine.quant.quantize import quantize_checkpoint
+    from irodori_speaker.synthesis.loading import load_dit
+
+    dst = tmp_path / "int4.safetensors"
+    quantize_checkpoint(dit_fixtures / "tiny_v2_base.safetensors", dst, method="rtn", report_errors=False)
+    with pytest.raises(BackendError, match="int4 weights") as e:
+        load_dit(dst, dataclasses.replace(select_preset("cpu"), fp8=True))
+    assert e.value.hint
+
+
 def test_fp8_enters_the_phrase_cache_key(synth):
     plain = synth.identity["precision"]
     real = synth.preset
@@ -304,14 +342,26 @@ def test_fp8_enters_the_phrase_cache_key(synth):
         synth.preset = real
 
 
-def test_the_fp8_flag_reaches_the_preset_and_is_refused_here_in_one_line(tmp_path):
+@pytest.mark.parametrize(
+    "argv",
+    [["say", "テスト", "--output", "a.wav"], ["bench", "--json", "b.json"], ["serve", "--port", "38977"]],
+    ids=["say", "bench", "serve"],
+)
+def test_the_fp8_flag_reaches_the_preset_and_is_refused_on_the_cpu_in_one_line(tmp_path, argv):
+    """--fp8 on say / bench / serve (a real CLI process): refused before any model loads, the
+    server before it binds its port."""
     env = dict(os.environ, IRODORI_CACHE=str(tmp_path), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "irodori_speaker.cli", "say", "テスト", "--tiny-random", "--fp8"]
-    r = subprocess.run(
-        [*cmd, "--output", str(tmp_path / "a.wav")], env=env, capture_output=True, text=True, timeout=240
-    )
+    # --backend cpu: refused on every machine, the H200 of the GPU run included
+    cmd = [sys.executable, "-m", "irodori_speaker.cli", *argv, "--tiny-random", "--backend", "cpu", "--fp8"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert r.stderr.startswith("error: fp8 needs FP8 tensor cores") and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("error: fp8 needs FP8 tensor cores") and lines[1].startswith("hint: ")
+    assert (
+        "Traceback" not in r.stderr
+        and not (tmp_path / "a.wav").exists()
+        and not (tmp_path / "b.json").exists()
+    )
 
 
 # ---- on a GPU with FP8 tensor cores ---------------------------------------------------------------------
@@ -364,3 +414,18 @@ def test_a_graphed_fast_sampler_line_on_an_fp8_model(dit_fixtures):
     assert graphed.captures == 1 and torch.equal(out, again)
     assert isinstance(graphed.fast.blocks[0].qkvg, Fp8Linear) and graphed.fast.blocks[0].qkvg._scaled_mm_ok
     assert _rel(out, ref) < 0.1  # two FP8 paths agree within FP8's own error (see the CPU twin)
+
+
+@needs_fp8_gpu
+def test_load_synthesizer_with_fp8_speaks_on_the_gpu(tmp_path, monkeypatch):
+    """`fp8=True` as users pass it: the loaded DiT holds FP8 layers, a line renders (graphs on),
+    and the cache key names fp8."""
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
+    synth = load_synthesizer(tiny_random="v4.1-mf", backend="cuda", fp8=True, voice_cache_dir=False)
+    layers = [m for m in synth.model.modules() if isinstance(m, Fp8Linear)]
+    assert layers and synth.preset.fp8 and "fp8" in synth.identity["precision"]
+    audio = synth.synthesize("テストです。").audio
+    assert len(audio) > 0 and bool(torch.isfinite(torch.as_tensor(audio)).all())
+    assert all(m._scaled_mm_ok for m in layers)  # no layer fell back to the emulation
