@@ -26,7 +26,7 @@ else
   export PYTHONPATH="$PWD/src"
 fi
 STAGES="${STAGES:-env tests profile news5 int4 memory}"
-TESTS="${TESTS:-tests/engine/test_batch.py tests/engine/test_codec_fast.py tests/engine/test_fast.py tests/engine/test_fast_v4.py tests/engine/test_fused.py tests/engine/test_codec_graphs.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py}"
+TESTS="${TESTS:-tests/engine/test_batch.py tests/engine/test_codec_fast.py tests/engine/test_fast.py tests/engine/test_fast_v4.py tests/engine/test_fused.py tests/engine/test_codec_graphs.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py tests/quant/test_fp8.py}"
 
 stage() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 

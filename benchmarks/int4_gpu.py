@@ -4,6 +4,13 @@ the dequantised fp16/bf16 weight, and the seed's kernel (PyPI ``onecomp-runtime`
     python benchmarks/int4_gpu.py            # every shape, M in {25, 75, 150, 450, 750, 2250}, fp16 + bf16
     python benchmarks/int4_gpu.py --quick    # bf16 only, M in {25, 150, 450, 2250}
     python benchmarks/int4_gpu.py --graph    # time inside CUDA graphs (GPU time only, no launch overhead)
+    python benchmarks/int4_gpu.py --smoke    # CPU, M=25: reference int4, emulated FP8 (checks the script)
+
+FP8 columns (issue 27): ``fp8`` is `engine.quant.fp8.Fp8Linear` as the model runs it (per-token e4m3
+activations quantised in the call, then ``torch._scaled_mm`` with row-wise scales, bf16 out) on the
+same weights; ``fp8 mm`` the ``_scaled_mm`` alone on pre-quantised inputs (what a fused quantiser
+could reach). Both need compute capability 8.9+ ("n/a" elsewhere); their error is FP8's own (a few
+percent against the fp32 reference), checked against its own bound (``FP8_TOL``).
 
 Every method is checked against the fp32 dequantised reference before it is timed (relative L2 error;
 a method over tolerance is reported and not timed). Timing: ``triton.testing.do_bench`` median (or
@@ -36,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from irodori_speaker.engine.kernels.triton_common import HAS_TRITON
 from irodori_speaker.engine.kernels.tuning import tuning_allowed
 from irodori_speaker.engine.quant.formats import pack_gptq
+from irodori_speaker.engine.quant.fp8 import Fp8Linear, fp8_gemm_device, quantize_act_fp8, quantize_weight_fp8
 from irodori_speaker.engine.quant.w4a16_chooser import (
     candidate_configs,
     choose_impl,
@@ -55,6 +63,7 @@ SHAPES = [  # (label, K, N)
 MS = [25, 75, 150, 450, 750, 2250]
 QUICK_MS = [25, 150, 450, 2250]
 TOL = {torch.float16: 2e-3, torch.bfloat16: 6e-3}
+FP8_TOL = 0.06  # e4m3 weights and activations: ~3 % relative on random data
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -93,7 +102,13 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.float() - ref).norm() / ref.norm())
 
 
-def _time(fn: Callable[[], object], graph: bool, rep_ms: int) -> float:
+def _time(fn: Callable[[], object], graph: bool, rep_ms: int, smoke: bool = False) -> float:
+    if smoke:  # CPU: a few calls by the wall clock (the smoke run checks the script, not speed)
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn()
+        return (time.perf_counter() - t0) / 3 * 1000.0
     import triton
 
     fn()
@@ -103,19 +118,31 @@ def _time(fn: Callable[[], object], graph: bool, rep_ms: int) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median"))
 
 
-def _methods(xs, qw, sc, w16, oc, cfg) -> dict[str, Callable[[int], torch.Tensor]]:
+def _methods(xs, qw, sc, w16, oc, cfg, f8, smoke) -> dict[str, Callable[[int], torch.Tensor]]:
     out: dict[str, Callable[[int], torch.Tensor]] = {
         "cublas": lambda i: F.linear(xs[i], w16[i]),
         "int4": lambda i: w4a16_linear(xs[i], qw[i], sc[i], None),
-        "kernel": lambda i: w4a16_kernel(xs[i], qw[i], sc[i], None, config=cfg),
-        "scratch": lambda i: w4a16_scratch(xs[i], qw[i], sc[i], None),
     }
+    if not smoke:  # the Triton paths: CUDA only
+        out["kernel"] = lambda i: w4a16_kernel(xs[i], qw[i], sc[i], None, config=cfg)
+        out["scratch"] = lambda i: w4a16_scratch(xs[i], qw[i], sc[i], None)
     if oc is not None:
         out["onecomp"] = lambda i: oc[i](xs[i])
+    if f8 is not None:
+        out["fp8"] = lambda i: f8[i](xs[i])
+        if f8[0].uses_scaled_mm(xs[0].device):
+            xq = [quantize_act_fp8(x) for x in xs]
+            out["fp8 mm"] = lambda i: torch._scaled_mm(
+                xq[i][0], f8[i].qweight.t(), scale_a=xq[i][1], scale_b=f8[i].scale_b, out_dtype=torch.bfloat16
+            )
     return out
 
 
-def _print_row(row: dict, tol: float) -> None:
+def _tol(name: str, dtype: torch.dtype) -> float:
+    return FP8_TOL if name.startswith("fp8") else TOL[dtype]
+
+
+def _print_row(row: dict, dtype: torch.dtype) -> None:
     us = row["us"]
 
     def cell(name: str) -> str:
@@ -127,35 +154,46 @@ def _print_row(row: dict, tol: float) -> None:
     best = us.get("int4")
     xc = f"{us['cublas'] / best:8.2f}" if best and "cublas" in us else f"{'-':>8s}"
     xo = f"{us['onecomp'] / best:7.2f}" if best and "onecomp" in us else f"{'-':>7s}"
+    f8 = us.get("fp8")
+    xf = f"{us['cublas'] / f8:7.2f}" if f8 and "cublas" in us else f"{'-':>7s}"
+    xfi = f"{best / f8:7.2f}" if f8 and best else f"{'-':>7s}"
     errs = ",".join(f"{k}={v:.1e}" for k, v in row["rel_err"].items() if isinstance(v, float))
     print(
         f"{row['dtype']:8s} {row['shape']:22s} {row['M']:5d} {cell('cublas')} {cell('int4')} "
-        f"{cell('kernel')} {cell('scratch')} {cell('onecomp')} {xc} {xo}  {row['choice']} / {errs}"
+        f"{cell('kernel')} {cell('scratch')} {cell('onecomp')} {xc} {xo} "
+        f"{cell('fp8')} {cell('fp8 mm')} {xf} {xfi}  {row['choice']} / {errs}"
     )
-    bad = {k: v for k, v in row["rel_err"].items() if not isinstance(v, float) or v > tol}
+    bad = {k: v for k, v in row["rel_err"].items() if not isinstance(v, float) or v > _tol(k, dtype)}
     if bad:
         print(f"      !! over tolerance or failed: {bad}")
 
 
 def _bench_shape(dtype, label, k, n, ms, args, l2, onecomp) -> list[dict]:
-    dev = torch.device("cuda")
+    dev = torch.device("cpu" if args.smoke else "cuda")
     int4_bytes = k * n // 2 + (k // 32) * n * 2
-    reps = max(2, min(args.max_rot, math.ceil(2 * l2 / int4_bytes)))
+    reps = 1 if args.smoke else max(2, min(args.max_rot, math.ceil(2 * l2 / int4_bytes)))
     layers = [_random_layer(k, n, seed=i) for i in range(reps)]
     qw = [p.qweight.to(dev) for p in layers]
     sc = [p.scales.to(dev) for p in layers]
     w16 = [p.dequantize(torch.float32).to(dev, dtype) for p in layers]  # [N, K]
     w32_0 = layers[0].dequantize(torch.float32).to(dev)
     oc = [onecomp(qw[i], sc[i], p.qzeros.to(dev), k, n) for i, p in enumerate(layers)] if onecomp else None
+    # FP8 of the same (int4-valued) weights: where the device has FP8 tensor cores, or emulated (--smoke)
+    f8 = None
+    if args.smoke or fp8_gemm_device(dev):
+        f8 = [Fp8Linear(*quantize_weight_fp8(w)) for w in w16]
     rows = []
     for m in ms:
         xs = [torch.randn(m, k, device=dev).to(dtype) for _ in range(reps)]
         ref = xs[0].float() @ w32_0.t()
         if args.retune:
             clear_choices()
-        with tuning_allowed():  # the chooser's warm-up pick for this bucket, as prewarm makes it
-            choice = choose_impl(xs[0], qw[0], sc[0], None)
-        cfg = choice.config or default_config(m, n, k)
+        if args.smoke:
+            choice, cfg = None, None
+        else:
+            with tuning_allowed():  # the chooser's warm-up pick for this bucket, as prewarm makes it
+                choice = choose_impl(xs[0], qw[0], sc[0], None)
+            cfg = choice.config or default_config(m, n, k)
         row = {
             "dtype": str(dtype).split(".")[-1],
             "shape": label,
@@ -163,27 +201,31 @@ def _bench_shape(dtype, label, k, n, ms, args, l2, onecomp) -> list[dict]:
             "N": n,
             "M": m,
             "rotations": reps,
-            "choice": "scratch" if choice.impl == "scratch" else cfg.name(),
-            "candidates_ms": dict(choice.timings),
+            "choice": "reference"
+            if choice is None
+            else "scratch"
+            if choice.impl == "scratch"
+            else cfg.name(),
+            "candidates_ms": {} if choice is None else dict(choice.timings),
             "us": {},
             "rel_err": {},
         }
-        for name, fn in _methods(xs, qw, sc, w16, oc, cfg).items():
+        for name, fn in _methods(xs, qw, sc, w16, oc, cfg, f8, args.smoke).items():
             try:
                 err = _rel(fn(0), ref)
             except Exception as e:
                 row["rel_err"][name] = f"error: {type(e).__name__}: {str(e)[:600]}"
                 continue
             row["rel_err"][name] = err
-            if err > TOL[dtype]:
+            if err > _tol(name, dtype):
                 continue  # wrong results are not timed
 
             def all_rot(fn=fn, reps=reps):
                 for i in range(reps):
                     fn(i)
 
-            row["us"][name] = 1000.0 * _time(all_rot, args.graph, args.rep_ms) / reps
-        _print_row(row, TOL[dtype])
+            row["us"][name] = 1000.0 * _time(all_rot, args.graph, args.rep_ms, args.smoke) / reps
+        _print_row(row, dtype)
         rows.append(row)
     return rows
 
@@ -234,23 +276,31 @@ def precompile(dtypes, shapes, ms, jobs: int) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 * 2**20)
+    if args.smoke:
+        name, sms, l2 = f"CPU smoke ({platform.processor() or platform.machine()})", 0, 0
+    else:
+        props = torch.cuda.get_device_properties(0)
+        name, sms = props.name, props.multi_processor_count
+        l2 = getattr(props, "L2_cache_size", 50 * 2**20)
     dtypes = [DTYPES[d] for d in args.dtypes.split(",")]
-    ms = QUICK_MS if args.quick else MS
+    ms = [25] if args.smoke else QUICK_MS if args.quick else MS
     shapes = [s for s in SHAPES if not args.shapes or any(tag in s[0] for tag in args.shapes.split(","))]
-    onecomp, onecomp_note = onecomp_layer_factory()
-    timing = "do_bench_cudagraph" if args.graph else "do_bench"
-    if args.jobs > 1:
-        precompile(dtypes, shapes, ms, args.jobs)
-    print(
-        f"# {props.name}, {props.multi_processor_count} SMs, L2 {l2 / 2**20:.0f} MiB, "
-        f"torch {torch.__version__}"
+    onecomp, onecomp_note = (None, "not on the CPU") if args.smoke else onecomp_layer_factory()
+    timing = (
+        "perf_counter, mean of 3"
+        if args.smoke
+        else "do_bench_cudagraph median"
+        if args.graph
+        else "do_bench median"
     )
-    print(f"# onecomp column: {onecomp_note}; timing: {timing} median; times in us per GEMM")
+    if args.jobs > 1 and not args.smoke:
+        precompile(dtypes, shapes, ms, args.jobs)
+    print(f"# {name}, {sms} SMs, L2 {l2 / 2**20:.0f} MiB, torch {torch.__version__}")
+    print(f"# onecomp column: {onecomp_note}; timing: {timing}; times in us per GEMM")
     head = (
         f"{'dtype':8s} {'shape':22s} {'M':>5s} {'cuBLAS':>8s} {'int4':>8s} {'kernel':>8s} {'scratch':>8s} "
-        f"{'onecomp':>8s} {'x cuBLAS':>8s} {'x onec':>7s}  choice / rel.err"
+        f"{'onecomp':>8s} {'x cuBLAS':>8s} {'x onec':>7s} {'fp8':>8s} {'fp8 mm':>8s} {'8xcuBL':>7s} "
+        f"{'8xint4':>7s}  choice / rel.err"
     )
     print(head)
     print("-" * len(head))
@@ -258,13 +308,14 @@ def run(args: argparse.Namespace) -> dict:
     for dtype in dtypes:
         for label, k, n in shapes:
             rows += _bench_shape(dtype, label, k, n, ms, args, l2, onecomp)
-            torch.cuda.empty_cache()
+            if not args.smoke:
+                torch.cuda.empty_cache()
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": props.name,
-        "sms": props.multi_processor_count,
+        "device": name,
+        "sms": sms,
         "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
+        "triton": __import__("triton").__version__ if HAS_TRITON else None,
         "python": platform.python_version(),
         "timing": timing,
         "onecomp": onecomp_note,
@@ -283,14 +334,15 @@ def main() -> int:
     ap.add_argument("--max-rot", type=int, default=64, help="cap on weight/input rotations")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="parallel precompile")
     ap.add_argument("--retune", action="store_true", help="forget cached choices before every row")
+    ap.add_argument("--smoke", action="store_true", help="CPU: M=25, reference int4 and emulated FP8 only")
     ap.add_argument("--json", default=None, help="write results here (default $OUT/int4_gpu.json if $OUT)")
     args = ap.parse_args()
     if args.dtypes is None:
-        args.dtypes = "bf16" if args.quick else "fp16,bf16"
-    if not torch.cuda.is_available():
-        print("int4_gpu.py needs an NVIDIA GPU", file=sys.stderr)
+        args.dtypes = "bf16" if args.quick or args.smoke else "fp16,bf16"
+    if not args.smoke and not torch.cuda.is_available():
+        print("int4_gpu.py needs an NVIDIA GPU (or --smoke)", file=sys.stderr)
         return 1
-    if not HAS_TRITON:
+    if not args.smoke and not HAS_TRITON:
         print("int4_gpu.py needs triton", file=sys.stderr)
         return 1
     t0 = time.perf_counter()

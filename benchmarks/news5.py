@@ -11,7 +11,9 @@ Modes (m)-(q) are the v4.1-Small-MF release (random full-size weights from its m
 the ModernBERT backbone, MeanFlow 4 steps, no CFG): (m) the reference-equivalent path, (n)
 our CUDA preset bf16, (o) int4, (p) our CPU preset; side by side with the v2 modes in one run.
 (q) and (r) are (e) and (o) with the (B, C, T) codec decoder (the CUDA preset decodes
-channels-last since 2026-12-04).
+channels-last since 2026-12-04). (h) and (w) are (d) and (n) with the DiT's linears as W8A8 FP8
+(`--fp8`, engine/quant/fp8.py: e4m3 weights per channel, activations per token, `_scaled_mm`;
+needs compute capability 8.9+; with --smoke the FP8 GEMMs are emulated on the CPU).
 Modes (s)-(v) are v4-Large (random full-size weights of its 3.29B-parameter manifest: the T5Gemma
 2 text encoder, RF with CFG; written for the H200, a 13 GB fp32 file): (s) the reference-equivalent
 path at upstream's default 40 linear steps, (t) the same at 8 sway steps (as upstream's demo runs
@@ -118,6 +120,7 @@ class Mode:
     stream_chunk: int | None  # None: decode the whole line (first audio = end of generation);
     #  else streamed: a first chunk of this many frames, then the preset's 25-frame chunks
     int4: bool = False
+    fp8: bool = False  # the DiT's linears as W8A8 FP8 (preset field fp8)
     int4_codec: bool = False
     family: str = "v2"  # which release's configuration (FAMILIES)
     codec_cl: bool | None = None  # the channels-last codec decoder (None: the preset's choice)
@@ -168,6 +171,7 @@ def modes_for(device: str) -> dict[str, Mode]:
         "m": mf_ref,
         "n": replace(mf_cuda, key="n", desc="v4.1-MF on our CUDA preset, bf16 weights (4 MF steps, graphs)"),
         "o": replace(mf_cuda, key="o", desc="v4.1-MF on our CUDA preset, int4 DiT (W4A16)", int4=True),
+        "w": replace(mf_cuda, key="w", desc="v4.1-MF on our CUDA preset, FP8 DiT (W8A8 e4m3)", fp8=True),
         "p": replace(
             mf_ours, key="p", desc="v4.1-MF on our CPU preset (its picks), 4 MF steps", device="cpu"
         ),
@@ -184,6 +188,9 @@ def modes_for(device: str) -> dict[str, Mode]:
         ),
         "e": replace(
             cuda, key="e", desc="our CUDA preset, int4 weights (W4A16, bf16 activations)", int4=True
+        ),
+        "h": replace(
+            cuda, key="h", desc="our CUDA preset, FP8 DiT (W8A8 e4m3, per-token activations)", fp8=True
         ),
         "q": replace(
             cuda,
@@ -343,6 +350,8 @@ def build(
         "codec_graphs": mode.graphs,
         "int4": mode.int4,
         "codec_int4": mode.int4_codec,
+        # on the CPU (--smoke) the preset refuses fp8: the same swap is made after loading, emulated
+        "fp8": mode.fp8 and mode.device == "cuda",
     }
     if mode.stream_chunk is not None:
         overrides["stream_first_chunk_frames"] = mode.stream_chunk
@@ -362,6 +371,10 @@ def build(
         **overrides,
         **preset,
     )
+    if mode.fp8 and mode.device != "cuda":
+        from irodori_speaker.engine.quant.fp8 import quantize_linears_fp8
+
+        quantize_linears_fp8(synth.model, align=8)  # the tiny models' 184-wide MLPs too
     if mode.int4 and int4_impl != "auto":  # a measurement knob of the int4 kernel's chooser
         from irodori_speaker.engine.quant.layers import Int4Linear
 
@@ -483,13 +496,20 @@ def print_tables(modes: list[Mode], sentences: list[str]) -> dict:
             f"{1e3 * m.rows[0]['ttfa_s']:.1f} | {m.peak_mb:.0f} ({m.load_peak_mb:.0f}) | {ratio:.1f} |"
         )
     if "b" in summary:
-        for k in ("d", "e", "g", "n", "o"):
+        for k in ("d", "e", "h", "g", "n", "o", "w"):
             if k in summary:
                 print(f"({k}) vs (b): {summary['b']['total_gen_s'] / summary[k]['total_gen_s']:.1f}x")
     if "m" in summary:
-        for k in ("n", "o", "p", "e"):
+        for k in ("n", "o", "w", "p", "e"):
             if k in summary:
                 print(f"({k}) vs (m): {summary['m']['total_gen_s'] / summary[k]['total_gen_s']:.1f}x")
+    for fp8_key, bf16_key, int4_key in (("h", "d", "e"), ("w", "n", "o")):  # FP8 beside bf16 and int4
+        if fp8_key in summary and bf16_key in summary:
+            f8 = summary[fp8_key]["total_gen_s"]
+            line = f"({fp8_key}) FP8 vs ({bf16_key}) bf16: {summary[bf16_key]['total_gen_s'] / f8:.2f}x"
+            if int4_key in summary:
+                line += f", vs ({int4_key}) int4: {summary[int4_key]['total_gen_s'] / f8:.2f}x"
+            print(line + " (above 1: FP8 faster)")
     return summary
 
 
@@ -500,7 +520,7 @@ def main() -> None:
         "--family",
         default="v2",
         choices=["v2", "v4.1-mf", "v4-large", "all"],
-        help="v2: modes a,b,d,e,g,c,f; v4.1-mf: m,n,o,e,p (v2's (e) side by side); v4-large: "
+        help="v2: modes a,b,d,e,h,g,c,f; v4.1-mf: m,n,o,w,e,p (v2's (e) side by side); v4-large: "
         "s,t,u,v; all: v2 and v4.1-mf",
     )
     ap.add_argument(
@@ -523,10 +543,10 @@ def main() -> None:
     sentences = json.loads(NEWS5_JSON.read_text())["sentences"]
     table = modes_for(args.device)
     default_modes = {
-        "v2": "a,b,d,e,g,c,f",
-        "v4.1-mf": "m,n,o,e,p",
+        "v2": "a,b,d,e,h,g,c,f",
+        "v4.1-mf": "m,n,o,w,e,p",
         "v4-large": "s,t,u,v",
-        "all": "a,b,d,e,g,c,m,n,o,f,p",
+        "all": "a,b,d,e,h,g,c,m,n,o,w,f,p",
     }
     chosen = [table[k] for k in (args.modes or default_modes[args.family]).split(",") if k in table]
     if args.smoke:

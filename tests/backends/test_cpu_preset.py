@@ -229,7 +229,7 @@ def test_audio_flags_name_every_switch_that_changes_the_sound():
     assert cpu.audio_flags() == []
     on = cpu.with_overrides(int8_linears=True, codec_channels_last=True, codec_int4=True)
     assert on.audio_flags() == ["codec_int4", "int8_linears", "codec_channels_last"]
-    assert set(AUDIO_FLAGS) == {"int4", "codec_int4", "int8_linears", "codec_channels_last"}
+    assert set(AUDIO_FLAGS) == {"int4", "fp8", "codec_int4", "int8_linears", "codec_channels_last"}
 
 
 @pytest.mark.parametrize(

@@ -149,6 +149,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "preset": preset.name,
         "dtype": str(preset.dtype).replace("torch.", ""),
         "int4": preset.int4,
+        "fp8": preset.fp8,
         "codec_int4": preset.codec_int4,
         "codec_device": preset.codec_device or preset.device,
         "model": args.model

@@ -78,6 +78,12 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         "with RTN at load)",
     )
     g.add_argument(
+        "--fp8",
+        action="store_true",
+        help="the DiT's linears as W8A8 FP8 (e4m3) on FP8 tensor cores: NVIDIA compute capability "
+        "8.9+ (RTX 40-series, H100/H200); refused elsewhere and with --int4",
+    )
+    g.add_argument(
         "--codec-int4",
         action="store_true",
         help="the codec's decoder convolutions as RTN int4: the least memory, a slower decode",
@@ -374,6 +380,7 @@ def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "tiny_random": tiny_kind(args),
         "int4": args.int4 or None,  # None: the preset's
+        "fp8": args.fp8 or None,
         "codec_int4": args.codec_int4 or None,
         "codec_device": args.codec_device,
         "threads": getattr(args, "threads", None),

@@ -24,11 +24,14 @@ from ..engine.checkpoint import load_checkpoint, read_header
 from ..engine.codec import load_codec
 from ..engine.hardware.cpu_tricks import apply_cpu_tricks
 from ..engine.hardware.lock import hold_model_lock
+from ..engine.hardware.presets import check_fp8
 from ..engine.quant.checkpoint import load_int4_model, model_from_int4
 from ..engine.quant.codec import is_lite_int4_codec, load_int4_codec
+from ..engine.quant.fp8 import quantize_linears_fp8
 from ..engine.quant.quantize import quantize_checkpoint
 from ..engine.sources import note_gemma_terms
 from ..engine.torchao import int8_layout, is_torchao_file
+from ..errors import BackendError
 from ..text.backbone_tokenizer import tokenizer_for_model
 from ..text.tokenizer import TextTokenizer
 from .identity import as_load_options, plan_load
@@ -52,13 +55,23 @@ def load_dit(path: Any, preset: Any) -> Any:
     the engine's, int4 files by quant's. With preset.int4 a float or int8 file is RTN-quantised
     at load (an int8 file from its dequantised weights: int8's per-row rounding is ~1/17 of an
     int4 group's step, so the second rounding adds little). Other torchao files are refused by
-    the engine's reader in one line, before any weight is read."""
+    the engine's reader in one line, before any weight is read. With preset.fp8 a float file's
+    linears become FP8 after loading (`engine.quant.fp8`); an int4 file with fp8 is refused."""
+    check_fp8(preset)  # a Preset given whole did not pass select_preset's checks
     meta, shapes = read_header(path)
     if "quant_method" in meta:
+        if preset.fp8:
+            raise BackendError(
+                f"{path} holds int4 weights: fp8 quantises a float file",
+                hint="load the float release with fp8, or this file without it",
+            )
         return load_int4_model(path, dtype=preset.dtype, device=preset.device)
     if not preset.int4:
         loaded = load_checkpoint(path, dtype=preset.dtype, device=preset.device)
         apply_cpu_tricks(loaded.model, preset)  # int8 linears where the CPU preset asks for them
+        if preset.fp8:
+            swap = quantize_linears_fp8(loaded.model)
+            log.info("fp8: %d linears as W8A8 e4m3, %d kept float", len(swap.swapped), len(swap.kept))
         return loaded
     if is_torchao_file(meta, shapes):
         int8_layout(meta, shapes, str(path))  # a torchao int4 / fp8 file: refused before any work

@@ -18,6 +18,9 @@ from ...errors import BackendError
 from ..codec.streaming import stream_args
 from .cpu_features import CpuFeatures, choose_threads, cpu_features
 
+#: FP8 tensor cores: Ada (sm_89) and Hopper (sm_90) onwards (engine/quant/fp8.py uses the same).
+FP8_MIN_CAPABILITY = (8, 9)
+
 MPS_FALLBACK_ENV = "PYTORCH_ENABLE_MPS_FALLBACK"
 
 BACKENDS = ("auto", "cuda", "mps", "cpu")
@@ -49,6 +52,9 @@ class Preset:
     # and in the CPU preset with bf16 (docs/codec.md "Channels-last decode")
     codec_channels_last: bool = False
     int4: bool = False  # run the DiT on int4 weights; a float file is quantised at load (RTN)
+    # W8A8 FP8 (e4m3) DiT linears on FP8 tensor cores (CUDA, compute capability 8.9+): opt-in, never a
+    # default (issue 27: chosen only where it measures faster; engine/quant/fp8.py, docs/int4.md)
+    fp8: bool = False
     codec_int4: bool = False  # the codec's decoder convs as RTN int4: least memory, slower decode
     codec_device: str | None = None  # where the codec runs (None: `device`), e.g. "cpu" to spare the GPU
     prewarm_seconds: float = 12.0  # CUDA graphs: capture every length bucket up to this at prewarm
@@ -80,7 +86,7 @@ class Preset:
 
 
 #: Boolean preset fields that change the sound (rounding included): part of the phrase-cache key.
-AUDIO_FLAGS = ("int4", "codec_int4", "int8_linears", "codec_channels_last")
+AUDIO_FLAGS = ("int4", "fp8", "codec_int4", "int8_linears", "codec_channels_last")
 
 
 def cuda_available() -> bool:
@@ -211,6 +217,26 @@ def _check_device(field: str, device: str | None) -> None:
         )
 
 
+def check_fp8(preset: Preset) -> None:
+    """With `preset.fp8`: a BackendError unless the device has FP8 tensor cores and int4 is off."""
+    if not preset.fp8:
+        return
+    if preset.int4:
+        raise BackendError(
+            "fp8 and int4 together: the DiT runs on one kind of weight",
+            hint="pick one: int4 (least memory) or fp8 (FP8 tensor cores, 8-bit weights)",
+        )
+    dev = torch.device(preset.device)
+    cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" and cuda_available() else None
+    if cap is None or cap < FP8_MIN_CAPABILITY:
+        where = repr(preset.device) + ("" if cap is None else f" (compute capability {cap[0]}.{cap[1]})")
+        raise BackendError(
+            "fp8 needs FP8 tensor cores (an NVIDIA GPU of compute capability 8.9+: Ada, Hopper), "
+            f"not {where}",
+            hint="leave fp8 off here (int4 saves memory on any CUDA GPU)",
+        )
+
+
 def select_preset(backend: str = "auto", **overrides) -> Preset:
     """The preset for `backend` ('auto' picks cuda > mps > cpu), with field overrides."""
     if backend not in BACKENDS:
@@ -238,6 +264,7 @@ def select_preset(backend: str = "auto", **overrides) -> Preset:
             f"int8_linears runs on the CPU only, not on {preset.device!r}",
             hint="on a GPU use int4=True for smaller weights, or leave int8_linears off",
         )
+    check_fp8(preset)
     if preset.name == "mps":
         if preset.dtype != torch.float32 or preset.codec_dtype != torch.float32:
             raise BackendError(
