@@ -26,6 +26,7 @@ from irodori_speaker.engine.quant.quantize import (
     plan_layers,
     quantize_checkpoint,
 )
+from irodori_speaker.engine.quant.selection import COMPACT_SELECTION, int4_file_bytes
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
 from irodori_speaker.engine.tiny import tiny_random_files
 from irodori_speaker.text.backbone_tokenizer import tokenizer_for_model
@@ -47,7 +48,8 @@ def final_latent(model, seed: int) -> torch.Tensor:
 
 def full_size_bytes() -> list[tuple[str, float]]:
     """Bytes of the full-size Large: fp32, bf16, and our int4 file (release selection, embedding
-    packed or fp16): 0.5 B per weight plus each group of 32's scale and zero."""
+    packed or fp16): 0.5 B per weight plus each group of 32's scale and zero; and the compact
+    packing's file (`int4_file_bytes`, benchmarks/int4_pack.py)."""
     with gzip.open(MANIFEST, "rt", encoding="utf-8") as f:
         tensors = {k: tuple(v) for k, v in json.load(f)["tensors"].items()}
     shapes = {k[: -len(".weight")]: v for k, v in tensors.items() if k.endswith(".weight")}
@@ -72,6 +74,7 @@ def full_size_bytes() -> list[tuple[str, float]]:
         ("bf16", n_all * 2.0),
         ("int4, embedding fp16", int4_bytes(False)),
         ("int4, embedding packed", int4_bytes(True)),
+        ("int4 compact (the rest RTN)", float(sum(int4_file_bytes(tensors, COMPACT_SELECTION)))),
     ]
 
 
@@ -92,14 +95,15 @@ def main() -> None:
             for label, sel in (("float (fp16)", RELEASE_SELECTION), ("packed (groups of 16)", tiny_embed)):
                 out = Path(d) / f"{method}.safetensors"
                 quantize_checkpoint(
-                    files.model, out, method=method, layers=sel, tokenizer=tok, report_errors=False
-                )
+                    files.model, out, method=method, layers=sel, tokenizer=tok, report_errors=False,
+                    fallback="keep",
+                )  # fmt: skip
                 q = load_int4_model(out, dtype="fp32").model
                 errs = [float((final_latent(q, s) - w).norm() / w.norm()) for s, w in zip(seeds, want)]
                 print(f"{method:6s} {label:22s} {sum(errs) / len(errs):7.4f} {max(errs):7.4f}")
     print("\n# full-size v4-Large weights (manifest: 3,288,179,489 parameters)")
     for label, b in full_size_bytes():
-        print(f"{label:24s} {b / 2**30:6.2f} GiB")
+        print(f"{label:28s} {b / 2**30:6.2f} GiB")
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def test_int4_tiny_models_track_the_golden_velocity(dit_fixtures: Path, tmp_path
         dst = tmp_path / f"{kind}-{method}.safetensors"
         rep = quantize_checkpoint(
             src, dst, method=method, calibration_texts=CALIB, heldout_texts=HELD, run_item=_runner(model, io),
-            model=model,
+            model=model, packing="fp16-rest",
         )  # fmt: skip
         # the tiny dims decide what packs: K % 32 == 0 and N % 8 == 0 (w2 has K = 184; speaker dim 48)
         assert "blocks.0.mlp.w2" in rep.plan.kept and "blocks.0.mlp.w1" in rep.plan.gptq
@@ -183,7 +183,7 @@ def test_quantiser_file_loads_back_exactly(dit_fixtures: Path, tmp_path: Path, f
     dst = tmp_path / "q.safetensors"
     rep = quantize_checkpoint(
         src, dst, method="gptq", calibration_texts=CALIB[:8], run_item=_runner(model, io), model=model,
-        checkpoint_format=fmt, report_errors=False, symmetric=False,
+        checkpoint_format=fmt, report_errors=False, symmetric=False, packing="fp16-rest",
     )  # fmt: skip
     ckpt = load_int4_checkpoint(dst)
     assert ckpt.checkpoint_format == fmt and set(ckpt.gptq) == set(rep.plan.gptq)
@@ -257,7 +257,7 @@ def test_default_sampler_calibration_end_to_end(tmp_path: Path) -> None:
     texts = ["今日はいい天気ですね。", "えっ、本当に？", "次のニュースです。"]
     rep = quantize_checkpoint(
         src, tmp_path / "q.safetensors", method="gptq", tokenizer=tok, calibration_texts=texts,
-        heldout_texts=["おはようございます。"], num_steps=2,
+        heldout_texts=["おはようございます。"], num_steps=2, packing="fp16-rest",
     )  # fmt: skip
     assert rep.used["blocks.1.attention.wq"] == "gptq"
     assert (

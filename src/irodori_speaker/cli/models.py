@@ -56,6 +56,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         checkpoint_format=args.format,
         symmetric=not args.asym,
         fallback=args.fallback,
+        packing=args.packing,
         tokenizer=tokenizer,
         device=args.device or "cpu",
         report_errors=not args.no_report,
@@ -64,7 +65,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         print(report.table())
     out = Path(args.output)
     print(
-        f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {args.method}, {time.perf_counter() - t0:.1f} s)"
+        f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {args.method}, {args.packing}, "
+        f"{time.perf_counter() - t0:.1f} s)"
     )
     return EXIT_OK
 
@@ -85,7 +87,9 @@ def register(sub: Any) -> None:
         "quantize",
         "write an int4 checkpoint (the Irodori-TTS-Lite format) from a float one",
         "Quantise a DiT checkpoint to int4 in the format of the int4 releases (GPTQ-packed\n"
-        "block Linears, RTN-packed text embedding, the rest fp16), loadable by --model.\n"
+        "block Linears; with the default --packing compact every other Linear and the token\n"
+        "tables RTN-packed too, as small as the seed's Irodori-TTS-Lite file; --packing\n"
+        "fp16-rest keeps them fp16 as older files do), loadable by --model.\n"
         "GPTQ calibrates on the model's real activations over Japanese sentences (built-in,\n"
         "or --calibration-file) and needs the text tokenizer; RTN needs nothing.\n"
         "Prints each packed layer's output error on held-out sentences, RTN vs GPTQ.\n\n"
@@ -105,10 +109,17 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--asym", action="store_true", help="asymmetric groups (default symmetric, z=8)")
     p.add_argument(
+        "--packing",
+        choices=["compact", "fp16-rest"],
+        default="compact",
+        help="the layers GPTQ does not cover: RTN-packed (compact, default) or fp16 (fp16-rest)",
+    )
+    p.add_argument(
         "--fallback",
         choices=["keep", "rtn"],
-        default="keep",
-        help="a layer calibration cannot cover: keep it fp16 (default) or round it with RTN",
+        default=None,
+        help="a layer calibration cannot cover: keep it fp16 or round it with RTN "
+        "(default: rtn with --packing compact, keep with fp16-rest)",
     )
     p.add_argument("--device", help="where calibration and rounding run (default cpu; cuda is faster)")
     p.add_argument("--no-report", action="store_true", help="skip the held-out error table")

@@ -20,6 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn import functional as F
 
 from ...errors import QuantError
 
@@ -378,13 +379,15 @@ class RTNPacked:
 
     @property
     def group_cols(self) -> int:
-        return self.cols // self.num_groups
+        """Columns a group: ceil(cols / num_groups); when that does not divide cols the last group is
+        shorter (our compact files' ragged widths, e.g. 1331 = 41 x 32 + 19)."""
+        return ragged_group_cols(self.cols, self.num_groups)
 
     def validate(self) -> None:
         name = self.name
         r, c, g = self.rows, self.cols, self.num_groups
-        if g <= 0 or c % g:
-            raise QuantError(f"{name}: {c} columns cannot be split into {g} equal groups")
+        if g <= 0 or g > c or (g - 1) * ragged_group_cols(c, g) >= c:
+            raise QuantError(f"{name}: {c} columns cannot be split into {g} groups")
         expect = {
             "qweight_u8": ((r, (c + 1) // 2), torch.uint8),
             "scales": ((r, g), torch.float16),
@@ -411,10 +414,18 @@ def dequantize_rtn(
     if rows is not None:
         qw, s, z = qw.index_select(0, rows), s.index_select(0, rows), z.index_select(0, rows)
     q = unpack_nibbles(qw, packed.cols).to(torch.float32)
-    n = q.shape[0]
-    q = q.reshape(n, packed.num_groups, packed.group_cols)
+    n, g, cols = q.shape[0], packed.num_groups, packed.cols
+    gc = ragged_group_cols(cols, g)
+    if g * gc != cols:  # ragged: pad the short last group, drop the padding after
+        q = F.pad(q, (0, g * gc - cols))
+    q = q.reshape(n, g, gc)
     w = (q - z.to(torch.float32).unsqueeze(-1)) * s.to(torch.float32).unsqueeze(-1)
-    return w.reshape(n, packed.cols).to(dtype)
+    return w.reshape(n, g * gc)[:, :cols].to(dtype)
+
+
+def ragged_group_cols(cols: int, num_groups: int) -> int:
+    """Columns of each RTN group: ceil(cols / num_groups) (the last group takes what is left)."""
+    return -(-cols // max(num_groups, 1))
 
 
 def _safe_scale(scale16: torch.Tensor) -> torch.Tensor:
@@ -424,7 +435,12 @@ def _safe_scale(scale16: torch.Tensor) -> torch.Tensor:
 
 
 def rtn_quantize(
-    w: torch.Tensor, *, group_size: int | None = 32, num_groups: int | None = None, symmetric: bool = False
+    w: torch.Tensor,
+    *,
+    group_size: int | None = 32,
+    num_groups: int | None = None,
+    symmetric: bool = False,
+    ragged: bool = False,
 ) -> RTNPacked:
     """Round-to-nearest int4 of a 2-D weight (rows, cols) into the RTN nibble format.
 
@@ -432,7 +448,9 @@ def rtn_quantize(
     zero = clamp(round(-min / scale), 0, 15), q = clamp(round(w / scale + zero), 0, 15).
     Symmetric: zero = 8, scale = max(2 max|w|, 1e-8) / 15, q = clamp(round(w / scale) + 8, 0, 15).
     Groups: `num_groups` equal contiguous column groups, or `group_size` columns each (must divide cols;
-    None = one group per row). Scales/zeros are stored fp16 and the codes are computed from the stored
+    None = one group per row; `ragged`: ceil(cols / group_size) groups of ceil(cols / groups) columns,
+    the last one shorter).
+    Scales/zeros are stored fp16 and the codes are computed from the stored
     (fp16-rounded) values, so dequantising the packed tensor reproduces the quantiser's own weight.
     """
     if w.dim() != 2:
@@ -443,13 +461,20 @@ def rtn_quantize(
     if num_groups is None:
         if group_size is None:
             num_groups = 1
+        elif ragged:
+            num_groups = -(-cols // group_size)
         elif cols % group_size:
             raise QuantError(f"rtn_quantize: {cols} columns are not a multiple of group_size {group_size}")
         else:
             num_groups = cols // group_size
-    if num_groups <= 0 or cols % num_groups:
+    if num_groups <= 0 or (cols % num_groups and not ragged):
         raise QuantError(f"rtn_quantize: {cols} columns cannot be split into {num_groups} equal groups")
-    wg = w.to(torch.float32).reshape(rows, num_groups, cols // num_groups)
+    gc = ragged_group_cols(cols, num_groups)
+    w32 = w.to(torch.float32)
+    if num_groups * gc != cols:
+        # pad the short last group with copies of its own last column: min/max stay that group's
+        w32 = torch.cat([w32, w32[:, -1:].expand(rows, num_groups * gc - cols)], dim=1)
+    wg = w32.reshape(rows, num_groups, gc)
     if symmetric:
         scale = torch.clamp(2.0 * wg.abs().amax(-1), min=1e-8) / 15.0
         scale16 = scale.to(torch.float16)
@@ -464,7 +489,7 @@ def rtn_quantize(
         zero16 = torch.round(-lo / s).clamp(0, 15).to(torch.float16)
         q = torch.round(wg / s.unsqueeze(-1) + zero16.to(torch.float32).unsqueeze(-1)).clamp(0, 15)
     return RTNPacked(
-        qweight_u8=pack_nibbles(q.reshape(rows, cols).to(torch.uint8)),
+        qweight_u8=pack_nibbles(q.reshape(rows, num_groups * gc)[:, :cols].to(torch.uint8)),
         scales=scale16.contiguous(),
         zeros=zero16.contiguous(),
         rows=rows,

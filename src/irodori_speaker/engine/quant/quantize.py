@@ -12,7 +12,6 @@ Capturing the calibration inputs: `calibration` (its names are re-exported here)
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,11 +34,22 @@ from .calibration import (
     make_sampler_runner,
 )
 from .checkpoint import Int4Checkpoint, save_int4_checkpoint
-from .formats import gptq_group_params, gptq_is_packable, pack_gptq, quantize_codes, rtn_quantize
+from .formats import gptq_group_params, pack_gptq, quantize_codes, rtn_quantize
+from .selection import (
+    COMPACT_SELECTION,
+    PACKINGS,
+    RELEASE_SELECTION,
+    LayerPlan,
+    LayerSelection,
+    matches,
+    plan_layers,
+)
 
 __all__ = [
+    "COMPACT_SELECTION",
     "DEFAULT_CALIBRATION_TEXTS",
     "DEFAULT_HELDOUT_TEXTS",
+    "PACKINGS",
     "RELEASE_SELECTION",
     "CalibrationItem",
     "LayerError",
@@ -57,92 +67,6 @@ __all__ = [
     "quantize_state",
     "rtn_quantize_weight",
 ]
-
-# ---------------------------------------------------------------------------------------- selection
-
-
-@dataclass(frozen=True)
-class LayerSelection:
-    """Which tensors to quantise, as regular expressions matched (fullmatch) against module names.
-
-    `gptq`: Linears packed GPTQ (calibrated with method="gptq", round-to-nearest with "rtn");
-    `embed`: Embeddings packed as RTN nibbles; `extra`: Linears packed as RTN nibbles ("extra" layers);
-    `exclude`: never quantised. Layers whose shape does not fit the packing stay float (reported).
-    """
-
-    gptq: tuple[str, ...] = ()
-    embed: tuple[str, ...] = ()
-    extra: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    embed_group_size: int = 32
-
-
-RELEASE_SELECTION = LayerSelection(
-    gptq=(
-        r"blocks\.\d+\.attention\.(wq|wk|wv|gate|wo)",
-        r"blocks\.\d+\.attention\.(wk|wv)_(text|speaker|caption)",
-        r"blocks\.\d+\.mlp\.(w1|w2|w3)",
-        r"(text|speaker|caption)_encoder\.blocks\.\d+\.attention\.(wq|wk|wv|wo|gate)",
-        # v4: the ModernBERT text backbone's linears (236 M of its 315 M parameters at full size)
-        r"pretrained_text_backbone\.backbone\.layers\.\d+\.(attn\.Wqkv|attn\.Wo|mlp\.Wi|mlp\.Wo)",
-        # v4-Large: the T5Gemma 2 encoder's linears
-        r"pretrained_text_backbone\.backbone\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)",
-    ),
-    embed=(
-        r"(text|caption)_encoder\.text_embedding",
-        r"pretrained_text_backbone\.backbone\.embeddings\.tok_embeddings",
-        # v4-Large's 262,144 x 1,152 table (604 MB in fp16): 189 MB packed, dequantised per row
-        r"pretrained_text_backbone\.backbone\.embed_tokens",
-    ),
-)
-
-
-@dataclass
-class LayerPlan:
-    gptq: list[str] = field(default_factory=list)
-    embed: list[str] = field(default_factory=list)
-    extra: list[str] = field(default_factory=list)
-    kept: dict[str, str] = field(default_factory=dict)  # selected but not packable -> why
-
-
-def _matches(name: str, patterns: Sequence[str]) -> bool:
-    return any(re.fullmatch(p, name) for p in patterns)
-
-
-def plan_layers(
-    weight_shapes: dict[str, tuple[int, ...]],
-    selection: LayerSelection = RELEASE_SELECTION,
-    *,
-    group_size: int = 32,
-) -> LayerPlan:
-    """Decide per module (name -> its `.weight` shape) what is packed; unpackable shapes stay float."""
-    plan = LayerPlan()
-    for name, shape in sorted(weight_shapes.items()):
-        if _matches(name, selection.exclude):
-            continue
-        if _matches(name, selection.gptq) or _matches(name, selection.extra):
-            if len(shape) != 2:
-                plan.kept[name] = f"weight is {len(shape)}-D"
-                continue
-            n, k = shape
-            if _matches(name, selection.gptq):
-                if gptq_is_packable(k, n, group_size):
-                    plan.gptq.append(name)
-                else:
-                    plan.kept[name] = f"{k}->{n} does not fit GPTQ (in % {group_size}, out % 8)"
-            elif k % group_size == 0:
-                plan.extra.append(name)
-            else:
-                plan.kept[name] = f"{k} inputs are not a multiple of the group size {group_size}"
-        elif _matches(name, selection.embed):
-            if len(shape) == 2 and shape[1] % selection.embed_group_size == 0:
-                plan.embed.append(name)
-            else:
-                plan.kept[name] = (
-                    f"embedding dim {shape[-1]} is not a multiple of {selection.embed_group_size}"
-                )
-    return plan
-
 
 # ----------------------------------------------------------------------------------------- GPTQ core
 
@@ -350,15 +274,15 @@ def quantize_state(
     used: dict[str, str] = {}
     deq: dict[str, torch.Tensor] = {}
     rtn_deq: dict[str, torch.Tensor] = {}
-    for name in plan.gptq:
+    for name in [*plan.gptq, *plan.rtn]:
         w = tensors[f"{name}.weight"].to(device=device, dtype=torch.float32)
         q, z, s = rtn_quantize_weight(w, group_size=group_size, symmetric=symmetric)
-        if keep_rtn:
+        if keep_rtn and name in plan.gptq:
             rtn_deq[name] = (
                 s.repeat_interleave(group_size, 1) * (q - z.repeat_interleave(group_size, 1))
             ).cpu()
         choice = "rtn"
-        if method == "gptq":
+        if method == "gptq" and name not in plan.rtn:
             h = (hessians or {}).get(name)
             if name in (uncovered or {}):
                 ok, why = False, (uncovered or {})[name]
@@ -391,12 +315,12 @@ def quantize_state(
         used[name] = choice
         del tensors[f"{name}.weight"]
     for name in plan.embed:
-        p = rtn_quantize(tensors.pop(f"{name}.weight"), group_size=embed_group_size)
+        p = rtn_quantize(tensors.pop(f"{name}.weight"), group_size=embed_group_size, ragged=True)
         ckpt.embed[name] = p
         deq[name] = p.dequantize()
         used[name] = "rtn"
     for name in plan.extra:
-        p = rtn_quantize(tensors.pop(f"{name}.weight"), group_size=group_size)
+        p = rtn_quantize(tensors.pop(f"{name}.weight"), group_size=group_size, ragged=True)
         ckpt.extra[name] = p
         deq[name] = p.dequantize()
         used[name] = "rtn"
@@ -417,10 +341,10 @@ def _uncovered_branches(names: Sequence[str], items: Sequence[object], config: d
     out: dict[str, str] = {}
     if not any(isinstance(it, CalibrationItem) and it.ref_latent is not None for it in items):
         out.update(
-            {n: "no calibration item has a reference latent" for n in names if _matches(n, _SPEAKER_BRANCH)}
+            {n: "no calibration item has a reference latent" for n in names if matches(n, _SPEAKER_BRANCH)}
         )
     if not any(isinstance(it, CalibrationItem) and it.caption is not None for it in items):
-        out.update({n: "no calibration item has a caption" for n in names if _matches(n, _CAPTION_BRANCH)})
+        out.update({n: "no calibration item has a caption" for n in names if matches(n, _CAPTION_BRANCH)})
     return out
 
 
@@ -436,7 +360,8 @@ def quantize_checkpoint(
     symmetric: bool = True,
     damp: float = 0.01,
     checkpoint_format: str = "gptq",
-    fallback: str = "keep",
+    fallback: str | None = None,
+    packing: str = "compact",
     tokenizer=None,
     caption_tokenizer=None,
     run_item: RunItem | None = None,
@@ -449,10 +374,19 @@ def quantize_checkpoint(
 
     method "gptq" calibrates on real activations: `run_item(item)` must run the float `model` on one item
     (default: the engine's sampler on `calibration_texts`, which needs `tokenizer`, a `TextTokenizer` or a
-    tokenizer.json path). "rtn" needs no calibration. `layers` defaults to the release's selection.
+    tokenizer.json path). "rtn" needs no calibration.
+    `packing`: "compact" (the default: the release's GPTQ layers, and every other Linear and the
+    embeddings RTN-packed, as small as the seed's file) or "fp16-rest" (the remaining layers fp16, the
+    older files); `layers` (a `LayerSelection`) overrides it. `fallback` defaults to "rtn" for
+    compact (a layer calibration cannot cover is rounded like the rest) and "keep" for fp16-rest.
     When `report_errors`, each packed Linear's output error on held-out items (`heldout_texts`) is
     measured for RTN and (with "gptq") GPTQ; the table is `report.table()`.
     """
+    if packing not in PACKINGS:
+        raise QuantError(f"unknown packing {packing!r} ({', '.join(PACKINGS)})")
+    layers = layers or PACKINGS[packing]
+    if fallback is None:
+        fallback = "rtn" if packing == "compact" else "keep"
     src = Path(src)
     if not src.is_file():
         raise QuantError(f"checkpoint not found: {src}")
@@ -469,7 +403,7 @@ def quantize_checkpoint(
     except (KeyError, ValueError) as e:
         raise QuantError(f"{src}: no readable config_json metadata") from e
     shapes = {k[: -len(".weight")]: tuple(v.shape) for k, v in state.items() if k.endswith(".weight")}
-    plan = plan_layers(shapes, layers or RELEASE_SELECTION, group_size=group_size)
+    plan = plan_layers(shapes, layers, group_size=group_size)
 
     hessians = None
     uncovered: dict[str, str] = {}
@@ -517,7 +451,7 @@ def quantize_checkpoint(
         uncovered=uncovered,
         device=device,
         keep_rtn=report_errors,
-        embed_group_size=(layers or RELEASE_SELECTION).embed_group_size,
+        embed_group_size=layers.embed_group_size,
     )
     report.checkpoint.metadata = {k: v for k, v in meta.items() if k not in ("config_json", "format")}
     report.checkpoint.metadata["quantized_by"] = "irodori-speaker"
