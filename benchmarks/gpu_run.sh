@@ -4,11 +4,12 @@
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
-# Test data and the news5 set are in the repository; .whl holds the onecomp-runtime wheel (the
-# seed's int4 kernel, for the comparison column) and, for the server_load stage, the wheels of
-# fastapi, starlette, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions,
-# opentelemetry-api, uvicorn, soundfile, cffi, pycparser (cp312, as the device README's pip
-# download line). Logs land in $OUT.
+# Test data and the news5 set are in the repository; .whl holds the cp312 wheels the image lacks
+# (the device README's pip download line): soundfile, cffi, pycparser and soxr for every stage (the
+# engine reads SAMPLE_RATE from audio/signal.py, which imports them), pyloudnorm, and for the
+# server_load stage fastapi, starlette, pydantic, pydantic-core, annotated-types, annotated-doc,
+# typing-inspection, typing-extensions, uvicorn, websockets; optionally onecomp-runtime (the seed's
+# int4 kernel, for int4_gpu.py's comparison column). Logs land in $OUT.
 #
 # Stage news5_base runs news5 of an older tree in .device_base (src/ and benchmarks/ of a commit, made
 # with: rm -rf .device_base && mkdir .device_base && git archive COMMIT src benchmarks | tar -x -C
@@ -20,7 +21,7 @@ export PYTHONUNBUFFERED=1 IRODORI_CACHE=/tmp/irodori-cache
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH="$PWD/src:/tmp/site"
 else
   export PYTHONPATH="$PWD/src"
@@ -45,7 +46,7 @@ if stage codec; then
   timeout "${CODEC_S:-200}" python3 benchmarks/codec_speed.py ${CODEC_ARGS:-} 2>&1 | tee "$OUT/codec.txt" | tail -40
 fi
 if stage concurrency; then  # many streams: batched vs serial side by side (benchmarks/concurrency.py)
-  timeout "${CONC_S:-300}" python3 benchmarks/concurrency.py ${CONC_ARGS:---streams 1,4,16,64 --lines 3} --json "$OUT/concurrency.json" 2>&1 | tee "$OUT/concurrency.txt" | tail -20
+  timeout "${CONC_S:-300}" python3 benchmarks/concurrency.py ${CONC_ARGS:---streams 1,4,16,64 --lines 3 --server 0} --json "$OUT/concurrency.json" 2>&1 | tee "$OUT/concurrency.txt" | tail -20
 fi
 if stage host_profile; then  # one stream's host time: its own work vs waiting for the GPU (cProfile)
   timeout "${HOST_S:-120}" python3 benchmarks/host_profile.py ${HOST_ARGS:-} 2>&1 | tee "$OUT/host_profile.txt" | head -60
@@ -64,7 +65,7 @@ fi
 if stage server_load; then
   # 200 concurrent OpenAI requests on the full-size model (VOICEVOX's audio_query needs pyopenjtalk,
   # whose dictionaries are too large to carry); .whl must hold the serve wheels (see its header)
-  timeout "${SERVER_LOAD_S:-300}" python3 benchmarks/server_load.py ${SERVER_LOAD_ARGS:---full int4 --max-queue 256 --routes openai} 2>&1 | tee "$OUT/server_load.txt" | tail -20
+  timeout "${SERVER_LOAD_S:-300}" python3 benchmarks/server_load.py ${SERVER_LOAD_ARGS:---full int4} 2>&1 | tee "$OUT/server_load.txt" | tail -20
 fi
 if stage int4; then
   timeout "${INT4_S:-110}" python3 benchmarks/int4_gpu.py ${INT4_ARGS:---quick --graph} 2>&1 | tee "$OUT/int4.txt" | tail -45
