@@ -5,6 +5,7 @@ as not applicable. Its effect on CUDA: tests/engine/test_memory_budget_cuda.py."
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import subprocess
@@ -186,3 +187,5 @@ def test_devices_prints_the_budget_and_the_batch_it_would_allow():
     assert f"GPU memory budget: 25 % of the card (${BUDGET_ENV})" in env.stdout
     plain = run_cli("devices")
     assert "GPU memory" not in plain.stdout  # no budget: the list as before
+    as_json = run_cli("devices", "--json", "--max-gpu-memory", "2GiB")
+    assert "GPU memory budget: 2 GiB" in as_json.stderr and isinstance(json.loads(as_json.stdout), list)

@@ -188,3 +188,54 @@ def test_without_a_budget_out_of_memory_passes_unchanged():
 
     with pytest.raises(torch.cuda.OutOfMemoryError):
         list(budget_errors(chunks(), None))
+
+
+class _FakeCuda:
+    """A stand-in for the CUDA calls `apply_budget` makes (no GPU here; the real ones run in
+    test_memory_budget_cuda.py): a card of `total` bytes with `allocated` bytes in use."""
+
+    def __init__(self, total: int, allocated: int) -> None:
+        self.total, self.allocated, self.fraction = total, allocated, None
+
+    def install(self, monkeypatch) -> None:
+        cuda = torch.cuda
+        props = type("Props", (), {"total_memory": self.total, "name": "fake"})
+        monkeypatch.setattr(cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(cuda, "get_device_properties", lambda i: props)
+        monkeypatch.setattr(cuda, "memory_allocated", lambda i=None: self.allocated)
+        monkeypatch.setattr(cuda, "set_per_process_memory_fraction", self._set)
+
+    def _set(self, fraction: float, device=None) -> None:
+        self.fraction = (fraction, device)
+
+
+def test_applying_a_budget_caps_the_allocator_the_batch_and_the_graphs(monkeypatch):
+    from irodori_speaker.engine.hardware.memory import apply_budget
+    from irodori_speaker.options.memory import parse_memory_budget
+
+    fake = _FakeCuda(total=80 * GIB, allocated=int(1.6 * GIB))
+    fake.install(monkeypatch)
+    preset = dataclasses.replace(base_preset("cuda"), max_batch=64)
+    capped, plan = apply_budget(preset, parse_memory_budget("0.05"), ModelConfig(), InferenceConfig())
+    assert fake.fraction == (plan.budget / (80 * GIB), 0) and plan.budget == int(80 * GIB * 0.05)
+    assert capped.max_gpu_memory == plan.budget
+    assert capped.max_batch == plan.max_batch < 64 and capped.prewarm_seconds == plan.prewarm_seconds
+    assert plan.resident == int(1.6 * GIB)
+    roomy, _ = apply_budget(preset, parse_memory_budget("0.9"), ModelConfig(), InferenceConfig())
+    assert roomy.max_batch > capped.max_batch and roomy.prewarm_seconds == preset.prewarm_seconds
+    mine, _ = apply_budget(
+        dataclasses.replace(preset, max_batch=2), parse_memory_budget("0.9"), ModelConfig(), InferenceConfig()
+    )
+    assert mine.max_batch == 2  # never raised past what was asked for
+
+
+def test_a_budget_below_the_loaded_weights_is_refused(monkeypatch):
+    from irodori_speaker.engine.hardware.memory import apply_budget
+    from irodori_speaker.options.memory import parse_memory_budget
+
+    fake = _FakeCuda(total=80 * GIB, allocated=2 * GIB)
+    fake.install(monkeypatch)
+    with pytest.raises(OverBudgetError) as e:
+        apply_budget(base_preset("cuda"), parse_memory_budget("1GiB"), ModelConfig(), InferenceConfig())
+    assert "the model alone takes 2 GiB of GPU memory, over the budget of 1 GiB" in str(e.value)
+    assert "--int4" in (e.value.hint or "") and fake.fraction is None  # nothing capped

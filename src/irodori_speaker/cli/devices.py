@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from ..errors import AudioError, InputError
@@ -97,7 +98,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     from ..outputs import find_output_device, list_output_devices
 
     for line in gpu_memory_lines(args):  # a bad budget is refused before anything plays
-        print(line)
+        print(line, file=sys.stderr if args.json else sys.stdout)  # --json: stdout holds the JSON only
     devices = list_output_devices()
     try:
         default = find_output_device(None)
