@@ -239,3 +239,12 @@ def test_a_budget_below_the_loaded_weights_is_refused(monkeypatch):
         apply_budget(base_preset("cuda"), parse_memory_budget("1GiB"), ModelConfig(), InferenceConfig())
     assert "the model alone takes 2 GiB of GPU memory, over the budget of 1 GiB" in str(e.value)
     assert "--int4" in (e.value.hint or "") and fake.fraction is None  # nothing capped
+
+
+def test_a_codec_on_the_cpu_leaves_its_decode_out_of_the_budget():
+    cfg, gpu = ModelConfig(), dataclasses.replace(base_preset("cuda"), max_batch=64)
+    cpu = dataclasses.replace(gpu, codec_device="cpu")
+    budget = 5 * GIB
+    on_gpu = plan_budget(budget, 80 * GIB, GIB, cfg, None, gpu)
+    on_cpu = plan_budget(budget, 80 * GIB, GIB, cfg, None, cpu)
+    assert (on_cpu.max_batch, on_cpu.prewarm_seconds) > (on_gpu.max_batch, on_gpu.prewarm_seconds)

@@ -52,6 +52,8 @@ T = TypeVar("T")
 #: convolutions, the sum): the full-size DACVAE decoding 10 s (250 frames) in one pass peaked at
 #: 886 MiB in fp32 on the CPU (docs/codec.md), 2.19 times the sum of its stages' outputs.
 CODEC_LIVE_COPIES = 2.5
+#: Frames of context a stream window decodes beside its own (engine/codec/streaming.py: 8 each side).
+CODEC_CONTEXT_FRAMES = 16
 #: What else the allocator holds while lines run: cuBLAS workspaces (32 MiB per stream on an H200,
 #: engine/cuda_graphs.py), the sampler's noise and latents, the allocator's rounding.
 FIXED_RESERVE = 128 * 2**20
@@ -178,7 +180,13 @@ def plan_budget(
     longest = math.ceil(MAX_SECONDS * FRAMES_PER_SECOND)
     decode = preset.decode_chunk_frames or longest
     codec = codec or CodecConfig.from_kwargs(FULL_CODEC_KWARGS)
-    reserve = FIXED_RESERVE + codec_bytes(codec, decode, torch.finfo(preset.codec_dtype).bits // 8)
+    width = torch.finfo(preset.codec_dtype).bits // 8
+    reserve = FIXED_RESERVE
+    if torch.device(preset.codec_device or preset.device).type == "cuda":
+        # a whole line's decode, and the codec graphs' shared pool (one stream window with context)
+        reserve += codec_bytes(codec, decode, width)
+        if preset.codec_graphs:
+            reserve += codec_bytes(codec, preset.stream_chunk_frames + CODEC_CONTEXT_FRAMES, width)
 
     def per_line(seconds: float) -> int:
         frames = math.ceil(seconds * FRAMES_PER_SECOND)
