@@ -133,7 +133,9 @@ def test_the_codec_estimate_matches_the_measured_full_size_decode():
         (10 + 5 + 1, 64, 1),  # one line
         (10 + 5, 64, 1),  # not even one: 1, and the line is refused when it runs
         (100, 8, 8),
-        (100, 5, 4),  # a batch is filled up to its bucket: 5 would take 8 rows' memory
+        (100, 5, 5),  # 5 lines fill 8 rows: room for 8
+        (10 + 5 + 6, 5, 4),  # no room for 8 rows: 4
+        (10 + 5 + 6, 3, 3),  # 3 lines fill 4 rows
         (100, 1, 1),
     ],
 )
@@ -146,6 +148,7 @@ def test_max_batch_never_passes_the_budget_by_its_own_arithmetic():
         rows = max_batch_within(budget, 10, 3, 5, 64)
         assert rows in (1, *BATCH_BUCKETS)
         assert rows == 1 or 10 + 5 + rows * 3 <= budget
+        assert max_batch_within(budget, 10, 3, 5, 6) in (1, 2, 4, 6)
 
 
 def test_the_plan_caps_batch_and_graph_length_as_the_budget_shrinks():

@@ -115,7 +115,7 @@ def test_the_estimate_against_the_allocator_on_a_wider_random_model():
     block rounding) in bf16: the sampler's peak over its weights within 0.5-2x of the estimate."""
     from irodori_speaker.engine.config import ModelConfig
     from irodori_speaker.engine.hardware.memory import activation_bytes_per_line
-    from irodori_speaker.engine.model import build_model
+    from irodori_speaker.engine.checkpoint import build_model
     from irodori_speaker.engine.sampler import draw_noise, sample
     from irodori_speaker.engine.tiny import TINY_CONFIGS
     from irodori_speaker.options import SamplerConfig

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import torch
 
 from ...options.memory import MemoryBudget, OverBudgetError, format_bytes
-from ..batch import BATCH_BUCKETS
+from ..batch import BATCH_BUCKETS, batch_bucket
 from ..checkpoint import config_from_metadata, read_header
 from ..codec.config import FULL_CODEC_KWARGS, CodecConfig
 from ..config import InferenceConfig, ModelConfig
@@ -130,17 +130,15 @@ def codec_bytes(codec: CodecConfig, frames: int, dtype_bytes: int = 2) -> int:
 
 
 def max_batch_within(budget: int, resident: int, per_line: int, reserve: int, wanted: int) -> int:
-    """The largest batch size the budget holds, at most `wanted`: 1 or a batch bucket (a batch is
-    filled up to its bucket, engine/batch.py) such that `resident` (weights, codec) + `reserve`
-    (decode, workspaces) + rows x `per_line` (one line's share of the graph pool and of an eager
-    batch) <= `budget`. 1 when even one line does not fit (such a line is refused when it runs)."""
-    best = 1
-    for rows in BATCH_BUCKETS:
-        if rows > wanted:
-            break
-        if resident + reserve + rows * per_line <= budget:
-            best = rows
-    return best
+    """The largest batch size the budget holds, at most `wanted`: `wanted` itself or a smaller batch
+    bucket, counting the rows of the bucket it fills up to (engine/batch.py), such that `resident`
+    (weights, codec) + `reserve` (decode, workspaces) + rows x `per_line` (one line's share of the
+    graph pool and of an eager batch) <= `budget`. 1 when even one line does not fit (such a line
+    is refused when it runs)."""
+    wanted = max(1, int(wanted))
+    sizes = [b for b in BATCH_BUCKETS if b < wanted] + [wanted]
+    fits = [n for n in sizes if n == 1 or resident + reserve + batch_bucket(n) * per_line <= budget]
+    return max(fits, default=1)
 
 
 @dataclass(frozen=True)
