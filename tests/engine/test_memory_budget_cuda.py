@@ -18,6 +18,13 @@ import textwrap
 import pytest
 import torch
 
+from irodori_speaker.engine.checkpoint import build_model
+from irodori_speaker.engine.config import ModelConfig
+from irodori_speaker.engine.hardware.memory import activation_bytes_per_line
+from irodori_speaker.engine.sampler import draw_noise, sample
+from irodori_speaker.engine.tiny import TINY_CONFIGS
+from irodori_speaker.options import SamplerConfig
+
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)"
 )
@@ -113,13 +120,6 @@ def test_a_line_past_the_budget_is_a_clean_error_and_the_next_line_runs():
 def test_the_estimate_against_the_allocator_on_a_wider_random_model():
     """A random v2-shaped model of width 512 (the tiny one's tensors are below the allocator's
     block rounding) in bf16: the sampler's peak over its weights within 0.5-2x of the estimate."""
-    from irodori_speaker.engine.config import ModelConfig
-    from irodori_speaker.engine.hardware.memory import activation_bytes_per_line
-    from irodori_speaker.engine.checkpoint import build_model
-    from irodori_speaker.engine.sampler import draw_noise, sample
-    from irodori_speaker.engine.tiny import TINY_CONFIGS
-    from irodori_speaker.options import SamplerConfig
-
     cfg = ModelConfig.from_dict(
         dict(TINY_CONFIGS["v2"], model_dim=512, num_heads=8, num_layers=4), source="wide random"
     )
