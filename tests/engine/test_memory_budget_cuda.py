@@ -57,6 +57,11 @@ def test_a_line_under_a_budget_peaks_within_it():
         for seconds in (1.0, 8.0, 30.0):
             synth.synthesize("こんにちは、配信を始めます。", options={"seconds": seconds, "seed": 1})
         chunks = list(synth.stream("今日もよろしくお願いします。", options={"seconds": 12.0}))
+        try:  # the allocator itself refuses past the budget
+            torch.empty(int(1.2 * 2**30), dtype=torch.uint8, device="cuda")
+            capped = False
+        except torch.cuda.OutOfMemoryError:
+            capped = True
         print(json.dumps({
             "budget": synth.preset.max_gpu_memory,
             "max_batch": synth.preset.max_batch,
@@ -64,10 +69,12 @@ def test_a_line_under_a_budget_peaks_within_it():
             "peak": torch.cuda.max_memory_allocated(),
             "reserved": torch.cuda.max_memory_reserved(),
             "chunks": len(chunks),
+            "capped": capped,
         }))
         """
     )
     assert out["budget"] == GIB
+    assert out["capped"], "1.2 GiB was allocated under a 1 GiB budget"
     assert out["peak"] <= out["reserved"] <= GIB, out
     assert 1 <= out["max_batch"] <= 64 and out["chunks"] > 0
     print(
