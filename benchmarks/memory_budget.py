@@ -3,10 +3,10 @@
 For each budget, in its own process (the allocator's cap holds for the process): load news5's random
 full-size files with `load_synthesizer(max_gpu_memory=..., max_batch=16)`, prewarm (every graph the
 budget allows), then render `max batch` 10 s lines at once from as many threads (sampled as one
-batch) and one 30 s line. Reported: the batch size and graph length the budget allowed, what the
-model holds, `torch.cuda.max_memory_allocated` / `max_memory_reserved` over the whole run (prewarm
-included), and the error of a line the budget refused (`OverBudgetError`). The CUDA context
-(outside the allocator, ~0.5 GiB) is in its own column: nvidia-smi shows it on top.
+batch) and one 30 s line. Reported: the batch size, graph length and decode chunk the budget
+allowed, what the model holds, `torch.cuda.max_memory_allocated` / `max_memory_reserved` over the
+whole run (prewarm included), and the error of a line the budget refused (`OverBudgetError`). The
+CUDA context (outside the allocator, ~0.5 GiB) is in its own column: nvidia-smi shows it on top.
 
     python benchmarks/memory_budget.py                          # budgets none,16GiB,8GiB,4GiB,3GiB (CUDA)
     python benchmarks/memory_budget.py --budgets 6GiB,0.05 --int4
@@ -71,6 +71,7 @@ def run_one(budget: str, tiny: bool, int4: bool, lines_s: float) -> dict:
     out["resident_mib"] = torch.cuda.memory_allocated() / MiB
     out["max_batch"] = synth.preset.max_batch
     out["prewarm_seconds"] = synth.preset.prewarm_seconds
+    out["decode_chunk_frames"] = synth.preset.decode_chunk_frames
     out["budget_bytes"] = synth.preset.max_gpu_memory
     errors: list[str] = []
 
@@ -138,9 +139,18 @@ def main() -> None:
         news5.prepare_files(int4=args.int4)  # made once, outside the timed children
     model = "tiny-random" if args.tiny else f"full-size v2 ({'int4' if args.int4 else 'bf16'})"
     print(f"GPU memory budget, {model}: {args.lines_s:g} s lines batched, then one 30 s line (MiB)")
-    cols = ["budget", "max batch", "graphs up to (s)", "model", "peak allocated", "peak reserved", "within"]
+    cols = [
+        "budget",
+        "max batch",
+        "graphs up to (s)",
+        "decode chunk",
+        "model",
+        "peak allocated",
+        "peak reserved",
+    ]
+    cols.append("within")
     print("| " + " | ".join([*cols, "context", "refused"]) + " |")
-    print("|" + "---|" * 9)
+    print("|" + "---|" * 10)
     rows = []
     for budget in args.budgets.split(","):
         r = child(budget.strip(), args)
@@ -151,6 +161,7 @@ def main() -> None:
         refused = r.get("error") or "; ".join(r.get("errors", [])) or "none"
         print(
             f"| {r['budget']} | {cell(r.get('max_batch'), 'd')} | {cell(r.get('prewarm_seconds'), 'g')} | "
+            f"{cell(r.get('decode_chunk_frames'), 'd')} | "
             f"{cell(r.get('resident_mib'))} | {cell(r.get('peak_allocated_mib'))} | {cell(peak)} | "
             f"{within} | {cell(r.get('context_mib'))} | {refused[:120]} |",
             flush=True,

@@ -153,7 +153,7 @@ def test_max_batch_never_passes_the_budget_by_its_own_arithmetic():
 
 def test_the_plan_caps_batch_and_graph_length_as_the_budget_shrinks():
     cfg, preset = ModelConfig(), dataclasses.replace(base_preset("cuda"), max_batch=64)
-    plans = [plan_budget(gib * GIB, 140 * GIB, int(1.6 * GIB), cfg, None, preset) for gib in (64, 16, 8, 4)]
+    plans = [plan_budget(gib * GIB, 140 * GIB, int(1.6 * GIB), cfg, None, preset) for gib in (64, 16, 8, 3)]
     batches = [p.max_batch for p in plans]
     assert batches == sorted(batches, reverse=True) and batches[0] > batches[-1]
     assert plans[0].prewarm_seconds == preset.prewarm_seconds
@@ -247,7 +247,21 @@ def test_a_budget_below_the_loaded_weights_is_refused(monkeypatch):
 def test_a_codec_on_the_cpu_leaves_its_decode_out_of_the_budget():
     cfg, gpu = ModelConfig(), dataclasses.replace(base_preset("cuda"), max_batch=64)
     cpu = dataclasses.replace(gpu, codec_device="cpu")
-    budget = 5 * GIB
+    budget = int(2.5 * GIB)  # the codec's chunked decode and its graph pool: 1 s graphs or 12 s
     on_gpu = plan_budget(budget, 80 * GIB, GIB, cfg, None, gpu)
     on_cpu = plan_budget(budget, 80 * GIB, GIB, cfg, None, cpu)
     assert (on_cpu.max_batch, on_cpu.prewarm_seconds) > (on_gpu.max_batch, on_gpu.prewarm_seconds)
+
+
+def test_a_tight_budget_decodes_whole_lines_in_chunks():
+    cfg, preset = ModelConfig(), dataclasses.replace(base_preset("cuda"), max_batch=64)
+    assert preset.decode_chunk_frames is None  # the CUDA preset decodes a whole line in one pass
+    tight = plan_budget(4 * GIB, 80 * GIB, GIB, cfg, None, preset)
+    roomy = plan_budget(64 * GIB, 80 * GIB, GIB, cfg, None, preset)
+    assert tight.decode_chunk_frames == preset.stream_chunk_frames and roomy.decode_chunk_frames is None
+    assert "decode in 50-frame chunks" in tight.describe() and "chunks" not in roomy.describe()
+    assert tight.max_batch > 1  # a whole 30 s decode (~1.5 GiB) would leave room for one line
+    given = plan_budget(
+        4 * GIB, 80 * GIB, GIB, cfg, None, dataclasses.replace(preset, decode_chunk_frames=25)
+    )
+    assert given.decode_chunk_frames == 25  # a chunk the preset already has is kept

@@ -7,7 +7,9 @@ On CUDA, `apply_budget` (at load, once the weights are on the device):
   with a hint, not a raw out-of-memory traceback);
 - lowers the preset's `max_batch` to the largest batch bucket whose work fits beside the weights
   (`max_batch_within`), and `prewarm_seconds` to the longest graph frame bucket one line fits in,
-  so prewarm captures only graphs within the budget.
+  so prewarm captures only graphs within the budget;
+- decodes whole lines in stream-window chunks (`decode_chunk_frames`, exact) where a whole 30 s
+  line's decode would take more than 1/8 of the budget.
 The budget counts what PyTorch allocates (weights, graph pools, activations, cuBLAS workspaces);
 the CUDA context itself (~0.5 GiB, what nvidia-smi adds) is outside it. On the CPU and MPS there
 is no such cap: the budget is logged as not applicable.
@@ -54,6 +56,10 @@ T = TypeVar("T")
 CODEC_LIVE_COPIES = 2.5
 #: Frames of context a stream window decodes beside its own (engine/codec/streaming.py: 8 each side).
 CODEC_CONTEXT_FRAMES = 16
+#: A whole line's decode may take this share of the budget at most (1/8); past it, whole lines
+#: decode in stream-window chunks, exact with their context: the released codec's 30 s line takes
+#: ~1.5 GiB in one pass and ~0.1 GiB in 50-frame chunks.
+DECODE_SHARE = 8
 #: What else the allocator holds while lines run: cuBLAS workspaces (32 MiB per stream on an H200,
 #: engine/cuda_graphs.py), the sampler's noise and latents, the allocator's rounding.
 FIXED_RESERVE = 128 * 2**20
@@ -152,12 +158,14 @@ class BudgetPlan:
     max_batch: int
     prewarm_seconds: float
     text: str  # the budget as given
+    decode_chunk_frames: int | None = None  # whole lines decoded in chunks of this many frames
 
     def describe(self) -> str:
+        chunks = f", decode in {self.decode_chunk_frames}-frame chunks" if self.decode_chunk_frames else ""
         return (
             f"GPU memory budget {format_bytes(self.budget)} of {format_bytes(self.total)} "
             f"({self.text}): model {format_bytes(self.resident)}, ~{format_bytes(self.per_line)} per line; "
-            f"max batch {self.max_batch}, graphs up to {self.prewarm_seconds:g} s"
+            f"max batch {self.max_batch}, graphs up to {self.prewarm_seconds:g} s{chunks}"
         )
 
 
@@ -176,13 +184,14 @@ def plan_budget(
     dtype_bytes = torch.finfo(preset.dtype).bits // 8 if preset.dtype.is_floating_point else 2
     ctx = context_tokens(config, inference)
     longest = math.ceil(MAX_SECONDS * FRAMES_PER_SECOND)
-    decode = preset.decode_chunk_frames or longest
     codec = codec or CodecConfig.from_kwargs(FULL_CODEC_KWARGS)
     width = torch.finfo(preset.codec_dtype).bits // 8
-    reserve = FIXED_RESERVE
+    reserve, chunk = FIXED_RESERVE, preset.decode_chunk_frames
     if torch.device(preset.codec_device or preset.device).type == "cuda":
-        # a whole line's decode, and the codec graphs' shared pool (one stream window with context)
-        reserve += codec_bytes(codec, decode, width)
+        if chunk is None and codec_bytes(codec, longest, width) > budget // DECODE_SHARE:
+            chunk = preset.stream_chunk_frames  # exact (engine/codec/streaming.py), far less memory
+        # a whole line's decode (or one chunk's window), and the codec graphs' shared pool
+        reserve += codec_bytes(codec, longest if chunk is None else chunk + CODEC_CONTEXT_FRAMES, width)
         if preset.codec_graphs:
             reserve += codec_bytes(codec, preset.stream_chunk_frames + CODEC_CONTEXT_FRAMES, width)
 
@@ -196,7 +205,7 @@ def plan_budget(
         seconds = max(1.0, seconds / 2)
     each = per_line(seconds) + longest_line
     batch = max_batch_within(budget, resident, each, reserve, int(preset.max_batch))
-    return BudgetPlan(budget, total, resident, each, batch, seconds, text)
+    return BudgetPlan(budget, total, resident, each, batch, seconds, text, chunk)
 
 
 def apply_budget(
@@ -226,6 +235,7 @@ def apply_budget(
         preset,
         max_batch=min(int(preset.max_batch), plan.max_batch),
         prewarm_seconds=plan.prewarm_seconds,
+        decode_chunk_frames=plan.decode_chunk_frames,
         max_gpu_memory=limit,
     )
     return capped, plan
