@@ -9,7 +9,7 @@ whole run (prewarm included), and the error of a line the budget refused (`OverB
 CUDA context (outside the allocator, ~0.5 GiB) is in its own column: nvidia-smi shows it on top.
 
     python benchmarks/memory_budget.py                          # budgets none,16GiB,8GiB,4GiB,3GiB (CUDA)
-    python benchmarks/memory_budget.py --budgets 6GiB,0.05 --int4
+    python benchmarks/memory_budget.py --budgets 6GiB,0.05 --int4 --family v4.1-mf
     python benchmarks/memory_budget.py --tiny --budgets 1GiB,256MiB,64MiB   # the tiny model (fast)
 
 Results go to $OUT/memory_budget.json when OUT is set.
@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 MiB = 2**20
 
 
-def run_one(budget: str, tiny: bool, int4: bool, lines_s: float) -> dict:
+def run_one(budget: str, tiny: bool, int4: bool, lines_s: float, family: str = "v2") -> dict:
     """One budget, in this process: load, prewarm, a batch of lines, one 30 s line."""
     from irodori_speaker.options.memory import OverBudgetError
     from irodori_speaker.synthesis.loading import load_synthesizer
@@ -53,8 +53,9 @@ def run_one(budget: str, tiny: bool, int4: bool, lines_s: float) -> dict:
 
             from irodori_speaker.engine.checkpoint import config_from_metadata, read_header
 
-            files = news5.prepare_files(int4=int4)
-            dit = files["int4" if int4 else "dit"]
+            files = news5.prepare_files(int4=int4, families={family})
+            kind = "int4" if int4 else "dit"
+            dit = files[kind if family == "v2" else f"{kind}:{family}"]
             cfg, _ = config_from_metadata(read_header(dit)[0], str(dit))
             synth = load_synthesizer(
                 dit,
@@ -101,7 +102,7 @@ def run_one(budget: str, tiny: bool, int4: bool, lines_s: float) -> dict:
 
 def child(budget: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", budget, "--lines-s", str(args.lines_s)]
-    cmd += ["--tiny"] * args.tiny + ["--int4"] * args.int4
+    cmd += ["--tiny"] * args.tiny + ["--int4"] * args.int4 + ["--family", args.family]
     env = {k: v for k, v in os.environ.items() if k != "IRODORI_MAX_GPU_MEMORY"}
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout, env=env)
@@ -124,20 +125,22 @@ def main() -> None:
         "--tiny", action="store_true", help="the tiny-random model instead of the full-size files"
     )
     ap.add_argument("--int4", action="store_true", help="the int4 DiT (RTN file)")
+    ap.add_argument("--family", default="v2", help="news5's random files: v2, v4.1-mf or v4-large")
     ap.add_argument("--lines-s", type=float, default=10.0, help="length of the batched lines (s)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per budget (s)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(run_one(args.one, args.tiny, args.int4, args.lines_s)), flush=True)
+        result = run_one(args.one, args.tiny, args.int4, args.lines_s, args.family)
+        print("RESULT " + json.dumps(result), flush=True)
         return
     if not torch.cuda.is_available():
         sys.exit("memory_budget.py needs a CUDA device (the budget caps CUDA memory only)")
     if not args.tiny:
         import news5
 
-        news5.prepare_files(int4=args.int4)  # made once, outside the timed children
-    model = "tiny-random" if args.tiny else f"full-size v2 ({'int4' if args.int4 else 'bf16'})"
+        news5.prepare_files(int4=args.int4, families={args.family})  # made once, outside the children
+    model = "tiny-random" if args.tiny else f"full-size {args.family} ({'int4' if args.int4 else 'bf16'})"
     print(f"GPU memory budget, {model}: {args.lines_s:g} s lines batched, then one 30 s line (MiB)")
     cols = [
         "budget",
