@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec concurrency host_profile cpu_preset news5 int4 memory memory_phases server_load" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec concurrency host_profile cpu_preset news5 int4 memory memory_phases memory_budget server_load" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -27,7 +27,7 @@ else
   export PYTHONPATH="$PWD/src"
 fi
 STAGES="${STAGES:-env tests profile news5 int4 memory}"
-TESTS="${TESTS:-tests/engine/test_batch.py tests/engine/test_codec_fast.py tests/engine/test_fast.py tests/engine/test_fast_v4.py tests/engine/test_fused.py tests/engine/test_codec_graphs.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py tests/quant/test_fp8.py}"
+TESTS="${TESTS:-tests/engine/test_batch.py tests/engine/test_codec_fast.py tests/engine/test_fast.py tests/engine/test_fast_v4.py tests/engine/test_fused.py tests/engine/test_codec_graphs.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py tests/quant/test_fp8.py tests/engine/test_memory_budget_cuda.py}"
 
 stage() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
@@ -72,6 +72,9 @@ if stage int4; then
 fi
 if stage memory_phases; then
   timeout "${PHASES_S:-200}" python3 benchmarks/memory_phases.py ${PHASES_ARGS:-} 2>&1 | tee "$OUT/memory_phases.txt" | tail -90
+fi
+if stage memory_budget; then  # what --max-gpu-memory allows and the peak it holds (issue 27)
+  timeout "${BUDGET_S:-300}" python3 benchmarks/memory_budget.py ${BUDGET_ARGS:-} 2>&1 | tee "$OUT/memory_budget.txt" | tail -20
 fi
 if stage memory; then
   timeout "${MEMORY_S:-200}" python3 benchmarks/memory_gpu.py ${MEMORY_ARGS:-} 2>&1 | tee "$OUT/memory.txt" | tail -40

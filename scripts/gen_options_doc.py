@@ -57,6 +57,10 @@ varied delivery: `truncation_factor` < 1. A closer copy of the reference voice:
 irodori-speaker say 'こんにちは' --speed 1.2 --volume '-6 dB' --seed 3 -o hello.wav --tiny-random
 ```
 
+What to load and where it runs (`LoadOptions`: the model, the backend, `threads`, the GPU memory
+budget `max_gpu_memory`, ...) is not a synthesis option: [backends.md](backends.md) (CPU threads,
+GPU memory budget) and [speaker.md](speaker.md).
+
 Each option's range, unit, default and doc live in its field's metadata (`option(...)` in
 `src/irodori_speaker/options/synthesis.py`); the command line flags, the server's bounds and this page
 are made from them (`python scripts/gen_options_doc.py` rewrites the page).

@@ -13,6 +13,7 @@ from typing import Any
 from ..engine.sources import DEFAULT_MODEL, MODELS
 from ..errors import AudioError, CacheError, InputError
 from ..options import OptionSpec, SynthesisOptions, option_specs
+from ..options.memory import budget_from
 from .messages import phases_of
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -62,6 +63,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="torch CPU threads (default: $IRODORI_THREADS, else half the CPUs this process may use, "
         "leaving the rest to OBS, a game or an LLM; -v logs the choice)",
+    )
+    g.add_argument(
+        "--max-gpu-memory",
+        metavar="SIZE",
+        help="GPU memory budget, e.g. 3GiB, 3000MB or 0.25 of the card (default: $IRODORI_MAX_GPU_MEMORY, "
+        "else none): on CUDA the allocator, batch size and graphs stay within it; not applicable on "
+        "the CPU and MPS",
     )
     g.add_argument(
         "--backend",
@@ -358,6 +366,11 @@ def check_threads(args: argparse.Namespace) -> None:
         )
 
 
+def check_gpu_memory(args: argparse.Namespace) -> None:
+    """A bad --max-gpu-memory (or $IRODORI_MAX_GPU_MEMORY): one line, before torch loads."""
+    budget_from(getattr(args, "max_gpu_memory", None), where="--max-gpu-memory")
+
+
 def voice_and_checks(args: argparse.Namespace):
     """The cheap checks every synthesising command makes before loading a model; its voice."""
     kind = tiny_kind(args)
@@ -366,11 +379,14 @@ def voice_and_checks(args: argparse.Namespace):
     if kind in TINY_NO_CAPTION and getattr(args, "caption", None):
         raise caption_error()
     check_threads(args)
+    check_gpu_memory(args)
     return build_voice(args)
 
 
 def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """`load_synthesizer` keyword arguments from the common model flags (preset fields only when given)."""
+    """`load_synthesizer` keyword arguments from the common model flags (preset fields only when given);
+    a bad --max-gpu-memory (or $IRODORI_MAX_GPU_MEMORY) is refused here, before any model loads."""
+    check_gpu_memory(args)
     return {
         "model": args.model,
         "codec": args.codec,
@@ -384,6 +400,7 @@ def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "codec_int4": args.codec_int4 or None,
         "codec_device": args.codec_device,
         "threads": getattr(args, "threads", None),
+        "max_gpu_memory": getattr(args, "max_gpu_memory", None),
     }
 
 
@@ -392,6 +409,7 @@ def load_from_args(args: argparse.Namespace):
     torch's import and the model load took."""
     kind = tiny_kind(args)
     check_threads(args)
+    check_gpu_memory(args)
     phases = phases_of(args)
     with phases.phase("torch import"):
         import torch  # noqa: F401  (timed on its own: ~1.5 s of a first line on a small CPU)

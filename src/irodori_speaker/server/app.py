@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..engine.hardware.memory import peak_bytes
 from ..errors import Cancelled, InputError, IrodoriError
 from ..text.userdict import UserDictionary
 from . import onscreen, openai_api
@@ -140,6 +141,11 @@ def create_app(
     if user_dict is None:
         user_dict = synth.user_dict if getattr(synth, "user_dict", None) is not None else UserDictionary()
     state = AppState(settings, book, service, user_dict, metrics)
+    preset = getattr(synth, "preset", None)
+    metrics.gpu_memory_budget.set(getattr(preset, "max_gpu_memory", None) or 0)
+    device = str(getattr(synth, "device", "cpu"))
+    if device.startswith("cuda"):
+        metrics.gpu_peak(lambda: peak_bytes(device) or 0)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -60,6 +62,22 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
+
+        self.gpu_memory_budget = Gauge(
+            "irodori_gpu_memory_budget_bytes",
+            "The GPU memory budget (--max-gpu-memory) in bytes on CUDA; 0: none, or not applicable here",
+            registry=r,
+        )
+        self.gpu_memory_peak: Gauge | None = None  # on CUDA only (gpu_peak)
+
+    def gpu_peak(self, read: Callable[[], float]) -> None:
+        """Export the allocator's peak (CUDA), read when /metrics is scraped."""
+        self.gpu_memory_peak = Gauge(
+            "irodori_gpu_memory_peak_bytes",
+            "The most GPU memory PyTorch's allocator has held in this process (CUDA only)",
+            registry=self.registry,
+        )
+        self.gpu_memory_peak.set_function(read)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

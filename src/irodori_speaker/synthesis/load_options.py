@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
+from ..options.memory import parse_memory_budget
 
 __all__ = ["LOAD_FIELDS", "LoadOptions", "unexpected_keyword"]
 
@@ -40,6 +41,9 @@ class LoadOptions:
     path with it are refused.
     `threads`: torch's CPU threads (None: $IRODORI_THREADS, else half the CPUs this process
     may use, leaving the rest to OBS, a game or an LLM; the startup log says which).
+    `max_gpu_memory`: the GPU memory budget, e.g. "3GiB", "3000MB" or a fraction of the card
+    such as 0.25 (None: $IRODORI_MAX_GPU_MEMORY, else none); on CUDA the allocator, the batch
+    size and the graphs stay within it; elsewhere it is accepted and logged as not applicable.
     `model_dir`: where models download (default: the Hugging Face cache). `voice_cache_dir`:
     encoded reference voices (None/True: the default folder; False: memory only).
     `user_dict`: None (the default file), a path, or False.
@@ -53,6 +57,7 @@ class LoadOptions:
     dtype: Any = None  # "fp32", "bf16", "fp16" (or a torch.dtype)
     tiny_random: bool | str = False
     threads: int | None = None
+    max_gpu_memory: str | int | float | None = None
     model_dir: str | os.PathLike[str] | None = None
     voice_cache_dir: str | os.PathLike[str] | bool | None = None
     user_dict: Any = None
@@ -77,6 +82,7 @@ class LoadOptions:
                 f"threads must be a whole number >= 1 or None, got {threads!r}",
                 hint="None picks half the CPUs this process may use",
             )
+        parse_memory_budget(self.max_gpu_memory)
         _require("voice_cache_dir", self.voice_cache_dir, (*_PATH, bool), "a path, True or False")
         if self.tiny_random:
             given = [n for n in ("model", "codec", "tokenizer") if isinstance(getattr(self, n), _PATH)]

@@ -24,6 +24,7 @@ from ..engine.checkpoint import load_checkpoint, read_header
 from ..engine.codec import load_codec
 from ..engine.hardware.cpu_tricks import apply_cpu_tricks
 from ..engine.hardware.lock import hold_model_lock
+from ..engine.hardware.memory import apply_budget
 from ..engine.hardware.presets import check_fp8
 from ..engine.quant.checkpoint import load_int4_model, model_from_int4
 from ..engine.quant.codec import is_lite_int4_codec, load_int4_codec
@@ -32,6 +33,7 @@ from ..engine.quant.quantize import quantize_checkpoint
 from ..engine.sources import note_gemma_terms
 from ..engine.torchao import int8_layout, is_torchao_file
 from ..errors import BackendError
+from ..options.memory import budget_from
 from ..text.backbone_tokenizer import tokenizer_for_model
 from ..text.tokenizer import TextTokenizer
 from .identity import as_load_options, plan_load
@@ -120,11 +122,29 @@ def load_synthesizer(
     return _load(as_load_options(model, options))
 
 
+def _within_budget(preset: Any, budget: Any, source: str, loaded: Any, codec: Any) -> Any:
+    """`preset` capped by the GPU memory budget (CUDA), else as it is with a warning: the CPU and
+    MPS have no allocator cap to set, so the budget is accepted and reported as not applicable."""
+    if torch.device(preset.device).type != "cuda":
+        log.warning(
+            "GPU memory budget %s (%s): not applicable on %s, ignored (it caps CUDA memory only)",
+            budget.describe(),
+            source,
+            preset.device,
+        )
+        return preset
+    with hold_model_lock():
+        preset, plan = apply_budget(preset, budget, loaded.config, loaded.inference, codec)
+    log.info("%s (%s)", plan.describe(), source)
+    return preset
+
+
 def _load(load: LoadOptions) -> Synthesizer:
     """The synthesizer `load` asks for (checked when it was built), loaded by its plan
     (identity.py: the same steps give the phrase-cache key without the weights)."""
     plan = plan_load(load)
     preset, cfg = plan.preset, plan.config
+    budget, budget_source = budget_from(load.max_gpu_memory)  # $IRODORI_MAX_GPU_MEMORY checked here
     assert preset.threads is not None
     torch.set_num_threads(preset.threads)
     log.info("torch CPU threads: %d (%s)", preset.threads, plan.threads_why)
@@ -161,6 +181,8 @@ def _load(load: LoadOptions) -> Synthesizer:
             )
     with hold_model_lock():
         codec_model = load_codec_for(plan.codec, preset)
+    if budget is not None:
+        preset = _within_budget(preset, budget, budget_source, loaded, getattr(codec_model, "config", None))
     if load.voice_cache_dir is False:
         cache = VoiceCache()
     elif load.voice_cache_dir is None or load.voice_cache_dir is True:

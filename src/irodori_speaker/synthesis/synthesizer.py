@@ -43,6 +43,7 @@ from ..engine.duration import (
 )
 from ..engine.fast import FastDiT, FastSampler
 from ..engine.hardware.lock import hold_model_lock
+from ..engine.hardware.memory import budget_errors
 from ..engine.hardware.presets import select_preset
 from ..engine.kernels.tuning import tuning_allowed
 from ..engine.model import Conditions, check_ids
@@ -252,7 +253,8 @@ class Synthesizer:
         record = SynthesisRecord()
         pieces = self._prepare_text(text, opts, record)
         chunks = self._run(pieces, voice, opts, record, cancel, progress, whole=_whole)
-        return AudioStream(chunks, record)
+        budget = getattr(self.preset, "max_gpu_memory", None)  # past it: OverBudgetError, not a raw OOM
+        return AudioStream(budget_errors(chunks, budget), record)
 
     def prewarm(self, voice: Any = None) -> float:
         """Absorb first-call costs before the first real line; returns the wall time in seconds.

@@ -72,6 +72,9 @@ class Preset:
     step_batching: bool = True
     # a batch's padded frames at most this fraction of its real ones (not tuned: batching is off)
     max_padding: float = 0.5
+    # the GPU memory budget in bytes (None: none), set at load from LoadOptions.max_gpu_memory;
+    # max_batch and prewarm_seconds are then within it (engine/hardware/memory.py)
+    max_gpu_memory: int | None = None
 
     def with_overrides(self, **overrides) -> Preset:
         names = {f.name for f in dataclasses.fields(self)}
