@@ -62,8 +62,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     fields = {} if args.max_batch is None else {"max_batch": args.max_batch}
-    if args.batching == "line":  # an older tree has no such field: pass it only when asked
-        fields["step_batching"] = False
+    if args.batching == "step":  # an older tree has no such field: pass it only when asked
+        fields["step_batching"] = True
     synth = load_synthesizer(tiny_random=True, backend=args.backend, voice_cache_dir=False, **fields)
     opts = SynthesisOptions(steps=args.steps, seconds=args.seconds, seed=2, tail_trim=False)
     print(

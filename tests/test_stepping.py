@@ -23,8 +23,10 @@ from test_batching import TEXTS, opts, together
 def synth(irodori_home):
     from irodori_speaker.synthesis.loading import load_synthesizer
 
-    s = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=8)
-    assert isinstance(s._batcher, StepScheduler)  # the default with max_batch > 1
+    s = load_synthesizer(
+        tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=8, step_batching=True
+    )
+    assert isinstance(s._batcher, StepScheduler)
     return s
 
 

@@ -106,7 +106,7 @@ def test_a_line_past_the_budget_is_a_clean_error_and_the_next_line_runs():
         import json, torch
         from irodori_speaker.options.memory import OverBudgetError
         from irodori_speaker.synthesis.loading import load_synthesizer
-        synth = load_synthesizer(tiny_random=True, backend="cuda", max_gpu_memory="48MiB")
+        synth = load_synthesizer(tiny_random=True, backend="cuda", max_gpu_memory="160MiB")
         doc = {"budget": synth.preset.max_gpu_memory}
         try:  # 30 s decoded in one pass (the budget's own plan would chunk it): ~90 MiB in fp16
             synth.synthesize("こんにちは。" * 20, options={"seconds": 30.0, "chunk_frames": 750})
@@ -119,9 +119,12 @@ def test_a_line_past_the_budget_is_a_clean_error_and_the_next_line_runs():
         print(json.dumps(doc))
         """
     )
-    assert out["error"] is not None, "a 30 s line fitted in 48 MiB: lower the budget of this test"
-    assert "over the GPU memory budget of 48 MiB" in out["error"] and "--max-gpu-memory" in out["hint"]
-    assert out["short_samples"] > 0 and out["reserved"] <= 48 * MIB
+    # 160 MiB: on the H200 (2026-12-05) 64 and 96 MiB refused the short line too (its graph
+    # capture needs a 32 MiB block); at 160 MiB the 30 s one-pass decode is refused and the short
+    # line runs, 154 MiB reserved at most
+    assert out["error"] is not None, "a 30 s line fitted in 160 MiB: lower the budget of this test"
+    assert "over the GPU memory budget of 160 MiB" in out["error"] and "--max-gpu-memory" in out["hint"]
+    assert out["short_samples"] > 0 and out["reserved"] <= 160 * MIB
 
 
 def test_the_estimate_against_the_allocator_on_a_wider_random_model():

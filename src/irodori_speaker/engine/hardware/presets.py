@@ -68,8 +68,10 @@ class Preset:
     max_batch: int = 1
     # with max_batch > 1: one sampler thread steps every live line together, lines joining and
     # leaving at step boundaries (synthesis/stepping.py); False: the whole-line batches of the
-    # lines that wait together (synthesis/batching.py), kept for the side-by-side benchmark
-    step_batching: bool = True
+    # lines that wait together (synthesis/batching.py). Off: on the H200 (2026-12-05) step
+    # batching ran at 0.47x serial at 16 streams (its eager step, a context repacked at every
+    # join, decode windows waiting a whole step; benchmarks/RESULTS.md), line batches at 1.06x
+    step_batching: bool = False
     # a batch's padded frames at most this fraction of its real ones (not tuned: batching is off)
     max_padding: float = 0.5
     # the GPU memory budget in bytes (None: none), set at load from LoadOptions.max_gpu_memory;
