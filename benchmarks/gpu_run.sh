@@ -8,7 +8,8 @@
 # (the device README's pip download line): soundfile, cffi, pycparser and soxr for every stage (the
 # engine reads SAMPLE_RATE from audio/signal.py, which imports them), pyloudnorm, and for the
 # server_load stage fastapi, starlette, pydantic, pydantic-core, annotated-types, annotated-doc,
-# typing-inspection, typing-extensions, uvicorn, websockets; optionally onecomp-runtime (the seed's
+# typing-inspection, typing-extensions, opentelemetry-api (fastapi needs it), uvicorn, websockets;
+# optionally onecomp-runtime (the seed's
 # int4 kernel, for int4_gpu.py's comparison column). Logs land in $OUT.
 #
 # Stage news5_base runs news5 of an older tree in .device_base (src/ and benchmarks/ of a commit, made
