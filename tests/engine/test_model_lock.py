@@ -60,10 +60,12 @@ def test_urgent_requests_go_ahead_of_waiting_ones_in_their_own_order():
         threads.append(th)
         while len(lock._queue) < 4 + k:
             time.sleep(0.001)
+    assert lock.urgent_waiting()  # a holder running several steps sees it and yields
     lock.release()
     for th in threads:
         th.join(5)
     assert order == ["u0", "u1", 0, 1, 2]
+    assert not lock.urgent_waiting()
 
 
 def test_the_holder_cannot_jump_the_queue_after_releasing():

@@ -24,7 +24,6 @@ from torch import Tensor
 
 from ..cancel import Cancelled, CancelToken
 from .batch import frame_mask
-from .encoders import key_mask
 from .fast import FastDiT, pad_conditions, round_up
 from .layers import rope_tables
 from .model import Conditions, ContextKV
@@ -190,10 +189,10 @@ class StepBatcher:
         ctx_mask = torch.cat([F.pad(c.mask, (0, L - c.mask.shape[1]), value=False) for c, _, _ in parts])
         latent = torch.cat([frame_mask([s] * n, frames, ctx_mask.device) for _, n, s in parts])
         self_mask = latent.reshape(latent.shape[0], frames // p, p).all(-1) if p > 1 else latent
-        mask = key_mask(torch.cat((self_mask, ctx_mask), dim=1))
-        if mask is not None and mask.dtype == torch.bool:
-            add = torch.zeros(mask.shape, dtype=self.fast.dtype, device=mask.device)
-            mask = add.masked_fill_(~mask, float("-inf"))
+        keys_ok = torch.cat((self_mask, ctx_mask), dim=1)[:, None, None, :]
+        # always a mask: deciding "all valid, none needed" would sync the host at every join
+        mask = torch.zeros(keys_ok.shape, dtype=self.fast.dtype, device=keys_ok.device)
+        mask.masked_fill_(~keys_ok, float("-inf"))
         rope = rope_tables(frames // p, self.fast.cfg.head_dim, ctx_mask.device)
         segments = parts[0][0].segments  # only read by speaker K/V scaling, which acts per line
         packed = _Packed(
@@ -206,7 +205,7 @@ class StepBatcher:
 @dataclass
 class _Packed:
     ctx: ContextKV
-    mask: Tensor | None
+    mask: Tensor
     rope: tuple[Tensor, Tensor]
     frames: int
     branches: list[int]

@@ -42,6 +42,7 @@ class SampleRequest:
     done: bool = False
     length: int = 1  # its rows' length (latent frames): lines of near lengths batch together
     batch_size: int = 0  # how many lines it was sampled with (itself included)
+    line: Any = None  # stepping.py: its engine.steps.StepLine, made on its own thread
     taken: bool = field(default=False, repr=False)
 
 

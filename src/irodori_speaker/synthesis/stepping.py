@@ -6,7 +6,8 @@ happened to wait together: each line, once its text is encoded (`prepare`, by it
 is handed to the scheduler's owner thread, which runs one sampler step for every live line per
 iteration (`engine.steps.StepBatcher`): a line that arrives joins at the next step, a finished
 one leaves, a cancelled one leaves at the next step boundary. The line's thread waits for its
-latent and goes on to decode it.
+latent and goes on to decode it. The owner holds the model lock for a few steps at a time
+(`quantum`), handing it over at once when an urgent request waits.
 
 A line that is alone (nothing else live, waiting or encoding) runs as before this scheduler, on
 its own thread through `run_alone` (on CUDA, its whole-line graph): one line keeps today's
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cancel import CancelToken, check
-from ..engine.hardware.lock import hold_model_lock
+from ..engine.hardware.lock import MODEL_LOCK, hold_model_lock
 from .batching import RunBatch, SampleRequest
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,9 @@ StepLines = Callable[[list[Any]], list[Any]]  # live StepLines -> those that fin
 class StepScheduler:
     """`sample(prepare)` as `SampleBatcher`'s, served by one owner thread stepping every line."""
 
-    def __init__(self, start: StartLine, step: StepLines, run_alone: RunBatch, max_batch: int) -> None:
+    def __init__(
+        self, start: StartLine, step: StepLines, run_alone: RunBatch, max_batch: int, *, quantum: int = 4
+    ) -> None:
         self._start = start
         self._step = step
         self._run_alone = run_alone
@@ -48,6 +51,7 @@ class StepScheduler:
         self._owner: threading.Thread | None = None
         self.batches: dict[int, int] = {}  # lines stepped together -> how many steps ran so
         self.peak_lines = 0
+        self.quantum = quantum  # steps the owner runs per hold of the model lock
 
     def sample(self, prepare: Callable[[], SampleRequest]) -> tuple[SampleRequest, Any]:
         with self._cond:
@@ -63,9 +67,17 @@ class StepScheduler:
             )
             if alone:
                 self._alone += 1
+        if not alone:
+            # the line's context K/V and plan (host syncs) on its own thread, not the owner's
+            try:
+                with hold_model_lock(req.cancel):
+                    req.line = self._start(req)
+            except BaseException as e:  # a refused plan or a cancel: this line alone fails
+                req.error, req.done = e, True
             else:
-                self._waiting.append(req)
-                self._ensure_owner()
+                with self._cond:
+                    self._waiting.append(req)
+                    self._ensure_owner()
         if alone:
             try:
                 self._sample_alone(req)
@@ -102,52 +114,58 @@ class StepScheduler:
             self._owner.start()
 
     def _own(self) -> None:
-        """The owner thread: admit waiting lines, step every live line, retire the finished."""
+        """The owner thread: admit waiting lines, step every live line, retire the finished.
+
+        It keeps the model lock for up to `quantum` steps in a row unless an urgent request waits
+        (a playing line low on audio): handing the lock over after every step put each step behind
+        every waiting decode window and its host sync (issue 27, measured on the H200)."""
         while True:
             with self._cond:
                 while self._alone and not self._live:  # a lone line is running: let it finish first
                     self._cond.wait(0.05)
-                admit: list[SampleRequest] = []
-                while self._waiting and len(self._live) + len(admit) < self.max_batch:
-                    admit.append(self._waiting.pop(0))
-                if not self._live and not admit:
+                if not self._live and not self._waiting:
                     self._owner = None
                     return
-            try:
-                with hold_model_lock():
-                    for req in admit:
-                        self._admit(req)
-                    n = len(self._live)
-                    finished = self._step(self._live) if self._live else []
-            except BaseException as e:
-                log.exception("a sampler step failed")
-                finished = list(self._live)
-                for line in finished:
-                    line.error = e
-            if n:
-                self.batches[n] = self.batches.get(n, 0) + 1
-                self.peak_lines = max(self.peak_lines, n)
-            with self._cond:
-                for line in finished:
-                    self._live.remove(line)
-                    req = line.tag
-                    if line.error is not None:
-                        req.error = line.error
-                    else:
-                        req.result = line.latent()
-                    req.batch_size = max(req.batch_size, n)
-                    req.done = True
-                self._cond.notify_all()
+            with hold_model_lock():
+                for _ in range(self.quantum):
+                    if not self._iterate() or MODEL_LOCK.urgent_waiting():
+                        break
+
+    def _iterate(self) -> bool:
+        """One iteration (the model lock held): admit, one step, retire. False when idle."""
+        with self._cond:
+            admit: list[SampleRequest] = []
+            while self._waiting and len(self._live) + len(admit) < self.max_batch:
+                admit.append(self._waiting.pop(0))
+        if not self._live and not admit:
+            return False
+        n = 0
+        try:
+            for req in admit:
+                self._admit(req)
+            n = len(self._live)
+            finished = self._step(self._live) if self._live else []
+        except BaseException as e:  # one failed step fails its lines, not the thread
+            log.exception("a sampler step failed")
+            finished = list(self._live)
+            for line in finished:
+                line.error = e
+        if n:
+            self.batches[n] = self.batches.get(n, 0) + 1
+            self.peak_lines = max(self.peak_lines, n)
+        with self._cond:
+            for line in finished:
+                self._live.remove(line)
+                req = line.tag
+                if line.error is not None:
+                    req.error = line.error
+                else:
+                    req.result = line.latent()
+                req.batch_size = max(req.batch_size, n)
+                req.done = True
+            self._cond.notify_all()
+        return True
 
     def _admit(self, req: SampleRequest) -> None:
-        if req.done:  # cancelled while waiting
-            return
-        try:
-            check(req.cancel)
-            line = self._start(req)
-        except BaseException as e:
-            with self._cond:
-                req.error, req.done = e, True
-                self._cond.notify_all()
-            return
-        self._live.append(line)
+        if not req.done:  # not cancelled while waiting
+            self._live.append(req.line)

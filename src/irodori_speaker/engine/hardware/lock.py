@@ -39,6 +39,11 @@ class FairRLock:
     def held_by_me(self) -> bool:
         return self._owner == threading.get_ident()
 
+    def urgent_waiting(self) -> bool:
+        """Whether an urgent request waits (a holder doing several steps yields to it)."""
+        with self._cond:
+            return any(priority == 0 for priority, _ in self._queue)
+
     def acquire(
         self,
         blocking: bool = True,
