@@ -148,6 +148,7 @@ class FastDiT:
         # the Triton kernels of engine.fused where they run (CUDA); head_dim a power of two (tl.arange)
         self.fused = fused_available(self.device) and Dh & (Dh - 1) == 0 if fused is None else fused
         self.model_blocks = diffusion_blocks(model)
+        self._tables: dict[tuple, Tensor] = {}  # plan_table's, by schedule
         self.blocks: list[FastBlock] = []
         if not self.fused:  # the model's own blocks: nothing to fuse (on the CPU separate GEMMs are as fast)
             return
@@ -172,6 +173,15 @@ class FastDiT:
     @property
     def device(self) -> torch.device:
         return self.model.in_proj.weight.device
+
+    def plan_table(self, plan: Plan) -> Tensor:
+        """`modulation_table` of a plan's steps, made once per schedule and kept."""
+        key = tuple((s.t, s.dt) for s in plan.steps)
+        if key not in self._tables:
+            ts = [s.t for s in plan.steps]
+            dts = [float(s.dt or 0.0) for s in plan.steps] if self.cfg.meanflow else None
+            self._tables[key] = self.modulation_table(ts, dts)
+        return self._tables[key]
 
     @torch.inference_mode()
     def modulation_table(self, ts: list[float], dts: list[float] | None = None) -> Tensor:
@@ -301,20 +311,11 @@ class FastSampler:
         # bounded set, kept apart from the lines' LRU and never evicted
         self._batch_graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._text_graphs: dict[tuple, _Graph] = {}
-        self._tables: dict[tuple, Tensor] = {}
         self._pool: Any = None  # one memory pool for every graph: replays are sequential
         self.captures = 0  # sampling graphs captured so far (prewarm reports it)
         self.text_captures = 0  # text-encoder graphs captured so far
 
     # ---- per-line preparation ------------------------------------------------------------------
-    def _table(self, plan: Plan) -> Tensor:
-        key = tuple((s.t, s.dt) for s in plan.steps)
-        if key not in self._tables:
-            ts = [s.t for s in plan.steps]
-            dts = [float(s.dt or 0.0) for s in plan.steps] if self.fast.cfg.meanflow else None
-            self._tables[key] = self.fast.modulation_table(ts, dts)
-        return self._tables[key]
-
     def encode_text(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """`model.encode_text` as (states, mask); with graphs, replayed from one graph per
         (batch, length padded to the context bucket) and returned padded.
@@ -370,7 +371,7 @@ class FastSampler:
             latent_mask = frame_mask(lengths, S_pad, self.fast.device)
             noise = F.pad(noise, (0, 0, 0, S_pad - S))
         x0 = initial_x(noise, cfg, self.fast.device)
-        table = self._table(plan)
+        table = self.fast.plan_table(plan)
         check(cancel)
 
         inputs = [x0, *_fields(padded), latent_mask]

@@ -78,7 +78,6 @@ class StepBatcher:
         self.fast = fast
         self.frame_bucket = frame_bucket
         self.context_bucket = context_bucket
-        self._tables: dict[tuple, Tensor] = {}
         self._packed: tuple[tuple, _Packed] | None = None
         self.steps_run = 0  # forwards so far
         self.rows_run = 0  # rows over those forwards
@@ -106,15 +105,7 @@ class StepBatcher:
             ctx = prepare_context(model, pad_conditions(conds, self.context_bucket), plan, S_pad, latent_mask)
             if cfg.speaker_kv_scale is not None:
                 ctx.scale_speaker(cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
-        return StepLine(plan, cfg, x, S, ctx, self._table(plan), cancel, progress, tag=tag)
-
-    def _table(self, plan: Plan) -> Tensor:
-        key = tuple((s.t, s.dt) for s in plan.steps)
-        if key not in self._tables:
-            ts = [s.t for s in plan.steps]
-            dts = [float(s.dt or 0.0) for s in plan.steps] if self.fast.cfg.meanflow else None
-            self._tables[key] = self.fast.modulation_table(ts, dts)
-        return self._tables[key]
+        return StepLine(plan, cfg, x, S, ctx, self.fast.plan_table(plan), cancel, progress, tag=tag)
 
     # ---- one step of every line --------------------------------------------------------------
     def step(self, lines: list[StepLine]) -> list[StepLine]:

@@ -67,22 +67,40 @@ class AllCancelled(CancelToken):
 RunBatch = Callable[[list[SampleRequest], CancelToken, ProgressFn | None], list[Any]]
 
 
-class SampleBatcher:
+class CountsPreparing:
+    """Counts the lines encoding their text (about to wait for the sampler): a line that finds
+    others encoding does not start alone. Shared by SampleBatcher and stepping.StepScheduler."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._preparing = 0
+
+    def _prepare(self, prepare: Callable[[], SampleRequest]) -> SampleRequest:
+        with self._cond:
+            self._preparing += 1
+        try:
+            return prepare()
+        finally:
+            with self._cond:
+                self._preparing -= 1
+                self._cond.notify_all()
+
+
+class SampleBatcher(CountsPreparing):
     """Batches concurrent `sample` calls; `run(requests, cancel, progress)` returns one result
     per request and is called with the model lock held."""
 
     def __init__(
         self, run: RunBatch, max_batch: int = 1, *, max_padding: float = 0.5, gather_s: float = 0.25
     ) -> None:
+        super().__init__()
         self._run = run
         self.max_batch = max(1, int(max_batch))
         # a batch's padded frames may reach this fraction of its real ones (lines far shorter
         # than the others wait for a batch of their own: padding is computed, not free)
         self.max_padding = max_padding
         self.gather_s = gather_s  # the longest a line waits for others still encoding their text
-        self._cond = threading.Condition()
         self._waiting: list[SampleRequest] = []
-        self._preparing = 0  # lines encoding their text: about to wait here too
         self.batches: dict[int, int] = {}  # batch size -> how many batches ran with it
 
     def sample(self, prepare: Callable[[], SampleRequest]) -> tuple[SampleRequest, Any]:
@@ -92,14 +110,7 @@ class SampleBatcher:
         A line waits for the lines that are encoding at that moment (each takes a few
         milliseconds, at most `gather_s`), so that lines which arrived together are sampled
         together; a line alone waits for nothing."""
-        with self._cond:
-            self._preparing += 1
-        try:
-            req = prepare()
-        finally:
-            with self._cond:
-                self._preparing -= 1
-                self._cond.notify_all()
+        req = self._prepare(prepare)
         with self._cond:
             self._waiting.append(req)
         try:

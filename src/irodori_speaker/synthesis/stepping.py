@@ -25,7 +25,7 @@ from typing import Any
 
 from ..cancel import CancelToken, check
 from ..engine.hardware.lock import MODEL_LOCK, hold_model_lock
-from .batching import RunBatch, SampleRequest
+from .batching import CountsPreparing, RunBatch, SampleRequest
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +33,19 @@ StartLine = Callable[[SampleRequest], Any]  # request -> engine.steps.StepLine
 StepLines = Callable[[list[Any]], list[Any]]  # live StepLines -> those that finished
 
 
-class StepScheduler:
+class StepScheduler(CountsPreparing):
     """`sample(prepare)` as `SampleBatcher`'s, served by one owner thread stepping every line."""
 
     def __init__(
         self, start: StartLine, step: StepLines, run_alone: RunBatch, max_batch: int, *, quantum: int = 4
     ) -> None:
+        super().__init__()
         self._start = start
         self._step = step
         self._run_alone = run_alone
         self.max_batch = max(1, int(max_batch))  # 1: every line alone, one after another
-        self._cond = threading.Condition()
         self._waiting: list[SampleRequest] = []
         self._live: list[Any] = []  # StepLines, touched by the owner thread only
-        self._preparing = 0  # lines encoding their text: about to arrive
         self._alone = 0  # lines sampling alone on their own thread right now
         self._owner: threading.Thread | None = None
         self.batches: dict[int, int] = {}  # lines stepped together -> how many steps ran so
@@ -54,13 +53,7 @@ class StepScheduler:
         self.quantum = quantum  # steps the owner runs per hold of the model lock
 
     def sample(self, prepare: Callable[[], SampleRequest]) -> tuple[SampleRequest, Any]:
-        with self._cond:
-            self._preparing += 1
-        try:
-            req = prepare()
-        finally:
-            with self._cond:
-                self._preparing -= 1
+        req = self._prepare(prepare)
         with self._cond:
             alone = self.max_batch <= 1 or (
                 self._owner is None and not self._waiting and not self._preparing and not self._alone

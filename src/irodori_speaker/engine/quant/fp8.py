@@ -25,12 +25,12 @@ import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ...errors import QuantError
+from .buffers import KeepsCodeDtype
 from .quantize import RELEASE_SELECTION, LayerSelection, plan_layers
 
 __all__ = [
@@ -105,7 +105,7 @@ def dequantize_fp8(q: Tensor, scale: Tensor) -> Tensor:
     return q.float() * (s[:, None] if s.dim() == 1 else s)
 
 
-class Fp8Linear(nn.Module):
+class Fp8Linear(KeepsCodeDtype):
     """`nn.Linear` on an e4m3 weight (per-channel fp32 scale), its input quantised to e4m3 per call.
 
     Buffers: ``qweight`` e4m3 (out, in), row-major (its transpose is `_scaled_mm`'s column-major
@@ -113,6 +113,8 @@ class Fp8Linear(nn.Module):
     `impl`: "auto" (`_scaled_mm` where `fp8_gemm_device`, else the emulation), "scaled_mm" or
     "emulate". Output: bf16 from `_scaled_mm`, fp32 from the emulation, then the input's dtype.
     """
+
+    code_buffers = ("qweight", "scale_b")
 
     qweight: Tensor
     scale_b: Tensor
@@ -166,19 +168,6 @@ class Fp8Linear(nn.Module):
         )
         out.impl = first.impl
         return out
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Fp8Linear:
-        # `.to(dtype)` must not cast the e4m3 weight or the fp32 scales; devices still follow
-        held = {"qweight": self.qweight, "scale_b": self.scale_b}
-        for k in held:
-            del self._buffers[k]
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            target = fn(torch.empty(0, device=held["qweight"].device)).device
-            for k, t in held.items():
-                self._buffers[k] = t.to(target)
-        return self
 
     def dequantize_weight(self) -> Tensor:
         """The weight the layer multiplies by, (out, in) fp32."""

@@ -27,6 +27,8 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from .buffers import KeepsCodeDtype
+
 __all__ = [
     "BLOCK_LINEARS",
     "SHARED_INPUTS",
@@ -95,7 +97,7 @@ class SharedRows:
         self._held = None
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(KeepsCodeDtype):
     """`nn.Linear` on an int8 weight (per-channel scale) with its input quantised per row at run time.
 
     Buffers: ``qweight`` int8 (out, in), ``scale`` fp32 (out,), optional ``bias`` (follows the module
@@ -103,6 +105,8 @@ class Int8Linear(nn.Module):
     build) the same integer products are summed in fp32 instead (slower, the same result up to the
     fp32 rounding of sums past 2^24). ``shared``: the `SharedRows` of its siblings, if any.
     """
+
+    code_buffers = ("qweight", "scale")
 
     qweight: Tensor
     scale: Tensor
@@ -124,19 +128,6 @@ class Int8Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
         q, scale = quantize_weight_int8(linear.weight)
         return cls(q, scale, linear.bias)
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Int8Linear:
-        # `.to(dtype)` must not cast the int8 weight or the fp32 scales; devices still follow
-        held: dict[str, Tensor] = {"qweight": self.qweight, "scale": self.scale}
-        for k in held:
-            del self._buffers[k]
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            target = fn(torch.empty(0, device=held["qweight"].device)).device
-            for k, t in held.items():
-                self._buffers[k] = t.to(target)
-        return self
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
