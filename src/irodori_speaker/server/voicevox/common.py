@@ -1,4 +1,5 @@
-"""What the VOICEVOX routers share: the style id and readings query parameters, the placeholder image."""
+"""What the VOICEVOX routers share: the style id and readings query parameters, the placeholder image,
+the OpenAPI description of a binary answer."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ PNG_1X1 = base64.b64encode(
         "1f15c4890000000d4944415478da63f8ffff3f0005fe02fea7d6a5d50000000049454e44ae426082"
     )
 ).decode()
+
+
+def binary_response(media_type: str) -> dict[int | str, dict[str, Any]]:
+    """`responses=` of a route answering 200 with a file of `media_type` (its OpenAPI schema)."""
+    return {200: {"content": {media_type: {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+WAV_RESPONSE = binary_response("audio/wav")
 
 
 def reading_query(

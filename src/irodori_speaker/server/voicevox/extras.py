@@ -17,10 +17,8 @@ from ...text import prosody
 from .. import schemas as S
 from ..audio_out import wav_bytes
 from ..state import AppState
+from .common import WAV_RESPONSE
 
-_WAV: dict[int | str, dict[str, Any]] = {
-    200: {"content": {"audio/wav": {"schema": {"type": "string", "format": "binary"}}}}
-}
 MAX_WAVES = 256
 
 
@@ -45,7 +43,11 @@ def make_router(state: AppState) -> APIRouter:
         return True
 
     @router.post(
-        "/connect_waves", response_class=Response, responses=_WAV, tags=["その他"], summary="wav を結合する"
+        "/connect_waves",
+        response_class=Response,
+        responses=WAV_RESPONSE,
+        tags=["その他"],
+        summary="wav を結合する",
     )
     def connect_waves(waves: list[str]) -> Response:
         """base64 の WAV をつなげて一つの WAV にします (every wave at the first one's rate and

@@ -13,7 +13,7 @@ from ... import __version__
 from .. import schemas as S
 from ..config import NotFound
 from ..state import AppState
-from .common import PNG_1X1, StyleId
+from .common import PNG_1X1, StyleId, binary_response
 
 PLACEHOLDER = "placeholder.png"  # the one image (a 1x1 PNG) every icon and portrait is
 
@@ -64,7 +64,7 @@ def make_router(state: AppState) -> APIRouter:
         tags=["その他"],
         summary="Resource",
         response_class=Response,
-        responses={200: {"content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}}},
+        responses=binary_response("image/png"),
     )
     def resource(resource_hash: str) -> Response:
         """/speaker_info?resource_format=url の画像。"""

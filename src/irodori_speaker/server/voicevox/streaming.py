@@ -10,7 +10,6 @@ model failure before the first chunk are still an HTTP status; the engine manife
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -21,12 +20,8 @@ from ...errors import Cancelled
 from .. import schemas as S
 from ..audio_out import Encoder
 from ..state import AppState
-from .common import Readings, StyleId
+from .common import WAV_RESPONSE, Readings, StyleId
 from .query import plan_query
-
-_WAV: dict[int | str, dict[str, Any]] = {
-    200: {"content": {"audio/wav": {"schema": {"type": "string", "format": "binary"}}}}
-}
 
 
 def make_router(state: AppState) -> APIRouter:
@@ -35,7 +30,7 @@ def make_router(state: AppState) -> APIRouter:
     @router.post(
         "/streaming_synthesis",
         response_class=StreamingResponse,
-        responses=_WAV,
+        responses=WAV_RESPONSE,
         tags=["音声合成"],
         summary="音声合成する（ストリーミング）",
     )

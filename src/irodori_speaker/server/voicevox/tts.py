@@ -22,15 +22,10 @@ from .. import schemas as S
 from ..audio_out import wav_bytes
 from ..config import NotFound
 from ..state import AppState
-from .common import Readings, StyleId
+from .common import WAV_RESPONSE, Readings, StyleId, binary_response
 from .query import Plan, plan_query, re_estimate, warning_headers
 
-_WAV: dict[int | str, dict[str, Any]] = {
-    200: {"content": {"audio/wav": {"schema": {"type": "string", "format": "binary"}}}}
-}
-_ZIP: dict[int | str, dict[str, Any]] = {
-    200: {"content": {"application/zip": {"schema": {"type": "string", "format": "binary"}}}}
-}
+_ZIP = binary_response("application/zip")
 
 
 def make_router(state: AppState) -> APIRouter:
@@ -166,7 +161,11 @@ def make_router(state: AppState) -> APIRouter:
 
     # ---- synthesis ----------------------------------------------------------------------------
     @router.post(
-        "/synthesis", response_class=Response, responses=_WAV, tags=["音声合成"], summary="音声合成する"
+        "/synthesis",
+        response_class=Response,
+        responses=WAV_RESPONSE,
+        tags=["音声合成"],
+        summary="音声合成する",
     )
     async def synthesis(
         query: S.AudioQuery,
@@ -182,7 +181,7 @@ def make_router(state: AppState) -> APIRouter:
     @router.post(
         "/cancellable_synthesis",
         response_class=Response,
-        responses=_WAV,
+        responses=WAV_RESPONSE,
         tags=["音声合成"],
         summary="音声合成する（キャンセル可能）",
     )
