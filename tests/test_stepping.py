@@ -96,24 +96,3 @@ def test_a_bad_line_fails_alone(synth):
     assert not isinstance(results[0], Exception)
     assert isinstance(results[1], Exception) and "sway" in str(results[1])
     assert _no_sampler_thread()
-
-
-def test_a_playing_line_low_on_audio_asks_for_its_next_window_urgently(synth, monkeypatch):
-    from irodori_speaker.engine.hardware import lock
-    from irodori_speaker.synthesis.synthesizer import LOW_BUFFER_S, low_buffer
-
-    assert low_buffer(0.5, 0.0) and low_buffer(3.0, 2.5) and not low_buffer(3.0, 1.0)
-    assert not low_buffer(LOW_BUFFER_S + 0.1, 0.0)
-    flags = []
-    acquire = lock.MODEL_LOCK.acquire
-
-    def spy(*a, urgent=False, **kw):
-        flags.append(urgent)
-        return acquire(*a, urgent=urgent, **kw)
-
-    monkeypatch.setattr(lock.MODEL_LOCK, "acquire", spy)
-    chunks = list(synth.stream(TEXTS[0], options=opts(seconds=4.0, chunk_frames=8)))
-    assert len(chunks) > 3
-    # the windows before the first is out are ordinary work; right after it the listener has
-    # less than LOW_BUFFER_S ahead, so the next window is urgent
-    assert True in flags and flags.index(True) > 0

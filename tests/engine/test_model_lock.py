@@ -41,33 +41,6 @@ def test_waiters_get_the_lock_in_the_order_they_asked():
     assert order == list(range(8))
 
 
-def test_urgent_requests_go_ahead_of_waiting_ones_in_their_own_order():
-    """A playing line's next decode window (urgent) is served before lines waiting to sample."""
-    lock, order = FairRLock(), []
-    lock.acquire()
-    threads = _queue_up(lock, 3, order)  # 0, 1, 2: ordinary waiters
-
-    def urgent(tag: str) -> None:
-        lock.acquire(urgent=True)
-        try:
-            order.append(tag)
-        finally:
-            lock.release()
-
-    for k, tag in enumerate(["u0", "u1"]):
-        th = threading.Thread(target=urgent, args=(tag,))
-        th.start()
-        threads.append(th)
-        while len(lock._queue) < 4 + k:
-            time.sleep(0.001)
-    assert lock.urgent_waiting()  # a holder running several steps sees it and yields
-    lock.release()
-    for th in threads:
-        th.join(5)
-    assert order == ["u0", "u1", 0, 1, 2]
-    assert not lock.urgent_waiting()
-
-
 def test_the_holder_cannot_jump_the_queue_after_releasing():
     """The thread that releases and asks again goes behind the waiters (RLock let it cut in)."""
     lock, order = FairRLock(), []

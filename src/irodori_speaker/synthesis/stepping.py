@@ -7,7 +7,7 @@ is handed to the scheduler's owner thread, which runs one sampler step for every
 iteration (`engine.steps.StepBatcher`): a line that arrives joins at the next step, a finished
 one leaves, a cancelled one leaves at the next step boundary. The line's thread waits for its
 latent and goes on to decode it. The owner holds the model lock for a few steps at a time
-(`quantum`), handing it over at once when an urgent request waits.
+(`quantum`).
 
 A line that is alone (nothing else live, waiting or encoding) runs as before this scheduler, on
 its own thread through `run_alone` (on CUDA, its whole-line graph): one line keeps today's
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cancel import CancelToken, check
-from ..engine.hardware.lock import MODEL_LOCK, hold_model_lock
+from ..engine.hardware.lock import hold_model_lock
 from .batching import CountsPreparing, RunBatch, SampleRequest
 
 log = logging.getLogger(__name__)
@@ -109,9 +109,9 @@ class StepScheduler(CountsPreparing):
     def _own(self) -> None:
         """The owner thread: admit waiting lines, step every live line, retire the finished.
 
-        It keeps the model lock for up to `quantum` steps in a row unless an urgent request waits
-        (a playing line low on audio): handing the lock over after every step put each step behind
-        every waiting decode window and its host sync (issue 27, measured on the H200)."""
+        It keeps the model lock for up to `quantum` steps in a row: handing the lock over after
+        every step put each step behind every waiting decode window and its host sync (issue 27,
+        measured on the H200)."""
         while True:
             with self._cond:
                 while self._alone and not self._live:  # a lone line is running: let it finish first
@@ -121,7 +121,7 @@ class StepScheduler(CountsPreparing):
                     return
             with hold_model_lock():
                 for _ in range(self.quantum):
-                    if not self._iterate() or MODEL_LOCK.urgent_waiting():
+                    if not self._iterate():
                         break
 
     def _iterate(self) -> bool:

@@ -74,15 +74,6 @@ __all__ = ["EDGE_FADE_S", "Synthesizer"]
 EDGE_FADE_S = 0.008  # raised-cosine fade at piece edges: no click where a piece was cut
 
 
-LOW_BUFFER_S = 1.0  # audio ahead of real-time playback below which a line's next window is urgent
-
-
-def low_buffer(produced_s: float, since_first_s: float) -> bool:
-    """Whether a streamed line played at real time from its first window has under `LOW_BUFFER_S`
-    of audio left ahead of the listener (a line decoded far ahead waits its turn instead)."""
-    return produced_s - since_first_s < LOW_BUFFER_S
-
-
 def _fade_edges(audio: np.ndarray, fade_in: bool, fade_out: bool) -> np.ndarray:
     n = min(int(EDGE_FADE_S * SAMPLE_RATE), len(audio) // 2)
     if n <= 0 or not (fade_in or fade_out):
@@ -502,20 +493,13 @@ class Synthesizer:
             it = self.codec.decode_stream(
                 latent, chunk, cancel=cancel, first_chunk_frames=first, growth=growth
             )
-            first_at, produced = None, 0.0  # when the first window went out; seconds since
             while remaining > 0:
-                # a playing line whose audio ahead runs low asks urgently: late, it is a hole
-                urgent = (
-                    not whole and first_at is not None and low_buffer(produced, time.monotonic() - first_at)
-                )
-                with hold_model_lock(cancel, urgent=urgent):
+                with hold_model_lock(cancel):
                     part = next(it, None)
                     if part is None:
                         return
                     out = part[0, 0, :remaining].float().cpu().numpy()
                 remaining -= len(out)
-                produced += len(out) / SAMPLE_RATE
-                first_at = time.monotonic() if first_at is None else first_at
                 yield out, remaining <= 0
 
     def _run(self, pieces: Plan, voice, opts, record, cancel, progress, *, whole: bool):

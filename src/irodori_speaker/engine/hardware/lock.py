@@ -11,15 +11,16 @@ call a helper that takes it too).
 It is fair: waiting threads get it in the order they asked. `threading.RLock` is not (the thread
 that releases it, still running, usually takes it again before a waiter wakes), so with many
 lines on one model some were served several times in a row while others starved, and a
-streamed line planned at one speed ran dry inside (issue 30 item 8). An `urgent` request (the
-next decode window of a line that is already playing: a listener hears a hole if it is late)
-goes ahead of every waiting non-urgent one, in its own arrival order (issue 27).
+streamed line planned at one speed ran dry inside (issue 30 item 8). (Letting a playing line's
+next decode window go first was tried in issue 27: without knowing when playback starts it made
+more holes, 27 against 6 of 576 lines at 16 Speakers on the CPU; RESULTS.md.)
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -33,16 +34,11 @@ class FairRLock:
         self._cond = threading.Condition(threading.Lock())
         self._owner: int | None = None
         self._count = 0
-        self._queue: list[tuple[int, int]] = []  # waiting threads' (0 urgent / 1, ticket)
+        self._queue: deque[int] = deque()  # waiting threads' tickets, oldest first
         self._next_ticket = 0
 
     def held_by_me(self) -> bool:
         return self._owner == threading.get_ident()
-
-    def urgent_waiting(self) -> bool:
-        """Whether an urgent request waits (a holder doing several steps yields to it)."""
-        with self._cond:
-            return any(priority == 0 for priority, _ in self._queue)
 
     def acquire(
         self,
@@ -50,11 +46,9 @@ class FairRLock:
         timeout: float = -1,
         cancel: CancelToken | None = None,
         poll_s: float = 0.01,
-        urgent: bool = False,
     ) -> bool:
         """Take the lock (waiting at most `timeout` s; -1: no limit). With `cancel`, a wait is
-        given up with `Cancelled` once it is set (checked every `poll_s`), its place kept till then.
-        `urgent`: served before every waiting non-urgent request."""
+        given up with `Cancelled` once it is set (checked every `poll_s`), its place kept till then."""
         me = threading.get_ident()
         with self._cond:
             if self._owner == me:
@@ -65,12 +59,12 @@ class FairRLock:
                 return True
             if not blocking:
                 return False
-            ticket = (0 if urgent else 1, self._next_ticket)
+            ticket = self._next_ticket
             self._next_ticket += 1
             self._queue.append(ticket)
             try:
                 remaining = timeout
-                while self._owner is not None or min(self._queue) != ticket:
+                while self._owner is not None or self._queue[0] != ticket:
                     if cancel is not None:
                         check(cancel)
                     wait = poll_s if cancel is not None else None
@@ -108,12 +102,9 @@ MODEL_LOCK = FairRLock()
 
 
 @contextmanager
-def hold_model_lock(
-    cancel: CancelToken | None = None, poll_s: float = 0.01, *, urgent: bool = False
-) -> Iterator[None]:
-    """Hold `MODEL_LOCK`; while waiting for it, give up with `Cancelled` once `cancel` is set.
-    `urgent`: ahead of the waiting non-urgent requests (a playing line's next decode window)."""
-    MODEL_LOCK.acquire(cancel=cancel, poll_s=poll_s, urgent=urgent)
+def hold_model_lock(cancel: CancelToken | None = None, poll_s: float = 0.01) -> Iterator[None]:
+    """Hold `MODEL_LOCK`; while waiting for it, give up with `Cancelled` once `cancel` is set."""
+    MODEL_LOCK.acquire(cancel=cancel, poll_s=poll_s)
     try:
         check(cancel)
         yield
