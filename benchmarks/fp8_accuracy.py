@@ -35,30 +35,10 @@ from irodori_speaker.engine.checkpoint import load_checkpoint
 from irodori_speaker.engine.quant.checkpoint import load_int4_model
 from irodori_speaker.engine.quant.fp8 import Fp8Linear, quantize_linears_fp8
 from irodori_speaker.engine.quant.quantize import quantize_checkpoint
-from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
-from irodori_speaker.engine.tiny import tiny_random_files
+from irodori_speaker.engine.tiny import random_line_latent, tiny_random_files
 
 KINDS = ("v2", "v4.1-mf", "v4-large")
 COLUMNS = ("bf16", "int4 RTN", "fp8 token", "fp8 tensor", "fp8 bf16")
-
-
-def final_latent(model, seed: int) -> torch.Tensor:
-    """The sampler's final latent (fp32) for one seeded input: text, reference voice, caption."""
-    cfg = model.cfg
-    gen = torch.Generator().manual_seed(seed)
-    vocab = min(cfg.text_token_vocab, 299)
-    ids = torch.cat([torch.tensor([[2]]), torch.randint(3, vocab, (1, 12), generator=gen)], 1)
-    mask = torch.ones_like(ids, dtype=torch.bool)
-    ref = torch.randn(1, 24, cfg.latent_dim, generator=gen) if cfg.speaker_enabled else None
-    cap = cap_mask = None
-    if cfg.caption_enabled:
-        cap = torch.cat([torch.tensor([[2]]), torch.randint(3, vocab, (1, 6), generator=gen)], 1)
-        cap_mask = torch.ones_like(cap, dtype=torch.bool)
-    steps = SamplerConfig(steps=4) if cfg.meanflow else SamplerConfig(steps=8, schedule="sway")
-    with torch.inference_mode():
-        conds = model.encode_conditions(ids, mask, ref, None, cap, cap_mask)
-        noise = draw_noise(seed, 1, 48, cfg.latent_dim)
-        return sample(model, conds, noise, steps).float()
 
 
 def fp8_model(model, *, scaling: str = "token", dtype: torch.dtype = torch.float32):
@@ -71,9 +51,11 @@ def fp8_model(model, *, scaling: str = "token", dtype: torch.dtype = torch.float
 def errors(kind: str, seeds: range, workdir: Path) -> tuple[dict[str, tuple[float, float]], int]:
     path = tiny_random_files(kind).model
     ref = load_checkpoint(path).model
-    want = [final_latent(ref, s) for s in seeds]
+    want = [random_line_latent(ref, s, frames=48) for s in seeds]
     int4_file = workdir / f"{kind}-int4.safetensors"
-    quantize_checkpoint(path, int4_file, method="rtn", report_errors=False)
+    quantize_checkpoint(
+        path, int4_file, method="rtn", report_errors=False, packing="fp16-rest"
+    )  # as --int4 at load
     variants = {
         "bf16": load_checkpoint(path, dtype=torch.bfloat16).model,
         "int4 RTN": load_int4_model(int4_file, dtype="fp32").model,
@@ -84,7 +66,8 @@ def errors(kind: str, seeds: range, workdir: Path) -> tuple[dict[str, tuple[floa
     n_fp8 = sum(isinstance(m, Fp8Linear) for m in variants["fp8 token"].modules())
     out = {}
     for name, model in variants.items():
-        errs = [float((final_latent(model, s) - w).norm() / w.norm()) for s, w in zip(seeds, want)]
+        got = [random_line_latent(model, s, frames=48) for s in seeds]
+        errs = [float((g - w).norm() / w.norm()) for g, w in zip(got, want)]
         out[name] = (sum(errs) / len(errs), max(errs))
     return out, n_fp8
 

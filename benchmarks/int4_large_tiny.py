@@ -27,23 +27,10 @@ from irodori_speaker.engine.quant.quantize import (
     quantize_checkpoint,
 )
 from irodori_speaker.engine.quant.selection import COMPACT_SELECTION, int4_file_bytes
-from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
-from irodori_speaker.engine.tiny import tiny_random_files
+from irodori_speaker.engine.tiny import random_line_latent, tiny_random_files
 from irodori_speaker.text.backbone_tokenizer import tokenizer_for_model
 
 MANIFEST = Path(__file__).resolve().parents[1] / "tests" / "data" / "dit_v4_large" / "v4_large_keys.json.gz"
-
-
-def final_latent(model, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.cat([torch.tensor([[2]]), torch.randint(3, 299, (1, 12), generator=gen)], 1)
-    mask = torch.ones_like(ids, dtype=torch.bool)
-    ref = torch.randn(1, 24, 32, generator=gen)
-    cap = torch.cat([torch.tensor([[2]]), torch.randint(3, 299, (1, 6), generator=gen)], 1)
-    with torch.inference_mode():
-        conds = model.encode_conditions(ids, mask, ref, None, cap, torch.ones_like(cap, dtype=torch.bool))
-        noise = draw_noise(seed, 1, 50, 32)
-        return sample(model, conds, noise, SamplerConfig(steps=8, schedule="sway")).float()
 
 
 def full_size_bytes() -> list[tuple[str, float]]:
@@ -83,7 +70,7 @@ def main() -> None:
     ref = load_checkpoint(files.model).model
     tok = tokenizer_for_model(None, files.model, ref.cfg.text_backbone)
     seeds = range(4)
-    want = [final_latent(ref, s) for s in seeds]
+    want = [random_line_latent(ref, s) for s in seeds]
     tiny_embed = LayerSelection(
         gptq=RELEASE_SELECTION.gptq, embed=RELEASE_SELECTION.embed, embed_group_size=16
     )
@@ -99,7 +86,7 @@ def main() -> None:
                     fallback="keep",
                 )  # fmt: skip
                 q = load_int4_model(out, dtype="fp32").model
-                errs = [float((final_latent(q, s) - w).norm() / w.norm()) for s, w in zip(seeds, want)]
+                errs = [float((random_line_latent(q, s) - w).norm() / w.norm()) for s, w in zip(seeds, want)]
                 print(f"{method:6s} {label:22s} {sum(errs) / len(errs):7.4f} {max(errs):7.4f}")
     print("\n# full-size v4-Large weights (manifest: 3,288,179,489 parameters)")
     for label, b in full_size_bytes():

@@ -27,8 +27,8 @@ from irodori_speaker.engine.checkpoint import load_checkpoint
 from irodori_speaker.engine.quant.checkpoint import load_int4_model
 from irodori_speaker.engine.quant.quantize import PACKINGS, quantize_checkpoint
 from irodori_speaker.engine.quant.selection import SEED_DIT_INT4_BYTES, int4_file_bytes
-from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
-from irodori_speaker.engine.tiny import tiny_random_files
+from irodori_speaker.engine.sampler import SamplerConfig
+from irodori_speaker.engine.tiny import random_line_latent, tiny_random_files
 from irodori_speaker.text.backbone_tokenizer import tokenizer_for_model
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
@@ -51,24 +51,13 @@ GROUPS = (  # first match wins
 )
 
 
+def _latent(model, seed: int) -> torch.Tensor:
+    return random_line_latent(model, seed, cfg=SamplerConfig(steps=8, schedule="sway"))
+
+
 def manifest(path: Path) -> dict:
     with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open() as f:
         return json.load(f)
-
-
-def final_latent(model, seed: int) -> torch.Tensor:
-    cfg = model.cfg
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.cat([torch.tensor([[2]]), torch.randint(3, 299, (1, 12), generator=gen)], 1)
-    ref = torch.randn(1, 24, cfg.latent_dim, generator=gen)
-    cap = cap_mask = None
-    if cfg.use_caption_condition:
-        cap = torch.cat([torch.tensor([[2]]), torch.randint(3, 299, (1, 6), generator=gen)], 1)
-        cap_mask = torch.ones_like(cap, dtype=torch.bool)
-    with torch.inference_mode():
-        conds = model.encode_conditions(ids, torch.ones_like(ids, dtype=torch.bool), ref, None, cap, cap_mask)
-        noise = draw_noise(seed, 1, 50, cfg.latent_dim * cfg.latent_patch_size)
-        return sample(model, conds, noise, SamplerConfig(steps=8, schedule="sway")).float()
 
 
 def group_errors(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -95,7 +84,7 @@ def tiny_table(kind: str, methods: tuple[str, ...] = ("rtn", "gptq")) -> None:
         else files.tokenizer
     )
     seeds = range(4)
-    want = [final_latent(ref, s) for s in seeds]
+    want = [_latent(ref, s) for s in seeds]
     ref_state = ref.state_dict()
     rows = {}
     with tempfile.TemporaryDirectory() as d:
@@ -106,7 +95,7 @@ def tiny_table(kind: str, methods: tuple[str, ...] = ("rtn", "gptq")) -> None:
                     files.model, out, method=method, packing=packing, tokenizer=tok, report_errors=False
                 )
                 q = load_int4_model(out, dtype="fp32").model
-                errs = [float((final_latent(q, s) - w).norm() / w.norm()) for s, w in zip(seeds, want)]
+                errs = [float((_latent(q, s) - w).norm() / w.norm()) for s, w in zip(seeds, want)]
                 expanded = load_int4_model(out, dtype="fp32", dequantize="all").model.state_dict()
                 rows[(method, packing)] = (group_errors(ref_state, expanded), errs, out.stat().st_size)
     groups = [g for g, _ in GROUPS if g in rows[(methods[0], "compact")][0]]

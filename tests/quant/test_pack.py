@@ -21,8 +21,8 @@ from irodori_speaker.engine.quant.formats import RTNPacked, rtn_quantize
 from irodori_speaker.engine.quant.layers import Int4Linear, RTNLinear
 from irodori_speaker.engine.quant.quantize import PACKINGS, quantize_checkpoint
 from irodori_speaker.engine.quant.selection import SEED_DIT_INT4_BYTES, int4_file_bytes
-from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
-from irodori_speaker.engine.tiny import tiny_random_files
+from irodori_speaker.engine.sampler import SamplerConfig
+from irodori_speaker.engine.tiny import random_line_latent, tiny_random_files
 from irodori_speaker.errors import QuantError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -89,18 +89,9 @@ def test_the_size_estimate_is_the_written_files(tmp_path: Path, kind: str) -> No
 
 
 def _latent(model, seed: int) -> torch.Tensor:
-    cfg = model.cfg
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.cat([torch.tensor([[2]]), torch.randint(3, 299, (1, 10), generator=g)], 1)
-    ref = torch.randn(1, 16, cfg.latent_dim, generator=g)
-    cap = cap_mask = None
-    if cfg.use_caption_condition:
-        cap = torch.cat([torch.tensor([[2]]), torch.randint(3, 299, (1, 5), generator=g)], 1)
-        cap_mask = torch.ones_like(cap, dtype=torch.bool)
-    with torch.inference_mode():
-        conds = model.encode_conditions(ids, torch.ones_like(ids, dtype=torch.bool), ref, None, cap, cap_mask)
-        noise = draw_noise(seed, 1, 30, cfg.latent_dim * cfg.latent_patch_size)
-        return sample(model, conds, noise, SamplerConfig(steps=6, schedule="sway")).float()
+    return random_line_latent(
+        model, seed, text=10, reference=16, caption=5, frames=30, cfg=SamplerConfig(steps=6, schedule="sway")
+    )
 
 
 # final latent of RTN files on the tiny random models (6 sway steps, seeds 0-1), relative error

@@ -27,6 +27,7 @@ from ..text.tokenizer import build_tiny_tokenizer
 from .checkpoint import build_model, save_checkpoint
 from .codec import TINY_CODEC_KWARGS, convert_codec, save_random_codec_pth
 from .config import InferenceConfig, ModelConfig, parse_backbone_config
+from .sampler import SamplerConfig, draw_noise, sample
 
 TINY_VOCAB = 512
 #: The kind `tiny_random=True` builds: the default model's family (engine.sources.DEFAULT_MODEL).
@@ -256,3 +257,34 @@ def random_model(kind: str = "v2", seed: int = 0):
             if name.endswith(("null_speaker", "null_caption")):
                 p.data.normal_(0.0, 0.5)
     return model.eval().requires_grad_(False)
+
+
+def random_line_latent(
+    model,
+    seed: int,
+    *,
+    text: int = 12,
+    reference: int = 24,
+    caption: int = 6,
+    frames: int = 50,
+    cfg: SamplerConfig | None = None,
+) -> torch.Tensor:
+    """The sampler's final latent (fp32) for one seeded random line of `model`: `text` token ids
+    after BOS, a `reference` latent and a `caption` where the model takes them, `frames` of noise;
+    `cfg` defaults to the release's sampler (4 MeanFlow steps, else 8 sway). The yardstick of the
+    int4 / fp8 accuracy benchmarks and tests: the same line through a quantised copy."""
+    mcfg = model.cfg
+    gen = torch.Generator().manual_seed(seed)
+    vocab = min(mcfg.text_token_vocab, 299)
+    ids = torch.cat([torch.tensor([[2]]), torch.randint(3, vocab, (1, text), generator=gen)], 1)
+    ref = torch.randn(1, reference, mcfg.latent_dim, generator=gen) if mcfg.speaker_enabled else None
+    cap = cap_mask = None
+    if mcfg.caption_enabled:
+        cap = torch.cat([torch.tensor([[2]]), torch.randint(3, vocab, (1, caption), generator=gen)], 1)
+        cap_mask = torch.ones_like(cap, dtype=torch.bool)
+    if cfg is None:
+        cfg = SamplerConfig(steps=4) if mcfg.meanflow else SamplerConfig(steps=8, schedule="sway")
+    with torch.inference_mode():
+        conds = model.encode_conditions(ids, torch.ones_like(ids, dtype=torch.bool), ref, None, cap, cap_mask)
+        noise = draw_noise(seed, 1, frames, mcfg.latent_dim * mcfg.latent_patch_size)
+        return sample(model, conds, noise, cfg).float()
