@@ -159,7 +159,9 @@ class StepBatcher:
 
     def _pack(self, lines: list[StepLine]) -> _Packed:
         """The batch's context keys/values, masks and RoPE; rebuilt when its make-up changes."""
-        key = tuple((id(line), line.group, line.version, line.x.shape[1]) for line in lines)
+        # the lines themselves (compared by identity), not their ids: the cache holds them, so a
+        # finished line's id cannot come back as a new line's and find its stale context
+        key = tuple((line, line.group, line.version) for line in lines)
         if self._packed is not None and self._packed[0] == key:
             return self._packed[1]
         p = self.fast.cfg.latent_patch_size

@@ -440,8 +440,10 @@ class Synthesizer:
                 conds = self._conditions(piece.ids, piece.mask, states)
                 frames = self._frames(piece, conds, states[0], opts, record)
                 noise = draw_noise(seed, 1, frames, self.config.latent_dim, device=self.device)
-                # the plan's host syncs only where lines may share a batch
-                key = signature(self.model, conds, opts) if self._batcher.max_batch > 1 else None
+                # the plan's host syncs only where whole-line batches match lines by it (the step
+                # scheduler steps lines of any plan together)
+                batches = isinstance(self._batcher, SampleBatcher) and self._batcher.max_batch > 1
+                key = signature(self.model, conds, opts) if batches else None
                 self._sync()
             stage.append(time.perf_counter())
             return SampleRequest(conds, noise, opts, key, cancel=cancel, progress=progress, length=frames)
