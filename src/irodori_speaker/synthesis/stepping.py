@@ -60,17 +60,6 @@ class StepScheduler(CountsPreparing):
             )
             if alone:
                 self._alone += 1
-        if not alone:
-            # the line's context K/V and plan (host syncs) on its own thread, not the owner's
-            try:
-                with hold_model_lock(req.cancel):
-                    req.line = self._start(req)
-            except BaseException as e:  # a refused plan or a cancel: this line alone fails
-                req.error, req.done = e, True
-            else:
-                with self._cond:
-                    self._waiting.append(req)
-                    self._ensure_owner()
         if alone:
             try:
                 self._sample_alone(req)
@@ -79,11 +68,29 @@ class StepScheduler(CountsPreparing):
                     self._alone -= 1
                     self._cond.notify_all()
         else:
-            self._wait(req)
+            self._hand_over(req)
         if req.error is not None:
             raise req.error
         check(req.cancel)
         return req, req.result
+
+    def _hand_over(self, req: SampleRequest) -> None:
+        """Build the line's context K/V and plan (host syncs) on its own thread, not the owner's,
+        queue it for the owner and wait for its latent."""
+        try:
+            with hold_model_lock(req.cancel):
+                req.line = self._start(req)
+        except BaseException as e:  # a refused plan or a cancel: this line alone fails
+            req.error, req.done = e, True
+            return
+        with self._cond:
+            self._waiting.append(req)
+            self._ensure_owner()
+            while not req.done:
+                self._cond.wait(0.05)
+                if req.cancel is not None and req.cancel.cancelled and req in self._waiting:
+                    self._waiting.remove(req)  # never stepped: nothing to retire
+                    req.done = True
 
     def _sample_alone(self, req: SampleRequest) -> None:
         with hold_model_lock(req.cancel):
@@ -92,14 +99,6 @@ class StepScheduler(CountsPreparing):
             except BaseException as e:
                 req.error = e
         req.batch_size, req.done = 1, True
-
-    def _wait(self, req: SampleRequest) -> None:
-        with self._cond:
-            while not req.done:
-                self._cond.wait(0.05)
-                if req.cancel is not None and req.cancel.cancelled and req in self._waiting:
-                    self._waiting.remove(req)  # never started: nothing to step
-                    req.done = True
 
     def _ensure_owner(self) -> None:
         if self._owner is None:
@@ -134,8 +133,7 @@ class StepScheduler(CountsPreparing):
             return False
         n = 0
         try:
-            for req in admit:
-                self._admit(req)
+            self._live += [req.line for req in admit]  # a cancelled waiting line was taken out
             n = len(self._live)
             finished = self._step(self._live) if self._live else []
         except BaseException as e:  # one failed step fails its lines, not the thread
@@ -158,7 +156,3 @@ class StepScheduler(CountsPreparing):
                 req.done = True
             self._cond.notify_all()
         return True
-
-    def _admit(self, req: SampleRequest) -> None:
-        if not req.done:  # not cancelled while waiting
-            self._live.append(req.line)
