@@ -371,6 +371,8 @@ def test_bad_input_is_refused(synth, pc):
     with pytest.raises(InputError):
         cache_mod.parse_size("lots")
     assert cache_mod.parse_size("1.5k") == 1536 and cache_mod.parse_size("2G") == 2 * 1024**3
+    # the project's one size grammar (options.memory.parse_bytes, the GPU budget's too): MB decimal
+    assert cache_mod.parse_size("500MB") == 500 * 10**6 and cache_mod.parse_size("500 MiB") == 500 * 2**20
 
 
 # ---- size limit ---------------------------------------------------------------------------------

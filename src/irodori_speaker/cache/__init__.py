@@ -18,8 +18,9 @@ against its file), `store.py` (`PhraseCache`: composes the index and the files; 
 Storage (sqlite index + audio files, crash-safe, several processes, thread-safe): `store.py`.
 """
 
+from ..options.memory import format_bytes
 from .entries import CachedLine, CacheStats, EntryInfo, VerifyReport, record_from_json, record_to_json
-from .files import AUDIO_FORMATS, default_cache_dir, format_size, parse_size
+from .files import AUDIO_FORMATS, default_cache_dir, parse_size
 from .index import INDEX_NAME, SCHEMA_VERSION
 from .keys import (
     CACHE_FORMAT_VERSION,
@@ -56,7 +57,7 @@ __all__ = [
     "cache_options",
     "canonical_json",
     "default_cache_dir",
-    "format_size",
+    "format_bytes",
     "identity_key",
     "line_identity",
     "parse_size",

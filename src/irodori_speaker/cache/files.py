@@ -18,6 +18,7 @@ import soundfile as sf
 
 from ..dirs import cache_root
 from ..errors import CacheError, InputError
+from ..options.memory import parse_bytes
 
 AUDIO_FORMATS = ("f32", "flac")
 
@@ -31,25 +32,15 @@ def default_cache_dir() -> Path:
 
 
 def parse_size(text: str | int) -> int:
-    """'500M', '2G', '1.5GiB', '800k', '123' (bytes) -> bytes. Units are powers of 1024."""
+    """'500MiB', '2G', '1.5GiB', '800k', '123' (bytes) -> bytes (`options.memory.parse_bytes`'s
+    units: KB, MB, GB in powers of 1000, KiB, MiB, GiB and K, M, G in powers of 1024)."""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text), re.IGNORECASE)
-        if not m:
-            raise InputError(f"not a size: {text!r}", hint="e.g. 500M, 2G, 1.5GiB or a number of bytes")
-        value = int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2).lower() or " "))
+        value = parse_bytes(str(text))
     if value <= 0:
         raise InputError(f"a cache size limit must be > 0 bytes, got {text!r}")
     return value
-
-
-def format_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
 
 
 def encode_audio(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:

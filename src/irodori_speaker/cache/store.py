@@ -35,6 +35,7 @@ from ..audio.signal import SAMPLE_RATE
 from ..cancel import CancelToken
 from ..errors import CacheError, InputError
 from ..options import SynthesisOptions, SynthesisRecord
+from ..options.memory import format_bytes
 from .entries import CachedLine, CacheStats, EntryInfo, VerifyReport, record_from_json, record_to_json
 from .files import (
     AUDIO_FORMATS,
@@ -42,7 +43,6 @@ from .files import (
     decode_audio,
     default_cache_dir,
     encode_audio,
-    format_size,
     parse_size,
 )
 from .index import INDEX_NAME, Index
@@ -290,8 +290,8 @@ class PhraseCache:
         data = encode_audio(x, sample_rate, self.audio_format)
         if len(data) > self.max_bytes:
             raise CacheError(
-                f"a {format_size(len(data))} line does not fit the cache limit of "
-                f"{format_size(self.max_bytes)}",
+                f"a {format_bytes(len(data))} line does not fit the cache limit of "
+                f"{format_bytes(self.max_bytes)}",
                 hint="raise --max-bytes",
             )
         stored_audio = x if self.audio_format == "f32" else decode_audio(data, self.audio_format)

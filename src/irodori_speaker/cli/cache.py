@@ -35,7 +35,7 @@ log = logging.getLogger("irodori_speaker.cli")
 
 
 def cmd_prebuild(args: argparse.Namespace) -> int:
-    from ..cache import format_size
+    from ..cache import format_bytes
     from ..cache.prebuild import load_phrases, prebuild
 
     phrases = load_phrases(args.phrases)
@@ -69,7 +69,7 @@ def cmd_prebuild(args: argparse.Namespace) -> int:
             print(f"all {report.total} phrases already cached; model not loaded")
         else:
             print("nothing to render; model not loaded")
-    print(f"cache {stats.directory}: {stats.entries} entries, {format_size(stats.bytes)}")
+    print(f"cache {stats.directory}: {stats.entries} entries, {format_bytes(stats.bytes)}")
     log.info("wall: %s", phases_of(args).summary())
     if report.interrupted:
         return EXIT_INTERRUPTED
@@ -98,7 +98,7 @@ def _keys_without_model(args: argparse.Namespace) -> Any:
 
 
 def cmd_cache_stats(args: argparse.Namespace) -> int:
-    from ..cache import format_size
+    from ..cache import format_bytes
 
     with open_cache(args.cache_dir, must_exist=True) as cache:
         s = cache.stats()
@@ -108,7 +108,7 @@ def cmd_cache_stats(args: argparse.Namespace) -> int:
     rate = "n/a" if math.isnan(s.hit_rate) else f"{100 * s.hit_rate:.1f}%"
     print(f"directory   {s.directory}")
     print(f"entries     {s.entries} ({s.audio_seconds:.1f} s of audio)")
-    print(f"size        {format_size(s.bytes)} of {format_size(s.max_bytes)}")
+    print(f"size        {format_bytes(s.bytes)} of {format_bytes(s.max_bytes)}")
     print(f"lookups     {s.hits} hits, {s.misses} misses (hit rate {rate})")
     print(f"stores      {s.stores}; evicted {s.evictions}; dropped as damaged {s.dropped}")
     if s.read_only:
@@ -145,12 +145,12 @@ def cmd_cache_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_clear(args: argparse.Namespace) -> int:
-    from ..cache import format_size
+    from ..cache import format_bytes
 
     with open_cache(args.cache_dir, must_exist=True) as cache:
         if not args.yes:
             s = cache.stats()
-            question = f"remove all {s.entries} entries ({format_size(s.bytes)}) from {cache.directory}?"
+            question = f"remove all {s.entries} entries ({format_bytes(s.bytes)}) from {cache.directory}?"
             if not sys.stdin.isatty():
                 raise InputError(f"cache clear would {question[:-1]}", hint="add --yes to clear it")
             print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
@@ -158,7 +158,7 @@ def cmd_cache_clear(args: argparse.Namespace) -> int:
                 print("nothing removed", file=sys.stderr)
                 return EXIT_OK
         n, size = cache.clear()
-    print(f"removed {n} entries ({format_size(size)}) from {cache.directory}")
+    print(f"removed {n} entries ({format_bytes(size)}) from {cache.directory}")
     return EXIT_OK
 
 

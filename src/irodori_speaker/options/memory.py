@@ -27,6 +27,7 @@ __all__ = [
     "OverBudgetError",
     "budget_from",
     "format_bytes",
+    "parse_bytes",
     "parse_memory_budget",
 ]
 
@@ -49,6 +50,7 @@ _UNITS = {
     "t": 2**40,
 }
 _SIZE = re.compile(r"(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[a-z]*)")
+_UNIT_NAMES = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB, or K, M, G, T"
 _HINT = "e.g. 3GiB, 3000MB, 512MiB, or a fraction of the card such as 0.25"
 
 
@@ -134,15 +136,28 @@ def parse_memory_budget(
     m = _SIZE.fullmatch(text.lower())
     if m is None:
         raise _bad(value, "is not a size", where)
-    number, unit = float(m["number"]), m["unit"]
-    if not unit:
-        return MemoryBudget(fraction=_fraction(number, value, where), text=text)
-    if unit not in _UNITS:
-        raise _bad(value, f"unknown unit {m['unit']!r}", where, "units: B, KB, MB, GB, KiB, MiB, GiB, TiB")
-    size = int(number * _UNITS[unit])
+    if not m["unit"]:
+        return MemoryBudget(fraction=_fraction(float(m["number"]), value, where), text=text)
+    if m["unit"] not in _UNITS:
+        raise _bad(value, f"unknown unit {m['unit']!r}", where, f"units: {_UNIT_NAMES}")
+    size = parse_bytes(text)
     if size <= 0:
         raise _bad(value, "must be more than 0 bytes", where, "leave it out for no budget")
     return MemoryBudget(bytes=size, text=text)
+
+
+def parse_bytes(text: str, *, bare: str = "bytes") -> int:
+    """A size with a unit as bytes: B, KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB and
+    K, M, G, T (docker's "3g") in powers of 1024; any case, a space allowed. A bare number is
+    bytes (`bare="bytes"`) or refused (`bare="refuse"`). The one size grammar of the project (the
+    GPU budget, the phrase cache's limit). `InputError` for anything else."""
+    m = _SIZE.fullmatch(text.strip().lower())
+    if m is None or (not m["unit"] and bare != "bytes"):
+        raise InputError(f"not a size: {text!r}", hint=f"a number and a unit: {_UNIT_NAMES}")
+    unit = m["unit"] or "b"
+    if unit not in _UNITS:
+        raise InputError(f"not a size: unknown unit {m['unit']!r}", hint=f"units: {_UNIT_NAMES}")
+    return int(float(m["number"]) * _UNITS[unit])
 
 
 def _fraction(number: float, value: object, where: str) -> float:
