@@ -57,6 +57,17 @@ def news5_sentences() -> list[str]:
     return list(json.loads(NEWS5_JSON.read_text(encoding="utf-8"))["sentences"])
 
 
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model fails the test: what is checked must be checked before it."""
+    from irodori_speaker.synthesis import loading
+
+    def load(*a, **k):
+        pytest.fail("the model was loaded before the mistake was found")
+
+    monkeypatch.setattr(loading, "load_synthesizer", load)
+
+
 @pytest.fixture(scope="module")
 def irodori_home(tmp_path_factory):
     """A fresh IRODORI_CACHE for one test module (tiny-random files, voices, phrase caches)."""

@@ -24,7 +24,6 @@ from irodori_speaker import __version__, cli
 from irodori_speaker.cli.common import FLAG_OPTIONS, TINY_KINDS, option_flag
 from irodori_speaker.errors import AudioError, BackendError, InputError
 from irodori_speaker.options import SynthesisOptions, option_specs
-from irodori_speaker.synthesis import loading
 
 TINY = ["--tiny-random", "--backend", "cpu", "--steps", "2", "--seconds", "0.5"]
 
@@ -45,16 +44,6 @@ def run(args, home: Path, *, stdin: str | None = None, timeout: float = 240):
         timeout=timeout,
         cwd=home,
     )
-
-
-@pytest.fixture
-def no_model(monkeypatch):
-    """Loading a model fails the test: what is checked must be checked before it."""
-
-    def load(*a, **k):
-        pytest.fail("the model was loaded before the mistake was found")
-
-    monkeypatch.setattr(loading, "load_synthesizer", load)
 
 
 def fails(argv, exc: type[Exception], match: str, capsys) -> tuple[str, str]:

@@ -61,16 +61,6 @@ def run(args, home: Path, *, env: dict | None = None, timeout: float = 300, **kw
     )
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    """Loading a model fails the test: what is checked must be checked before it."""
-
-    def load(*a, **k):
-        pytest.fail("the model was loaded before the mistake was found")
-
-    monkeypatch.setattr(loading, "load_synthesizer", load)
-
-
 def two_lines(argv, capsys, status: int = 1) -> tuple[str, str]:
     """`argv` prints `error: ...` and `hint: ...` and exits with `status`."""
     try:
