@@ -251,10 +251,12 @@ def over_budget(error: BaseException, budget: int) -> OverBudgetError:
 
 
 def budget_errors(chunks: Iterator[T], budget: int | None) -> Iterator[T]:
-    """`chunks`, with CUDA's out-of-memory under a budget raised as `OverBudgetError`."""
-    if budget is None:
-        yield from chunks
-        return
+    """`chunks`, with CUDA's out-of-memory under a budget raised as `OverBudgetError` (no budget:
+    `chunks` itself, no wrapper on every line)."""
+    return chunks if budget is None else _over_budget_as_error(chunks, budget)
+
+
+def _over_budget_as_error(chunks: Iterator[T], budget: int) -> Iterator[T]:
     try:
         yield from chunks
     except torch.cuda.OutOfMemoryError as e:
