@@ -3,12 +3,10 @@
 The real tiny model on the CPU, lines from several threads as several Speakers or the server's
 streams send them; the model lock is held while the threads start, so their lines really arrive
 together. Each line must sound as it does alone, whatever its plan; a cancelled line leaves at the
-next step; a line alone keeps its own path; no sampler thread outlives the lines.
+next step; a line alone keeps its own path; no device-owner thread outlives the lines.
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from irodori_speaker.cancel import CancelToken
 from irodori_speaker.errors import Cancelled
 from irodori_speaker.synthesis.stepping import StepScheduler
+from owner_threads import irodori_threads
 from test_batching import TEXTS, opts, together
 
 
@@ -31,10 +30,8 @@ def synth(irodori_home):
 
 
 def _no_sampler_thread() -> bool:
-    for t in threading.enumerate():
-        if t.name == "irodori-sampler":
-            t.join(5)
-    return not any(t.name == "irodori-sampler" for t in threading.enumerate())
+    """The device owner's threads (which step the lines) have ended with the lines."""
+    return not irodori_threads()
 
 
 def test_concurrent_lines_of_different_plans_step_together_and_sound_as_alone(synth):

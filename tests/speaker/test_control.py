@@ -14,6 +14,7 @@ from irodori_speaker.engine.hardware.lock import MODEL_LOCK
 from irodori_speaker.errors import InputError
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
+from owner_threads import irodori_threads
 
 LONG = "これはとても長い台詞なので途中で止めることになります"  # 26 chars
 
@@ -271,7 +272,7 @@ def test_closing_mid_line_ends_everything_and_leaks_no_thread(run):
     assert fake.calls[2].cancelled
     assert log.events[-1].kind == "closed"
     assert _lock_is_free()
-    assert not [t for t in threading.enumerate() if t.name.startswith("irodori")]
+    assert not irodori_threads()
 
 
 def test_exit_drains_by_default_and_cancels_on_an_exception(run):

@@ -12,7 +12,6 @@ steps, like the real sampler.
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 from speaker_fakes import FakeSynth
@@ -21,6 +20,7 @@ from hostile import real_audio
 from irodori_speaker.engine.hardware.lock import MODEL_LOCK
 from irodori_speaker.outputs import NullOutput
 from irodori_speaker.speaker import Speaker, UtteranceState
+from owner_threads import irodori_threads
 
 SHUTDOWN_BOUND = 2.0
 
@@ -38,8 +38,7 @@ def _clean() -> bool:
     got = MODEL_LOCK.acquire(blocking=False)
     if got:
         MODEL_LOCK.release()
-    threads = [t for t in threading.enumerate() if t.name.startswith("irodori")]
-    return got and not threads
+    return got and not irodori_threads()
 
 
 def speaks_after(run, *fakes: FakeSynth) -> None:

@@ -61,13 +61,19 @@ def tail_trim_frames(latent: Tensor) -> int:
     `latent` is (T, C). Returns T when no window qualifies before the end (callers cut the
     audio at i * 1920 samples only when 0 < i).
     """
+    return int(trim_frame(latent))
+
+
+def trim_frame(latent: Tensor) -> Tensor:
+    """`tail_trim_frames` as a 0-d tensor on the latent's device (no host read: the device
+    owner copies it to the host without waiting)."""
     T = latent.shape[0]
     padded = torch.cat((latent.float(), latent.new_zeros(TRIM_WINDOW, latent.shape[1]).float()))
     windows = padded.unfold(0, TRIM_WINDOW, 1)[:T]  # (T, C, W): window i = frames i..i+W-1
     flat = windows.reshape(T, -1)
     quiet = (flat.std(dim=1) < TRIM_STD) & (flat.mean(dim=1).abs() < TRIM_MEAN)
-    hits = torch.nonzero(quiet).flatten()
-    return int(hits[0]) if hits.numel() else T
+    first = torch.argmax(quiet.to(torch.uint8))  # the first quiet window (0 when none is)
+    return torch.where(quiet[first], first, torch.full_like(first, T))
 
 
 # ---------------------------------------------------------------------------------------------

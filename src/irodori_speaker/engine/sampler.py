@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -85,16 +86,37 @@ class Plan:
 
 def enabled_conditions(model: TextToLatentRFDiT, conds: Conditions, cfg: SamplerConfig) -> tuple[str, ...]:
     """The conditions guidance runs on: speaker only with a reference (some valid position),
-    caption only with a non-empty caption (one host sync each, before the loop)."""
+    caption only with a non-empty caption (one host sync each, the first time a mask is seen)."""
     enabled = []
     if cfg.cfg_scale_text > 0:
         enabled.append("text")
-    has_ref = conds.speaker_mask is not None and bool(conds.speaker_mask.any())
-    if cfg.cfg_scale_speaker > 0 and model.cfg.speaker_enabled and has_ref:
+    if cfg.cfg_scale_speaker > 0 and model.cfg.speaker_enabled and _any(conds.speaker_mask):
         enabled.append("speaker")
-    if cfg.cfg_scale_caption > 0 and conds.caption_mask is not None and bool(conds.caption_mask.any()):
+    if cfg.cfg_scale_caption > 0 and _any(conds.caption_mask):
         enabled.append("caption")
     return tuple(enabled)
+
+
+_ANY: dict[int, tuple[weakref.ref, bool]] = {}  # id(mask) -> (the mask, whether any is set)
+
+
+def _any(mask: Tensor | None) -> bool:
+    """Whether `mask` has a valid position; kept per mask tensor: a voice's masks are made once
+    and reused by every line, so only its first line pays the host sync (engine/hardware/owner.py).
+    (Keyed by id with a weak reference: a WeakKeyDictionary compares tensors with ==.)"""
+    if mask is None:
+        return False
+    key = id(mask)
+    hit = _ANY.get(key)
+    if hit is not None and hit[0]() is mask:
+        return hit[1]
+    got = bool(mask.any())
+
+    def forget(_: object) -> None:
+        _ANY.pop(key, None)
+
+    _ANY[key] = (weakref.ref(mask, forget), got)
+    return got
 
 
 def plan_sampling(cfg: SamplerConfig, enabled: tuple[str, ...]) -> Plan:

@@ -1,16 +1,17 @@
 """Lines that wait for the sampler at the same time are sampled as one batch.
 
 Several Speakers, or a server with several lines in flight, each call the Synthesizer from
-their own thread. Behind the one model lock they would sample one after another; here each
-line joins a waiting list and then takes the lock. The thread that gets it takes every line
-waiting at that moment whose plan matches its own (`engine.batch.signature`, up to
-`max_batch`), samples them as one batch (rows padded and masked, `engine.batch`) and hands
-each line its rows. A thread whose line was taken finds it done when it gets the lock.
+their own thread. On the one device owner (engine/hardware/owner.py) they would sample one
+after another; here each line joins a waiting list and then hands the owner its job. The first
+such job to run takes every line waiting at that moment whose plan matches its own
+(`engine.batch.signature`, up to `max_batch`), samples them as one batch (rows padded and
+masked, `engine.batch`) and hands each line its rows. A line whose line was taken finds it done
+when its own job runs.
 
 Only what is already waiting is batched: a line alone starts at once, as before, with its
 CUDA graph. In a batch a line is cancelled on its own (its rows are dropped when the batch
 ends); the batch stops early only when every line in it is cancelled. Progress callbacks of
-the lines in a batch are called from the thread that runs it.
+the lines in a batch are called from the owner thread.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cancel import Cancelled, CancelToken, check
-from ..engine.hardware.lock import MODEL_LOCK, hold_model_lock
+from ..engine.hardware.owner import DEVICE
 
 ProgressFn = Callable[[int, int], None]
 
@@ -88,7 +89,7 @@ class CountsPreparing:
 
 class SampleBatcher(CountsPreparing):
     """Batches concurrent `sample` calls; `run(requests, cancel, progress)` returns one result
-    per request and is called with the model lock held."""
+    per request and is called on the device owner (engine/hardware/owner.py)."""
 
     def __init__(
         self, run: RunBatch, max_batch: int = 1, *, max_padding: float = 0.5, gather_s: float = 0.25
@@ -104,7 +105,7 @@ class SampleBatcher(CountsPreparing):
         self.batches: dict[int, int] = {}  # batch size -> how many batches ran with it
 
     def sample(self, prepare: Callable[[], SampleRequest]) -> tuple[SampleRequest, Any]:
-        """`prepare()` (the line's encoders, under the model lock) makes the request; then its
+        """`prepare()` (the line's encoders, on the device owner) makes the request; then its
         result, sampled alone or with the lines waiting beside it.
 
         A line waits for the lines that are encoding at that moment (each takes a few
@@ -115,9 +116,7 @@ class SampleBatcher(CountsPreparing):
             self._waiting.append(req)
         try:
             self._gather(req)
-            with hold_model_lock(req.cancel):
-                if not req.done:
-                    self._lead(req)
+            DEVICE.run(lambda: None if req.done else self._lead(req), req.cancel)
         finally:
             with self._cond:
                 if not req.taken:  # cancelled while waiting: nobody runs it
@@ -128,9 +127,9 @@ class SampleBatcher(CountsPreparing):
         return req, req.result
 
     def _gather(self, req: SampleRequest) -> None:
-        """Wait (bounded) until no line is encoding, unless this thread holds the model lock
+        """Wait (bounded) until no line is encoding, unless this is the owner thread
         (the encoders would wait for it) or batching is off."""
-        if self.max_batch <= 1 or _holds_model_lock():
+        if self.max_batch <= 1 or DEVICE.on_owner():
             return
         deadline = time.monotonic() + self.gather_s
         with self._cond:
@@ -215,7 +214,3 @@ def _fan_out(fns: list[ProgressFn | None]) -> ProgressFn | None:
             f(done, total)
 
     return progress
-
-
-def _holds_model_lock() -> bool:
-    return MODEL_LOCK.held_by_me()

@@ -1,30 +1,25 @@
-"""One sampler thread owns the sampling of every concurrent line, one step at a time.
+"""The device owner steps every concurrent line, one sampler step at a time.
 
-With `max_batch` > 1 (several Speakers, a server with lines in flight) the lines' threads no
-longer sample behind the model lock one after another, nor in whole-line batches of whoever
-happened to wait together: each line, once its text is encoded (`prepare`, by its own thread),
-is handed to the scheduler's owner thread, which runs one sampler step for every live line per
-iteration (`engine.steps.StepBatcher`): a line that arrives joins at the next step, a finished
-one leaves, a cancelled one leaves at the next step boundary. The line's thread waits for its
-latent and goes on to decode it. The owner holds the model lock for a few steps at a time
-(`quantum`).
+With `max_batch` > 1 (several Speakers, a server with lines in flight) lines no longer sample
+one after another, nor in whole-line batches of whoever happened to wait together: each line,
+once its text is encoded, is started (its context K/V and plan, a job on the device owner) and
+handed to this scheduler, a `Stepper` of the owner (engine/hardware/owner.py), which between
+other jobs runs one sampler step for every live line (`engine.steps.StepBatcher`): a line that
+arrives joins at the next step, a finished one leaves, a cancelled one leaves at the next step
+boundary. The line's thread waits for its latent and goes on to decode it (jobs again).
 
-A line that is alone (nothing else live, waiting or encoding) runs as before this scheduler, on
-its own thread through `run_alone` (on CUDA, its whole-line graph): one line keeps today's
-latency. The owner thread starts when there is work and ends when there is none (it holds no
-resources between bursts), so no thread outlives the lines that needed it. Each step holds the
-model lock; other lines' encoders and decoders take it between steps.
+A line that is alone (nothing else live, waiting or encoding) runs as before this scheduler, as
+one job (on CUDA, its whole-line graph): one line keeps today's latency.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ..cancel import CancelToken, check
-from ..engine.hardware.lock import hold_model_lock
+from ..engine.hardware.owner import DEVICE, URGENT
 from .batching import CountsPreparing, RunBatch, SampleRequest
 
 log = logging.getLogger(__name__)
@@ -34,11 +29,9 @@ StepLines = Callable[[list[Any]], list[Any]]  # live StepLines -> those that fin
 
 
 class StepScheduler(CountsPreparing):
-    """`sample(prepare)` as `SampleBatcher`'s, served by one owner thread stepping every line."""
+    """`sample(prepare)` as `SampleBatcher`'s, served by the device owner stepping every line."""
 
-    def __init__(
-        self, start: StartLine, step: StepLines, run_alone: RunBatch, max_batch: int, *, quantum: int = 4
-    ) -> None:
+    def __init__(self, start: StartLine, step: StepLines, run_alone: RunBatch, max_batch: int) -> None:
         super().__init__()
         self._start = start
         self._step = step
@@ -46,18 +39,14 @@ class StepScheduler(CountsPreparing):
         self.max_batch = max(1, int(max_batch))  # 1: every line alone, one after another
         self._waiting: list[SampleRequest] = []
         self._live: list[Any] = []  # StepLines, touched by the owner thread only
-        self._alone = 0  # lines sampling alone on their own thread right now
-        self._owner: threading.Thread | None = None
+        self._alone = 0  # lines sampling alone right now
         self.batches: dict[int, int] = {}  # lines stepped together -> how many steps ran so
         self.peak_lines = 0
-        self.quantum = quantum  # steps the owner runs per hold of the model lock
 
     def sample(self, prepare: Callable[[], SampleRequest]) -> tuple[SampleRequest, Any]:
         req = self._prepare(prepare)
         with self._cond:
-            alone = self.max_batch <= 1 or (
-                self._owner is None and not self._waiting and not self._preparing and not self._alone
-            )
+            alone = self.max_batch <= 1 or not (self._live or self._waiting or self._preparing or self._alone)
             if alone:
                 self._alone += 1
         if alone:
@@ -66,7 +55,6 @@ class StepScheduler(CountsPreparing):
             finally:
                 with self._cond:
                     self._alone -= 1
-                    self._cond.notify_all()
         else:
             self._hand_over(req)
         if req.error is not None:
@@ -74,69 +62,52 @@ class StepScheduler(CountsPreparing):
         check(req.cancel)
         return req, req.result
 
-    def _hand_over(self, req: SampleRequest) -> None:
-        """Build the line's context K/V and plan (host syncs) on its own thread, not the owner's,
-        queue it for the owner and wait for its latent."""
+    def _sample_alone(self, req: SampleRequest) -> None:
+        def run() -> Any:
+            return self._run_alone([req], req.cancel or CancelToken(), req.progress)[0]
+
         try:
-            with hold_model_lock(req.cancel):
-                req.line = self._start(req)
+            req.result = DEVICE.run(run, req.cancel, URGENT)
+        except BaseException as e:
+            req.error = e
+        req.batch_size, req.done = 1, True
+
+    def _hand_over(self, req: SampleRequest) -> None:
+        """Start the line (its context K/V and plan) as a job, queue it for the steps and wait
+        for its latent."""
+        try:
+            req.line = DEVICE.run(lambda: self._start(req), req.cancel, URGENT)
         except BaseException as e:  # a refused plan or a cancel: this line alone fails
             req.error, req.done = e, True
             return
         with self._cond:
             self._waiting.append(req)
-            self._ensure_owner()
+        DEVICE.wake(self)
+        with self._cond:
             while not req.done:
                 self._cond.wait(0.05)
                 if req.cancel is not None and req.cancel.cancelled and req in self._waiting:
                     self._waiting.remove(req)  # never stepped: nothing to retire
                     req.done = True
 
-    def _sample_alone(self, req: SampleRequest) -> None:
-        with hold_model_lock(req.cancel):
-            try:
-                req.result = self._run_alone([req], req.cancel or CancelToken(), req.progress)[0]
-            except BaseException as e:
-                req.error = e
-        req.batch_size, req.done = 1, True
+    # ---- the owner's side (engine/hardware/owner.Stepper) ------------------------------------
+    def has_work(self) -> bool:
+        return bool(self._live or self._waiting)
 
-    def _ensure_owner(self) -> None:
-        if self._owner is None:
-            self._owner = threading.Thread(target=self._own, name="irodori-sampler", daemon=True)
-            self._owner.start()
-
-    def _own(self) -> None:
-        """The owner thread: admit waiting lines, step every live line, retire the finished.
-
-        It keeps the model lock for up to `quantum` steps in a row: handing the lock over after
-        every step put each step behind every waiting decode window and its host sync (issue 27,
-        measured on the H200)."""
-        while True:
-            with self._cond:
-                while self._alone and not self._live:  # a lone line is running: let it finish first
-                    self._cond.wait(0.05)
-                if not self._live and not self._waiting:
-                    self._owner = None
-                    return
-            with hold_model_lock():
-                for _ in range(self.quantum):
-                    if not self._iterate():
-                        break
-
-    def _iterate(self) -> bool:
-        """One iteration (the model lock held): admit, one step, retire. False when idle."""
+    def iterate(self) -> None:
+        """One iteration on the owner thread: admit the waiting lines, one step, retire."""
         with self._cond:
             admit: list[SampleRequest] = []
             while self._waiting and len(self._live) + len(admit) < self.max_batch:
                 admit.append(self._waiting.pop(0))
         if not self._live and not admit:
-            return False
+            return
         n = 0
         try:
             self._live += [req.line for req in admit]  # a cancelled waiting line was taken out
             n = len(self._live)
             finished = self._step(self._live) if self._live else []
-        except BaseException as e:  # one failed step fails its lines, not the thread
+        except BaseException as e:  # one failed step fails its lines, not the owner
             log.exception("a sampler step failed")
             finished = list(self._live)
             for line in finished:
@@ -155,4 +126,3 @@ class StepScheduler(CountsPreparing):
                 req.batch_size = max(req.batch_size, n)
                 req.done = True
             self._cond.notify_all()
-        return True

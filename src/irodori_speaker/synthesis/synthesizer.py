@@ -39,11 +39,12 @@ from ..engine.duration import (
     HOP,
     frames_for_seconds,
     frames_from_prediction,
-    tail_trim_frames,
+    trim_frame,
 )
 from ..engine.fast import FastDiT, FastSampler
 from ..engine.hardware.lock import hold_model_lock
 from ..engine.hardware.memory import budget_errors
+from ..engine.hardware.owner import DEVICE, NORMAL, URGENT
 from ..engine.hardware.presets import select_preset
 from ..engine.kernels.tuning import tuning_allowed
 from ..engine.model import Conditions, check_ids
@@ -349,17 +350,23 @@ class Synthesizer:
         max_len = self.inference.max_text_len or 256
         return plan_line(text, opts, record, self.tokenizer, max_len, self.user_dict)
 
-    def _frames(self, piece: Piece, conds: Any, has_ref: bool, opts: SynthesisOptions, record) -> int:
+    def _predict(self, conds: Any, has_ref: bool) -> Any:
+        """The duration predictor's log frames (a device tensor, read later), or None (v2)."""
+        if not self.config.use_duration_predictor:
+            return None
+        has = DEVICE.upload(torch.tensor([has_ref]), self.device)
+        return self.model.predict_log_frames(conds, has_speaker=has)
 
+    def _frames(self, piece: Piece, pred: Any, opts: SynthesisOptions, record) -> int:
+        """The piece's latent frames: asked seconds, the predictor's `pred` (on the host), or the
+        text's estimate."""
         if opts.seconds is not None:
             if opts.speed != 1.0 and "speed is not used with seconds" not in record.warnings:
                 record.warnings.append("speed is not used with seconds")
             return frames_for_seconds(opts.seconds, record.warnings)
         scale = opts.duration_scale / opts.speed  # speed > 1: a shorter line, the same words
         cap_frames = None if opts.max_seconds is None else frames_for_seconds(opts.max_seconds)
-        if self.config.use_duration_predictor:
-            has = torch.tensor([has_ref], device=self.device)
-            pred = self.model.predict_log_frames(conds, has_speaker=has)
+        if pred is not None:
             if opts.predictor_cap is not None:
                 est = estimate_seconds(piece.text) * opts.predictor_cap * scale
                 cap = frames_for_seconds(est)
@@ -390,15 +397,16 @@ class Synthesizer:
         """Sample `reqs` (SampleRequests of one signature) together; called with the lock held."""
         if len(reqs) == 1:  # alone: as before batching (on CUDA from its graph)
             r = reqs[0]
-            outs = [self.sample_latent(r.conds, r.noise, r.cfg, cancel=cancel, progress=progress)]
+            noise = DEVICE.upload(r.noise, self.device)
+            outs = [self.sample_latent(r.conds, noise, r.cfg, cancel=cancel, progress=progress)]
         else:
             conds = stack_conditions([r.conds for r in reqs])
             noise, lengths = stack_noise([r.noise for r in reqs])
+            noise = DEVICE.upload(noise, self.device)
             latent = self.sample_latent(
                 conds, noise, reqs[0].cfg, cancel=cancel, progress=progress, frames=lengths
             )
             outs = [latent[b : b + 1, :n] for b, n in enumerate(lengths)]
-        self._sync()
         return outs
 
     def _start_line(self, req: SampleRequest) -> StepLine:
@@ -407,7 +415,8 @@ class Synthesizer:
             fast = self.fast_sampler
             self._steps = StepBatcher(fast.fast if fast is not None else FastDiT(self.model, fused=False))
         steps = self._steps
-        return steps.start(req.conds, req.noise, req.cfg, cancel=req.cancel, progress=req.progress, tag=req)
+        noise = DEVICE.upload(req.noise, self.device)
+        return steps.start(req.conds, noise, req.cfg, cancel=req.cancel, progress=req.progress, tag=req)
 
     def _step_lines(self, lines: list[StepLine]) -> list[StepLine]:
         assert self._steps is not None
@@ -416,7 +425,7 @@ class Synthesizer:
     def _conditions(self, ids: Any, mask: Any, voice_states: tuple) -> Any:
         """Conditions of one piece: the text encoded now (graph-replayed on the fast path)."""
         check_ids(ids, mask, self.config.text_token_vocab, "text")
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        ids, mask = DEVICE.upload(ids, self.device), DEVICE.upload(mask, self.device)
         fast = self.fast_sampler
         if fast is not None:
             text_state, mask = fast.encode_text(ids, mask)
@@ -434,17 +443,20 @@ class Synthesizer:
         stage: list[float] = []
 
         def prepare() -> SampleRequest:
-            with hold_model_lock(cancel):
+            def encode() -> tuple[Any, Any, Any]:  # on the device owner (engine/hardware/owner.py)
                 states = voice_states()
                 stage.append(time.perf_counter())
                 conds = self._conditions(piece.ids, piece.mask, states)
-                frames = self._frames(piece, conds, states[0], opts, record)
-                noise = draw_noise(seed, 1, frames, self.config.latent_dim, device=self.device)
-                # the plan's host syncs only where whole-line batches match lines by it (the step
+                pred = self._predict(conds, states[0])
+                # the plan's key only where whole-line batches match lines by it (the step
                 # scheduler steps lines of any plan together)
                 batches = isinstance(self._batcher, SampleBatcher) and self._batcher.max_batch > 1
                 key = signature(self.model, conds, opts) if batches else None
-                self._sync()
+                return conds, key, None if pred is None else DEVICE.to_host(pred)
+
+            conds, key, pred = DEVICE.run(encode, cancel, URGENT)
+            frames = self._frames(piece, None if pred is None else pred.wait(cancel), opts, record)
+            noise = draw_noise(seed, 1, frames, self.config.latent_dim)  # on the host: jobs upload it
             stage.append(time.perf_counter())
             return SampleRequest(conds, noise, opts, key, cancel=cancel, progress=progress, length=frames)
 
@@ -464,8 +476,7 @@ class Synthesizer:
             samples = min(samples, int(min(opts.seconds, 30.0) * SAMPLE_RATE))
         decode_frames = frames
         if opts.tail_trim:
-            with hold_model_lock(cancel):
-                end = tail_trim_frames(latent[0])
+            end = int(DEVICE.run(lambda: DEVICE.to_host(trim_frame(latent[0])), cancel).wait(cancel))
             if 0 < end < frames:
                 samples = min(samples, end * HOP)
                 # 8 frames of right context make the kept audio equal to a full decode
@@ -474,9 +485,10 @@ class Synthesizer:
         return _Rendered(latent, decode_frames, samples)
 
     def _decode_chunks(self, rendered: _Rendered, opts, cancel, whole: bool):
-        """Yield (float32 numpy chunk, is_last) of one rendered piece, cut to its sample count."""
-        with hold_model_lock(cancel):  # a device op (MPS command buffers are not thread-safe)
-            latent = rendered.latent[:, : rendered.decode_frames].to(self.codec.device, self.codec.dtype)
+        """Yield (float32 numpy chunk, is_last) of one rendered piece, cut to its sample count.
+
+        Each window is a job of the device owner, copied to the host without waiting where the
+        owner ran it (CUDA); then the next window is launched before this one is read."""
         first = growth = None
         if opts.chunk_frames is not None:
             chunk = opts.chunk_frames
@@ -485,24 +497,49 @@ class Synthesizer:
         else:
             chunk, first = self.preset.stream_chunk_frames, self.preset.stream_first_chunk_frames
             growth = self.preset.stream_chunk_growth
-        remaining = rendered.samples
-        with torch.inference_mode():
-            if chunk is None or (chunk >= rendered.decode_frames and first is None):
-                with hold_model_lock(cancel):
-                    audio = self.codec.decode(latent)
-                yield audio[0, 0, :remaining].float().cpu().numpy(), True
-                return
-            it = self.codec.decode_stream(
-                latent, chunk, cancel=cancel, first_chunk_frames=first, growth=growth
-            )
-            while remaining > 0:
-                with hold_model_lock(cancel):
-                    part = next(it, None)
-                    if part is None:
-                        return
-                    out = part[0, 0, :remaining].float().cpu().numpy()
-                remaining -= len(out)
-                yield out, remaining <= 0
+        total = rendered.samples
+        codec = self.codec
+
+        def latent() -> Any:
+            return rendered.latent[:, : rendered.decode_frames].to(codec.device, codec.dtype)
+
+        if chunk is None or (chunk >= rendered.decode_frames and first is None):
+            audio = DEVICE.run(lambda: DEVICE.to_host(codec.decode(latent())[0, 0, :total].float()), cancel)
+            yield audio.wait(cancel).numpy(), True
+            return
+        windows: list[Any] = []
+        launched = 0  # samples of the windows launched so far
+
+        def launch(priority: int) -> Any:
+            nonlocal launched
+            if launched >= total:
+                return None
+
+            def window() -> Any:
+                if not windows:
+                    stream = codec.decode_stream(
+                        latent(), chunk, cancel=cancel, first_chunk_frames=first, growth=growth
+                    )
+                    windows.append(stream)
+                part = next(windows[0], None)
+                return None if part is None else DEVICE.to_host(part[0, 0, : total - launched].float())
+
+            copy = DEVICE.run(window, cancel, priority)
+            if copy is not None:
+                launched += min(copy.tensor.shape[0], total - launched)
+            return copy
+
+        ahead = launch(URGENT)  # the first window is first audio: ahead of other lines' windows
+        remaining = total
+        while ahead is not None and remaining > 0:
+            # a copy still on its way (the owner launched it, CUDA): the next window goes in
+            # before this one is read, so the GPU has it queued meanwhile
+            overlap = ahead.pending
+            nxt = launch(NORMAL) if overlap else None
+            out = ahead.wait(cancel).numpy()
+            remaining -= len(out)
+            yield out, remaining <= 0
+            ahead = nxt if overlap else launch(NORMAL)
 
     def _run(self, pieces: Plan, voice, opts, record, cancel, progress, *, whole: bool):
         """The line's audio in order: pre_silence, each piece (sampled, decoded, the output

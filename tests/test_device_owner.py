@@ -1,0 +1,183 @@
+"""One thread owns the device (engine/hardware/owner.py) whenever lines meet there.
+
+The real tiny model, lines from several threads as several Speakers or the server's streams send
+them. Hooks on every module of the DiT and the codec record the thread that runs them and whether
+it holds the model lock: every op holds it, lines that meet run on the owner, and a line alone
+(the owner idle) runs on its own thread as before. Jobs keep their errors to their callers, a
+cancelled job never runs, copies to the host land whole and in order, and the owner's threads end
+with the work.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from irodori_speaker.cancel import CancelToken
+from irodori_speaker.engine.hardware.lock import MODEL_LOCK
+from irodori_speaker.engine.hardware.owner import DEVICE, DeviceOwner
+from irodori_speaker.errors import Cancelled
+from owner_threads import irodori_threads
+from test_batching import TEXTS, opts, together
+
+
+def _load(backend: str, **kw):
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    return load_synthesizer(tiny_random=True, backend=backend, voice_cache_dir=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def synth(irodori_home):
+    return _load("cpu", max_batch=8, step_batching=True)
+
+
+def _record_threads(synth) -> tuple[set, list]:
+    """(thread name, holds the model lock) of every module call of the DiT and the codec."""
+    seen: set[tuple[str, bool]] = set()
+
+    def note(*_):
+        seen.add((threading.current_thread().name, MODEL_LOCK.held_by_me()))
+
+    hooks = [m.register_forward_pre_hook(note) for root in (synth.model, synth.codec) for m in root.modules()]
+    return seen, hooks
+
+
+def _through_owner(owner: DeviceOwner, fns: list) -> list:
+    """Each fn submitted from its own thread while the model lock is held here (so none runs
+    inline), then the lock let go: the owner runs them all."""
+    out: list = [None] * len(fns)
+
+    def call(i: int) -> None:
+        out[i] = owner.run(fns[i])
+
+    with MODEL_LOCK:
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(fns))]
+        for t in threads:
+            t.start()
+        while len(owner._jobs[1]) < len(fns):
+            threading.Event().wait(0.002)
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_lines_that_meet_run_on_the_owner_and_a_line_alone_on_its_own_thread(synth):
+    seen, hooks = _record_threads(synth)
+    try:
+        alone = synth.synthesize(TEXTS[0], options=opts(seed=1, steps=3))
+        streamed = list(synth.stream(TEXTS[1], options=opts(seed=2, steps=3)))
+        lone = set(seen)
+        seen.clear()
+        jobs = [(TEXTS[i], opts(seed=i, steps=3 + i % 2)) for i in range(4)]
+        results = together(synth, jobs)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(alone.audio) and streamed
+    assert lone == {("MainThread", True)}, lone
+    assert all(not isinstance(r, Exception) for r in results), results
+    assert ("irodori-device", True) in seen, seen
+    assert all(held for _, held in seen), seen  # every op with the lock, whoever ran it
+    assert synth._batcher.peak_lines >= 2
+    assert not irodori_threads()
+
+
+def test_a_failing_job_fails_its_caller_only():
+    owner = DeviceOwner()
+
+    def bad():
+        raise ValueError("this job's own fault")
+
+    with pytest.raises(ValueError, match="own fault"):
+        owner.run(bad)
+    assert owner.run(lambda: 41 + 1) == 42  # inline, the owner idle
+    failed, ok = _through_owner(owner, [lambda: _catch(bad), lambda: 41 + 1])
+    assert isinstance(failed, ValueError) and ok == 42  # the owner went on after the failure
+    assert owner.jobs_run == 2
+
+
+def _catch(fn):
+    try:
+        fn()
+    except ValueError as e:
+        return e
+
+
+def test_a_job_cancelled_before_it_starts_never_runs():
+    owner = DeviceOwner()
+    ran: list[int] = []
+    token = CancelToken()
+    errors: list[BaseException] = []
+
+    def caller():
+        try:
+            owner.run(lambda: ran.append(1), token)
+        except Cancelled as e:
+            errors.append(e)
+
+    with MODEL_LOCK:  # the owner cannot start a round while the lock is held here
+        t = threading.Thread(target=caller)
+        t.start()
+        while not owner._jobs[1]:
+            threading.Event().wait(0.002)
+        token.cancel()
+        t.join(5)
+    assert errors and not ran
+    assert owner.run(lambda: "next") == "next"
+
+
+def test_who_runs_a_job():
+    owner = DeviceOwner()
+    me = threading.current_thread().name
+    name = lambda: threading.current_thread().name  # noqa: E731
+    with MODEL_LOCK:  # the caller holds the lock: inline
+        assert owner.run(name) == me
+    assert owner.run(name) == me  # the owner idle and the lock free: inline, as a line alone
+    assert _through_owner(owner, [name, name]) == ["irodori-device"] * 2  # lines that meet
+
+
+def test_a_host_copy_on_the_cpu_is_there_at_once():
+    t = torch.arange(6.0)
+    copy = DEVICE.run(lambda: DEVICE.to_host(t * 2))
+    np.testing.assert_array_equal(copy.wait().numpy(), np.arange(6.0) * 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (copies that land later)")
+def test_host_copies_land_in_order_and_whole_on_cuda():
+    a = torch.randn(2048, 2048, device="cuda")
+
+    def job(i: int):
+        b = a
+        for _ in range(8):  # queued work ahead of the copy: the copy must wait for it
+            b = torch.tanh(b @ a) * 0.5
+        return DEVICE.to_host(b[i].clone()), b[i]
+
+    pairs = _through_owner(DEVICE, [lambda i=i: job(i) for i in range(4)])
+    assert any(copy.pending for copy, _ in pairs)  # the owner did not wait for the GPU
+    for copy, dev in pairs:
+        np.testing.assert_allclose(copy.wait().numpy(), dev.cpu().numpy())
+    assert not irodori_threads()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_lines_stepped_together_on_cuda_sound_as_alone(irodori_home):
+    synth = _load("cuda", max_batch=8, step_batching=True)
+    synth.prewarm()
+    jobs = [(TEXTS[i], opts(seed=i + 1, steps=4)) for i in range(4)]
+    alone = [synth.synthesize(t, options=o) for t, o in jobs]
+    seen, hooks = _record_threads(synth)
+    try:
+        results = together(synth, jobs)
+    finally:
+        for h in hooks:
+            h.remove()
+    for a, b in zip(alone, results):
+        assert not isinstance(b, Exception), b
+        assert len(a.audio) == len(b.audio)
+        np.testing.assert_allclose(b.audio, a.audio, atol=2e-2)  # bf16: rows of another GEMM size
+    assert ("irodori-device", True) in seen and all(held for _, held in seen), seen
+    assert max(r.record.extra["sample_batch"] for r in results) >= 2
