@@ -44,7 +44,7 @@ def test_lines_joining_at_different_steps_equal_each_line_alone(dit_fixtures, ki
         conds = encode(model, io, slice(row, row + 1))
         inputs.append((conds, draw_noise(seed, 1, frames, C), SamplerConfig(**kw)))
     want = [_alone(model, *args) for args in inputs]
-    batcher = StepBatcher(FastDiT(model))
+    batcher = StepBatcher(FastDiT(model), max_padding=float("inf"))  # one forward for all
     progress: dict[int, list[int]] = {}
     live, done = [], {}
     joins = {0: [0, 1], 2: [2], 3: [3, 4]}  # at which step of the loop each line arrives
@@ -82,7 +82,7 @@ def test_meanflow_lines_and_packing_reuse():
             conds = model.encode_conditions(ids, mask, ref, None)
         lines_in.append((conds, draw_noise(n, 1, frames, model.cfg.latent_dim), SamplerConfig(steps=steps)))
     want = [_alone(model, *args) for args in lines_in]
-    batcher = StepBatcher(FastDiT(model))
+    batcher = StepBatcher(FastDiT(model), max_padding=float("inf"))  # one forward for all
     lines = [batcher.start(*args) for args in lines_in]
     packs = []
     original = batcher._pack
@@ -107,7 +107,7 @@ def test_a_cancelled_line_leaves_and_the_others_are_unchanged(dit_fixtures):
     a = (encode(model, io, slice(0, 1)), draw_noise(1, 1, 24, C), cfg)
     b = (encode(model, io, slice(1, 2)), draw_noise(2, 1, 30, C), cfg)
     want_b = _alone(model, *b)
-    batcher = StepBatcher(FastDiT(model))
+    batcher = StepBatcher(FastDiT(model), max_padding=float("inf"))  # one forward for all
     token = CancelToken()
     line_a = batcher.start(*a, cancel=token)
     line_b = batcher.start(*b)
@@ -119,3 +119,24 @@ def test_a_cancelled_line_leaves_and_the_others_are_unchanged(dit_fixtures):
     live.remove(line_a)
     run_lines(batcher, live)
     torch.testing.assert_close(line_b.latent(), want_b, atol=1e-4, rtol=1e-4)
+
+
+def test_lines_of_far_different_lengths_step_in_separate_forwards_and_equal_alone(dit_fixtures):
+    model, io, _ = load_kind(dit_fixtures, "v2_base")
+    C = model.cfg.latent_dim
+    cfg = SamplerConfig(steps=3, schedule="sway")
+    lengths = [150, 140, 24, 20]  # two long lines and two short ones (padded to 160 and 32)
+    inputs = [
+        (encode(model, io, slice(i % 2, i % 2 + 1)), draw_noise(i, 1, n, C), cfg)
+        for i, n in enumerate(lengths)
+    ]
+    want = [_alone(model, *args) for args in inputs]
+    batcher = StepBatcher(FastDiT(model), max_padding=0.5)
+    lines = [batcher.start(*args) for args in inputs]
+    groups = batcher.groups(lines)
+    assert [sorted(line.frames for line in g) for g in groups] == [[140, 150], [20, 24]]
+    run_lines(batcher, lines)
+    assert batcher.steps_run == 2 * 3  # two forwards a step
+    for line, w in zip(lines, want):
+        torch.testing.assert_close(line.latent(), w, atol=1e-4, rtol=1e-4)
+    assert not batcher._packed or len(batcher._packed) <= 2

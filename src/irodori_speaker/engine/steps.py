@@ -9,9 +9,11 @@ longest context, both masked; each row takes the AdaLN modulation of its own lin
 line for its own guidance and Euler update (`sampler.euler_step`, the same math as a line alone).
 
 A line sampled here equals the line sampled alone up to the rounding of a larger GEMM (padded
-keys are masked out, padded frames never reach a valid one). The packed context is rebuilt only
-when the batch's make-up changes (a line joins, leaves, changes guidance group or unscales its
-speaker K/V), so a steady batch packs only its latents each step.
+keys are masked out, padded frames never reach a valid one). Lines of far different lengths
+step in separate forwards (`groups`: padding within `max_padding` of the real frames, as
+whole-line batches). Each forward's packed context is rebuilt only when its make-up changes (a
+line joins, leaves, changes guidance group or unscales its speaker K/V), so a steady batch packs
+only its latents each step.
 """
 
 from __future__ import annotations
@@ -74,11 +76,16 @@ class StepLine:
 class StepBatcher:
     """Runs one step of many lines at once on a `FastDiT` (fused or the model's own blocks)."""
 
-    def __init__(self, fast: FastDiT, *, frame_bucket: int = 16, context_bucket: int = 32) -> None:
+    def __init__(
+        self, fast: FastDiT, *, frame_bucket: int = 16, context_bucket: int = 32, max_padding: float = 0.5
+    ) -> None:
         self.fast = fast
         self.frame_bucket = frame_bucket
         self.context_bucket = context_bucket
-        self._packed: tuple[tuple, _Packed] | None = None
+        # a forward's padded frames may reach this fraction of its real ones: longer and shorter
+        # lines step in separate forwards rather than every row padded to the longest line
+        self.max_padding = max_padding
+        self._packed: dict[tuple, _Packed] = {}  # each group's packed context, by its make-up
         self.steps_run = 0  # forwards so far
         self.rows_run = 0  # rows over those forwards
 
@@ -121,10 +128,38 @@ class StepBatcher:
                 live.append(line)
         if not live:
             return finished
+        groups = self.groups(live)
+        keys = {self._key(g) for g in groups}
+        self._packed = {k: v for k, v in self._packed.items() if k in keys}  # left lines let go
         with torch.inference_mode():
-            self._forward_and_update(live)
+            for group in groups:
+                self._forward_and_update(group)
         finished += [line for line in live if line.done]
         return finished
+
+    def groups(self, lines: list[StepLine]) -> list[list[StepLine]]:
+        """`lines` by length into forwards whose padding stays within `max_padding` of their real
+        frames (rows counted with their guidance branches)."""
+        out: list[list[StepLine]] = []
+        group: list[StepLine] = []
+        real = rows = 0
+        for line in sorted(lines, key=lambda line: line.x.shape[1], reverse=True):
+            n = branch_rows(line.plan, line.plan.steps[line.step])
+            longest = group[0].x.shape[1] if group else line.x.shape[1]
+            if group and longest * (rows + n) > (1 + self.max_padding) * (real + n * line.frames):
+                out.append(group)
+                group, real, rows = [], 0, 0
+            group.append(line)
+            real, rows = real + n * line.frames, rows + n
+        if group:
+            out.append(group)
+        return out
+
+    @staticmethod
+    def _key(lines: list[StepLine]) -> tuple:
+        # the lines themselves (compared by identity), not their ids: the cache holds them, so a
+        # finished line's id cannot come back as a new line's and find its stale context
+        return tuple((line, line.group, line.version) for line in lines)
 
     def _forward_and_update(self, lines: list[StepLine]) -> None:
         fast, dtype = self.fast, self.fast.dtype
@@ -159,11 +194,9 @@ class StepBatcher:
 
     def _pack(self, lines: list[StepLine]) -> _Packed:
         """The batch's context keys/values, masks and RoPE; rebuilt when its make-up changes."""
-        # the lines themselves (compared by identity), not their ids: the cache holds them, so a
-        # finished line's id cannot come back as a new line's and find its stale context
-        key = tuple((line, line.group, line.version) for line in lines)
-        if self._packed is not None and self._packed[0] == key:
-            return self._packed[1]
+        key = self._key(lines)
+        if key in self._packed:
+            return self._packed[key]
         p = self.fast.cfg.latent_patch_size
         frames = max(line.x.shape[1] for line in lines)
         parts: list[tuple[ContextKV, int, int]] = []  # (context, branches, valid frames)
@@ -191,7 +224,7 @@ class StepBatcher:
         packed = _Packed(
             ContextKV(keys, values, ctx_mask, segments), mask, rope, frames, [n for _, n, _ in parts]
         )
-        self._packed = (key, packed)
+        self._packed[key] = packed
         return packed
 
 

@@ -413,7 +413,8 @@ class Synthesizer:
         """A line joining the step batch (stepping.py): its context and plan, on the owner thread."""
         if self._steps is None:
             fast = self.fast_sampler
-            self._steps = StepBatcher(fast.fast if fast is not None else FastDiT(self.model, fused=False))
+            dit = fast.fast if fast is not None else FastDiT(self.model, fused=False)
+            self._steps = StepBatcher(dit, max_padding=self.preset.max_padding)
         steps = self._steps
         noise = DEVICE.upload(req.noise, self.device)
         return steps.start(req.conds, noise, req.cfg, cancel=req.cancel, progress=req.progress, tag=req)
