@@ -4,11 +4,11 @@ Each stream is a thread that speaks news5 sentences one after another through ON
 `Synthesizer`, streamed (the first chunk is its first audio), as several Speakers or the
 server's workers do. Per concurrency N, two runs side by side in this process:
 
-- step: `max_batch` = N, at most `--max-batch`: one owner thread runs one sampler step for every
+- step: `max_batch` = N, at most `--max-batch`: the device owner runs one sampler step for every
   live line at once, lines joining and leaving at step boundaries (`synthesis/stepping.py`);
 - line: the same cap, whole-line batches of the lines that wait together (`synthesis/batching.py`,
   the design before issue 27);
-- serial: `max_batch` = 1 (one line after another behind the model lock).
+- serial: `max_batch` = 1 (one line after another; lines that meet share the device owner).
 `--batching` picks which of step and line run (default both), serial always runs beside them.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),

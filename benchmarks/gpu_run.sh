@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec concurrency host_profile cpu_preset news5 int4 memory memory_phases memory_budget server_load" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec concurrency concurrency_base host_profile cpu_preset news5 int4 memory memory_phases memory_budget server_load" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -12,6 +12,7 @@
 # optionally onecomp-runtime (the seed's
 # int4 kernel, for int4_gpu.py's comparison column). Logs land in $OUT.
 #
+# Stage concurrency_base runs the older tree's concurrency.py (CONC_BASE_ARGS) after this tree's.
 # Stage news5_base runs news5 of an older tree in .device_base (src/ and benchmarks/ of a commit, made
 # with: rm -rf .device_base && mkdir .device_base && git archive COMMIT src benchmarks | tar -x -C
 # .device_base; carry it too) right after news5 of this tree, on the same machine and the same random
@@ -48,6 +49,10 @@ if stage codec; then
 fi
 if stage concurrency; then  # many streams: batched vs serial side by side (benchmarks/concurrency.py)
   timeout "${CONC_S:-300}" python3 benchmarks/concurrency.py ${CONC_ARGS:---streams 1,4,16,64 --lines 3 --server 0} --json "$OUT/concurrency.json" 2>&1 | tee "$OUT/concurrency.txt" | tail -20
+fi
+if stage concurrency_base && [ -d .device_base ]; then  # the older tree's concurrency, same machine (see news5_base)
+  [ -d .device_base/tests/data ] || { mkdir -p .device_base/tests && cp -r tests/data .device_base/tests/; }
+  timeout "${CONC_BASE_S:-200}" python3 .device_base/benchmarks/concurrency.py ${CONC_BASE_ARGS:---modes e --streams 1,16 --lines 2 --server 0} --json "$OUT/concurrency_base.json" 2>&1 | tee "$OUT/concurrency_base.txt" | tail -20
 fi
 if stage host_profile; then  # one stream's host time: its own work vs waiting for the GPU (cProfile)
   timeout "${HOST_S:-120}" python3 benchmarks/host_profile.py ${HOST_ARGS:-} 2>&1 | tee "$OUT/host_profile.txt" | head -60

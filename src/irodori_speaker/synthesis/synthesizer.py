@@ -23,7 +23,6 @@ import os
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,7 +43,7 @@ from ..engine.duration import (
 from ..engine.fast import FastDiT, FastSampler
 from ..engine.hardware.lock import hold_model_lock
 from ..engine.hardware.memory import budget_errors
-from ..engine.hardware.owner import DEVICE, NORMAL, URGENT
+from ..engine.hardware.owner import DEVICE, URGENT
 from ..engine.hardware.presets import select_preset
 from ..engine.kernels.tuning import tuning_allowed
 from ..engine.model import Conditions, check_ids
@@ -63,6 +62,7 @@ from ..text.length import estimate_seconds
 from ..text.pauses import Pause
 from ..text.userdict import resolve_user_dict
 from .batching import SampleBatcher, SampleRequest
+from .decoding import Rendered, decode_chunks
 from .fingerprint import file_fingerprint
 from .identity import ModelIdentity, resolve_options
 from .plan import LineProgress, Piece, Plan, plan_line, spoken_parts
@@ -86,15 +86,6 @@ def _fade_edges(audio: np.ndarray, fade_in: bool, fade_out: bool) -> np.ndarray:
     if fade_out:
         audio[-n:] *= ramp[::-1]
     return audio
-
-
-@dataclass
-class _Rendered:
-    """A sampled piece, ready to decode: latent frames [0, decode_frames) give `samples` samples."""
-
-    latent: Any  # (1, T, C) on the model's device
-    decode_frames: int
-    samples: int
 
 
 class Synthesizer:
@@ -434,13 +425,13 @@ class Synthesizer:
             text_state = self.model.encode_text(ids, mask)
         return Conditions(text_state, mask, *voice_states[1])
 
-    def _render(self, piece, voice_states, seed, opts, record, cancel, progress) -> _Rendered:
+    def _render(self, piece, voice_states, seed, opts, record, cancel, progress) -> Rendered:
         """Encode the text and choose the length (under the model lock), sample (with the lines
         waiting beside it, `batching.py`), trim the tail. `voice_states()`: the line's voice."""
         with torch.inference_mode():
             return self._render_inner(piece, voice_states, seed, opts, record, cancel, progress)
 
-    def _render_inner(self, piece, voice_states, seed, opts, record, cancel, progress) -> _Rendered:
+    def _render_inner(self, piece, voice_states, seed, opts, record, cancel, progress) -> Rendered:
         stage: list[float] = []
 
         def prepare() -> SampleRequest:
@@ -483,64 +474,7 @@ class Synthesizer:
                 # 8 frames of right context make the kept audio equal to a full decode
                 decode_frames = min(frames, end + 8)
                 record.extra["trimmed_frames"] = record.extra.get("trimmed_frames", 0) + (frames - end)
-        return _Rendered(latent, decode_frames, samples)
-
-    def _decode_chunks(self, rendered: _Rendered, opts, cancel, whole: bool):
-        """Yield (float32 numpy chunk, is_last) of one rendered piece, cut to its sample count.
-
-        Each window is a job of the device owner, copied to the host without waiting where the
-        owner ran it (CUDA); then the next window is launched before this one is read."""
-        first = growth = None
-        if opts.chunk_frames is not None:
-            chunk = opts.chunk_frames
-        elif whole:
-            chunk = self.preset.decode_chunk_frames
-        else:
-            chunk, first = self.preset.stream_chunk_frames, self.preset.stream_first_chunk_frames
-            growth = self.preset.stream_chunk_growth
-        total = rendered.samples
-        codec = self.codec
-
-        def latent() -> Any:
-            return rendered.latent[:, : rendered.decode_frames].to(codec.device, codec.dtype)
-
-        if chunk is None or (chunk >= rendered.decode_frames and first is None):
-            audio = DEVICE.run(lambda: DEVICE.to_host(codec.decode(latent())[0, 0, :total].float()), cancel)
-            yield audio.wait(cancel).numpy(), True
-            return
-        windows: list[Any] = []
-        launched = 0  # samples of the windows launched so far
-
-        def launch(priority: int) -> Any:
-            nonlocal launched
-            if launched >= total:
-                return None
-
-            def window() -> Any:
-                if not windows:
-                    stream = codec.decode_stream(
-                        latent(), chunk, cancel=cancel, first_chunk_frames=first, growth=growth
-                    )
-                    windows.append(stream)
-                part = next(windows[0], None)
-                return None if part is None else DEVICE.to_host(part[0, 0, : total - launched].float())
-
-            copy = DEVICE.run(window, cancel, priority)
-            if copy is not None:
-                launched += min(copy.tensor.shape[0], total - launched)
-            return copy
-
-        ahead = launch(URGENT)  # the first window is first audio: ahead of other lines' windows
-        remaining = total
-        while ahead is not None and remaining > 0:
-            # a copy still on its way (the owner launched it, CUDA): the next window goes in
-            # before this one is read, so the GPU has it queued meanwhile
-            overlap = ahead.pending
-            nxt = launch(NORMAL) if overlap else None
-            out = ahead.wait(cancel).numpy()
-            remaining -= len(out)
-            yield out, remaining <= 0
-            ahead = nxt if overlap else launch(NORMAL)
+        return Rendered(latent, decode_frames, samples)
 
     def _run(self, pieces: Plan, voice, opts, record, cancel, progress, *, whole: bool):
         """The line's audio in order: pre_silence, each piece (sampled, decoded, the output
@@ -579,7 +513,7 @@ class Synthesizer:
             step = line_progress.step(i) if line_progress is not None else None
             rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, step)
             t_dec = time.perf_counter()
-            chunks = self._decode_chunks(rendered, opts, cancel, whole)
+            chunks = decode_chunks(self.codec, self.preset, rendered, opts, cancel, whole)
             if gained:
                 chunks = PieceGain(opts, record.warnings).chunks(chunks)
             elif post:  # decode the whole piece, then process it
@@ -602,9 +536,3 @@ class Synthesizer:
                 yield quiet(piece.after)
         if opts.post_silence > 0:
             yield quiet(opts.post_silence)
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elif self.device.type == "mps":
-            torch.mps.synchronize()

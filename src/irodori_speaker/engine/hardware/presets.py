@@ -66,7 +66,7 @@ class Preset:
     # 0.60-0.83x serial (padding, cache misses); on the H200 graphed batches ran at 1.03-1.13x
     # serial at 4-64 streams, no faster than one stream (lock hand-offs idle the GPU; RESULTS.md)
     max_batch: int = 1
-    # with max_batch > 1: one sampler thread steps every live line together, lines joining and
+    # with max_batch > 1: the device owner steps every live line together, lines joining and
     # leaving at step boundaries (synthesis/stepping.py); False: the whole-line batches of the
     # lines that wait together (synthesis/batching.py). Off: on the H200 (2026-12-05) step
     # batching ran at 0.47x serial at 16 streams (its eager step, a context repacked at every
