@@ -26,8 +26,10 @@ serial and to one stream, p50 / p95 time to first audio (from a line's start to 
 chunk), underruns (a chunk that arrives after the audio before it has played out, playback
 starting at the line's first chunk: events, and the lines that had one), errors (lines that
 raised or gave no audio), each stage's mean time a line (its record's timings: text encoder and
-length, sampling (a batch's lines each count the batch), decode), the batch sizes that ran, and
-on CUDA the peak memory of the run.
+length, sampling (a batch's lines each count the batch), decode), the batch sizes that ran, the
+device owner's host time in its rounds as a share of the wall (near 100 %: the owner's launches
+are the bound; low: the GPU, or lines alone running inline) and its rounds, and on CUDA the peak
+memory of the run.
 
 Then the server stage (`--server N`, default 200; 0 leaves it out): benchmarks/server_load.py's
 burst of N mixed VOICEVOX / OpenAI requests at `serve`'s default settings, in its own server
@@ -74,6 +76,7 @@ sys.path.insert(0, str(HERE))
 import news5  # noqa: E402  (the shared random full-size files, modes and the approximate tokenizer)
 
 from irodori_speaker.engine.duration import HOP  # noqa: E402
+from irodori_speaker.engine.hardware.owner import DEVICE  # noqa: E402
 from irodori_speaker.options import SynthesisOptions  # noqa: E402
 from irodori_speaker.synthesis.batching import SampleBatcher  # noqa: E402
 from irodori_speaker.synthesis.stepping import StepScheduler  # noqa: E402
@@ -93,6 +96,8 @@ class Run:
     underruns: int = 0  # chunks that came after the audio before them had played out
     underrun_lines: int = 0
     errors: int = 0  # lines that raised or gave no audio
+    owner_busy_s: float = 0.0  # the device owner's host time in rounds (engine/hardware/owner.py)
+    owner_rounds: int = 0
     error_text: list[str] = field(default_factory=list)
 
     def per_line_ms(self, stage: str) -> float:
@@ -187,12 +192,14 @@ def run(
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    busy0, rounds0 = DEVICE.busy_s, DEVICE.rounds
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
         t.join()
     news5.sync(device)
     out.wall_s = time.perf_counter() - t0
+    out.owner_busy_s, out.owner_rounds = DEVICE.busy_s - busy0, DEVICE.rounds - rounds0
     if device == "cuda":
         out.peak_mb = torch.cuda.max_memory_allocated() / 2**20
     out.batches = dict(sorted(synth._batcher.batches.items()))
@@ -352,9 +359,9 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     print(
         "| streams | sampling | lines | audio s | wall s | audio s/s | x serial | x 1 stream | TTFA p50 ms "
         "| TTFA p95 ms | underruns (lines) | errors | text / sampling / decode ms a line "
-        "| batches (size: count) | peak MiB |"
+        "| batches (size: count) | owner busy % (rounds) | peak MiB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     default_switch = sys.getswitchinterval()
     intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [None]
     current = None
@@ -381,7 +388,8 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
                 f"| {1e3 * r.pct(0.5):.0f} | {1e3 * r.pct(0.95):.0f} | {r.underruns} ({r.underrun_lines}) "
                 f"| {r.errors} | {r.per_line_ms('duration'):.1f} / {r.per_line_ms('sampling'):.1f} / "
                 f"{r.per_line_ms('decode'):.1f} "
-                f"| {' '.join(f'{k}:{v}' for k, v in r.batches.items())} | {r.peak_mb:.0f} |",
+                f"| {' '.join(f'{k}:{v}' for k, v in r.batches.items())} "
+                f"| {100 * r.owner_busy_s / r.wall_s:.0f} ({r.owner_rounds}) | {r.peak_mb:.0f} |",
                 flush=True,
             )
             for text in sorted(set(r.error_text))[:3]:

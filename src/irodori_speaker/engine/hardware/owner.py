@@ -22,6 +22,7 @@ Both threads start with work and end when idle for `linger_s`, so no thread outl
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -88,6 +89,8 @@ class DeviceOwner:
         self._waiter: threading.Thread | None = None
         self.jobs_run = 0
         self.steps_run = 0
+        self.rounds = 0
+        self.busy_s = 0.0  # the owner thread's time in rounds (host time: launches, no GPU waits)
 
     # ---- callers ---------------------------------------------------------------------------
     def on_owner(self) -> bool:
@@ -187,7 +190,10 @@ class DeviceOwner:
                         self._thread = None
                         return
             with MODEL_LOCK, torch.inference_mode():
+                t0 = time.perf_counter()
                 self._round()
+                self.busy_s += time.perf_counter() - t0
+                self.rounds += 1
 
     def _round(self) -> None:
         """Urgent jobs, one step of every stepper, the other jobs queued before the step."""
