@@ -43,6 +43,8 @@ mode's weights (`--full int4` / `bf16`), elsewhere news5's tiny files on the CPU
 
 Two measurements explain the rows (CUDA):
 
+- `--owner-profile N`: the first `--batching` kind at N streams once more with the device
+  owner's rounds under cProfile: where its host time goes (the functions by own time).
 - `--profile N`: the batched run at N streams once more under `torch.profiler` (CUDA activity
   only: the kernels' own clock, no host-side op recording): the GPU's busy fraction (the union of
   its kernel and copy intervals over the run's wall), GPU ms a line, and the idle gaps.
@@ -246,6 +248,35 @@ def profiled(fn, *args) -> tuple[Run, dict]:
     return r, stats
 
 
+def owner_profiled(fn, *args) -> tuple[Run, str]:
+    """`fn(*args)` with the device owner's rounds under cProfile (its thread only: where the
+    owner's host time goes when it, not the GPU, is the bound); the top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    plain = DEVICE._round
+
+    def round_profiled() -> None:
+        prof.enable()
+        try:
+            plain()
+        finally:
+            prof.disable()
+
+    DEVICE._round = round_profiled  # type: ignore[method-assign]
+    try:
+        r = fn(*args)
+    finally:
+        del DEVICE._round
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("cumulative").print_stats(30)  # the structure: steps, starts, windows
+    stats.sort_stats("tottime").print_stats(25)  # the leaves: launches, copies
+    return r, out.getvalue()
+
+
 def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> list[dict]:
     """GPU ms of each stage of a line of `frames` latent frames, alone and as batches; the audio
     seconds per second of the GPU if lines did nothing else (the host free, every stage batched),
@@ -413,6 +444,16 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         "sentence_frames": sentence_frames,
         "rows": rows,
     }
+    for n in [int(x) for x in args.owner_profile.split(",")] if args.owner_profile else []:
+        lines = max(args.lines, -(-args.min_lines // n))
+        kind = args.batching.split(",")[0]
+        r, top = owner_profiled(run, synth, voice, mode.family, sentences, n, lines, kind, device)
+        print(
+            f"\n# the device owner's rounds under cProfile ({key}): {n} streams, {kind}, "
+            f"{r.audio_s / r.wall_s:.1f} audio s/s, owner busy {100 * r.owner_busy_s / r.wall_s:.0f} % "
+            f"of {r.wall_s:.2f} s\n{top}"
+        )
+        report.setdefault("owner_profile", []).append({"streams": n, "kind": kind, "top": top})
     for n in [int(x) for x in args.profile.split(",")] if args.profile else []:
         if device != "cuda":
             raise SystemExit("--profile needs CUDA (the GPU's busy time)")
@@ -457,6 +498,10 @@ def main() -> None:
     min_help = "every run speaks at least this many lines (few streams speak more each)"
     ap.add_argument("--min-lines", type=int, default=10, help=min_help)
     ap.add_argument("--profile", help="profile the batched runs at these many streams (comma-separated)")
+    ap.add_argument(
+        "--owner-profile",
+        help="run the first --batching kind at these many streams with the device owner under cProfile",
+    )
     ap.add_argument("--ceiling", action="store_true", help="time each stage alone and batched (CUDA)")
     ap.add_argument("--ceiling-frames", type=int, default=150, help="the ceiling's line length (frames)")
     ap.add_argument("--smoke", action="store_true", help="tiny-random files: a quick check on any CPU")

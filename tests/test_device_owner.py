@@ -24,10 +24,10 @@ from owner_threads import irodori_threads
 from test_batching import TEXTS, opts, together
 
 
-def _load(backend: str, **kw):
+def _load(backend: str, tiny_random: object = True, **kw):
     from irodori_speaker.synthesis.loading import load_synthesizer
 
-    return load_synthesizer(tiny_random=True, backend=backend, voice_cache_dir=False, **kw)
+    return load_synthesizer(tiny_random=tiny_random, backend=backend, voice_cache_dir=False, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +181,15 @@ def test_lines_stepped_together_on_cuda_sound_as_alone(irodori_home):
         np.testing.assert_allclose(b.audio, a.audio, atol=2e-2)  # bf16: rows of another GEMM size
     assert ("irodori-device", True) in seen and all(held for _, held in seen), seen
     assert max(r.record.extra["sample_batch"] for r in results) >= 2
+
+
+def test_the_duration_predictor_runs_only_when_its_length_is_used(irodori_home, monkeypatch):
+    """Asked seconds: no predictor forward (and no host read of it); otherwise one per piece."""
+    mf = _load("cpu", tiny_random="v4.1-mf")
+    calls: list[int] = []
+    real = mf.model.predict_log_frames
+    monkeypatch.setattr(mf.model, "predict_log_frames", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fixed = mf.synthesize("長さを決めた行です。", options=opts(seconds=1.0, steps=2))
+    assert not calls and fixed.record.extra.get("duration_source") is None
+    predicted = mf.synthesize("長さを予測する行です。", options=opts(steps=2))
+    assert calls == [1] and predicted.record.extra["duration_source"] == "predictor"

@@ -27,6 +27,7 @@ from torch import Tensor
 from ..cancel import Cancelled, CancelToken
 from .batch import frame_mask
 from .fast import FastDiT, pad_conditions, round_up
+from .hardware.owner import DEVICE
 from .layers import rope_tables
 from .model import Conditions, ContextKV
 from .sampler import (
@@ -59,6 +60,7 @@ class StepLine:
     version: int = 0  # bumped when its context changes in place (speaker K/V unscaled)
     error: BaseException | None = None
     tag: object = field(default=None, repr=False)  # the caller's handle
+    _padded: tuple[tuple, ContextKV] | None = field(default=None, repr=False)
 
     @property
     def done(self) -> bool:
@@ -71,6 +73,23 @@ class StepLine:
     def latent(self) -> Tensor:
         """The finished latent (1, frames, C)."""
         return self.x[:, : self.frames]
+
+    def padded_context(self, ctx: ContextKV, length: int) -> ContextKV:
+        """`ctx` (its current group's) with its keys, values and mask padded to `length`; kept
+        while the group, length and context stay the same (a steady batch pads nothing)."""
+        key = (id(ctx), length, self.version)
+        if self._padded is not None and self._padded[0] == key:
+            return self._padded[1]
+        extra = length - ctx.mask.shape[1]
+        if extra:
+            ctx = ContextKV(
+                [F.pad(k, (0, 0, 0, extra)) for k in ctx.keys],
+                [F.pad(v, (0, 0, 0, extra)) for v in ctx.values],
+                F.pad(ctx.mask, (0, extra), value=False),
+                ctx.segments,
+            )
+        self._padded = (key, ctx)
+        return ctx
 
 
 class StepBatcher:
@@ -162,32 +181,65 @@ class StepBatcher:
         return tuple((line, line.group, line.version) for line in lines)
 
     def _forward_and_update(self, lines: list[StepLine]) -> None:
+        """One forward for `lines` (one length group), then every line's guidance and Euler move.
+
+        The per-line work is a handful of ops per group, not per line (issue 27: on the H200 the
+        owner thread, not the GPU, bounded the step at 16 lines): the latents are packed with one
+        cat and one row gather, and the guidance of every line is one small matmul over the rows
+        (v = (1 + sum w) out_c - sum_j w_j out_j, the same sum as `sampler.euler_step`), with
+        each line's dt in the same upload. A line with temporal score rescaling takes
+        `euler_step` on its own."""
         fast, dtype = self.fast, self.fast.dtype
         packed = self._pack(lines)
-        xs = []
-        for line, n in zip(lines, packed.branches):
-            x = line.x.to(dtype)
-            if x.shape[1] < packed.frames:
-                x = F.pad(x, (0, 0, 0, packed.frames - x.shape[1]))
-            xs.append(x if n == 1 else x.expand(n, -1, -1))
-        xb = torch.cat(xs)
-        # each row's modulation: its line's table at its line's step, (layers, 6, rows, 1, D)
-        mods = torch.stack(
-            [line.table[line.step] for line, n in zip(lines, packed.branches) for _ in range(n)]
+        frames = packed.frames
+        xg = torch.cat(
+            [
+                line.x if line.x.shape[1] == frames else F.pad(line.x, (0, 0, 0, frames - line.x.shape[1]))
+                for line in lines
+            ]
         )
+        xb = xg.to(dtype).index_select(0, packed.row_line)
+        # each row's modulation: its line's table at its line's step, (layers, 6, rows, 1, D)
+        mods = torch.stack([line.table[line.step] for line in lines]).index_select(0, packed.row_line)
         mod = mods.permute(1, 2, 0, 3)[:, :, :, None].contiguous()
         out = fast.velocity(xb, mod, packed.ctx, packed.mask, packed.rope).float()
         self.steps_run += 1
         self.rows_run += xb.shape[0]
+        R, G = out.shape[0], len(lines)
+        coef = [0.0] * (G * (R + 1))  # per line: a weight per row, then its dt
+        alone: list[int] = []
         start = 0
-        for line, n in zip(lines, packed.branches):
-            S = line.x.shape[1]
-            rows = out[start : start + n, :S][:, None]  # (branches, 1, S, C)
-            start += n
+        for g, (line, n) in enumerate(zip(lines, packed.branches)):
             step = line.plan.steps[line.step]
-            line.x = euler_step(line.plan, line.cfg, step, line.x, rows, line.ctx)
+            if line.cfg.rescale_k is not None and line.cfg.rescale_sigma is not None:
+                alone.append(g)  # its row of coef stays 0: x unchanged, updated below
+            elif step.group < 0:
+                coef[g * (R + 1) + start] = 1.0
+            else:
+                ws = line.plan.weights[step.group]
+                coef[g * (R + 1) + start] = 1.0 + sum(ws)
+                for j, w in enumerate(ws, start=1):
+                    coef[g * (R + 1) + start + j] = -w
+            if g not in alone:
+                coef[g * (R + 1) + R] = step.t_next - step.t
+            start += n
+        c = DEVICE.upload(torch.tensor(coef, dtype=torch.float32).view(G, R + 1), out.device)
+        v = torch.matmul(c[:, :R], out.view(R, -1)).view(G, frames, -1)
+        x_next = torch.addcmul(xg, v, c[:, R:].view(G, 1, 1))
+        start = 0
+        for g, (line, n) in enumerate(zip(lines, packed.branches)):
+            step = line.plan.steps[line.step]
+            S = line.x.shape[1]
+            if g in alone:
+                rows = out[start : start + n, :S][:, None]  # (branches, 1, S, C)
+                line.x = euler_step(line.plan, line.cfg, step, line.x, rows, line.ctx)
+            else:
+                line.x = x_next[g : g + 1, :S]
+                if step.unscale_speaker_kv and line.cfg.speaker_kv_scale is not None:
+                    line.ctx.scale_speaker(1.0 / line.cfg.speaker_kv_scale, line.cfg.speaker_kv_max_layers)
             if step.unscale_speaker_kv and line.cfg.speaker_kv_scale is not None:
                 line.version += 1  # its context changed in place: the packed copy is stale
+            start += n
             line.step += 1
             if line.progress is not None:
                 line.progress(line.step, len(line.plan.steps))
@@ -206,13 +258,10 @@ class StepBatcher:
             parts.append((ctx, branch_rows(line.plan, line.plan.steps[line.step]), line.frames))
         L = max(c.mask.shape[1] for c, _, _ in parts)
         layers = len(parts[0][0].keys)
-
-        def pad_kv(t: Tensor) -> Tensor:
-            return t if t.shape[2] == L else F.pad(t, (0, 0, 0, L - t.shape[2]))
-
-        keys = [torch.cat([pad_kv(c.keys[i]) for c, _, _ in parts]) for i in range(layers)]
-        values = [torch.cat([pad_kv(c.values[i]) for c, _, _ in parts]) for i in range(layers)]
-        ctx_mask = torch.cat([F.pad(c.mask, (0, L - c.mask.shape[1]), value=False) for c, _, _ in parts])
+        padded = [line.padded_context(ctx, L) for line, (ctx, _, _) in zip(lines, parts)]
+        keys = [torch.cat([c.keys[i] for c in padded]) for i in range(layers)]
+        values = [torch.cat([c.values[i] for c in padded]) for i in range(layers)]
+        ctx_mask = torch.cat([c.mask for c in padded])
         latent = torch.cat([frame_mask([s] * n, frames, ctx_mask.device) for _, n, s in parts])
         self_mask = latent.reshape(latent.shape[0], frames // p, p).all(-1) if p > 1 else latent
         keys_ok = torch.cat((self_mask, ctx_mask), dim=1)[:, None, None, :]
@@ -221,8 +270,15 @@ class StepBatcher:
         mask.masked_fill_(~keys_ok, float("-inf"))
         rope = rope_tables(frames // p, self.fast.cfg.head_dim, ctx_mask.device)
         segments = parts[0][0].segments  # only read by speaker K/V scaling, which acts per line
+        branches = [n for _, n, _ in parts]
+        row_line = torch.tensor([g for g, n in enumerate(branches) for _ in range(n)])
         packed = _Packed(
-            ContextKV(keys, values, ctx_mask, segments), mask, rope, frames, [n for _, n, _ in parts]
+            ContextKV(keys, values, ctx_mask, segments),
+            mask,
+            rope,
+            frames,
+            branches,
+            DEVICE.upload(row_line, ctx_mask.device),
         )
         self._packed[key] = packed
         return packed
@@ -235,6 +291,7 @@ class _Packed:
     rope: tuple[Tensor, Tensor]
     frames: int
     branches: list[int]
+    row_line: Tensor  # (rows,) each row's line in the group (device, long)
 
 
 def run_lines(batcher: StepBatcher, lines: list[StepLine]) -> None:

@@ -439,7 +439,7 @@ class Synthesizer:
                 states = voice_states()
                 stage.append(time.perf_counter())
                 conds = self._conditions(piece.ids, piece.mask, states)
-                pred = self._predict(conds, states[0])
+                pred = self._predict(conds, states[0]) if opts.seconds is None else None
                 # the plan's key only where whole-line batches match lines by it (the step
                 # scheduler steps lines of any plan together)
                 batches = isinstance(self._batcher, SampleBatcher) and self._batcher.max_batch > 1
