@@ -43,8 +43,8 @@ mode's weights (`--full int4` / `bf16`), elsewhere news5's tiny files on the CPU
 
 Two measurements explain the rows (CUDA):
 
-- `--owner-profile N`: the first `--batching` kind at N streams once more with the device
-  owner's rounds under cProfile: where its host time goes (the functions by own time).
+- `--owner-profile N`: each `--batching` kind at N streams once more with the device owner's
+  rounds under cProfile: where its host time goes (by cumulative and by own time).
 - `--profile N`: the batched run at N streams once more under `torch.profiler` (CUDA activity
   only: the kernels' own clock, no host-side op recording): the GPU's busy fraction (the union of
   its kernel and copy intervals over the run's wall), GPU ms a line, and the idle gaps.
@@ -444,9 +444,13 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         "sentence_frames": sentence_frames,
         "rows": rows,
     }
-    for n in [int(x) for x in args.owner_profile.split(",")] if args.owner_profile else []:
+    profiled_runs = [
+        (int(n), kind)
+        for n in (args.owner_profile.split(",") if args.owner_profile else [])
+        for kind in args.batching.split(",")
+    ]
+    for n, kind in profiled_runs:
         lines = max(args.lines, -(-args.min_lines // n))
-        kind = args.batching.split(",")[0]
         r, top = owner_profiled(run, synth, voice, mode.family, sentences, n, lines, kind, device)
         print(
             f"\n# the device owner's rounds under cProfile ({key}): {n} streams, {kind}, "
