@@ -4,7 +4,8 @@ Every route hands its line to `SpeechService.stream`; a phrase-cache hit is answ
 once, a miss waits in a queue with one lane per client (round robin across lanes, so one
 client's burst does not starve another; a client with fewer lines in synthesis goes first).
 `streams` worker threads render lines; lines that reach the sampler together are sampled as
-one batch (synthesis/batching.py), and their decodes interleave chunk by chunk under the model lock. The
+one batch (synthesis/batching.py), and their decode windows interleave on the device owner
+(engine/hardware/owner.py). The
 cache is the one integration, `CachedRender` (cache/policy.py), with store policy "seeded": a
 line with a seed (the server's default, `serve --seed 0`) is stored once rendered whole; a
 random one is rendered as asked and never stored. Chunks reach the event loop as the decoder

@@ -6,10 +6,10 @@
 
 The line's plan (the spoken text, its pieces and silences, `plan.py`) is made first, with no
 model work; then per piece: the voice's states (`voice_conditions.py`, the `voices` member),
-the text encoder, the length, the sampler, the tail trim and the decode, each stage and decode
-chunk under the model lock (engine/hardware/lock.py: the synthesizer, with its loading and
-voice parts, is the one level that takes it), then the output controls (audio/controls.py),
-and the chunks go out as they are decoded.
+the text encoder, the length, the sampler, the tail trim and the decode (`decoding.py`), each
+stage and decode window a job of the device owner (engine/hardware/owner.py: run on its thread
+when lines meet, inline under the model lock when a line is alone), then the output controls
+(audio/controls.py), and the chunks go out as they are decoded.
 
 The data types it speaks (`SynthesisOptions`, `SynthesisRecord`, `SynthesisResult`,
 `AudioStream`, the `SynthesizerLike` protocol) live in the torch-free `irodori_speaker.options`.
