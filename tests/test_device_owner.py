@@ -193,3 +193,76 @@ def test_the_duration_predictor_runs_only_when_its_length_is_used(irodori_home, 
     assert not calls and fixed.record.extra.get("duration_source") is None
     predicted = mf.synthesize("長さを予測する行です。", options=opts(steps=2))
     assert calls == [1] and predicted.record.extra["duration_source"] == "predictor"
+
+
+class _BrokenStepper:
+    """A stepper whose iteration raises past its own handling (a bug), holding one line."""
+
+    def __init__(self) -> None:
+        self.failed: list[BaseException] = []
+        self.lines = 1
+
+    def has_work(self) -> bool:
+        return self.lines > 0
+
+    def iterate(self) -> None:
+        raise RuntimeError("a bug in a step")
+
+    def fail(self, error: BaseException) -> None:
+        self.failed.append(error)
+        self.lines = 0
+
+
+def test_a_step_that_raises_fails_its_own_lines_and_the_owner_goes_on():
+    owner = DeviceOwner()
+    broken = _BrokenStepper()
+    owner.wake(broken)
+    # the owner went on: a job after it runs, on the owner (the stepper's lines were failed)
+    name = lambda: threading.current_thread().name  # noqa: E731
+    assert _through_owner(owner, [name]) == ["irodori-device"]
+    assert len(broken.failed) == 1 and "a bug in a step" in str(broken.failed[0])
+    assert not owner._steppers
+
+
+def test_a_broken_owner_fails_its_queued_jobs_instead_of_leaving_them_waiting(monkeypatch):
+    owner = DeviceOwner()
+
+    def broken_round() -> None:
+        raise RuntimeError("the owner's own bug")
+
+    monkeypatch.setattr(owner, "_round", broken_round)
+    errors: list[BaseException] = []
+
+    def caller() -> None:
+        try:
+            owner.run(lambda: 1)
+        except RuntimeError as e:
+            errors.append(e)
+
+    with MODEL_LOCK:  # the job is queued (not run inline), then the owner fails its round
+        t = threading.Thread(target=caller)
+        t.start()
+        while not owner._jobs[1]:
+            threading.Event().wait(0.002)
+    t.join(10)
+    assert not t.is_alive() and len(errors) == 1 and "own bug" in str(errors[0])
+    assert owner._thread is None and not owner._jobs[1]
+    monkeypatch.undo()
+    assert _through_owner(owner, [lambda: "again"]) == ["again"]  # a new owner thread serves
+
+
+def test_a_host_copy_whose_wait_failed_raises_in_its_line():
+    from irodori_speaker.engine.hardware.owner import HostCopy
+
+    class FailingEvent:
+        def synchronize(self):
+            raise RuntimeError("an illegal memory access was encountered")
+
+    owner = DeviceOwner()
+    copy = HostCopy(torch.zeros(3), FailingEvent())
+    owner._copies.append(copy)
+    owner._waiter = threading.Thread(target=owner._wait_copies, name="irodori-device-done")
+    owner._waiter.start()
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        copy.wait()
+    owner._waiter.join(2)

@@ -93,3 +93,18 @@ def test_a_bad_line_fails_alone(synth):
     assert not isinstance(results[0], Exception)
     assert isinstance(results[1], Exception) and "sway" in str(results[1])
     assert _no_sampler_thread()
+
+
+def test_fail_ends_every_waiting_and_live_line_with_the_error():
+    from irodori_speaker.synthesis.batching import SampleRequest
+
+    sched = StepScheduler(lambda req: None, lambda lines: [], lambda reqs, c, p: [], max_batch=4)
+    waiting = SampleRequest(None, None, None, None)
+    live = SampleRequest(None, None, None, None)
+    live_line = type("Line", (), {"tag": live})()
+    sched._waiting.append(waiting)
+    sched._live.append(live_line)
+    boom = RuntimeError("the owner gave up")
+    sched.fail(boom)
+    assert waiting.done and live.done and waiting.error is boom and live.error is boom
+    assert not sched.has_work()

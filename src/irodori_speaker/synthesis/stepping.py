@@ -94,6 +94,16 @@ class StepScheduler(CountsPreparing):
     def has_work(self) -> bool:
         return bool(self._live or self._waiting)
 
+    def fail(self, error: BaseException) -> None:
+        """End every waiting and live line with `error` (the owner's last resort)."""
+        with self._cond:
+            reqs = [*self._waiting, *(line.tag for line in self._live)]
+            self._waiting.clear()
+            self._live.clear()
+            for req in reqs:
+                req.error, req.done = error, True
+            self._cond.notify_all()
+
     def iterate(self) -> None:
         """One iteration on the owner thread: admit the waiting lines, one step, retire."""
         with self._cond:

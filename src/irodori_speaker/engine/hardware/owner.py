@@ -21,6 +21,7 @@ Both threads start with work and end when idle for `linger_s`, so no thread outl
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -30,6 +31,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ...cancel import CancelToken, check
 from .lock import MODEL_LOCK
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -42,6 +45,9 @@ class Stepper(Protocol):
     def has_work(self) -> bool: ...
 
     def iterate(self) -> None: ...
+
+    def fail(self, error: BaseException) -> None:
+        """An iteration raised past its own handling: end every line it holds with `error`."""
 
 
 @dataclass(eq=False)
@@ -56,10 +62,11 @@ class Job(Generic[T]):
 class HostCopy:
     """A tensor on its way to the host: `wait()` returns it once its copy has landed."""
 
-    __slots__ = ("_event", "_ready", "tensor")
+    __slots__ = ("_event", "_ready", "error", "tensor")
 
     def __init__(self, tensor: Any, event: Any = None) -> None:
         self.tensor = tensor
+        self.error: BaseException | None = None  # the wait for it failed (a device error)
         self._event = event  # a CUDA event recorded after the copy, or None (already there)
         self._ready = threading.Event()
         if event is None:
@@ -73,6 +80,8 @@ class HostCopy:
     def wait(self, cancel: CancelToken | None = None) -> Any:
         while not self._ready.wait(0.01):
             check(cancel)
+        if self.error is not None:
+            raise self.error
         return self.tensor
 
 
@@ -182,18 +191,32 @@ class DeviceOwner:
     def _own(self) -> None:
         import torch  # here, not at the top: the runtime side imports this package torch-free
 
-        while True:
-            with self._cond:
-                if not self._busy():
-                    self._cond.wait(self.linger_s)
+        try:
+            while True:
+                with self._cond:
                     if not self._busy():
-                        self._thread = None
-                        return
-            with MODEL_LOCK, torch.inference_mode():
-                t0 = time.perf_counter()
-                self._round()
-                self.busy_s += time.perf_counter() - t0
-                self.rounds += 1
+                        self._cond.wait(self.linger_s)
+                        if not self._busy():
+                            self._thread = None
+                            return
+                with MODEL_LOCK, torch.inference_mode():
+                    t0 = time.perf_counter()
+                    self._round()
+                    self.busy_s += time.perf_counter() - t0
+                    self.rounds += 1
+        except BaseException as e:  # a bug past every job's own handling: nothing may hang on it
+            log.exception("the device owner failed; its queued lines fail with it")
+            with self._cond:
+                jobs = [*self._jobs[URGENT], *self._jobs[NORMAL]]
+                self._jobs[URGENT].clear()
+                self._jobs[NORMAL].clear()
+                steppers, self._steppers = self._steppers, []
+                self._thread = None
+            for job in jobs:
+                job.error = e
+                job.done.set()
+            for stepper in steppers:
+                stepper.fail(e)
 
     def _round(self) -> None:
         """Urgent jobs, one step of every stepper, the other jobs queued before the step."""
@@ -201,7 +224,11 @@ class DeviceOwner:
             self._do(job)
         for stepper in list(self._steppers):
             if stepper.has_work():
-                stepper.iterate()
+                try:
+                    stepper.iterate()
+                except Exception as e:  # its lines fail, the owner and other lines go on
+                    log.exception("a step failed past its own handling")
+                    stepper.fail(e)
                 self.steps_run += 1
         with self._cond:  # one step of work left no trace: forget it (no reference kept)
             self._steppers = [s for s in self._steppers if s.has_work()]
@@ -234,7 +261,10 @@ class DeviceOwner:
                         self._waiter = None
                         return
                 copy = self._copies.popleft()
-            copy._event.synchronize()
+            try:
+                copy._event.synchronize()
+            except Exception as e:  # a device error: the line that waits for it raises it
+                copy.error = e
             copy._ready.set()
 
 
