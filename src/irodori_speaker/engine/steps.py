@@ -18,6 +18,7 @@ only its latents each step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -27,7 +28,6 @@ from torch import Tensor
 from ..cancel import Cancelled, CancelToken
 from .batch import frame_mask
 from .fast import FastDiT, pad_conditions, round_up
-from .hardware.owner import DEVICE
 from .layers import rope_tables
 from .model import Conditions, ContextKV
 from .sampler import (
@@ -96,9 +96,18 @@ class StepBatcher:
     """Runs one step of many lines at once on a `FastDiT` (fused or the model's own blocks)."""
 
     def __init__(
-        self, fast: FastDiT, *, frame_bucket: int = 16, context_bucket: int = 32, max_padding: float = 0.5
+        self,
+        fast: FastDiT,
+        *,
+        frame_bucket: int = 16,
+        context_bucket: int = 32,
+        max_padding: float = 0.5,
+        upload: Callable[[Tensor, torch.device], Tensor] | None = None,
     ) -> None:
         self.fast = fast
+        # host tensors to the device (the step's weights, the row index): the device owner's
+        # pinned copy that does not wait (engine/hardware/owner.py), or a plain copy
+        self.upload = upload or (lambda t, device: t.to(device))
         self.frame_bucket = frame_bucket
         self.context_bucket = context_bucket
         # a forward's padded frames may reach this fraction of its real ones: longer and shorter
@@ -223,7 +232,7 @@ class StepBatcher:
             if g not in alone:
                 coef[g * (R + 1) + R] = step.t_next - step.t
             start += n
-        c = DEVICE.upload(torch.tensor(coef, dtype=torch.float32).view(G, R + 1), out.device)
+        c = self.upload(torch.tensor(coef, dtype=torch.float32).view(G, R + 1), out.device)
         v = torch.matmul(c[:, :R], out.view(R, -1)).view(G, frames, -1)
         x_next = torch.addcmul(xg, v, c[:, R:].view(G, 1, 1))
         start = 0
@@ -278,7 +287,7 @@ class StepBatcher:
             rope,
             frames,
             branches,
-            DEVICE.upload(row_line, ctx_mask.device),
+            self.upload(row_line, ctx_mask.device),
         )
         self._packed[key] = packed
         return packed

@@ -405,7 +405,7 @@ class Synthesizer:
         if self._steps is None:
             fast = self.fast_sampler
             dit = fast.fast if fast is not None else FastDiT(self.model, fused=False)
-            self._steps = StepBatcher(dit, max_padding=self.preset.max_padding)
+            self._steps = StepBatcher(dit, max_padding=self.preset.max_padding, upload=DEVICE.upload)
         steps = self._steps
         noise = DEVICE.upload(req.noise, self.device)
         return steps.start(req.conds, noise, req.cfg, cancel=req.cancel, progress=req.progress, tag=req)
