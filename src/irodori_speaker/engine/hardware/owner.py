@@ -1,12 +1,13 @@
-"""One thread owns the device: every model op of every line runs on it, in order.
+"""One thread owns the device when lines meet: their model work runs on it, in order.
 
-Line threads (Speakers, the server's requests, prebuild) do not touch the model: they hand the
-owner a job (a closure that launches work and reads nothing back from the device) and wait for
-its result. Between jobs the owner runs one step of every live line (`Stepper`s, the step
-scheduler of synthesis/stepping.py registers one), so a line's job waits at most one step. The
-owner holds `MODEL_LOCK` while it works (loading weights, prewarm and captures still take the
-lock and exclude it), and runs a job inline when its caller already holds the lock (prewarm, a
-job calling a helper that submits another).
+Line threads (Speakers, the server's requests, prebuild) hand the owner a job (a closure that
+launches work and reads nothing back from the device) and wait for its result; a line alone (the
+owner idle, the lock free) runs its job itself with the lock held, as before the owner. Between
+jobs the owner runs one step of every live line (`Stepper`s: the step scheduler of
+synthesis/stepping.py), so a line's job waits at most one step. The owner holds `MODEL_LOCK`
+while it works (loading weights, prewarm and captures still take the lock and exclude it), and
+runs a job inline when its caller already holds the lock (prewarm, a job calling a helper that
+submits another).
 
 A result the host must read (a decode window's samples, a trim position) is copied with
 `to_host`: the copy is queued behind the work that makes it and a second thread
@@ -14,7 +15,7 @@ A result the host must read (a decode window's samples, a trim position) is copi
 lands. So the owner never waits for the GPU and the GPU never waits for the host (issue 27: every
 host sync under the model lock left the GPU idle while a line's thread woke and launched the next
 stage). On the CPU and MPS a job's work is done when it returns; MPS's rule (one thread at a time
-on its command buffers) is kept because only the owner touches the device.
+on its command buffers) is kept: the owner, or a lone line, holds the model lock.
 
 Both threads start with work and end when idle for `linger_s`, so no thread outlives the lines.
 """
@@ -99,7 +100,9 @@ class DeviceOwner:
         self.jobs_run = 0
         self.steps_run = 0
         self.rounds = 0
-        self.busy_s = 0.0  # the owner thread's time in rounds (host time: launches, no GPU waits)
+        # the owner thread's time in rounds: its launches, plus any wait inside a job (a host
+        # read a job still does, a launch blocked on a full GPU queue)
+        self.busy_s = 0.0
 
     # ---- callers ---------------------------------------------------------------------------
     def on_owner(self) -> bool:
@@ -112,14 +115,13 @@ class DeviceOwner:
 
         While the owner is idle (no thread, the model lock free) the caller runs `fn` itself
         with the lock held, as a line alone always did: one line pays no hand-over between
-        threads (measured on the H200: a job and a copy through the owner cost a lone v4.1-MF
-        sentence several ms of first audio)."""
+        threads (a thread wake per job and per copy, on a line whose stages take a few ms)."""
         check(cancel)
         if self.on_owner():
             return fn()
         if self._thread is None and MODEL_LOCK.acquire(blocking=False):
             try:
-                if self._thread is None:
+                if self._thread is None:  # else the owner started meanwhile: queue behind it
                     import torch
 
                     with torch.inference_mode():
