@@ -1,10 +1,11 @@
 """Step-level batching (engine/steps.py): every line in a shared step equals the line alone.
 
 Lines of different lengths, texts, voices, seeds and plans (sway / linear, independent /
-alternating guidance, a CFG window, speaker K/V scaling, MeanFlow) join at different steps and
-leave when done; each one's latent is compared with the reference loop (`sampler.sample`) run on
-that line alone. On the CPU the model's own blocks run (fp32); the fused Triton kernels with
-per-row modulation are checked in test_fused.py (CUDA, or the interpreter).
+alternating guidance, a CFG window, speaker K/V scaling, score rescaling, MeanFlow) join at
+different steps and leave when done; each one's latent is compared with the reference loop
+(`sampler.sample`) run on that line alone. On the CPU the model's own blocks run (fp32); the
+fused Triton kernels with per-row modulation are checked in test_fused.py (CUDA, or the
+interpreter).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ LINES = [  # (fixture row, frames, seed, sampler settings)
     (0, 17, 3, dict(steps=5, schedule="sway", cfg_min_t=0.3, cfg_max_t=0.8)),
     (1, 33, 4, dict(steps=6, speaker_kv_scale=1.5, speaker_kv_min_t=0.5)),
     (0, 8, 5, dict(steps=3, cfg_scale_text=0.0, cfg_scale_caption=0.0, cfg_scale_speaker=0.0)),
+    (1, 28, 6, dict(steps=4, rescale_k=1.3, rescale_sigma=0.7)),  # rescaled: euler_step on its own
 ]
 
 
@@ -47,7 +49,7 @@ def test_lines_joining_at_different_steps_equal_each_line_alone(dit_fixtures, ki
     batcher = StepBatcher(FastDiT(model), max_padding=float("inf"))  # one forward for all
     progress: dict[int, list[int]] = {}
     live, done = [], {}
-    joins = {0: [0, 1], 2: [2], 3: [3, 4]}  # at which step of the loop each line arrives
+    joins = {0: [0, 1], 2: [2, 5], 3: [3, 4]}  # at which step of the loop each line arrives
     tick = 0
     while len(done) < len(LINES):
         for i in joins.get(tick, []):
@@ -87,8 +89,8 @@ def test_meanflow_lines_and_packing_reuse():
     packs = []
     original = batcher._pack
 
-    def counting(ls):
-        packed = original(ls)
+    def counting(ls, key):
+        packed = original(ls, key)
         packs.append(id(packed))
         return packed
 

@@ -288,6 +288,16 @@ def branch_rows(plan: Plan, step: Step) -> int:
     return 1 if step.group < 0 else len(plan.groups[step.group])
 
 
+def branch_coefficients(plan: Plan, step: Step) -> list[float]:
+    """The guided velocity as one weighted sum of the step's branch outputs: [1 + sum w, -w_1,
+    ...] (`euler_step`'s v_c + sum_j w_j (v_c - out_j), rearranged), for rows sampled in one
+    matmul across lines (engine/steps.py)."""
+    if step.group < 0:
+        return [1.0]
+    ws = plan.weights[step.group]
+    return [1.0 + sum(ws), *(-w for w in ws)]
+
+
 def euler_step(
     plan: Plan, cfg: SamplerConfig, step: Step, x: Tensor, out: Tensor, ctx: LineContext
 ) -> Tensor:

@@ -35,6 +35,7 @@ from .sampler import (
     Plan,
     ProgressFn,
     SamplerConfig,
+    branch_coefficients,
     branch_rows,
     check_inputs,
     euler_step,
@@ -156,12 +157,12 @@ class StepBatcher:
                 live.append(line)
         if not live:
             return finished
-        groups = self.groups(live)
-        keys = {self._key(g) for g in groups}
+        groups = [(self._key(g), g) for g in self.groups(live)]
+        keys = {key for key, _ in groups}
         self._packed = {k: v for k, v in self._packed.items() if k in keys}  # left lines let go
         with torch.inference_mode():
-            for group in groups:
-                self._forward_and_update(group)
+            for key, group in groups:
+                self._forward_and_update(group, key)
         finished += [line for line in live if line.done]
         return finished
 
@@ -189,17 +190,16 @@ class StepBatcher:
         # finished line's id cannot come back as a new line's and find its stale context
         return tuple((line, line.group, line.version) for line in lines)
 
-    def _forward_and_update(self, lines: list[StepLine]) -> None:
+    def _forward_and_update(self, lines: list[StepLine], key: tuple) -> None:
         """One forward for `lines` (one length group), then every line's guidance and Euler move.
 
         The per-line work is a handful of ops per group, not per line (issue 27: on the H200 the
         owner thread, not the GPU, bounded the step at 16 lines): the latents are packed with one
         cat and one row gather, and the guidance of every line is one small matmul over the rows
-        (v = (1 + sum w) out_c - sum_j w_j out_j, the same sum as `sampler.euler_step`), with
-        each line's dt in the same upload. A line with temporal score rescaling takes
-        `euler_step` on its own."""
+        (`sampler.branch_coefficients`: the same sum as `sampler.euler_step`), with each line's dt
+        in the same upload. A line with temporal score rescaling takes `euler_step` on its own."""
         fast, dtype = self.fast, self.fast.dtype
-        packed = self._pack(lines)
+        packed = self._pack(lines, key)
         frames = packed.frames
         xg = torch.cat(
             [
@@ -215,22 +215,17 @@ class StepBatcher:
         self.steps_run += 1
         self.rows_run += xb.shape[0]
         R, G = out.shape[0], len(lines)
-        coef = [0.0] * (G * (R + 1))  # per line: a weight per row, then its dt
-        alone: list[int] = []
+        # per line: its weight of each row, then its dt; a line with temporal score rescaling
+        # keeps a zero row (x unchanged here) and takes euler_step on its own below
+        coef = [0.0] * (G * (R + 1))
+        rescaled = [line.cfg.rescale_k is not None and line.cfg.rescale_sigma is not None for line in lines]
         start = 0
         for g, (line, n) in enumerate(zip(lines, packed.branches)):
             step = line.plan.steps[line.step]
-            if line.cfg.rescale_k is not None and line.cfg.rescale_sigma is not None:
-                alone.append(g)  # its row of coef stays 0: x unchanged, updated below
-            elif step.group < 0:
-                coef[g * (R + 1) + start] = 1.0
-            else:
-                ws = line.plan.weights[step.group]
-                coef[g * (R + 1) + start] = 1.0 + sum(ws)
-                for j, w in enumerate(ws, start=1):
-                    coef[g * (R + 1) + start + j] = -w
-            if g not in alone:
-                coef[g * (R + 1) + R] = step.t_next - step.t
+            if not rescaled[g]:
+                row = g * (R + 1)
+                coef[row + start : row + start + n] = branch_coefficients(line.plan, step)
+                coef[row + R] = step.t_next - step.t
             start += n
         c = self.upload(torch.tensor(coef, dtype=torch.float32).view(G, R + 1), out.device)
         v = torch.matmul(c[:, :R], out.view(R, -1)).view(G, frames, -1)
@@ -239,23 +234,24 @@ class StepBatcher:
         for g, (line, n) in enumerate(zip(lines, packed.branches)):
             step = line.plan.steps[line.step]
             S = line.x.shape[1]
-            if g in alone:
+            scale = line.cfg.speaker_kv_scale if step.unscale_speaker_kv else None
+            if rescaled[g]:  # euler_step unscales the speaker K/V itself
                 rows = out[start : start + n, :S][:, None]  # (branches, 1, S, C)
                 line.x = euler_step(line.plan, line.cfg, step, line.x, rows, line.ctx)
             else:
                 line.x = x_next[g : g + 1, :S]
-                if step.unscale_speaker_kv and line.cfg.speaker_kv_scale is not None:
-                    line.ctx.scale_speaker(1.0 / line.cfg.speaker_kv_scale, line.cfg.speaker_kv_max_layers)
-            if step.unscale_speaker_kv and line.cfg.speaker_kv_scale is not None:
+                if scale is not None:
+                    line.ctx.scale_speaker(1.0 / scale, line.cfg.speaker_kv_max_layers)
+            if scale is not None:
                 line.version += 1  # its context changed in place: the packed copy is stale
             start += n
             line.step += 1
             if line.progress is not None:
                 line.progress(line.step, len(line.plan.steps))
 
-    def _pack(self, lines: list[StepLine]) -> _Packed:
-        """The batch's context keys/values, masks and RoPE; rebuilt when its make-up changes."""
-        key = self._key(lines)
+    def _pack(self, lines: list[StepLine], key: tuple) -> _Packed:
+        """The group's context keys/values, masks and RoPE; rebuilt when its make-up (`key`)
+        changes."""
         if key in self._packed:
             return self._packed[key]
         p = self.fast.cfg.latent_patch_size

@@ -44,7 +44,7 @@ def decode_chunks(codec: Any, preset: Any, rendered: Rendered, opts: Any, cancel
         audio = DEVICE.run(lambda: DEVICE.to_host(codec.decode(latent())[0, 0, :total].float()), cancel)
         yield audio.wait(cancel).numpy(), True
         return
-    windows: list[Any] = []
+    stream: Any = None  # the codec's window generator, made by the first window's job
     launched = 0  # samples of the windows launched so far
 
     def launch(priority: int) -> Any:
@@ -53,12 +53,12 @@ def decode_chunks(codec: Any, preset: Any, rendered: Rendered, opts: Any, cancel
             return None
 
         def window() -> Any:
-            if not windows:
+            nonlocal stream
+            if stream is None:
                 stream = codec.decode_stream(
                     latent(), chunk, cancel=cancel, first_chunk_frames=first, growth=growth
                 )
-                windows.append(stream)
-            part = next(windows[0], None)
+            part = next(stream, None)
             return None if part is None else DEVICE.to_host(part[0, 0, : total - launched].float())
 
         copy = DEVICE.run(window, cancel, priority)

@@ -385,7 +385,7 @@ class Synthesizer:
         return sample(self.model, conds, noise, cfg, latent_mask=mask, cancel=cancel, progress=progress)
 
     def _sample_batch(self, reqs: list, cancel: Any, progress: Any) -> list:
-        """Sample `reqs` (SampleRequests of one signature) together; called with the lock held."""
+        """Sample `reqs` (SampleRequests of one signature) together; a job of the device owner."""
         if len(reqs) == 1:  # alone: as before batching (on CUDA from its graph)
             r = reqs[0]
             noise = DEVICE.upload(r.noise, self.device)
@@ -426,7 +426,7 @@ class Synthesizer:
         return Conditions(text_state, mask, *voice_states[1])
 
     def _render(self, piece, voice_states, seed, opts, record, cancel, progress) -> Rendered:
-        """Encode the text and choose the length (under the model lock), sample (with the lines
+        """Encode the text and choose the length (a job of the device owner), sample (with the lines
         waiting beside it, `batching.py`), trim the tail. `voice_states()`: the line's voice."""
         with torch.inference_mode():
             return self._render_inner(piece, voice_states, seed, opts, record, cancel, progress)
@@ -502,8 +502,7 @@ class Synthesizer:
             that is still reading its reference counts as on its way to the sampler)."""
             if not states:
                 t0 = time.perf_counter()
-                with hold_model_lock(cancel):
-                    states.append(self.voices.states(voice, record))
+                states.append(self.voices.states(voice, record))  # in the encoders' job
                 record.timings["reference"] = time.perf_counter() - t0
             return states[0]
 

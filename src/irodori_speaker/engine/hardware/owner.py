@@ -98,7 +98,6 @@ class DeviceOwner:
         self._copies: deque[HostCopy] = deque()
         self._waiter: threading.Thread | None = None
         self.jobs_run = 0
-        self.steps_run = 0
         self.rounds = 0
         # the owner thread's time in rounds: its launches, plus any wait inside a job (a host
         # read a job still does, a launch blocked on a full GPU queue)
@@ -231,7 +230,6 @@ class DeviceOwner:
                 except Exception as e:  # its lines fail, the owner and other lines go on
                     log.exception("a step failed past its own handling")
                     stepper.fail(e)
-                self.steps_run += 1
         with self._cond:  # one step of work left no trace: forget it (no reference kept)
             self._steppers = [s for s in self._steppers if s.has_work()]
         with self._cond:
