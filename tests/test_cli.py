@@ -10,12 +10,20 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from irodori_speaker.options.memory import BUDGET_ENV
 
-def run_cli(*args, cache, timeout=300):
-    env = dict(os.environ, IRODORI_CACHE=str(cache), HF_HUB_OFFLINE="1", HF_HOME=str(cache / "hf"))
+
+def run_cli(*args, cache=None, env=None, timeout=300):
+    """`irodori-speaker ARGS` in a subprocess, offline, with no GPU budget from the caller's shell;
+    `cache`: IRODORI_CACHE and HF_HOME under it; `env`: more variables."""
+    environ = {k: v for k, v in os.environ.items() if k != BUDGET_ENV}
+    environ["HF_HUB_OFFLINE"] = "1"
+    if cache is not None:
+        environ.update(IRODORI_CACHE=str(cache), HF_HOME=str(cache / "hf"))
+    environ.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "irodori_speaker.cli", *args],
-        env=env,
+        env=environ,
         capture_output=True,
         text=True,
         timeout=timeout,

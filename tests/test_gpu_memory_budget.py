@@ -7,9 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -23,6 +20,7 @@ from irodori_speaker.options.memory import (
     parse_memory_budget,
 )
 from irodori_speaker.synthesis.load_options import LoadOptions
+from test_cli import run_cli
 
 GIB, MIB = 2**30, 2**20
 
@@ -129,18 +127,6 @@ def test_a_speaker_on_the_cpu_runs_with_a_budget_and_warns_it_is_not_applicable(
     assert asyncio.run(go()) is None  # nothing capped on the CPU
     notes = [r.getMessage() for r in caplog.records if "GPU memory budget" in r.getMessage()]
     assert notes and "not applicable on cpu" in notes[0] and "2 GiB" in notes[0]
-
-
-def run_cli(*args, env=None, timeout=300):
-    environ = {k: v for k, v in os.environ.items() if k != BUDGET_ENV}
-    environ.update(HF_HUB_OFFLINE="1", **(env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "irodori_speaker.cli", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_say_with_a_budget_runs_on_the_cpu_and_reports_it_not_applicable(tmp_path):
