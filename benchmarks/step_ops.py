@@ -1,0 +1,72 @@
+"""Host work of one step-batched step: the top-level torch ops the owner thread dispatches.
+
+On the H200 the step path is bound by the device owner's host time (RESULTS.md, eighth session),
+so the ops a step dispatches per line are what to cut. N lines (tiny random model on the CPU,
+v2, 8 sway steps, lines of different lengths) start on `engine.steps.StepBatcher`, then steps are
+counted under torch.profiler: the first step (contexts packed) and a steady one. Uses only
+`StepBatcher.start` / `step`, so it runs against an older tree too:
+
+    python benchmarks/step_ops.py --lines 1,4,16
+    PYTHONPATH=<old tree>/src python benchmarks/step_ops.py --lines 1,4,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+try:  # the tree on PYTHONPATH (an older one, for a side-by-side), else this repository's
+    import irodori_speaker
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+    import irodori_speaker
+
+from irodori_speaker.engine.checkpoint import load_checkpoint
+from irodori_speaker.engine.fast import FastDiT
+from irodori_speaker.engine.sampler import SamplerConfig, draw_noise
+from irodori_speaker.engine.steps import StepBatcher
+from irodori_speaker.engine.tiny import tiny_random_files
+
+
+def top_level_ops(fn) -> int:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.cpu_parent is None)
+
+
+def count(model, n: int) -> tuple[int, int]:
+    torch.manual_seed(0)
+    batcher = StepBatcher(FastDiT(model, fused=False))
+    lines = []
+    for i in range(n):
+        ids = torch.randint(3, 200, (1, 10 + i))
+        with torch.inference_mode():
+            conds = model.encode_conditions(
+                ids, torch.ones_like(ids, dtype=torch.bool), torch.randn(1, 20, model.cfg.latent_dim), None
+            )
+        noise = draw_noise(i, 1, 40 + 8 * i, model.cfg.latent_dim)
+        lines.append(batcher.start(conds, noise, SamplerConfig(steps=8, schedule="sway")))
+    first = top_level_ops(lambda: batcher.step(lines))
+    steady = top_level_ops(lambda: batcher.step(lines))
+    return first, steady
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lines", default="1,4,16", help="lines stepped together (comma-separated)")
+    args = ap.parse_args()
+    model = load_checkpoint(tiny_random_files("v2").model).model
+    print(f"# {Path(irodori_speaker.__file__).parent.parent}; torch {torch.__version__}")
+    print("| lines | ops, first step | ops, steady step | steady ops a line |")
+    print("|---|---|---|---|")
+    for n in [int(x) for x in args.lines.split(",")]:
+        first, steady = count(model, n)
+        print(f"| {n} | {first} | {steady} | {steady / n:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
