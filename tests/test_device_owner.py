@@ -58,7 +58,7 @@ def _through_owner(owner: DeviceOwner, fns: list) -> list:
         threads = [threading.Thread(target=call, args=(i,)) for i in range(len(fns))]
         for t in threads:
             t.start()
-        while len(owner._jobs[1]) < len(fns):
+        while owner.queued() < len(fns):
             threading.Event().wait(0.002)
     for t in threads:
         t.join(30)
@@ -122,7 +122,7 @@ def test_a_job_cancelled_before_it_starts_never_runs():
     with MODEL_LOCK:  # the owner cannot start a round while the lock is held here
         t = threading.Thread(target=caller)
         t.start()
-        while not owner._jobs[1]:
+        while not owner.queued():
             threading.Event().wait(0.002)
         token.cancel()
         t.join(5)
@@ -242,11 +242,11 @@ def test_a_broken_owner_fails_its_queued_jobs_instead_of_leaving_them_waiting(mo
     with MODEL_LOCK:  # the job is queued (not run inline), then the owner fails its round
         t = threading.Thread(target=caller)
         t.start()
-        while not owner._jobs[1]:
+        while not owner.queued():
             threading.Event().wait(0.002)
     t.join(10)
     assert not t.is_alive() and len(errors) == 1 and "own bug" in str(errors[0])
-    assert owner._thread is None and not owner._jobs[1]
+    assert owner._thread is None and not owner.queued()
     monkeypatch.undo()
     assert _through_owner(owner, [lambda: "again"]) == ["again"]  # a new owner thread serves
 
@@ -266,3 +266,140 @@ def test_a_host_copy_whose_wait_failed_raises_in_its_line():
     with pytest.raises(RuntimeError, match="illegal memory access"):
         copy.wait()
     owner._waiter.join(2)
+
+
+def _queue_then_release(owner: DeviceOwner, calls: list, before_release=lambda: None) -> list:
+    """Each call (owner -> result) from its own thread, queued while the lock is held here (none
+    runs inline), then the lock let go; results (or the exception raised) in order."""
+    out: list = [None] * len(calls)
+
+    def call(i: int) -> None:
+        try:
+            out[i] = calls[i](owner)
+        except BaseException as e:
+            out[i] = e
+
+    with MODEL_LOCK:
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(calls))]
+        for i, t in enumerate(threads):
+            t.start()
+            while owner.queued() < i + 1:  # queued in this order
+                threading.Event().wait(0.002)
+        before_release()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_jobs_of_one_kind_queued_together_run_as_one_call():
+    owner = DeviceOwner()
+    calls: list[list] = []
+
+    def many(items):
+        calls.append(list(items))
+        return [x * 10 for x in items]
+
+    def submit(x, key="a", limit=3):
+        return lambda o: o.run_batched(key, x, many, limit=limit)
+
+    out = _queue_then_release(owner, [submit(1), submit(2), submit(3, "b"), submit(4), submit(5), submit(6)])
+    assert out == [10, 20, 30, 40, 50, 60]
+    # key "a": 1, 2, 4 (the limit), then 5, 6; key "b" alone
+    assert sorted(map(sorted, calls)) == [[1, 2, 4], [3], [5, 6]], calls
+    assert owner.batches_run == 2 and owner.jobs_run == 6
+    assert owner.run_batched("a", 7, many) == 70 and calls[-1] == [7]  # alone: inline, one item
+
+
+def test_a_batch_that_raises_runs_its_jobs_alone_so_only_the_bad_one_fails():
+    owner = DeviceOwner()
+    sizes: list[int] = []
+
+    def many(items):
+        sizes.append(len(items))
+        if "bad" in items:
+            raise ValueError("bad input")
+        return [s.upper() for s in items]
+
+    out = _queue_then_release(owner, [lambda o, s=s: o.run_batched("k", s, many) for s in ("a", "bad", "c")])
+    assert out[0] == "A" and out[2] == "C" and isinstance(out[1], ValueError), out
+    assert sizes == [3, 1, 1, 1]
+
+
+def test_a_cancelled_job_leaves_its_batch_unrun():
+    owner = DeviceOwner()
+    seen: list[list] = []
+    token = CancelToken()
+
+    def many(items):
+        seen.append(list(items))
+        return items
+
+    calls = [lambda o: o.run_batched("k", 1, many, token), lambda o: o.run_batched("k", 2, many)]
+    out = _queue_then_release(owner, calls, before_release=token.cancel)  # cancelled while queued
+    assert isinstance(out[0], Cancelled) and out[1] == 2
+    assert seen and all(1 not in items for items in seen)
+
+
+def test_normal_jobs_run_by_deadline_and_urgent_ones_first():
+    from irodori_speaker.engine.hardware.owner import URGENT
+
+    owner = DeviceOwner()
+    order: list[str] = []
+    now = __import__("time").monotonic()
+
+    def job(name, **kw):
+        return lambda o: o.run(lambda: order.append(name), **kw)
+
+    _queue_then_release(
+        owner,
+        [job("late", deadline=now + 0.02), job("early", deadline=now - 1), job("urgent", priority=URGENT), job("now")],
+    )
+    assert order == ["urgent", "early", "late", "now"] or order == ["urgent", "early", "now", "late"], order
+    assert order.index("early") < order.index("late")
+
+
+class _Lines:
+    """A stepper with `steps` steps of work, recording when each ran."""
+
+    def __init__(self, steps: int) -> None:
+        self.left = steps
+        self.times: list[float] = []
+
+    def has_work(self) -> bool:
+        return self.left > 0
+
+    def iterate(self) -> None:
+        import time
+
+        self.left -= 1
+        self.times.append(time.monotonic())
+        time.sleep(0.01)
+
+    def fail(self, error: BaseException) -> None:
+        self.left = 0
+
+
+def test_while_lines_step_a_job_far_from_its_deadline_waits_and_one_due_does_not():
+    import time
+
+    owner = DeviceOwner()
+    lines = _Lines(steps=40)  # ~0.4 s of steps
+    ran: dict[str, float] = {}
+    with MODEL_LOCK:
+        owner.wake(lines)
+        start = time.monotonic()
+        t_far = threading.Thread(
+            target=lambda: owner.run(lambda: ran.setdefault("far", time.monotonic()), deadline=start + 0.2)
+        )
+        t_now = threading.Thread(target=lambda: owner.run(lambda: ran.setdefault("now", time.monotonic())))
+        t_far.start()
+        t_now.start()
+        while owner.queued() < 2:
+            threading.Event().wait(0.002)
+    t_far.join(5)
+    t_now.join(5)
+    assert set(ran) == {"far", "now"}
+    steps_before = lambda t: sum(s < t for s in lines.times)  # noqa: E731
+    assert steps_before(ran["now"]) <= 1  # due: in the first round
+    assert ran["far"] >= start + 0.2 - 0.05 and steps_before(ran["far"]) >= 5  # waited for its time
+    assert lines.left == 0 or ran["far"] < lines.times[-1]  # not held back till the steps ended

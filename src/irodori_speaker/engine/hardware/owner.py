@@ -17,16 +17,28 @@ host sync under the model lock left the GPU idle while a line's thread woke and 
 stage). On the CPU and MPS a job's work is done when it returns; MPS's rule (one thread at a time
 on its command buffers) is kept: the owner, or a lone line, holds the model lock.
 
+Order: URGENT jobs first (a new line's encoders, sampling start and first window: first audio is
+what a viewer hears), then one step of every live line, then the NORMAL jobs by deadline (the
+moment a line needs the result: a streamed window's is when its line's played audio runs out).
+While lines are being stepped, a NORMAL job not yet due (`DUE_S`) waits for a later round, so a
+line far ahead of its playback yields to new lines and to lines about to run dry.
+
+Jobs of one kind (`run_batched`: the decode windows of one length, the text encoder) queued
+together run as one call: every line that is waiting is served by one launch of a batch. A batch
+that raises runs its jobs again one by one, so an error reaches only the line that caused it.
+
 Both threads start with work and end when idle for `linger_s`, so no thread outlives the lines.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -36,8 +48,10 @@ from .lock import MODEL_LOCK
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+I = TypeVar("I")
 
 URGENT, NORMAL = 0, 1  # a new line's encoders and first window; later windows and the rest
+DUE_S = 0.02  # while lines are stepped, a NORMAL job runs once its deadline is this near
 
 
 class Stepper(Protocol):
@@ -55,6 +69,12 @@ class Stepper(Protocol):
 class Job(Generic[T]):
     fn: Callable[[], T]
     cancel: CancelToken | None = None
+    priority: int = NORMAL
+    deadline: float = 0.0  # time.monotonic() by which it is needed (orders the NORMAL jobs)
+    key: Hashable | None = None  # jobs of one key queued together run as one call of `many`
+    item: Any = None
+    many: Callable[[list[Any]], list[Any]] | None = None
+    limit: int = 1  # the most jobs of its key in one call
     result: Any = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -92,12 +112,15 @@ class DeviceOwner:
     def __init__(self, linger_s: float = 0.05) -> None:
         self.linger_s = linger_s
         self._cond = threading.Condition()
-        self._jobs: tuple[deque[Job], deque[Job]] = (deque(), deque())
+        self._urgent: deque[Job] = deque()
+        self._normal: list[tuple[float, int, Job]] = []  # a heap by (deadline, arrival)
+        self._seq = itertools.count()
         self._steppers: list[Stepper] = []  # those with lines in flight
         self._thread: threading.Thread | None = None
         self._copies: deque[HostCopy] = deque()
         self._waiter: threading.Thread | None = None
         self.jobs_run = 0
+        self.batches_run = 0  # calls of a batched kind that served more than one job
         self.rounds = 0
         # the owner thread's time in rounds: its launches, plus any wait inside a job (a host
         # read a job still does, a launch blocked on a full GPU queue)
@@ -108,39 +131,90 @@ class DeviceOwner:
         """True on the owner thread, or on a thread holding the model lock (it runs inline)."""
         return threading.current_thread() is self._thread or MODEL_LOCK.held_by_me()
 
-    def run(self, fn: Callable[[], T], cancel: CancelToken | None = None, priority: int = NORMAL) -> T:
+    def run(
+        self,
+        fn: Callable[[], T],
+        cancel: CancelToken | None = None,
+        priority: int = NORMAL,
+        deadline: float | None = None,
+    ) -> T:
         """`fn()` on the owner thread; its result or its exception. A job not started when
-        `cancel` is set is dropped with `Cancelled`.
+        `cancel` is set is dropped with `Cancelled`. `deadline` (`time.monotonic()`): when a
+        NORMAL job's result is needed (default: now).
 
         While the owner is idle (no thread, the model lock free) the caller runs `fn` itself
         with the lock held, as a line alone always did: one line pays no hand-over between
         threads (a thread wake per job and per copy, on a line whose stages take a few ms)."""
+        return self._submit(Job(fn, cancel, priority, time.monotonic() if deadline is None else deadline))
+
+    def run_batched(
+        self,
+        key: Hashable,
+        item: I,
+        many: Callable[[list[I]], list[T]],
+        cancel: CancelToken | None = None,
+        priority: int = NORMAL,
+        *,
+        limit: int = 8,
+        deadline: float | None = None,
+    ) -> T:
+        """`many([item, ...])[i]`: this job's result, computed in one call with the other jobs of
+        `key` queued when the owner reaches it (at most `limit`, the URGENT ones first). `many`
+        takes the items in a list and returns one result each, in order. Alone (or inline) it is
+        `many([item])[0]`. If a call of several raises, each job runs again alone."""
+        job: Job[T] = Job(
+            lambda: many([item])[0], cancel, priority, time.monotonic() if deadline is None else deadline
+        )
+        job.key, job.item, job.many, job.limit = key, item, many, max(1, int(limit))
+        return self._submit(job)
+
+    def queued(self) -> int:
+        """Jobs waiting for the owner now."""
+        with self._cond:
+            return len(self._urgent) + len(self._normal)
+
+    def _submit(self, job: Job[T]) -> T:
+        cancel = job.cancel
         check(cancel)
         if self.on_owner():
-            return fn()
+            return job.fn()
         if self._thread is None and MODEL_LOCK.acquire(blocking=False):
             try:
                 if self._thread is None:  # else the owner started meanwhile: queue behind it
                     import torch
 
                     with torch.inference_mode():
-                        return fn()
+                        return job.fn()
             finally:
                 MODEL_LOCK.release()
-        job: Job[T] = Job(fn, cancel)
         with self._cond:
-            self._jobs[priority].append(job)
+            if job.priority == URGENT:
+                self._urgent.append(job)
+            else:
+                heapq.heappush(self._normal, (job.deadline, next(self._seq), job))
             self._start()
             self._cond.notify_all()
         while not job.done.wait(0.01):
             if cancel is not None and cancel.cancelled:
                 with self._cond:
-                    if job in self._jobs[priority]:
-                        self._jobs[priority].remove(job)
+                    if self._take(job):
                         check(cancel)
         if job.error is not None:
             raise job.error
         return job.result
+
+    def _take(self, job: Job) -> bool:
+        """Take `job` out of its queue (under `_cond`); False if it is not queued (running, done)."""
+        if job in self._urgent:
+            self._urgent.remove(job)
+            return True
+        for i, entry in enumerate(self._normal):
+            if entry[2] is job:
+                self._normal[i] = self._normal[-1]
+                self._normal.pop()
+                heapq.heapify(self._normal)
+                return True
+        return False
 
     def wake(self, stepper: Stepper) -> None:
         """`stepper` has new work (a line handed over): the owner steps it till it has none."""
@@ -187,7 +261,7 @@ class DeviceOwner:
             self._thread.start()
 
     def _busy(self) -> bool:
-        return bool(self._jobs[0] or self._jobs[1] or any(s.has_work() for s in self._steppers))
+        return bool(self._urgent or self._normal or any(s.has_work() for s in self._steppers))
 
     def _own(self) -> None:
         import torch  # here, not at the top: the runtime side imports this package torch-free
@@ -208,9 +282,9 @@ class DeviceOwner:
         except BaseException as e:  # a bug past every job's own handling: nothing may hang on it
             log.exception("the device owner failed; its queued lines fail with it")
             with self._cond:
-                jobs = [*self._jobs[URGENT], *self._jobs[NORMAL]]
-                self._jobs[URGENT].clear()
-                self._jobs[NORMAL].clear()
+                jobs = [*self._urgent, *(job for _, _, job in self._normal)]
+                self._urgent.clear()
+                self._normal.clear()
                 steppers, self._steppers = self._steppers, []
                 self._thread = None
             for job in jobs:
@@ -220,11 +294,14 @@ class DeviceOwner:
                 stepper.fail(e)
 
     def _round(self) -> None:
-        """Urgent jobs, one step of every stepper, the other jobs queued before the step."""
-        while (job := self._pop(URGENT)) is not None:
+        """Urgent jobs, one step of every stepper, then the NORMAL jobs queued before the step
+        by deadline (while lines are stepped, only those due)."""
+        while (job := self._pop_urgent()) is not None:
             self._do(job)
+        stepping = False
         for stepper in list(self._steppers):
             if stepper.has_work():
+                stepping = True
                 try:
                     stepper.iterate()
                 except Exception as e:  # its lines fail, the owner and other lines go on
@@ -232,17 +309,72 @@ class DeviceOwner:
                     stepper.fail(e)
         with self._cond:  # one step of work left no trace: forget it (no reference kept)
             self._steppers = [s for s in self._steppers if s.has_work()]
-        with self._cond:
-            n = len(self._jobs[NORMAL])
+            n = len(self._normal)
         for _ in range(n):
-            if (job := self._pop(URGENT)) is not None or (job := self._pop(NORMAL)) is not None:
-                self._do(job)
+            job = self._pop_urgent() or self._pop_normal(due_only=stepping)
+            if job is None:
+                break
+            self._do(job)
 
-    def _pop(self, priority: int) -> Job | None:
+    def _pop_urgent(self) -> Job | None:
         with self._cond:
-            return self._jobs[priority].popleft() if self._jobs[priority] else None
+            return self._urgent.popleft() if self._urgent else None
+
+    def _pop_normal(self, due_only: bool) -> Job | None:
+        with self._cond:
+            if not self._normal or (due_only and self._normal[0][0] > time.monotonic() + DUE_S):
+                return None
+            return heapq.heappop(self._normal)[2]
+
+    def _batch_of(self, job: Job) -> list[Job]:
+        """`job` and the queued jobs of its key (URGENT ones first, then by deadline), at most its
+        limit; those taken leave their queues."""
+        batch = [job]
+        if job.key is None or job.limit <= 1:
+            return batch
+        with self._cond:
+            queued = [*self._urgent, *(j for _, _, j in sorted(self._normal, key=lambda e: e[:2]))]
+            for other in queued:
+                if len(batch) >= job.limit:
+                    break
+                if other.key == job.key and other.many == job.many:
+                    self._take(other)
+                    batch.append(other)
+        return batch
 
     def _do(self, job: Job) -> None:
+        batch = [j for j in self._batch_of(job) if not self._dropped(j)]
+        if len(batch) > 1:
+            assert job.many is not None
+            try:
+                results = job.many([j.item for j in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(f"a batch of {len(batch)} gave {len(results)} results")
+            except Exception:  # find the job at fault: each again alone, each its own outcome
+                log.debug("a batch of %d raised; its jobs run one by one", len(batch), exc_info=True)
+                for j in batch:
+                    self._do_one(j)
+                return
+            self.batches_run += 1
+            self.jobs_run += len(batch)
+            for j, result in zip(batch, results):
+                j.result = result
+                j.done.set()
+        elif batch:
+            self._do_one(batch[0])
+
+    @staticmethod
+    def _dropped(job: Job) -> bool:
+        """A job cancelled before it started: it ends with `Cancelled`, unrun."""
+        try:
+            check(job.cancel)
+        except BaseException as e:
+            job.error = e
+            job.done.set()
+            return True
+        return False
+
+    def _do_one(self, job: Job) -> None:
         try:
             check(job.cancel)
             job.result = job.fn()
