@@ -146,7 +146,8 @@ class Synthesizer:
         if self.preset.codec_graphs and codec_device is not None and codec_device.type == "cuda":
             # the stream's first and middle windows replayed from graphs, captured by prewarm; other
             # lengths (a line's last window) stay eager: a capture mid-stream would cost more
-            codec.use_graphs(True, capture_on_use=None)
+            shapes = len(self._window_lengths()) * (1 + len(self._decode_rows()))
+            codec.use_graphs(True, capture_on_use=None, max_graphs=max(8, shapes))
         self.prewarm_report: dict[str, Any] = {}
 
     @property
@@ -272,13 +273,26 @@ class Synthesizer:
         """Capture the codec's graphs for the stream's window lengths (first and middle windows)."""
         if not self.preset.codec_graphs or not hasattr(self.codec, "prewarm_graphs"):
             return 0
-        lengths = stream_window_lengths(
+        lengths = self._window_lengths()
+        with hold_model_lock():
+            captured = self.codec.prewarm_graphs(lengths)
+            for rows in self._decode_rows():  # windows of lines that meet, decoded as one batch
+                captured += self.codec.prewarm_graphs(lengths, batch=rows)
+            return captured
+
+    def _window_lengths(self) -> list[int]:
+        """The stream's window lengths (frames) that get graphs: its first and middle windows."""
+        return stream_window_lengths(
             self.preset.stream_chunk_frames,
             first_chunk_frames=self.preset.stream_first_chunk_frames,
             growth=self.preset.stream_chunk_growth,
         )
-        with hold_model_lock():
-            return self.codec.prewarm_graphs(lengths)
+
+    def _decode_rows(self) -> list[int]:
+        """The batch buckets of stream windows decoded together (`preset.decode_batch`)."""
+        # only where lines are expected to meet (max_batch > 1): one stream keeps its memory
+        top = min(int(getattr(self.preset, "decode_batch", 1)), int(self.preset.max_batch))
+        return [b for b in BATCH_BUCKETS if b <= batch_bucket(top)] if top > 1 else []
 
     def _prewarm_graphs(self, voice: Any, fast: Any) -> None:
         """Capture every frame bucket up to `preset.prewarm_seconds` for the two shortest text buckets."""

@@ -108,6 +108,13 @@ class GraphCache:
                 captured += 1
         return captured
 
+    def held(self, key: GraphKey) -> Callable[[Tensor], Tensor] | None:
+        """The graph held for `key` (batch, frames), or None; never captures."""
+        run = self._graphs.get(key)
+        if run is not None:
+            self._graphs.move_to_end(key)
+        return run
+
     def runner(self, z: Tensor) -> Callable[[Tensor], Tensor] | None:
         """The graph for `z`'s shape, captured now if the policy says so; None: decode eagerly."""
         if not self.applies_to(z.device):

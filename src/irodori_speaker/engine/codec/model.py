@@ -8,7 +8,7 @@ watermark off) and the deterministic `encode` (audio -> the posterior mean). The
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -16,11 +16,12 @@ from torch import Tensor, nn
 
 from ...cancel import CancelToken
 from ...errors import InputError
+from ..batch import batch_bucket
 from .config import CodecConfig
 from .fast import ChannelsLastDecoder, supports_channels_last
 from .graphs import GraphCache, WindowGraph, capture_graph
 from .layers import Decoder, Encoder, VAEBottleneck
-from .streaming import RECEPTIVE_FIELD_FRAMES, check_int, chunk_windows, decode_windows
+from .streaming import RECEPTIVE_FIELD_FRAMES, Window, check_int, chunk_windows, decode_windows
 
 __all__ = ["DACVAE"]
 
@@ -74,7 +75,7 @@ class DACVAE(nn.Module):
 
     # ---- decode
 
-    def _check_latent(self, latent: Tensor) -> Tensor:
+    def _check_latent(self, latent: Tensor, finite: bool = True) -> Tensor:
         if not isinstance(latent, Tensor) or latent.dim() != 3:
             shape = tuple(latent.shape) if isinstance(latent, Tensor) else type(latent).__name__
             raise InputError(f"latent must be a (batch, frames, {self.latent_channels}) tensor, got {shape}")
@@ -87,7 +88,7 @@ class DACVAE(nn.Module):
             raise InputError(f"latent has no frames or no batch: shape {tuple(latent.shape)}")
         if not latent.is_floating_point():
             raise InputError(f"latent must be a floating-point tensor, got {latent.dtype}")
-        if not bool(torch.isfinite(latent).all()):
+        if finite and not bool(torch.isfinite(latent).all()):  # a host sync
             raise InputError("latent contains NaN or inf")
         return latent.to(device=self.device, dtype=self.dtype).transpose(1, 2)
 
@@ -156,6 +157,64 @@ class DACVAE(nn.Module):
             growth=growth, stretch_last=self._graphed(z),
         )  # fmt: skip
         return decode_windows(self._decode_window, z, windows, self.hop_length, cancel)
+
+    def decoder_input(self, latent: Tensor, *, check_finite: bool = True) -> Tensor:
+        """`latent` (B, T, codebook_dim) checked and as the decoder takes it: (B, codebook_dim, T)
+        in the codec's device and dtype. `check_finite` False: no NaN check (it reads the latent
+        back, a host sync); the caller checks the audio instead."""
+        return self._check_latent(latent, check_finite)
+
+    def stream_windows(
+        self,
+        frames: int,
+        chunk_frames: int,
+        context_frames: int = RECEPTIVE_FIELD_FRAMES,
+        first_chunk_frames: int | None = None,
+        growth: float | None = None,
+    ) -> list[Window]:
+        """The windows (lo, start, end, hi) `decode_stream` walks for a latent of `frames` frames
+        (host arithmetic), for callers that decode them themselves: a window decodes
+        `z[..., lo:hi]` and keeps samples [(start - lo) * hop, (end - lo) * hop)."""
+        graphed = self._graphs is not None and self._graphs.applies_to(self.device)
+        return chunk_windows(
+            frames, chunk_frames, context_frames, first_chunk_frames, growth=growth, stretch_last=graphed
+        )
+
+    def decode_window_batch(self, windows: Sequence[tuple[Tensor, int, int]]) -> list[Tensor]:
+        """Samples [a, b) of each window's decode, for windows (z (1, codebook_dim, n), a, b) of one
+        length n (of several lines): one decode of them stacked, each row's piece its own tensor.
+
+        The decoder is per row (convolutions and Snake; no op mixes rows), so a row decoded in a
+        batch is the row decoded alone up to the rounding of a differently sized convolution. With
+        graphs, the batch is filled up to a batch bucket (engine/batch.py) whose graph is held (no
+        capture here: a capture mid-stream stalls every line); without one, each window replays
+        its own graph."""
+        if not windows:
+            return []
+        n = windows[0][0].shape[-1]
+        if any(z.shape[0] != 1 or z.shape[-1] != n for z, _, _ in windows):
+            raise InputError("decode_window_batch: windows must be (1, channels, n) of one length n")
+        if len(windows) == 1:
+            z, a, b = windows[0]
+            return [self._decode_window(z, a, b)]
+        zs = torch.cat([z for z, _, _ in windows])
+        with torch.no_grad():
+            if self._graphed(zs):
+                rows = batch_bucket(len(windows))
+                assert self._graphs is not None
+                run = self._graphs.held((rows, n))
+                if run is None:
+                    return [self._decode_window(z, a, b) for z, a, b in windows]
+                if rows > len(windows):
+                    zs = torch.cat([zs, zs[:1].expand(rows - len(windows), -1, -1)])
+                out = run(zs)
+                # the graph's output buffer is overwritten by the next replay: each piece a copy
+                return [
+                    out[i : i + 1, :, a:b].clone(memory_format=torch.contiguous_format)
+                    for i, (_, a, b) in enumerate(windows)
+                ]
+            out = self._decode_frames(zs)
+        return [out[i : i + 1, :, a:b].contiguous() for i, (_, a, b) in enumerate(windows)]
 
     def _graphed(self, z: Tensor) -> bool:
         """Whether window decodes of `z` may replay graphs (the last window is then stretched to a

@@ -159,6 +159,7 @@ class BudgetPlan:
     prewarm_seconds: float
     text: str  # the budget as given
     decode_chunk_frames: int | None = None  # whole lines decoded in chunks of this many frames
+    decode_batch: int = 1  # stream windows of lines that meet decoded as one batch of up to this
 
     def describe(self) -> str:
         chunks = f", decode in {self.decode_chunk_frames}-frame chunks" if self.decode_chunk_frames else ""
@@ -187,13 +188,16 @@ def plan_budget(
     codec = codec or CodecConfig.from_kwargs(FULL_CODEC_KWARGS)
     width = torch.finfo(preset.codec_dtype).bits // 8
     reserve, chunk = FIXED_RESERVE, preset.decode_chunk_frames
+    decode_batch = max(1, min(int(getattr(preset, "decode_batch", 1)), int(preset.max_batch)))
+    window = 0  # one stream window's decode with graphs (their pool), or none
     if torch.device(preset.codec_device or preset.device).type == "cuda":
         if chunk is None and codec_bytes(codec, longest, width) > budget // DECODE_SHARE:
             chunk = preset.stream_chunk_frames  # exact (engine/codec/streaming.py), far less memory
         # a whole line's decode (or one chunk's window), and the codec graphs' shared pool
         reserve += codec_bytes(codec, longest if chunk is None else chunk + CODEC_CONTEXT_FRAMES, width)
         if preset.codec_graphs:
-            reserve += codec_bytes(codec, preset.stream_chunk_frames + CODEC_CONTEXT_FRAMES, width)
+            window = codec_bytes(codec, preset.stream_chunk_frames + CODEC_CONTEXT_FRAMES, width)
+            reserve += window
 
     def per_line(seconds: float) -> int:
         frames = math.ceil(seconds * FRAMES_PER_SECOND)
@@ -205,7 +209,13 @@ def plan_budget(
         seconds = max(1.0, seconds / 2)
     each = per_line(seconds) + longest_line
     batch = max_batch_within(budget, resident, each, reserve, int(preset.max_batch))
-    return BudgetPlan(budget, total, resident, each, batch, seconds, text, chunk)
+    if window:  # windows of lines that meet decode as one batch, in what the sampling leaves
+        left = budget - resident - reserve - (batch_bucket(batch) if batch > 1 else 1) * each
+        rows = batch_bucket(decode_batch) if decode_batch > 1 else 1
+        while rows > 1 and (rows - 1) * window > left:
+            rows //= 2
+        decode_batch = min(decode_batch, rows)
+    return BudgetPlan(budget, total, resident, each, batch, seconds, text, chunk, decode_batch)
 
 
 def apply_budget(
@@ -236,6 +246,7 @@ def apply_budget(
         max_batch=min(int(preset.max_batch), plan.max_batch),
         prewarm_seconds=plan.prewarm_seconds,
         decode_chunk_frames=plan.decode_chunk_frames,
+        decode_batch=plan.decode_batch,
         max_gpu_memory=limit,
     )
     return capped, plan

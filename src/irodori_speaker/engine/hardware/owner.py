@@ -18,8 +18,10 @@ stage). On the CPU and MPS a job's work is done when it returns; MPS's rule (one
 on its command buffers) is kept: the owner, or a lone line, holds the model lock.
 
 Order: URGENT jobs first (a new line's encoders, sampling start and first window: first audio is
-what a viewer hears), then one step of every live line, then the NORMAL jobs by deadline (the
-moment a line needs the result: a streamed window's is when its line's played audio runs out).
+what a viewer hears), then one step of every live line, then the NORMAL jobs by when they are
+due: the moment a line needs the result (a streamed window's is when its line's played audio runs
+out), or when it was asked for if that is later (a job already late queues first come, first
+served).
 While lines are being stepped, a NORMAL job not yet due (`DUE_S`) waits for a later round, so a
 line far ahead of its playback yields to new lines and to lines about to run dry.
 
@@ -159,8 +161,9 @@ class DeviceOwner:
         deadline: float | None = None,
     ) -> T:
         """`many([item, ...])[i]`: this job's result, computed in one call with the other jobs of
-        `key` queued when the owner reaches it (at most `limit`, the URGENT ones first). `many`
-        takes the items in a list and returns one result each, in order. Alone (or inline) it is
+        `key` queued when the owner reaches it (at most `limit`, the URGENT ones first), by the
+        first one's `many`: a key names one kind of work, whoever submits it. `many` takes the
+        items in a list and returns one result each, in order. Alone (or inline) it is
         `many([item])[0]`. If a call of several raises, each job runs again alone."""
         job: Job[T] = Job(
             lambda: many([item])[0], cancel, priority, time.monotonic() if deadline is None else deadline
@@ -191,7 +194,11 @@ class DeviceOwner:
             if job.priority == URGENT:
                 self._urgent.append(job)
             else:
-                heapq.heappush(self._normal, (job.deadline, next(self._seq), job))
+                # when it is needed, but never before it was asked for: a job past its deadline
+                # queues by arrival (under overload the order stays first come, first served
+                # rather than serving the line most behind at the cost of all the others)
+                due = max(job.deadline, time.monotonic())
+                heapq.heappush(self._normal, (due, next(self._seq), job))
             self._start()
             self._cond.notify_all()
         while not job.done.wait(0.01):
@@ -337,7 +344,7 @@ class DeviceOwner:
             for other in queued:
                 if len(batch) >= job.limit:
                     break
-                if other.key == job.key and other.many == job.many:
+                if other.key == job.key:
                     self._take(other)
                     batch.append(other)
         return batch

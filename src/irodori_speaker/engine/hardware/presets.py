@@ -74,6 +74,12 @@ class Preset:
     step_batching: bool = False
     # a batch's padded frames at most this fraction of its real ones (not tuned: batching is off)
     max_padding: float = 0.5
+    # stream windows of one length from lines that meet on the device owner decode as one batch of
+    # up to this many (synthesis/decoding.py); with codec graphs prewarm captures a graph per batch
+    # bucket up to it. 1: each window alone. On in the CUDA preset (16 windows in one batch took
+    # 4.05 against 5.24 ms a line on the H200, `concurrency.py --ceiling`); off on the CPU, where a
+    # batched convolution measured no faster (benchmarks/RESULTS.md)
+    decode_batch: int = 1
     # the GPU memory budget in bytes (None: none), set at load from LoadOptions.max_gpu_memory;
     # max_batch and prewarm_seconds are then within it (engine/hardware/memory.py)
     max_gpu_memory: int | None = None
@@ -117,6 +123,7 @@ def base_preset(name: str) -> Preset:
             # 30.4 ms for news5) and 200-frame ones 20 % faster for +270 MiB (codec_speed, H200)
             stream_chunk_frames=50,
             codec_channels_last=True,  # decode 37-44 % faster on every news5 line (H200, RESULTS.md)
+            decode_batch=4,
         )
     if name == "mps":
         # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision

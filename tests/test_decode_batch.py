@@ -1,0 +1,166 @@
+"""Stream windows of lines that meet on the device owner decode as one batch (synthesis/decoding.py).
+
+The real tiny model and codec on the CPU: lines from several threads (as several Speakers or the
+server's streams send them) with `decode_batch` on; every window of a batch sounds as the line
+decoded alone. A streamed line's later windows carry the deadline the owner orders them by.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from irodori_speaker.engine.hardware.lock import MODEL_LOCK
+from irodori_speaker.engine.hardware.owner import DEVICE
+from irodori_speaker.errors import AudioError, InputError
+from irodori_speaker.synthesis.decoding import Rendered, decode_chunks
+from test_batching import TEXTS, opts, together
+
+
+@pytest.fixture(scope="module")
+def synth(irodori_home):
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    return load_synthesizer(
+        tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=8, max_padding=100.0, decode_batch=4
+    )
+
+
+def _spy_batches(codec) -> list[int]:
+    """The size of every `decode_window_batch` call of the real codec from now on."""
+    sizes: list[int] = []
+    real = codec.decode_window_batch
+
+    def recorded(windows):
+        sizes.append(len(windows))
+        return real(windows)
+
+    codec.decode_window_batch = recorded
+    return sizes
+
+
+def test_a_batch_of_windows_decodes_each_as_alone(synth):
+    codec = synth.codec
+    gen = torch.Generator().manual_seed(0)
+    z = [torch.randn(1, codec.latent_channels, 41, generator=gen) for _ in range(3)]
+    cuts = [(0, 41 * codec.hop_length), (8 * codec.hop_length, 33 * codec.hop_length), (5, 900)]
+    with torch.inference_mode():
+        batch = codec.decode_window_batch([(w, a, b) for w, (a, b) in zip(z, cuts)])
+        alone = [codec._decode_window(w, a, b) for w, (a, b) in zip(z, cuts)]
+    for got, want in zip(batch, alone):
+        assert got.shape == want.shape
+        # fp32 on the CPU: a convolution over 3 rows may round differently from one over 1 row
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    with pytest.raises(InputError, match="one length"):
+        codec.decode_window_batch([(z[0], 0, 10), (z[1][:, :, :40], 0, 10)])
+
+
+def _decode_from_threads(synth, rendered: list[Rendered], whole: bool) -> list[np.ndarray]:
+    """Each piece decoded from its own thread, their first windows queued on the owner while the
+    model lock is held here (so they meet there, as under load), then the lock let go."""
+    out: list = [None] * len(rendered)
+
+    def work(i: int) -> None:
+        with torch.inference_mode():
+            chunks = decode_chunks(synth.codec, synth.preset, rendered[i], opts(), None, whole)
+            out[i] = np.concatenate([c for c, _ in chunks])
+
+    with MODEL_LOCK:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(rendered))]
+        for t in threads:
+            t.start()
+        while DEVICE.queued() < len(rendered):
+            threading.Event().wait(0.002)
+    for t in threads:
+        t.join(60)
+    return out
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["streamed", "whole"])
+def test_windows_of_lines_that_meet_decode_as_one_batch_and_sound_as_alone(synth, whole):
+    gen = torch.Generator().manual_seed(1)
+    hop = synth.codec.hop_length
+    rendered = [
+        Rendered(torch.randn(1, n, synth.config.latent_dim, generator=gen), n, n * hop - 17)
+        for n in (90, 70, 120, 61)
+    ]
+    with torch.inference_mode():
+        alone = [
+            np.concatenate([c for c, _ in decode_chunks(synth.codec, synth.preset, r, opts(), None, whole)])
+            for r in rendered
+        ]
+    sizes = _spy_batches(synth.codec)
+    try:
+        before = DEVICE.batches_run
+        met = _decode_from_threads(synth, rendered, whole)
+    finally:
+        del synth.codec.decode_window_batch  # the class's method again
+    assert sizes[0] == 4 and DEVICE.batches_run > before, sizes  # the first windows, one batch
+    assert max(sizes) <= 4  # the preset's decode_batch
+    for a, b, r in zip(alone, met, rendered):
+        assert len(a) == len(b) == r.samples
+        np.testing.assert_allclose(b, a, atol=1e-5)
+
+
+def test_lines_that_meet_sound_as_alone_with_decode_batches_on(synth):
+    jobs = [(t, opts(seed=i)) for i, t in enumerate(TEXTS)]
+    alone = [synth.synthesize(t, options=o) for t, o in jobs]
+    for a, b in zip(alone, together(synth, jobs)):
+        assert len(a.audio) == len(b.audio)
+        np.testing.assert_allclose(b.audio, a.audio, atol=1e-4)
+
+
+def test_with_decode_batch_1_no_windows_meet_in_one_call(irodori_home):
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, decode_batch=1)
+    sizes = _spy_batches(synth.codec)
+    n = 40
+    rendered = [Rendered(torch.zeros(1, n, synth.config.latent_dim), n, n * synth.codec.hop_length)] * 3
+    _decode_from_threads(synth, rendered, whole=False)
+    assert sizes and set(sizes) == {1}
+
+
+def test_a_streamed_lines_later_windows_carry_the_deadline_of_its_playback(synth, monkeypatch):
+    seen: list[tuple[int, float | None]] = []
+    real = DEVICE.run_batched
+
+    def recorded(key, item, many, cancel=None, priority=1, *, limit=8, deadline=None):
+        seen.append((priority, deadline))
+        return real(key, item, many, cancel, priority, limit=limit, deadline=deadline)
+
+    monkeypatch.setattr(DEVICE, "run_batched", recorded)
+    chunks = list(synth.stream(TEXTS[0] * 3, options=opts(seed=1)))
+    assert len(chunks) >= 3 and len(seen) == len(chunks)
+    (first_priority, first_deadline), *later = seen
+    assert first_priority == 0 and first_deadline is None  # URGENT: first audio
+    deadlines = [d for _, d in later]
+    assert all(p == 1 for p, _ in later) and all(d is not None for d in deadlines)
+    # each later window is needed later than the one before (more audio handed out before it)
+    assert all(b > a for a, b in itertools.pairwise(deadlines)), deadlines
+
+
+def test_a_non_finite_latent_is_a_clear_error_and_not_a_device_read(synth):
+    latent = torch.zeros(1, 30, synth.config.latent_dim)
+    latent[0, 3, 0] = float("nan")
+    rendered = Rendered(latent, 30, 30 * synth.codec.hop_length)
+    with pytest.raises(AudioError, match="NaN or inf"), torch.inference_mode():
+        list(decode_chunks(synth.codec, synth.preset, rendered, opts(), None, whole=True))
+
+
+def test_lines_streamed_from_threads_all_finish_with_batches_on(synth):
+    out: dict[int, int] = {}
+
+    def stream(i: int) -> None:
+        out[i] = sum(len(c) for c in synth.stream(TEXTS[i], options=opts(seed=i)))
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(TEXTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(out) == list(range(len(TEXTS))) and all(n > 0 for n in out.values())
