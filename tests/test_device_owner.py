@@ -352,7 +352,12 @@ def test_normal_jobs_run_by_deadline_and_urgent_ones_first():
 
     _queue_then_release(
         owner,
-        [job("late", deadline=now + 0.02), job("early", deadline=now - 1), job("urgent", priority=URGENT), job("now")],
+        [
+            job("late", deadline=now + 0.02),
+            job("early", deadline=now - 1),
+            job("urgent", priority=URGENT),
+            job("now"),
+        ],
     )
     assert order == ["urgent", "early", "late", "now"] or order == ["urgent", "early", "now", "late"], order
     assert order.index("early") < order.index("late")
