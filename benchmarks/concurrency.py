@@ -136,6 +136,7 @@ def use_sampling(synth, kind: str, streams: int) -> None:
     """Put the sampling under test in place on `synth` (a measurement knob: the preset's max_batch,
     what prewarm captured batch graphs for, caps the batch)."""
     top = min(streams, synth.preset.max_batch) if kind != "serial" else 1
+    synth._encoders.max_batch = top  # lines' text encoders batch no further (serial stays serial)
     if kind == "step":
         synth._batcher = StepScheduler(synth._start_line, synth._step_lines, synth._sample_batch, top)
     else:

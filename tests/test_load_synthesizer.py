@@ -62,21 +62,23 @@ def test_a_preset_object_replaces_the_backend_preset(synth):
 
 def test_prewarm_takes_a_batch_graph_for_each_bucket_up_to_max_batch(monkeypatch) -> None:
     """max_batch 3 needs the 4-row bucket too (a batch of 3 is filled to 4); each bucket at every
-    coarse frame bucket up to the prewarm length."""
+    coarse frame bucket up to the prewarm length, and the text encoder at each bucket."""
     from irodori_speaker.engine.model import Conditions
 
     synth = load_synthesizer(tiny_random="v2", backend="cpu", max_batch=3, voice_cache_dir=False)
     fast = synth.fast_sampler
     assert fast is not None and fast.batch_frame_bucket == 64
-    seen = []
+    seen, texts = [], []
 
     def sample_latent(conds, noise, cfg, *, frames=None, **_):
         seen.append((conds.batch_size, tuple(noise.shape[:2]), frames))
 
     monkeypatch.setattr(synth, "sample_latent", sample_latent)
+    monkeypatch.setattr(fast, "encode_text", lambda ids, mask: texts.append(tuple(ids.shape)) or (ids, mask))
     one = Conditions(torch.zeros(1, 32, 8), torch.ones(1, 32, dtype=torch.bool))
     synth._prewarm_batch_graphs(one, None, 130, fast)
     assert seen == [(rows, (rows, frames), [frames] * rows) for rows in (2, 4) for frames in (64, 128, 192)]
+    assert texts == [(2, 32), (4, 32)]  # the text graphs of the batch buckets (captured with CUDA)
 
 
 def test_load_options_by_name_or_whole_load_the_same(synth):

@@ -54,6 +54,25 @@ def stack_conditions(items: Sequence[Conditions]) -> Conditions:
     return Conditions(text_state, text_mask, *voice)
 
 
+def stack_tokens(ids: Sequence[Tensor], masks: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """Each line's (1, L_b) token ids and mask padded to the longest: (B, L_max), the padding
+    token 0 and masked."""
+    longest = max(int(i.shape[1]) for i in ids)
+    stacked = torch.cat([F.pad(i, (0, longest - i.shape[1]), value=0) for i in ids])
+    return stacked, torch.cat([F.pad(m, (0, longest - m.shape[1]), value=False) for m in masks])
+
+
+def fill_tokens(ids: Tensor, mask: Tensor, rows: int) -> tuple[Tensor, Tensor]:
+    """Token rows grown to `rows` with dummy rows (token 0, only the first position valid: an
+    all-masked row would attend over no key); the caller drops their outputs."""
+    extra = rows - ids.shape[0]
+    if extra <= 0:
+        return ids, mask
+    dummy = torch.zeros(extra, mask.shape[1], dtype=mask.dtype, device=mask.device)
+    dummy[:, 0] = True
+    return torch.cat([ids, ids.new_zeros(extra, ids.shape[1])]), torch.cat([mask, dummy])
+
+
 def stack_noise(noises: Sequence[Tensor]) -> tuple[Tensor, list[int]]:
     """Each line's (1, S_b, C) noise padded with zeros to the longest: (B, S_max, C), [S_b]."""
     lengths = [int(n.shape[1]) for n in noises]

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..cancel import CancelToken, check
-from .batch import batch_bucket, fill_batch, frame_mask
+from .batch import batch_bucket, fill_batch, fill_tokens, frame_mask
 from .cuda_graphs import capture
 from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
 from .kernels.tuning import is_tuning_allowed
@@ -287,7 +287,7 @@ class FastSampler:
     A graph covers the whole line after the encoders: the condition keys/values of every guidance
     group (`prepare_context`), then every step. Its inputs are the padded conditions and the
     initial noise, copied into static buffers before each replay. `encode_text` replays a second,
-    small graph per text-length bucket for the text encoder.
+    small graph per (batch bucket, text-length bucket) for the text encoder.
     """
 
     def __init__(
@@ -316,10 +316,17 @@ class FastSampler:
         self.text_captures = 0  # text-encoder graphs captured so far
 
     # ---- per-line preparation ------------------------------------------------------------------
+    def text_width(self, length: int) -> int:
+        """The width of the states `encode_text` returns for `length` tokens (padded with graphs)."""
+        return round_up(length, self.context_bucket) if self.use_graphs else length
+
     def encode_text(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """`model.encode_text` as (states, mask); with graphs, replayed from one graph per
-        (batch, length padded to the context bucket) and returned padded.
+        (batch, length padded to the context bucket) and returned padded (`text_width`).
 
+        Several rows (lines encoded together) are filled up to a batch bucket with dummy rows,
+        whose outputs are dropped, so a few graphs serve every batch size; a batch shape that
+        warm-up did not capture runs eagerly: a capture here would stall every waiting line.
         Padded positions are masked (their states are zero), so `sample` gives what it gives on
         the unpadded states (it pads them itself when they are not).
         """
@@ -327,14 +334,19 @@ class FastSampler:
         with torch.inference_mode():
             if not self.use_graphs:  # eager: no point encoding padding
                 return model.encode_text(ids, mask), mask
+            B = ids.shape[0]
             pad = round_up(ids.shape[1], self.context_bucket) - ids.shape[1]
             ids, mask = F.pad(ids, (0, pad), value=0), F.pad(mask, (0, pad), value=False)
-            key = tuple(ids.shape)
+            rows = 1 if B == 1 else batch_bucket(B)
+            key = (rows, ids.shape[1])
             g = self._text_graphs.get(key)
+            if g is None and B > 1 and not is_tuning_allowed():
+                return model.encode_text(ids, mask), mask
+            inputs: list[Tensor | None] = list(fill_tokens(ids, mask, rows))
             if g is None:
-                g = self._text_graphs[key] = self._capture(lambda a, b: model.encode_text(a, b), [ids, mask])
+                g = self._text_graphs[key] = self._capture(lambda a, b: model.encode_text(a, b), inputs)
                 self.text_captures += 1
-            return g.replay([ids, mask]).clone(), mask
+            return g.replay(inputs)[:B].clone(), mask
 
     def sample(
         self,

@@ -6,10 +6,11 @@
 
 The line's plan (the spoken text, its pieces and silences, `plan.py`) is made first, with no
 model work; then per piece: the voice's states (`voice_conditions.py`, the `voices` member),
-the text encoder, the length, the sampler, the tail trim and the decode (`decoding.py`), each
-stage and decode window a job of the device owner (engine/hardware/owner.py: run on its thread
-when lines meet, inline under the model lock when a line is alone), then the output controls
-(audio/controls.py), and the chunks go out as they are decoded.
+the text encoder and the length (`encoding.py`: those of lines that meet run as one batch), the
+sampler, the tail trim and the decode (`decoding.py`), each stage and decode window a job of the
+device owner (engine/hardware/owner.py: run on its thread when lines meet, inline under the model
+lock when a line is alone), then the output controls (audio/controls.py), and the chunks go out
+as they are decoded.
 
 The data types it speaks (`SynthesisOptions`, `SynthesisRecord`, `SynthesisResult`,
 `AudioStream`, the `SynthesizerLike` protocol) live in the torch-free `irodori_speaker.options`.
@@ -43,10 +44,10 @@ from ..engine.duration import (
 from ..engine.fast import FastDiT, FastSampler
 from ..engine.hardware.lock import hold_model_lock
 from ..engine.hardware.memory import budget_errors
-from ..engine.hardware.owner import DEVICE, URGENT
+from ..engine.hardware.owner import DEVICE
 from ..engine.hardware.presets import select_preset
 from ..engine.kernels.tuning import tuning_allowed
-from ..engine.model import Conditions, check_ids
+from ..engine.model import Conditions
 from ..engine.sampler import draw_noise, sample
 from ..engine.steps import StepBatcher, StepLine
 from ..options import (
@@ -63,6 +64,7 @@ from ..text.pauses import Pause
 from ..text.userdict import resolve_user_dict
 from .batching import SampleBatcher, SampleRequest
 from .decoding import Rendered, decode_chunks
+from .encoding import EncodeItem, TextEncoders
 from .fingerprint import file_fingerprint
 from .identity import ModelIdentity, resolve_options
 from .plan import LineProgress, Piece, Plan, plan_line, spoken_parts
@@ -129,6 +131,10 @@ class Synthesizer:
             codec_key=self.fingerprints.get("codec", id(codec)),
         )
         self._fast = None  # engine.fast.FastSampler, built on first use when the preset asks for it
+        # the encoders of lines that meet on the device owner run as one batch (encoding.py)
+        self._encoders = TextEncoders(
+            model, lambda: self.fast_sampler, self._sample_key, self.preset.max_batch
+        )
         # lines waiting for the sampler at the same time go as one batch (batching.py)
         self._steps: StepBatcher | None = None  # engine.steps, built on first use
         self._batcher: SampleBatcher | StepScheduler
@@ -295,7 +301,8 @@ class Synthesizer:
         return [b for b in BATCH_BUCKETS if b <= batch_bucket(top)] if top > 1 else []
 
     def _prewarm_graphs(self, voice: Any, fast: Any) -> None:
-        """Capture every frame bucket up to `preset.prewarm_seconds` for the two shortest text buckets."""
+        """Capture every frame bucket up to `preset.prewarm_seconds` for the two shortest text buckets
+        (and with `max_batch` > 1 the batch buckets' graphs, text encoder included)."""
 
         cfg = self.resolve_options()
         top = frames_for_seconds(self.preset.prewarm_seconds)
@@ -310,12 +317,16 @@ class Synthesizer:
                 self._prewarm_batch_graphs(conds, cfg, top, fast)
 
     def _prewarm_batch_graphs(self, conds: Any, cfg: Any, top: int, fast: Any) -> None:
-        """With `max_batch` > 1: a graph per batch bucket up to it and per coarse frame bucket; a
-        batch whose shape has none runs line by line (engine/fast.py), so none is captured live."""
+        """With `max_batch` > 1: a graph per batch bucket up to it and per coarse frame bucket, and
+        the text encoder's per batch bucket for the text length of `conds`; a batch whose shape has
+        none runs line by line (its text eagerly, engine/fast.py), so none is captured live."""
 
         step = fast.batch_frame_bucket
         top_rows = batch_bucket(self.preset.max_batch) if self.preset.max_batch > 1 else 1
+        ids = torch.full((1, conds.text_state.shape[1]), 5, dtype=torch.long)
+        mask = torch.ones_like(ids, dtype=torch.bool)
         for rows in [b for b in BATCH_BUCKETS if b <= top_rows]:
+            self._encoders.text_states([ids] * rows, [mask] * rows)
             batch = stack_conditions([conds] * rows)
             for frames in range(step, top + step, step):
                 noise = torch.zeros(rows, frames, self.config.latent_dim, device=self.device)
@@ -355,12 +366,11 @@ class Synthesizer:
         max_len = self.inference.max_text_len or 256
         return plan_line(text, opts, record, self.tokenizer, max_len, self.user_dict)
 
-    def _predict(self, conds: Any, has_ref: bool) -> Any:
-        """The duration predictor's log frames (a device tensor, read later), or None (v2)."""
-        if not self.config.use_duration_predictor:
-            return None
-        has = DEVICE.upload(torch.tensor([has_ref]), self.device)
-        return self.model.predict_log_frames(conds, has_speaker=has)
+    def _sample_key(self, conds: Conditions, opts: SynthesisOptions) -> Any:
+        """The plan's key only where whole-line batches match lines by it (the step scheduler
+        steps lines of any plan together)."""
+        batches = isinstance(self._batcher, SampleBatcher) and self._batcher.max_batch > 1
+        return signature(self.model, conds, opts) if batches else None
 
     def _frames(self, piece: Piece, pred: Any, opts: SynthesisOptions, record) -> int:
         """The piece's latent frames: asked seconds, the predictor's `pred` (on the host), or the
@@ -430,13 +440,7 @@ class Synthesizer:
 
     def _conditions(self, ids: Any, mask: Any, voice_states: tuple) -> Any:
         """Conditions of one piece: the text encoded now (graph-replayed on the fast path)."""
-        check_ids(ids, mask, self.config.text_token_vocab, "text")
-        ids, mask = DEVICE.upload(ids, self.device), DEVICE.upload(mask, self.device)
-        fast = self.fast_sampler
-        if fast is not None:
-            text_state, mask = fast.encode_text(ids, mask)
-        else:
-            text_state = self.model.encode_text(ids, mask)
+        [(text_state, mask)] = self._encoders.text_states([ids], [mask])
         return Conditions(text_state, mask, *voice_states[1])
 
     def _render(self, piece, voice_states, seed, opts, record, cancel, progress) -> Rendered:
@@ -449,21 +453,11 @@ class Synthesizer:
         stage: list[float] = []
 
         def prepare() -> SampleRequest:
-            def encode() -> tuple[Any, Any, Any]:  # on the device owner (engine/hardware/owner.py)
-                states = voice_states()
-                stage.append(time.perf_counter())
-                conds = self._conditions(piece.ids, piece.mask, states)
-                pred = self._predict(conds, states[0]) if opts.seconds is None else None
-                # the plan's key only where whole-line batches match lines by it (the step
-                # scheduler steps lines of any plan together)
-                batches = isinstance(self._batcher, SampleBatcher) and self._batcher.max_batch > 1
-                key = signature(self.model, conds, opts) if batches else None
-                return conds, key, None if pred is None else DEVICE.to_host(pred)
-
-            conds, key, pred = DEVICE.run(encode, cancel, URGENT)
+            item = EncodeItem(piece.ids, piece.mask, voice_states, opts)
+            conds, key, pred = self._encoders.encode(item, cancel)  # with other lines' (encoding.py)
             frames = self._frames(piece, None if pred is None else pred.wait(cancel), opts, record)
             noise = draw_noise(seed, 1, frames, self.config.latent_dim)  # on the host: jobs upload it
-            stage.append(time.perf_counter())
+            stage[:] = [item.started, time.perf_counter()]
             return SampleRequest(conds, noise, opts, key, cancel=cancel, progress=progress, length=frames)
 
         req, latent = self._batcher.sample(prepare)
