@@ -7,8 +7,8 @@ decoded alone. A streamed line's later windows carry the deadline the owner orde
 
 from __future__ import annotations
 
-import itertools
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -126,22 +126,29 @@ def test_with_decode_batch_1_no_windows_meet_in_one_call(irodori_home):
 
 
 def test_a_streamed_lines_later_windows_carry_the_deadline_of_its_playback(synth, monkeypatch):
+    from irodori_speaker.synthesis.decoding import MARGIN_S
+
     seen: list[tuple[int, float | None]] = []
     real = DEVICE.run_batched
 
     def recorded(key, item, many, cancel=None, priority=1, *, limit=8, deadline=None):
-        seen.append((priority, deadline))
+        if key[0] == "decode":
+            seen.append((priority, deadline))
         return real(key, item, many, cancel, priority, limit=limit, deadline=deadline)
 
     monkeypatch.setattr(DEVICE, "run_batched", recorded)
-    chunks = list(synth.stream(TEXTS[0] * 3, options=opts(seed=1)))
-    assert len(chunks) >= 3 and len(seen) == len(chunks)
+    sizes, t_first = [], None
+    for chunk in synth.stream(TEXTS[0] * 3, options=opts(seed=1)):
+        t_first = t_first or time.monotonic()  # the line's first chunk: its playback starts
+        sizes.append(len(chunk))
+    assert len(sizes) >= 3 and len(seen) == len(sizes)
     (first_priority, first_deadline), *later = seen
     assert first_priority == 0 and first_deadline is None  # URGENT: first audio
-    deadlines = [d for _, d in later]
-    assert all(p == 1 for p, _ in later) and all(d is not None for d in deadlines)
-    # each later window is needed later than the one before (more audio handed out before it)
-    assert all(b > a for a, b in itertools.pairwise(deadlines)), deadlines
+    assert all(p == 1 and d is not None for p, d in later), later
+    for k, (_, deadline) in enumerate(later, start=1):
+        # window k is needed once the audio of the windows before it has played, less the margin
+        needed = t_first + sum(sizes[:k]) / synth.sample_rate
+        assert t_first - 30 < deadline <= needed - MARGIN_S, (k, deadline - t_first, needed - t_first)
 
 
 def test_a_non_finite_latent_is_a_clear_error_and_not_a_device_read(synth):
