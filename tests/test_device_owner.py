@@ -183,6 +183,37 @@ def test_lines_stepped_together_on_cuda_sound_as_alone(irodori_home):
     assert max(r.record.extra["sample_batch"] for r in results) >= 2
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (its sync debug mode)")
+@pytest.mark.parametrize("step_batching", [False, True], ids=["line-batches", "steps"])
+def test_lines_that_meet_on_cuda_sync_nothing_on_the_owner_thread(irodori_home, step_batching):
+    """CUDA's sync debug mode names every synchronising call; none may come from the owner thread
+    while lines meet there (their decode windows batched, the v4.1-MF predictor included)."""
+    import warnings
+
+    synth = _load("cuda", max_batch=8, step_batching=step_batching)
+    synth.prewarm()
+    jobs = [(TEXTS[i], opts(seed=i + 1, steps=4)) for i in range(4)]
+    together(synth, jobs)  # every shape once (allocator growth), then watched
+    syncs: list[str] = []
+    shown = warnings.showwarning
+
+    def note(message, category, filename, lineno, *rest):
+        if "synchroniz" in str(message) and threading.current_thread().name == "irodori-device":
+            syncs.append(f"{filename}:{lineno}: {message}")
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = note
+            results = together(synth, jobs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = shown
+    assert all(not isinstance(r, Exception) for r in results), results
+    assert syncs == [], syncs
+
+
 def test_the_duration_predictor_runs_only_when_its_length_is_used(irodori_home, monkeypatch):
     """Asked seconds: no predictor forward (and no host read of it); otherwise one per piece."""
     mf = _load("cpu", tiny_random="v4.1-mf")
@@ -408,3 +439,61 @@ def test_while_lines_step_a_job_far_from_its_deadline_waits_and_one_due_does_not
     assert steps_before(ran["now"]) <= 1  # due: in the first round
     assert ran["far"] >= start + 0.2 - 0.05 and steps_before(ran["far"]) >= 5  # waited for its time
     assert lines.left == 0 or ran["far"] < lines.times[-1]  # not held back till the steps ended
+
+
+@pytest.mark.parametrize("step_batching", [False, True], ids=["line-batches", "steps"])
+def test_the_owner_decides_nothing_from_device_values(irodori_home, monkeypatch, step_batching):
+    """A read of a device tensor's values on the owner thread waits for every launch before it
+    (the GPU drains). With the CPU's tensors taken for device ones (`encoders._on_host`: a stand-in
+    for a GPU, which this machine lacks), lines that meet on the owner branch on no tensor's value
+    (`__bool__` / `item`) there, and sound as alone: the general forms the owner takes instead of a
+    shortcut (masks kept, empty rows handled) give the same numbers. Allowed: `sampler._any`, one
+    read per voice mask, remembered (the plan's guidance groups depend on it)."""
+    import traceback
+
+    from irodori_speaker.engine import encoders
+
+    synth = _load("cpu", max_batch=8, step_batching=step_batching)
+    jobs = [(TEXTS[i], opts(seed=i, steps=3)) for i in range(4)]
+    alone = [synth.synthesize(t, options=o) for t, o in jobs]
+    reads: list[str] = []
+
+    def spy(name):
+        real = getattr(torch.Tensor, name)
+
+        def read(self, *a, **k):
+            if threading.current_thread().name == "irodori-device":
+                stack = traceback.extract_stack(limit=8)
+                if not any(f.name == "_any" for f in stack):
+                    reads.append(f"{name} at {stack[-2].filename}:{stack[-2].lineno} ({stack[-2].name})")
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+
+    monkeypatch.setattr(encoders, "_on_host", lambda t: False)
+    for name in ("__bool__", "item"):
+        spy(name)
+    met = together(synth, jobs)
+    monkeypatch.undo()
+    assert all(not isinstance(r, Exception) for r in met), met
+    assert reads == [], reads
+    for a, b in zip(alone, met):
+        np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
+
+
+def test_no_device_reads_keeps_the_general_form_with_the_same_result(monkeypatch):
+    from irodori_speaker.engine import encoders
+    from irodori_speaker.engine.encoders import attend_safe, key_mask, may_read, no_device_reads
+
+    monkeypatch.setattr(encoders, "_on_host", lambda t: False)  # a device tensor (no GPU here)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    q = k = v = torch.randn(2, 1, 5, 4)
+    assert may_read(mask) and key_mask(mask) is None  # a read allowed: the shortcut
+    shortcut = attend_safe(q, k, v, key_mask(mask))
+    with no_device_reads():
+        assert not may_read(mask)
+        kept = key_mask(mask)
+        assert kept is not None and kept.shape == (2, 1, 1, 5)
+        general = attend_safe(q, k, v, kept)
+    assert may_read(mask)  # the block left, reads allowed again
+    torch.testing.assert_close(general, shortcut)

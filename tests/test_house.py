@@ -59,6 +59,9 @@ LOCAL_IMPORTS: dict[str, dict[str, str]] = {
         "irodori_speaker.engine.checkpoint": TORCH_FREE + OFFLINE,
         "irodori_speaker.text.backbone_tokenizer": TORCH_FREE + OFFLINE,
     },
+    "irodori_speaker.engine.hardware.owner": {
+        "irodori_speaker.engine.encoders": TORCH_FREE + " (the owner starts its thread with the lines)"
+    },
     "irodori_speaker.server.config": {
         "irodori_speaker.synthesis.voices": TORCH_FREE + " (the Ray driver builds settings without torch)"
     },

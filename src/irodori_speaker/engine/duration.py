@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from ..audio.signal import SAMPLE_RATE
 from ..errors import InputError
 from .config import ModelConfig
+from .encoders import may_read
 from .layers import RMSNorm, SwiGLU
 
 HOP = 1920  # audio samples per latent frame
@@ -128,10 +129,12 @@ class DurationPredictor(nn.Module):
     ) -> Tensor:
         B = text_state.shape[0]
         empty = ~text_mask.any(dim=1)
-        if bool(empty.any()):  # a row with no valid token: zero its state, mark token 0 valid
+        # a row with no valid token: zero its state, mark token 0 valid (without a read of the
+        # mask where none may happen: the same ops, a no-op on rows that have tokens)
+        if not may_read(empty) or bool(empty.any()):
             text_state = text_state.masked_fill(empty[:, None, None], 0.0)
             text_mask = text_mask.clone()
-            text_mask[empty, 0] = True
+            text_mask[:, 0] |= empty
         null_spk = self.null_speaker.to(text_state.dtype).expand(B, -1)
         spk = (
             null_spk

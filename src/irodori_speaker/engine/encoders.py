@@ -7,6 +7,10 @@ Module names equal the released tensor names (`text_encoder.blocks.0.attention.w
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -23,12 +27,42 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+_reads = threading.local()
+
+
+@contextmanager
+def no_device_reads() -> Iterator[None]:
+    """On this thread, within the block, no code decides from a device tensor's values: where a
+    shortcut would read one (a mask that may be all valid), the general form runs instead (same
+    result). The device owner runs its jobs in it (engine/hardware/owner.py): a read there waits
+    for every launch queued before it, so the GPU drains while the host waits."""
+    before = getattr(_reads, "off", False)
+    _reads.off = True
+    try:
+        yield
+    finally:
+        _reads.off = before
+
+
+def may_read(t: Tensor) -> bool:
+    """Whether host code may branch on `t`'s values here: not under CUDA-graph capture, and for a
+    device tensor not inside `no_device_reads` (a host tensor costs nothing to read)."""
+    if capturing():
+        return False
+    return _on_host(t) or not getattr(_reads, "off", False)
+
+
+def _on_host(t: Tensor) -> bool:
+    return t.device.type == "cpu"
+
+
 def key_mask(mask: Tensor | None) -> Tensor | None:
     """(B, S) bool key mask -> (B, 1, 1, S) for SDPA; None when every key is valid.
 
-    Deciding None syncs the host; under CUDA-graph capture the mask is always kept (same result).
+    Deciding None reads the mask (a host sync); where that may not happen (`may_read`) the mask is
+    kept (same result).
     """
-    if mask is None or (not capturing() and bool(mask.all())):
+    if mask is None or (may_read(mask) and bool(mask.all())):
         return None
     return mask[:, None, None, :]
 
@@ -41,7 +75,7 @@ def attend_safe(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v)
     empty = ~mask.any(dim=-1, keepdim=True)  # (B, 1, 1, 1)
-    if capturing() or bool(empty.any()):  # under capture: no sync, always the safe form
+    if not may_read(empty) or bool(empty.any()):  # no read allowed: always the safe form
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty)
         return out.masked_fill(empty, 0.0)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

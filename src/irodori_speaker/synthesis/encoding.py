@@ -64,7 +64,9 @@ class TextEncoders:
         self._key = (id(self), "encode")
 
     def encode(self, item: EncodeItem, cancel: Any = None) -> Encoded:
-        """`item` encoded on the device owner, with the items of other lines queued beside it."""
+        """`item` encoded on the device owner, with the items of other lines queued beside it.
+        Its tokens are checked here, on the line's thread, before any device work."""
+        check_ids(item.ids, item.mask, self.model.cfg.text_token_vocab, "text")
         return DEVICE.run_batched(self._key, item, self.many, cancel, URGENT, limit=self.max_batch)
 
     def many(self, items: list[EncodeItem]) -> list[Encoded]:
@@ -88,9 +90,8 @@ class TextEncoders:
 
     def text_states(self, ids: list[Tensor], masks: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
         """Each line's (text state, mask) on the device, as it has them alone (padded to the
-        context bucket with graphs, `FastSampler.text_width`), from one text-encoder call."""
-        for i, m in zip(ids, masks):
-            check_ids(i, m, self.model.cfg.text_token_vocab, "text")
+        context bucket with graphs, `FastSampler.text_width`), from one text-encoder call. The
+        tokens are checked by the caller (`encode`, on the line's thread)."""
         rows, mask = (ids[0], masks[0]) if len(ids) == 1 else stack_tokens(ids, masks)
         rows, mask = DEVICE.upload(rows, self.device), DEVICE.upload(mask, self.device)
         fast = self.fast()

@@ -273,6 +273,8 @@ class DeviceOwner:
     def _own(self) -> None:
         import torch  # here, not at the top: the runtime side imports this package torch-free
 
+        from ..encoders import no_device_reads
+
         try:
             while True:
                 with self._cond:
@@ -281,7 +283,7 @@ class DeviceOwner:
                         if not self._busy():
                             self._thread = None
                             return
-                with MODEL_LOCK, torch.inference_mode():
+                with MODEL_LOCK, torch.inference_mode(), no_device_reads():
                     t0 = time.perf_counter()
                     self._round()
                     self.busy_s += time.perf_counter() - t0
