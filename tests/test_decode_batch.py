@@ -151,6 +151,32 @@ def test_a_streamed_lines_later_windows_carry_the_deadline_of_its_playback(synth
         assert t_first - 30 < deadline <= needed - MARGIN_S, (k, deadline - t_first, needed - t_first)
 
 
+def test_only_a_lines_first_window_is_urgent_and_later_pieces_count_from_its_start(synth, monkeypatch):
+    """A line of two pieces (a pause between them): the second piece's first window is needed once
+    the first piece and the pause have played, not as first audio."""
+    from irodori_speaker.synthesis.decoding import MARGIN_S
+
+    seen: list[tuple[int, float | None]] = []
+    real = DEVICE.run_batched
+
+    def recorded(key, item, many, cancel=None, priority=1, *, limit=8, deadline=None):
+        if key[0] == "decode":
+            seen.append((priority, deadline))
+        return real(key, item, many, cancel, priority, limit=limit, deadline=deadline)
+
+    monkeypatch.setattr(DEVICE, "run_batched", recorded)
+    t0 = time.monotonic()
+    stream = synth.stream(f"{TEXTS[1]}[pause:1.5]{TEXTS[2]}", options=opts(seed=2))
+    sizes = [len(c) for c in stream]
+    assert stream.record.pieces == 2, stream.record.pieces
+    urgent = [d for p, d in seen if p == 0]
+    assert urgent == [None]  # the line's first window only
+    # the second piece's first window comes after the first piece's windows and the 1.5 s pause
+    # (it is needed no sooner than 1.5 s after the line started, less the margin)
+    later = [d for p, d in seen if p == 1]
+    assert later and max(later) >= t0 + 1.5 - MARGIN_S, (max(later) - t0, sizes)
+
+
 def test_a_non_finite_latent_is_a_clear_error_and_not_a_device_read(synth):
     latent = torch.zeros(1, 30, synth.config.latent_dim)
     latent[0, 3, 0] = float("nan")

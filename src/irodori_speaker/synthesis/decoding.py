@@ -32,6 +32,29 @@ MARGIN_S = 1.0
 
 
 @dataclass
+class Playback:
+    """A line's audio as handed out so far (its pieces and the silences between them): when the
+    first of it went out, its playback start as far as the synthesizer knows, and how much. Its
+    streamed windows' deadlines count from it; only its very first window is URGENT."""
+
+    started: float | None = None
+    samples: int = 0
+    took: float = 0.0  # the longest a window took from launch to its samples on the host
+
+    def handed(self, samples: int) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+        self.samples += samples
+
+    def deadline(self, before: int, sr: int) -> float | None:
+        """When a window whose audio follows `before` samples of the line is needed: once those
+        have played, less the margin (None before the line's first audio)."""
+        if self.started is None:
+            return None
+        return self.started + before / sr - max(MARGIN_S, 4 * self.took)
+
+
+@dataclass
 class Rendered:
     """A sampled piece, ready to decode: latent frames [0, decode_frames) give `samples` samples."""
 
@@ -40,8 +63,17 @@ class Rendered:
     samples: int
 
 
-def decode_chunks(codec: Any, preset: Any, rendered: Rendered, opts: Any, cancel: Any, whole: bool):
+def decode_chunks(
+    codec: Any,
+    preset: Any,
+    rendered: Rendered,
+    opts: Any,
+    cancel: Any,
+    whole: bool,
+    playback: Playback | None = None,
+):
     """Yield (float32 numpy chunk, is_last) of one rendered piece, cut to its sample count.
+    `playback`: its line's audio so far (a piece of its own: None), counted on as chunks go out.
 
     Each window is a job of the device owner, copied to the host without waiting where the
     owner ran it (CUDA); then the next window is launched before this one is read."""
@@ -80,9 +112,9 @@ def decode_chunks(codec: Any, preset: Any, rendered: Rendered, opts: Any, cancel
             held.append(codec.decoder_input(latent(), check_finite=False))
         return held[0]
 
+    line = playback if playback is not None else Playback()
+    before = line.samples  # the line's audio ahead of this piece
     launched = 0  # samples of the windows launched so far
-    started: float | None = None  # when the first chunk went out (its playback, as far as we know)
-    took = 0.0  # the longest a window took from launch to its samples on the host
 
     def launch(i: int, priority: int) -> Any:
         nonlocal launched
@@ -90,9 +122,8 @@ def decode_chunks(codec: Any, preset: Any, rendered: Rendered, opts: Any, cancel
             return None
         lo, start, end, hi = windows[i]
         keep = total - launched
-        deadline = None
-        if not whole and started is not None:  # needed when the audio handed out so far has played
-            deadline = started + launched / sr - max(MARGIN_S, 4 * took)
+        # a streamed window is needed when the line's audio before it has played
+        deadline = None if whole else line.deadline(before + launched, sr)
         item = _Window(source, lo, hi, (start - lo) * hop, (end - lo) * hop, keep)
         key = ("decode", id(codec), hi - lo)
         copy = DEVICE.run_batched(
@@ -108,7 +139,9 @@ def decode_chunks(codec: Any, preset: Any, rendered: Rendered, opts: Any, cancel
         return copy
 
     t0 = time.monotonic()
-    ahead = launch(0, URGENT)  # the first window is first audio: ahead of other lines' windows
+    # the line's first window is first audio: ahead of other lines' windows (a later piece's
+    # first window is needed only when the pieces before it have played)
+    ahead = launch(0, URGENT if line.started is None else NORMAL)
     i, remaining = 1, total
     while ahead is not None and remaining > 0:
         # a copy still on its way (the owner launched it, CUDA): the next window goes in
@@ -116,10 +149,8 @@ def decode_chunks(codec: Any, preset: Any, rendered: Rendered, opts: Any, cancel
         overlap = ahead.pending
         nxt = launch(i, NORMAL) if overlap else None
         out = _finite(ahead.wait(cancel).numpy())
-        now = time.monotonic()
-        took = max(took, now - t0)
-        if started is None:
-            started = now
+        line.took = max(line.took, time.monotonic() - t0)
+        line.handed(len(out))
         remaining -= len(out)
         yield out, remaining <= 0
         t0 = time.monotonic()

@@ -63,7 +63,7 @@ from ..text.length import estimate_seconds
 from ..text.pauses import Pause
 from ..text.userdict import resolve_user_dict
 from .batching import SampleBatcher, SampleRequest
-from .decoding import Rendered, decode_chunks
+from .decoding import Playback, Rendered, decode_chunks
 from .encoding import EncodeItem, TextEncoders
 from .fingerprint import file_fingerprint
 from .identity import ModelIdentity, resolve_options
@@ -496,9 +496,12 @@ class Synthesizer:
         gained = not whole and needs_processing(opts) and not needs_whole_piece(opts)
         post = not gained and needs_processing(opts)
 
+        playback = Playback()  # the line's audio handed out: its windows' deadlines count from it
+
         def quiet(seconds: float) -> np.ndarray:
             gap = silence(seconds, SAMPLE_RATE)
             record.samples += len(gap)
+            playback.handed(len(gap))
             return gap
 
         if opts.pre_silence + pieces.lead > 0:
@@ -520,7 +523,7 @@ class Synthesizer:
             step = line_progress.step(i) if line_progress is not None else None
             rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, step)
             t_dec = time.perf_counter()
-            chunks = decode_chunks(self.codec, self.preset, rendered, opts, cancel, whole)
+            chunks = decode_chunks(self.codec, self.preset, rendered, opts, cancel, whole, playback)
             if gained:
                 chunks = PieceGain(opts, record.warnings).chunks(chunks)
             elif post:  # decode the whole piece, then process it
