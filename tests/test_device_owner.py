@@ -497,3 +497,31 @@ def test_no_device_reads_keeps_the_general_form_with_the_same_result(monkeypatch
         general = attend_safe(q, k, v, kept)
     assert may_read(mask)  # the block left, reads allowed again
     torch.testing.assert_close(general, shortcut)
+
+
+def test_a_lines_lane_moves_its_jobs_ahead_or_behind():
+    from irodori_speaker.engine.hardware.owner import HIGH_LANE, LOW_LANE, URGENT, line_lane
+
+    owner = DeviceOwner()
+    order: list[str] = []
+
+    def job(name, lane=None, **kw):
+        def call(o):
+            if lane is None:
+                return o.run(lambda: order.append(name), **kw)
+            with line_lane(lane):
+                return o.run(lambda: order.append(name), **kw)
+
+        return call
+
+    _queue_then_release(
+        owner,
+        [
+            job("normal"),
+            job("low first audio", LOW_LANE, priority=URGENT),
+            job("normal first audio", priority=URGENT),
+            job("high later window", HIGH_LANE),
+        ],
+    )
+    # URGENT in arrival order (the high line's every job is URGENT), then NORMAL by arrival
+    assert order == ["normal first audio", "high later window", "normal", "low first audio"], order

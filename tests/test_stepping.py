@@ -108,3 +108,50 @@ def test_fail_ends_every_waiting_and_live_line_with_the_error():
     sched.fail(boom)
     assert waiting.done and live.done and waiting.error is boom and live.error is boom
     assert not sched.has_work()
+
+
+class _Line:
+    """A stepped line's stand-in for the scheduler's own rules: done after `steps` steps."""
+
+    def __init__(self, req, steps: int) -> None:
+        self.tag, self.left, self.cancel, self.error = req, steps, req.cancel, None
+
+    def latent(self):
+        return f"latent of lane {self.tag.lane}"
+
+
+def test_a_high_lane_line_enters_the_next_step_even_when_the_batch_is_full():
+    from irodori_speaker.synthesis.batching import SampleRequest
+
+    stepped: list[list[int]] = []
+
+    def step(lines):  # as engine.steps.StepBatcher.step: a cancelled line leaves with Cancelled
+        stepped.append([line.tag.lane for line in lines])
+        for line in lines:
+            if line.cancel is not None and line.cancel.cancelled:
+                line.error = Cancelled("cancelled")
+            else:
+                line.left -= 1
+        return [line for line in lines if line.left <= 0 or line.error is not None]
+
+    sched = StepScheduler(lambda req: None, step, lambda reqs, c, p: [], max_batch=2)
+    reqs = [SampleRequest(None, None, None, None) for _ in range(4)]
+    for req, lane in zip(reqs, (1, 1, 2, 0)):  # normal, normal, low, then a high line arrives
+        req.lane = lane
+    token = CancelToken()
+    reqs[2].cancel = token
+    for req in reqs[:3]:  # started (the owner's job did it) and waiting for a step
+        req.line = _Line(req, steps=3)
+        sched._waiting.append(req)
+    sched.iterate()
+    assert stepped[-1] == [1, 1]  # the batch full with the two normal lines
+    reqs[3].line = _Line(reqs[3], steps=2)
+    sched._waiting.append(reqs[3])
+    token.cancel()  # the low line, left out, is cancelled meanwhile
+    sched.iterate()
+    assert stepped[-1][:2] == [0, 1]  # the high line steps at once; one normal line waits
+    assert reqs[2].done and isinstance(reqs[2].error, Cancelled)  # left out, cancelled: retired
+    while sched.has_work():
+        sched.iterate()
+    assert all(r.done for r in reqs) and reqs[3].result == "latent of lane 0"
+    assert max(len(s) for s in stepped if 2 not in s) <= 2

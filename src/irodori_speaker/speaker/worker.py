@@ -23,6 +23,7 @@ import numpy as np
 from ..audio.signal import StreamResampler, resample
 from ..cache import CachedRender
 from ..cancel import check
+from ..engine.hardware.owner import line_lane
 from ..errors import Cancelled
 from ..options import SynthesisRecord, SynthesizerLike
 from ..timing.estimate import SpeechSpan, estimate_timing
@@ -136,7 +137,8 @@ class LineWorker:
         """`_render`, counted among the lines in synthesis on the shared model (the jitter
         buffers of every Speaker on it plan with that load)."""
         assert self.load is not None
-        with self.load.busy():
+        # its lane reaches the device owner: a high line's work goes ahead of other Speakers'
+        with self.load.busy(), line_lane(int(line.priority)):
             self._render(loop, line, rates)
 
     def _render(self, loop: asyncio.AbstractEventLoop, line: LineRecord, rates: list[int]) -> None:

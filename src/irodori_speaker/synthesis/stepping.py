@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cancel import CancelToken, check
-from ..engine.hardware.owner import DEVICE, URGENT
+from ..engine.hardware.owner import DEVICE, URGENT, current_lane
 from .batching import CountsPreparing, RunBatch, SampleRequest
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class StepScheduler(CountsPreparing):
     def _hand_over(self, req: SampleRequest) -> None:
         """Start the line (its context K/V and plan) as a job, queue it for the steps and wait
         for its latent."""
+        req.lane = current_lane()
         try:
             req.line = DEVICE.run(lambda: self._start(req), req.cancel, URGENT)
         except BaseException as e:  # a refused plan or a cancel: this line alone fails
@@ -105,21 +106,25 @@ class StepScheduler(CountsPreparing):
             self._cond.notify_all()
 
     def iterate(self) -> None:
-        """One iteration on the owner thread: admit the waiting lines, one step, retire."""
+        """One iteration on the owner thread: admit the waiting lines, one step of at most
+        `max_batch` of them (high lanes first, then by arrival: a high line enters the next step
+        even when the batch is full; a line left out keeps its state), retire."""
         with self._cond:
-            admit: list[SampleRequest] = []
-            while self._waiting and len(self._live) + len(admit) < self.max_batch:
-                admit.append(self._waiting.pop(0))
+            admit, self._waiting = self._waiting, []
         if not self._live and not admit:
             return
         n = 0
+        chosen: list[Any] = []
         try:
             self._live += [req.line for req in admit]  # a cancelled waiting line was taken out
-            n = len(self._live)
-            finished = self._step(self._live) if self._live else []
+            chosen = sorted(self._live, key=lambda line: line.tag.lane)[: self.max_batch]
+            n = len(chosen)
+            # a line left out that was cancelled leaves now, too (the step retires it)
+            left_out = [line for line in self._live if line not in chosen and _cancelled(line)]
+            finished = self._step(chosen + left_out)
         except BaseException as e:  # one failed step fails its lines, not the owner
             log.exception("a sampler step failed")
-            finished = list(self._live)
+            finished = chosen or list(self._live)
             for line in finished:
                 line.error = e
         if n:
@@ -136,3 +141,7 @@ class StepScheduler(CountsPreparing):
                 req.batch_size = max(req.batch_size, n)
                 req.done = True
             self._cond.notify_all()
+
+
+def _cancelled(line: Any) -> bool:
+    return line.cancel is not None and line.cancel.cancelled

@@ -40,7 +40,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -53,6 +54,7 @@ T = TypeVar("T")
 I = TypeVar("I")
 
 URGENT, NORMAL = 0, 1  # a new line's encoders and first window; later windows and the rest
+HIGH_LANE, NORMAL_LANE, LOW_LANE = 0, 1, 2  # a line's lane, as the Speaker's `Priority` numbers them
 DUE_S = 0.02  # while lines are stepped, a NORMAL job runs once its deadline is this near
 
 
@@ -65,6 +67,27 @@ class Stepper(Protocol):
 
     def fail(self, error: BaseException) -> None:
         """An iteration raised past its own handling: end every line it holds with `error`."""
+
+
+_line = threading.local()
+
+
+@contextmanager
+def line_lane(lane: int) -> Iterator[None]:
+    """The jobs this thread submits within the block are a line of `lane`: HIGH_LANE (a super
+    chat) makes every one URGENT (ahead of other lines' work, its steps first), LOW_LANE (idle
+    talk) none (its first audio waits behind other lines' first audio); NORMAL_LANE as asked."""
+    before = getattr(_line, "lane", NORMAL_LANE)
+    _line.lane = int(lane)
+    try:
+        yield
+    finally:
+        _line.lane = before
+
+
+def current_lane() -> int:
+    """The lane of the line this thread works for (`line_lane`; NORMAL_LANE outside one)."""
+    return int(getattr(_line, "lane", NORMAL_LANE))
 
 
 @dataclass(eq=False)
@@ -179,6 +202,9 @@ class DeviceOwner:
     def _submit(self, job: Job[T]) -> T:
         cancel = job.cancel
         check(cancel)
+        lane = current_lane()
+        if lane != NORMAL_LANE:  # a high line's work all goes first; a low line's never does
+            job.priority = URGENT if lane == HIGH_LANE else NORMAL
         if self.on_owner():
             return job.fn()
         if self._thread is None and MODEL_LOCK.acquire(blocking=False):
