@@ -59,6 +59,7 @@ Speed is the ratio batched / serial within one run; absolute times count only on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import subprocess
@@ -130,6 +131,7 @@ def late_chunks(arrivals: list[tuple[float, int]]) -> int:
 
 
 MAX_PADDING: list[float | None] = [None]  # --max-padding (the line batches' bound; None: the preset's)
+DECODE_BATCH: list[int | None] = [None]  # --decode-batch (windows decoded together; None: the preset's)
 
 
 def use_sampling(synth, kind: str, streams: int) -> None:
@@ -137,6 +139,9 @@ def use_sampling(synth, kind: str, streams: int) -> None:
     what prewarm captured batch graphs for, caps the batch)."""
     top = min(streams, synth.preset.max_batch) if kind != "serial" else 1
     synth._encoders.max_batch = top  # lines' text encoders batch no further (serial stays serial)
+    # decode windows of lines that meet: one by one when serial (the baseline), else as asked
+    windows = 1 if kind == "serial" else DECODE_BATCH[0] or 1
+    synth.preset = dataclasses.replace(synth.preset, decode_batch=windows)
     if kind == "step":
         synth._batcher = StepScheduler(synth._start_line, synth._step_lines, synth._sample_batch, top)
     else:
@@ -366,6 +371,7 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     files = news5.prepare_files(int4=mode.int4, smoke=args.smoke, families={mode.family})
     synth, voice = news5.build(mode, files, args.int4_impl, max_batch=args.max_batch)
     MAX_PADDING[0] = args.max_padding
+    DECODE_BATCH[0] = args.decode_batch or synth.preset.decode_batch
     if mode.fast:
         synth.prewarm(voice)
     sentence_audio, sentence_frames = [], []  # warm-up (kernel selection, graphs of these buckets)
@@ -519,6 +525,9 @@ def main() -> None:
     ap.add_argument("--serial", action=argparse.BooleanOptionalAction, default=True, help=serial_help)
     ap.add_argument(
         "--max-padding", type=float, help="the line batches' padding bound (default: the preset's)"
+    )
+    ap.add_argument(
+        "--decode-batch", type=int, help="stream windows decoded as one batch (default: the preset's)"
     )
     ap.add_argument(
         "--batching",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec concurrency concurrency_base host_profile cpu_preset news5 int4 memory memory_phases memory_budget server_load" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec decode_batch concurrency concurrency_base host_profile cpu_preset news5 int4 memory memory_phases memory_budget server_load" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -29,7 +29,7 @@ else
   export PYTHONPATH="$PWD/src"
 fi
 STAGES="${STAGES:-env tests profile news5 int4 memory}"
-TESTS="${TESTS:-tests/engine/test_batch.py tests/engine/test_codec_fast.py tests/engine/test_fast.py tests/engine/test_fast_v4.py tests/engine/test_fused.py tests/engine/test_codec_graphs.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py tests/quant/test_fp8.py tests/engine/test_memory_budget_cuda.py}"
+TESTS="${TESTS:-tests/engine/test_batch.py tests/engine/test_codec_fast.py tests/engine/test_fast.py tests/engine/test_fast_v4.py tests/engine/test_fused.py tests/engine/test_codec_graphs.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py tests/quant/test_fp8.py tests/engine/test_memory_budget_cuda.py tests/test_device_owner.py tests/test_text_batching.py}"
 
 stage() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
@@ -46,6 +46,9 @@ if stage profile; then
 fi
 if stage codec; then
   timeout "${CODEC_S:-200}" python3 benchmarks/codec_speed.py ${CODEC_ARGS:-} 2>&1 | tee "$OUT/codec.txt" | tail -40
+fi
+if stage decode_batch; then  # stream windows of several lines in one batch vs one by one (graphs)
+  timeout "${DECODE_BATCH_S:-120}" python3 benchmarks/decode_batch.py ${DECODE_BATCH_ARGS:-} 2>&1 | tee "$OUT/decode_batch.txt" | tail -12
 fi
 if stage concurrency; then  # many streams: batched vs serial side by side (benchmarks/concurrency.py)
   timeout "${CONC_S:-300}" python3 benchmarks/concurrency.py ${CONC_ARGS:---streams 1,4,16,64 --lines 3 --server 0} --json "$OUT/concurrency.json" 2>&1 | tee "$OUT/concurrency.txt" | tail -20
