@@ -27,7 +27,8 @@ PACKAGE = "irodori_speaker"
 #: kernels are under the model code, which knows nothing of int4 (quant) or of the device presets
 #: (hardware, which pick the quantised layers).
 FLOORS: list[tuple[str, ...]] = [
-    ("errors", "cancel", "dirs", ""),  # "": the root, whose only import is errors (its names load lazily)
+    # "": the root, whose only import is errors (its names load lazily)
+    ("errors", "cancel", "lanes", "dirs", ""),
     ("audio",),  # numpy signal helpers; the options parse control values with them
     ("options",),
     ("text",),

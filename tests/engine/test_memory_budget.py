@@ -265,3 +265,17 @@ def test_a_tight_budget_decodes_whole_lines_in_chunks():
         4 * GIB, 80 * GIB, GIB, cfg, None, dataclasses.replace(preset, decode_chunk_frames=25)
     )
     assert given.decode_chunk_frames == 25  # a chunk the preset already has is kept
+
+
+def test_the_window_batch_gets_what_the_sampling_leaves():
+    """With codec graphs, stream windows of lines that meet decode as one batch (preset
+    `decode_batch`, 4 on CUDA); each extra row of the batch's graph is one more window's decode,
+    sized from what the sampling batch leaves (the sampling batch is chosen first)."""
+    cfg, preset = ModelConfig(), dataclasses.replace(base_preset("cuda"), max_batch=8)
+    assert preset.decode_batch == 4
+    roomy = plan_budget(64 * GIB, 80 * GIB, GIB, cfg, None, preset)
+    assert roomy.decode_batch == 4 and "stream windows decoded 4 at a time" in roomy.describe()
+    alone = plan_budget(64 * GIB, 80 * GIB, GIB, cfg, None, dataclasses.replace(preset, max_batch=1))
+    assert alone.decode_batch == 1 and "stream windows" not in alone.describe()  # no lines meet
+    sizes = {plan_budget(b * GIB // 4, 80 * GIB, GIB, cfg, None, preset).decode_batch for b in range(8, 40)}
+    assert 1 in sizes and 4 in sizes  # some budget between holds the sampling but fewer windows

@@ -11,7 +11,7 @@ def test_a_speakers_line_carries_its_lane_to_the_device_owner(irodori_home, run)
     """The Speaker renders each line inside `line_lane(priority)`: what the owner reads on the
     line's thread while its jobs are submitted."""
     from irodori_speaker import NullOutput, Speaker
-    from irodori_speaker.engine.hardware.owner import current_lane
+    from irodori_speaker.lanes import current_lane
 
     synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False)
     lanes: list[int] = []

@@ -23,8 +23,8 @@ import numpy as np
 from ..audio.signal import StreamResampler, resample
 from ..cache import CachedRender
 from ..cancel import check
-from ..engine.hardware.owner import line_lane
 from ..errors import Cancelled
+from ..lanes import line_lane
 from ..options import SynthesisRecord, SynthesizerLike
 from ..timing.estimate import SpeechSpan, estimate_timing
 from .jitter import LATENT_HZ, ModelLoad, model_load

@@ -44,7 +44,7 @@ class SampleRequest:
     length: int = 1  # its rows' length (latent frames): lines of near lengths batch together
     batch_size: int = 0  # how many lines it was sampled with (itself included)
     line: Any = None  # stepping.py: its engine.steps.StepLine, made on its own thread
-    lane: int = 1  # its line's lane (engine/hardware/owner.line_lane): 0 high, 1 normal, 2 low
+    lane: int = 1  # its line's lane (irodori_speaker.lanes): 0 high, 1 normal, 2 low
     taken: bool = field(default=False, repr=False)
 
 

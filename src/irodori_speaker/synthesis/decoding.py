@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from ..audio.signal import SAMPLE_RATE
 from ..engine.hardware.owner import DEVICE, NORMAL, URGENT
 from ..errors import AudioError
 
-SAMPLE_RATE = 48_000
 # a window's deadline is this far ahead of its line running dry at least (or four of its windows'
 # longest time from launch to landing, if more): only a line well ahead yields to the others. With
 # 50 ms, 16 Speakers on the CPU tiny model had 8 holes in 32 lines (tests/speaker/test_jitter.py):

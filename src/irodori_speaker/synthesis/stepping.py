@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cancel import CancelToken, check
-from ..engine.hardware.owner import DEVICE, URGENT, current_lane
+from ..engine.hardware.owner import DEVICE, URGENT
+from ..lanes import current_lane
 from .batching import CountsPreparing, RunBatch, SampleRequest
 
 log = logging.getLogger(__name__)

@@ -163,6 +163,8 @@ class BudgetPlan:
 
     def describe(self) -> str:
         chunks = f", decode in {self.decode_chunk_frames}-frame chunks" if self.decode_chunk_frames else ""
+        if self.decode_batch > 1:
+            chunks += f", stream windows decoded {self.decode_batch} at a time"
         return (
             f"GPU memory budget {format_bytes(self.budget)} of {format_bytes(self.total)} "
             f"({self.text}): model {format_bytes(self.resident)}, ~{format_bytes(self.per_line)} per line; "

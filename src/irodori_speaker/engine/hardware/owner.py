@@ -20,10 +20,11 @@ on its command buffers) is kept: the owner, or a lone line, holds the model lock
 Order: URGENT jobs first (a new line's encoders, sampling start and first window: first audio is
 what a viewer hears), then one step of every live line, then the NORMAL jobs by when they are
 due: the moment a line needs the result (a streamed window's is when its line's played audio runs
-out), or when it was asked for if that is later (a job already late queues first come, first
-served).
-While lines are being stepped, a NORMAL job not yet due (`DUE_S`) waits for a later round, so a
-line far ahead of its playback yields to new lines and to lines about to run dry.
+out, less a margin), or when it was asked for if that is later (a job already late queues first
+come, first served). While lines are being stepped, a NORMAL job not yet due (`DUE_S`) waits for
+a later round, so a line far ahead of its playback yields to new lines and to lines about to run
+dry. (Running a window past its deadline before new lines' work was tried: more holes, not fewer,
+benchmarks/RESULTS.md "Ninth session".)
 
 Jobs of one kind (`run_batched`: the decode windows of one length, the text encoder) queued
 together run as one call: every line that is waiting is served by one launch of a batch. A batch
@@ -40,12 +41,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from ...cancel import CancelToken, check
+from ...lanes import HIGH_LANE, NORMAL_LANE, current_lane
 from .lock import MODEL_LOCK
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,6 @@ T = TypeVar("T")
 I = TypeVar("I")
 
 URGENT, NORMAL = 0, 1  # a new line's encoders and first window; later windows and the rest
-HIGH_LANE, NORMAL_LANE, LOW_LANE = 0, 1, 2  # a line's lane, as the Speaker's `Priority` numbers them
 DUE_S = 0.02  # while lines are stepped, a NORMAL job runs once its deadline is this near
 
 
@@ -67,27 +67,6 @@ class Stepper(Protocol):
 
     def fail(self, error: BaseException) -> None:
         """An iteration raised past its own handling: end every line it holds with `error`."""
-
-
-_line = threading.local()
-
-
-@contextmanager
-def line_lane(lane: int) -> Iterator[None]:
-    """The jobs this thread submits within the block are a line of `lane`: HIGH_LANE (a super
-    chat) makes every one URGENT (ahead of other lines' work, its steps first), LOW_LANE (idle
-    talk) none (its first audio waits behind other lines' first audio); NORMAL_LANE as asked."""
-    before = getattr(_line, "lane", NORMAL_LANE)
-    _line.lane = int(lane)
-    try:
-        yield
-    finally:
-        _line.lane = before
-
-
-def current_lane() -> int:
-    """The lane of the line this thread works for (`line_lane`; NORMAL_LANE outside one)."""
-    return int(getattr(_line, "lane", NORMAL_LANE))
 
 
 @dataclass(eq=False)
@@ -330,7 +309,7 @@ class DeviceOwner:
 
     def _round(self) -> None:
         """Urgent jobs, one step of every stepper, then the NORMAL jobs queued before the step
-        by deadline (while lines are stepped, only those due)."""
+        by when due (while lines are stepped, only those due)."""
         while (job := self._pop_urgent()) is not None:
             self._do(job)
         stepping = False
