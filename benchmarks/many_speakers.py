@@ -8,9 +8,11 @@ tree (`PYTHONPATH=<old tree>/src python benchmarks/many_speakers.py`) for a side
     python benchmarks/many_speakers.py --speakers 16,32 --lines 3 --repeat 3
     python benchmarks/many_speakers.py --max-batch 32                    # lines stepped together
     python benchmarks/many_speakers.py --max-batch 32 --batching line    # whole-line batches (old)
+    python benchmarks/many_speakers.py --speakers 16 --high-every 4       # a high lane beside normal ones
 
-Columns: lines with a hole (of all lines, over the repeats), first audio = enqueue of a Speaker's
-first line -> its playback start (p50 / p95 over Speakers and repeats), wall of a repeat.
+Columns: per lane (with --high-every), lines with a hole (of all lines, over the repeats), first
+audio = enqueue of a Speaker's first line -> its playback start (p50 / p95 over Speakers and
+repeats), wall of a repeat.
 """
 
 from __future__ import annotations
@@ -24,20 +26,39 @@ import time
 from irodori_speaker import NullOutput, Speaker, SynthesisOptions, load_synthesizer
 
 
-async def _speaker(synth, opts, i: int, lines: int, holes: set[tuple[int, int]]) -> float | None:
+async def _speaker(
+    synth, opts, i: int, lines: int, holes: set[tuple[int, int]], priority: str
+) -> float | None:
     async with Speaker(synth, output=NullOutput(speed=1.0), options=opts, prewarm=False) as s:
         s.on("underrun", lambda e: holes.add((i, e.utterance_id)))
-        hs = [s.enqueue(f"話者{i}の{k}行目です") for k in range(lines)]
+        hs = [s.enqueue(f"話者{i}の{k}行目です", priority=priority) for k in range(lines)]
         await asyncio.gather(*(h.wait() for h in hs))
         t = hs[0].timings
         return t["playback_started"] - t["enqueued"] if "playback_started" in t else None
 
 
-async def _round(synth, opts, speakers: int, lines: int) -> tuple[int, list[float], float]:
+def _lane(i: int, high_every: int) -> str:
+    return "high" if high_every and i % high_every == 0 else "normal"
+
+
+async def _round(synth, opts, speakers: int, lines: int, high_every: int) -> dict[str, tuple]:
+    """Per lane ("normal", and "high" with --high-every): holes, first audio times, and the wall."""
     holes: set[tuple[int, int]] = set()
     t0 = time.monotonic()
-    firsts = await asyncio.gather(*(_speaker(synth, opts, i, lines, holes) for i in range(speakers)))
-    return len(holes), [f for f in firsts if f is not None], time.monotonic() - t0
+    lanes = [_lane(i, high_every) for i in range(speakers)]
+    runs = (_speaker(synth, opts, i, lines, holes, lanes[i]) for i in range(speakers))
+    firsts = await asyncio.gather(*runs)
+    wall = time.monotonic() - t0
+    out = {}
+    for lane in dict.fromkeys(lanes):
+        mine = [i for i in range(speakers) if lanes[i] == lane]
+        out[lane] = (
+            sum(1 for i, _ in holes if lanes[i] == lane),
+            [firsts[i] for i in mine if firsts[i] is not None],
+            wall,
+            len(mine),
+        )
+    return out
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -60,6 +81,9 @@ def main() -> None:
         default="step",
         help="with --max-batch > 1: step-level or whole-line",
     )
+    ap.add_argument(
+        "--high-every", type=int, default=0, help="every k-th Speaker speaks high-priority lines (0: none)"
+    )
     args = ap.parse_args()
     fields = {} if args.max_batch is None else {"max_batch": args.max_batch}
     if args.batching == "step":  # an older tree has no such field: pass it only when asked
@@ -70,18 +94,23 @@ def main() -> None:
         f"# {platform.processor() or platform.machine()}, tiny random model, {args.seconds} s lines, "
         f"backend {args.backend}, max_batch {synth.preset.max_batch}, {type(synth._batcher).__name__}"
     )
-    print("| speakers | lines | lines with a hole | first audio p50 / p95 s | wall s (median) |")
-    print("|---|---|---|---|---|")
+    print("| speakers | lane | lines | lines with a hole | first audio p50 / p95 s | wall s (median) |")
+    print("|---|---|---|---|---|---|")
     for n in (int(x) for x in args.speakers.split(",")):
-        holes, firsts, walls = 0, [], []
+        rows: dict[str, list] = {}
         for _ in range(args.repeat):
-            h, f, w = asyncio.run(_round(synth, opts, n, args.lines))
-            holes, firsts, walls = holes + h, firsts + f, [*walls, w]
-        total = n * args.lines * args.repeat
-        print(
-            f"| {n} | {total} | {holes} | {statistics.median(firsts):.2f} / {_pct(firsts, 0.95):.2f} "
-            f"| {statistics.median(walls):.1f} |"
-        )
+            by_lane = asyncio.run(_round(synth, opts, n, args.lines, args.high_every))
+            for lane, (h, f, w, count) in by_lane.items():
+                row = rows.setdefault(lane, [0, [], [], count])
+                row[0] += h
+                row[1] += f
+                row[2].append(w)
+        for lane, (holes, firsts, walls, count) in rows.items():
+            total = count * args.lines * args.repeat
+            print(
+                f"| {n} | {lane} | {total} | {holes} | {statistics.median(firsts):.2f} / "
+                f"{_pct(firsts, 0.95):.2f} | {statistics.median(walls):.1f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -522,8 +522,10 @@ def test_a_lines_lane_moves_its_jobs_ahead_or_behind():
             job("normal"),
             job("low first audio", LOW_LANE, priority=URGENT),
             job("normal first audio", priority=URGENT),
-            job("high later window", HIGH_LANE),
+            job("high later work", HIGH_LANE),
+            job("high first audio", HIGH_LANE, priority=URGENT),
         ],
     )
-    # URGENT in arrival order (the high line's every job is URGENT), then NORMAL by arrival
-    assert order == ["normal first audio", "high later window", "normal", "low first audio"], order
+    # a high line's first-audio work before every other URGENT job; its other work keeps its place
+    # (NORMAL, by arrival); a low line's first audio is NORMAL
+    assert order == ["high first audio", "normal first audio", "normal", "low first audio", "high later work"]

@@ -2,8 +2,10 @@
 
 The Speaker renders each line inside `line_lane(priority)` (its `Priority` numbers: 0 high,
 1 normal, 2 low); the device owner (engine/hardware/owner.py) reads `current_lane()` on the
-line's thread as the line submits its jobs: a high line's work goes ahead of other lines', a low
-line's first audio behind theirs. Here, below both, so the Speaker sets it without the engine.
+line's thread as the line submits its jobs: a high line's first-audio work (encoders, start,
+first window) goes ahead of other lines', a low line's first audio waits behind their later
+windows, and the step scheduler steps high lines first. Here, below both, so the Speaker sets it
+without the engine.
 """
 
 from __future__ import annotations

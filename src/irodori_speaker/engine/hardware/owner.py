@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from ...cancel import CancelToken, check
-from ...lanes import HIGH_LANE, NORMAL_LANE, current_lane
+from ...lanes import HIGH_LANE, LOW_LANE, current_lane
 from .lock import MODEL_LOCK
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class Job(Generic[T]):
     cancel: CancelToken | None = None
     priority: int = NORMAL
     deadline: float = 0.0  # time.monotonic() by which it is needed (orders the NORMAL jobs)
+    high: bool = False  # a high-lane line's start: ahead of the other URGENT jobs
     key: Hashable | None = None  # jobs of one key queued together run as one call of `many`
     item: Any = None
     many: Callable[[list[Any]], list[Any]] | None = None
@@ -182,8 +183,13 @@ class DeviceOwner:
         cancel = job.cancel
         check(cancel)
         lane = current_lane()
-        if lane != NORMAL_LANE:  # a high line's work all goes first; a low line's never does
-            job.priority = URGENT if lane == HIGH_LANE else NORMAL
+        if lane == HIGH_LANE and job.priority == URGENT:
+            # a high line's first-audio work ahead of every other line's; the rest of its work
+            # keeps its place: a high line's every job served first made holes in the other
+            # Speakers' lines (RESULTS.md "Ninth session")
+            job.high = True
+        elif lane == LOW_LANE:  # a low line's first audio waits behind the others'
+            job.priority = NORMAL
         if self.on_owner():
             return job.fn()
         if self._thread is None and MODEL_LOCK.acquire(blocking=False):
@@ -196,7 +202,10 @@ class DeviceOwner:
             finally:
                 MODEL_LOCK.release()
         with self._cond:
-            if job.priority == URGENT:
+            if job.high:  # after the high jobs queued before it, before every other one
+                at = next((i for i, j in enumerate(self._urgent) if not j.high), len(self._urgent))
+                self._urgent.insert(at, job)
+            elif job.priority == URGENT:
                 self._urgent.append(job)
             else:
                 # when it is needed, but never before it was asked for: a job past its deadline
