@@ -55,6 +55,26 @@ def test_concurrent_lines_of_different_plans_step_together_and_sound_as_alone(sy
     assert _no_sampler_thread()
 
 
+def test_lines_that_arrive_together_start_in_one_job_and_sound_as_alone(synth, monkeypatch):
+    from irodori_speaker.engine.steps import StepBatcher
+
+    jobs = [(t, opts(seed=i + 7)) for i, t in enumerate(TEXTS)]
+    alone = [synth.synthesize(t, options=o) for t, o in jobs]
+    sizes: list[int] = []
+    real = StepBatcher.start_many
+
+    def start_many(self, joining):
+        sizes.append(len(joining))
+        return real(self, joining)
+
+    monkeypatch.setattr(StepBatcher, "start_many", start_many)
+    results = together(synth, jobs)
+    assert all(not isinstance(r, Exception) for r in results), results
+    assert max(sizes) >= 2, sizes  # their starts (context K/V) in one job
+    for a, b in zip(alone, results):
+        np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
+
+
 def test_a_cancelled_line_leaves_at_the_next_step_and_the_others_finish(synth):
     tokens = [CancelToken() for _ in TEXTS]
 
@@ -98,7 +118,7 @@ def test_a_bad_line_fails_alone(synth):
 def test_fail_ends_every_waiting_and_live_line_with_the_error():
     from irodori_speaker.synthesis.batching import SampleRequest
 
-    sched = StepScheduler(lambda req: None, lambda lines: [], lambda reqs, c, p: [], max_batch=4)
+    sched = StepScheduler(lambda reqs: [], lambda lines: [], lambda reqs, c, p: [], max_batch=4)
     waiting = SampleRequest(None, None, None, None)
     live = SampleRequest(None, None, None, None)
     live_line = type("Line", (), {"tag": live})()
@@ -134,7 +154,7 @@ def test_a_high_lane_line_enters_the_next_step_even_when_the_batch_is_full():
                 line.left -= 1
         return [line for line in lines if line.left <= 0 or line.error is not None]
 
-    sched = StepScheduler(lambda req: None, step, lambda reqs, c, p: [], max_batch=2)
+    sched = StepScheduler(lambda reqs: [], step, lambda reqs, c, p: [], max_batch=2)
     reqs = [SampleRequest(None, None, None, None) for _ in range(4)]
     for req, lane in zip(reqs, (1, 1, 2, 0)):  # normal, normal, low, then a high line arrives
         req.lane = lane

@@ -71,6 +71,41 @@ def test_lines_joining_at_different_steps_equal_each_line_alone(dit_fixtures, ki
         assert progress[i] == list(range(1, LINES[i][3]["steps"] + 1))
 
 
+@pytest.mark.parametrize("kind", ["v2_base", "v3_voicedesign"])
+def test_lines_started_together_equal_each_line_alone(dit_fixtures, kind):
+    """`start_many`: lines of every plan of LINES join in one call (those whose guidance groups
+    match share one context call, rows padded to the longest context), then step together."""
+    from irodori_speaker.engine.steps import Joining
+
+    model, io, _ = load_kind(dit_fixtures, kind)
+    C = model.cfg.latent_dim
+    inputs = []
+    for row, frames, seed, kw in LINES:
+        conds = encode(model, io, slice(row, row + 1))
+        inputs.append((conds, draw_noise(seed, 1, frames, C), SamplerConfig(**kw)))
+    want = [_alone(model, *args) for args in inputs]
+    calls: list[int] = []
+    real = model.context_kv
+
+    def context_kv(conds):
+        calls.append(conds.batch_size)
+        return real(conds)
+
+    model.context_kv = context_kv
+    try:
+        batcher = StepBatcher(FastDiT(model), max_padding=float("inf"))
+        lines = batcher.start_many([Joining(*args, tag=i) for i, args in enumerate(inputs)])
+    finally:
+        del model.context_kv
+    groups = sum(len(plan.groups) or 1 for plan in {line.plan.groups: line.plan for line in lines}.values())
+    assert len(calls) < sum(len(line.plan.groups) or 1 for line in lines)  # lines shared calls
+    assert len(calls) >= groups  # one per guidance group of each kind of line
+    run_lines(batcher, lines)
+    for i, w in enumerate(want):
+        assert lines[i].error is None and lines[i].tag == i
+        torch.testing.assert_close(lines[i].latent(), w, atol=1e-4, rtol=1e-4, msg=f"line {i}")
+
+
 def test_meanflow_lines_and_packing_reuse():
     model = load_checkpoint(tiny_random_files("v4.1-mf").model).model
     assert model.cfg.meanflow

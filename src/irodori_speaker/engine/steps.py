@@ -18,15 +18,16 @@ only its latents each step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..cancel import Cancelled, CancelToken
-from .batch import frame_mask
+from .batch import frame_mask, stack_conditions
 from .fast import FastDiT, pad_conditions, round_up
 from .layers import rope_tables
 from .model import Conditions, ContextKV
@@ -41,8 +42,18 @@ from .sampler import (
     euler_step,
     initial_x,
     plan_for,
-    prepare_context,
 )
+
+
+class Joining(NamedTuple):
+    """A line about to join: conditions of batch 1, noise (1, S, C), its options and handles."""
+
+    conds: Conditions
+    noise: Tensor
+    cfg: SamplerConfig
+    cancel: CancelToken | None = None
+    progress: ProgressFn | None = None
+    tag: object = None
 
 
 @dataclass(eq=False)
@@ -118,7 +129,7 @@ class StepBatcher:
         self.steps_run = 0  # forwards so far
         self.rows_run = 0  # rows over those forwards
 
-    # ---- a line joins ------------------------------------------------------------------------
+    # ---- lines join ---------------------------------------------------------------------------
     def start(
         self,
         conds: Conditions,
@@ -130,18 +141,69 @@ class StepBatcher:
         tag: object = None,
     ) -> StepLine:
         """A line (conditions of batch 1, noise (1, S, C)) ready to take its first step."""
+        return self.start_many([Joining(conds, noise, cfg, cancel, progress, tag)])[0]
+
+    def start_many(self, joining: Sequence[Joining]) -> list[StepLine]:
+        """Lines ready to take their first step. Those whose conditions and guidance groups match
+        get their context keys/values from one call per group (rows padded to the longest context,
+        masked): lines that arrive together pay one set of launches, not one each. Raises on the
+        first line whose inputs or plan are refused (the device owner then starts each alone)."""
         model = self.fast.model
         with torch.inference_mode():
-            check_inputs(model, conds, noise)
-            plan = plan_for(model, conds, cfg)
-            S = noise.shape[1]
-            S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
-            x = initial_x(F.pad(noise, (0, 0, 0, S_pad - S)), cfg, self.fast.device)
-            latent_mask = frame_mask([S], S_pad, self.fast.device)
-            ctx = prepare_context(model, pad_conditions(conds, self.context_bucket), plan, S_pad, latent_mask)
-            if cfg.speaker_kv_scale is not None:
-                ctx.scale_speaker(cfg.speaker_kv_scale, cfg.speaker_kv_max_layers)
-        return StepLine(plan, cfg, x, S, ctx, self.fast.plan_table(plan), cancel, progress, tag=tag)
+            plans = []
+            for j in joining:
+                check_inputs(model, j.conds, j.noise)
+                plans.append(plan_for(model, j.conds, j.cfg))
+            contexts: list[LineContext | None] = [None] * len(joining)
+            by_kind: dict[tuple, list[int]] = {}
+            for i, (j, plan) in enumerate(zip(joining, plans)):
+                present = tuple(getattr(j.conds, f"{n}_state") is not None for n in ("speaker", "caption"))
+                by_kind.setdefault((plan.groups, present), []).append(i)
+            for members in by_kind.values():
+                stacked = [pad_conditions(joining[i].conds, self.context_bucket) for i in members]
+                for i, made in zip(members, self._contexts(stacked, plans[members[0]])):
+                    contexts[i] = made
+            lines = []
+            for j, plan, ctx in zip(joining, plans, contexts):
+                assert ctx is not None
+                S = j.noise.shape[1]
+                S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
+                x = initial_x(F.pad(j.noise, (0, 0, 0, S_pad - S)), j.cfg, self.fast.device)
+                if j.cfg.speaker_kv_scale is not None:
+                    ctx.scale_speaker(j.cfg.speaker_kv_scale, j.cfg.speaker_kv_max_layers)
+                table = self.fast.plan_table(plan)
+                lines.append(StepLine(plan, j.cfg, x, S, ctx, table, j.cancel, j.progress, tag=j.tag))
+        return lines
+
+    def _contexts(self, conds: list[Conditions], plan: Plan) -> list[LineContext]:
+        """Each line's context (its guidance groups' keys/values) from one `context_kv` call per
+        group over all the lines (each line's rows copied out: it scales its own speaker K/V in
+        place). The step builds its own attention masks (`_pack`), so none is made here."""
+        model, B = self.fast.model, len(conds)
+        batch = conds[0] if B == 1 else stack_conditions(conds)
+        groups = plan.groups or (((),),)  # no guidance: one group, its one branch dropping nothing
+        packed = []
+        for g in groups:
+            branches = [batch.dropped(*b) for b in g]
+            packed.append(model.context_kv(branches[0] if len(branches) == 1 else Conditions.cat(branches)))
+        out = []
+        for i in range(B):
+            mine = []
+            for g, ctx in zip(groups, packed):
+                if B == 1:
+                    mine.append(ctx)
+                    continue
+                rows = torch.arange(i, B * len(g), B, device=ctx.mask.device)  # its row of each branch
+                mine.append(
+                    ContextKV(
+                        [k.index_select(0, rows) for k in ctx.keys],
+                        [v.index_select(0, rows) for v in ctx.values],
+                        ctx.mask.index_select(0, rows),
+                        ctx.segments,
+                    )
+                )
+            out.append(LineContext(mine, [None] * len(plan.groups), mine[0].rows(1), None))
+        return out
 
     # ---- one step of every line --------------------------------------------------------------
     def step(self, lines: list[StepLine]) -> list[StepLine]:

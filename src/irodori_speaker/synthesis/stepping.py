@@ -25,14 +25,14 @@ from .batching import CountsPreparing, RunBatch, SampleRequest
 
 log = logging.getLogger(__name__)
 
-StartLine = Callable[[SampleRequest], Any]  # request -> engine.steps.StepLine
+StartLines = Callable[[list[SampleRequest]], list[Any]]  # requests -> their engine.steps.StepLines
 StepLines = Callable[[list[Any]], list[Any]]  # live StepLines -> those that finished
 
 
 class StepScheduler(CountsPreparing):
     """`sample(prepare)` as `SampleBatcher`'s, served by the device owner stepping every line."""
 
-    def __init__(self, start: StartLine, step: StepLines, run_alone: RunBatch, max_batch: int) -> None:
+    def __init__(self, start: StartLines, step: StepLines, run_alone: RunBatch, max_batch: int) -> None:
         super().__init__()
         self._start = start
         self._step = step
@@ -75,10 +75,13 @@ class StepScheduler(CountsPreparing):
 
     def _hand_over(self, req: SampleRequest) -> None:
         """Start the line (its context K/V and plan) as a job, queue it for the steps and wait
-        for its latent."""
+        for its latent. Lines arriving together start in one job (`run_batched`): their contexts
+        from one call; a start that raises runs again alone, so a refused line fails alone."""
         req.lane = current_lane()
         try:
-            req.line = DEVICE.run(lambda: self._start(req), req.cancel, URGENT)
+            req.line = DEVICE.run_batched(
+                (id(self), "start"), req, self._start, req.cancel, URGENT, limit=self.max_batch
+            )
         except BaseException as e:  # a refused plan or a cancel: this line alone fails
             req.error, req.done = e, True
             return

@@ -49,7 +49,7 @@ from ..engine.hardware.presets import select_preset
 from ..engine.kernels.tuning import tuning_allowed
 from ..engine.model import Conditions
 from ..engine.sampler import draw_noise, sample
-from ..engine.steps import StepBatcher, StepLine
+from ..engine.steps import Joining, StepBatcher, StepLine
 from ..options import (
     SAMPLE_RATE,
     AudioStream,
@@ -140,7 +140,7 @@ class Synthesizer:
         self._batcher: SampleBatcher | StepScheduler
         if self.preset.max_batch > 1 and self.preset.step_batching:
             self._batcher = StepScheduler(
-                self._start_line, self._step_lines, self._sample_batch, self.preset.max_batch
+                self._start_lines, self._step_lines, self._sample_batch, self.preset.max_batch
             )
         else:
             self._batcher = SampleBatcher(
@@ -424,15 +424,18 @@ class Synthesizer:
             outs = [latent[b : b + 1, :n] for b, n in enumerate(lengths)]
         return outs
 
-    def _start_line(self, req: SampleRequest) -> StepLine:
-        """A line joining the step batch (stepping.py): its context and plan, on the owner thread."""
+    def _start_lines(self, reqs: list[SampleRequest]) -> list[StepLine]:
+        """Lines joining the step batch (stepping.py) together: their contexts and plans, on the
+        owner thread (`StepBatcher.start_many`: one context call for the lines that match)."""
         if self._steps is None:
             fast = self.fast_sampler
             dit = fast.fast if fast is not None else FastDiT(self.model, fused=False)
             self._steps = StepBatcher(dit, max_padding=self.preset.max_padding, upload=DEVICE.upload)
-        steps = self._steps
-        noise = DEVICE.upload(req.noise, self.device)
-        return steps.start(req.conds, noise, req.cfg, cancel=req.cancel, progress=req.progress, tag=req)
+        joining = [
+            Joining(r.conds, DEVICE.upload(r.noise, self.device), r.cfg, r.cancel, r.progress, r)
+            for r in reqs
+        ]
+        return self._steps.start_many(joining)
 
     def _step_lines(self, lines: list[StepLine]) -> list[StepLine]:
         assert self._steps is not None
