@@ -2,9 +2,10 @@
 
 On the H200 the step path is bound by the device owner's host time (RESULTS.md, eighth session),
 so the ops a step dispatches per line are what to cut. N lines (tiny random model on the CPU,
-v2, 8 sway steps, lines of different lengths) start on `engine.steps.StepBatcher`, then steps are
-counted under torch.profiler: the first step (contexts packed) and a steady one. Uses only
-`StepBatcher.start` / `step`, so it runs against an older tree too:
+v2, 8 sway steps, lines of different lengths) start on `engine.steps.StepBatcher` (counted: the
+lines arriving together, with `start_many` where the tree has it, else one `start` each), then
+steps are counted under torch.profiler: the first step (contexts packed) and a steady one. Runs
+against an older tree too:
 
     python benchmarks/step_ops.py --lines 1,4,16
     PYTHONPATH=<old tree>/src python benchmarks/step_ops.py --lines 1,4,16
@@ -38,10 +39,10 @@ def top_level_ops(fn) -> int:
     return sum(1 for e in prof.events() if e.cpu_parent is None)
 
 
-def count(model, n: int) -> tuple[int, int]:
+def count(model, n: int) -> tuple[int, int, int]:
     torch.manual_seed(0)
     batcher = StepBatcher(FastDiT(model, fused=False))
-    lines = []
+    joining = []
     for i in range(n):
         ids = torch.randint(3, 200, (1, 10 + i))
         with torch.inference_mode():
@@ -49,10 +50,17 @@ def count(model, n: int) -> tuple[int, int]:
                 ids, torch.ones_like(ids, dtype=torch.bool), torch.randn(1, 20, model.cfg.latent_dim), None
             )
         noise = draw_noise(i, 1, 40 + 8 * i, model.cfg.latent_dim)
-        lines.append(batcher.start(conds, noise, SamplerConfig(steps=8, schedule="sway")))
+        joining.append((conds, noise, SamplerConfig(steps=8, schedule="sway")))
+    lines: list = []
+    if hasattr(batcher, "start_many"):  # this tree: the lines arriving together start in one call
+        from irodori_speaker.engine.steps import Joining
+
+        start = top_level_ops(lambda: lines.extend(batcher.start_many([Joining(*j) for j in joining])))
+    else:
+        start = top_level_ops(lambda: lines.extend(batcher.start(*j) for j in joining))
     first = top_level_ops(lambda: batcher.step(lines))
     steady = top_level_ops(lambda: batcher.step(lines))
-    return first, steady
+    return start, first, steady
 
 
 def main() -> None:
@@ -61,11 +69,11 @@ def main() -> None:
     args = ap.parse_args()
     model = load_checkpoint(tiny_random_files("v2").model).model
     print(f"# {Path(irodori_speaker.__file__).parent.parent}; torch {torch.__version__}")
-    print("| lines | ops, first step | ops, steady step | steady ops a line |")
-    print("|---|---|---|---|")
+    print("| lines | ops, their starts | ops, first step | ops, steady step | steady ops a line |")
+    print("|---|---|---|---|---|")
     for n in [int(x) for x in args.lines.split(",")]:
-        first, steady = count(model, n)
-        print(f"| {n} | {first} | {steady} | {steady / n:.1f} |")
+        start, first, steady = count(model, n)
+        print(f"| {n} | {start} | {first} | {steady} | {steady / n:.1f} |")
 
 
 if __name__ == "__main__":
