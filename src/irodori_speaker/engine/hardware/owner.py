@@ -118,7 +118,7 @@ class DeviceOwner:
         self.linger_s = linger_s
         self._cond = threading.Condition()
         self._urgent: deque[Job] = deque()
-        self._normal: list[tuple[float, int, Job]] = []  # a heap by (deadline, arrival)
+        self._normal: list[tuple[float, int, Job]] = []  # a heap by (when due, arrival order)
         self._seq = itertools.count()
         self._steppers: list[Stepper] = []  # those with lines in flight
         self._thread: threading.Thread | None = None
