@@ -28,8 +28,9 @@ starting at the line's first chunk: events, and the lines that had one), errors 
 raised or gave no audio), each stage's mean time a line (its record's timings: text encoder and
 length, sampling (a batch's lines each count the batch), decode), the batch sizes that ran, the
 device owner's host time in its rounds as a share of the wall (near 100 %: the owner's launches
-are the bound; low: the GPU, or lines alone running inline) and its rounds, and on CUDA the peak
-memory of the run.
+are the bound; low: the GPU, or lines alone running inline) and its rounds, the owner's calls
+that served several jobs at once (encoders, decode windows, step starts of lines that met) and
+the jobs in them, and on CUDA the peak memory of the run.
 
 Then the server stage (`--server N`, default 200; 0 leaves it out): benchmarks/server_load.py's
 burst of N mixed VOICEVOX / OpenAI requests at `serve`'s default settings, in its own server
@@ -101,6 +102,7 @@ class Run:
     errors: int = 0  # lines that raised or gave no audio
     owner_busy_s: float = 0.0  # the device owner's host time in rounds (engine/hardware/owner.py)
     owner_rounds: int = 0
+    owner_batched: tuple[int, int] = (0, 0)  # the owner's calls that served several jobs, and those jobs
     error_text: list[str] = field(default_factory=list)
 
     def per_line_ms(self, stage: str) -> float:
@@ -201,6 +203,7 @@ def run(
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     busy0, rounds0 = DEVICE.busy_s, DEVICE.rounds
+    batched0 = (DEVICE.batches_run, DEVICE.batched_jobs)
     start.wait()
     t0 = time.perf_counter()
     for t in threads:
@@ -208,6 +211,7 @@ def run(
     news5.sync(device)
     out.wall_s = time.perf_counter() - t0
     out.owner_busy_s, out.owner_rounds = DEVICE.busy_s - busy0, DEVICE.rounds - rounds0
+    out.owner_batched = (DEVICE.batches_run - batched0[0], DEVICE.batched_jobs - batched0[1])
     if device == "cuda":
         out.peak_mb = torch.cuda.max_memory_allocated() / 2**20
     out.batches = dict(sorted(synth._batcher.batches.items()))
@@ -397,9 +401,9 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     print(
         "| streams | sampling | lines | audio s | wall s | audio s/s | x serial | x 1 stream | TTFA p50 ms "
         "| TTFA p95 ms | underruns (lines) | errors | text / sampling / decode ms a line "
-        "| batches (size: count) | owner busy % (rounds) | peak MiB |"
+        "| batches (size: count) | owner busy % (rounds) | owner batched calls (jobs) | peak MiB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     default_switch = sys.getswitchinterval()
     intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [None]
     current = None
@@ -427,7 +431,8 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
                 f"| {r.errors} | {r.per_line_ms('duration'):.1f} / {r.per_line_ms('sampling'):.1f} / "
                 f"{r.per_line_ms('decode'):.1f} "
                 f"| {' '.join(f'{k}:{v}' for k, v in r.batches.items())} "
-                f"| {100 * r.owner_busy_s / r.wall_s:.0f} ({r.owner_rounds}) | {r.peak_mb:.0f} |",
+                f"| {100 * r.owner_busy_s / r.wall_s:.0f} ({r.owner_rounds}) "
+                f"| {r.owner_batched[0]} ({r.owner_batched[1]}) | {r.peak_mb:.0f} |",
                 flush=True,
             )
             for text in sorted(set(r.error_text))[:3]:

@@ -126,6 +126,7 @@ class DeviceOwner:
         self._waiter: threading.Thread | None = None
         self.jobs_run = 0
         self.batches_run = 0  # calls of a batched kind that served more than one job
+        self.batched_jobs = 0  # the jobs those calls served
         self.rounds = 0
         # the owner thread's time in rounds: its launches, plus any wait inside a job (a host
         # read a job still does, a launch blocked on a full GPU queue)
@@ -379,6 +380,7 @@ class DeviceOwner:
                     self._do_one(j)
                 return
             self.batches_run += 1
+            self.batched_jobs += len(batch)
             self.jobs_run += len(batch)
             for j, result in zip(batch, results):
                 j.result = result
