@@ -152,10 +152,7 @@ class DACVAE(nn.Module):
         `stream_window_lengths` gives the window lengths to pass to `prewarm_graphs`.
         """
         z = self._check_latent(latent)
-        windows = chunk_windows(
-            z.shape[-1], chunk_frames, context_frames, first_chunk_frames,
-            growth=growth, stretch_last=self._graphed(z),
-        )  # fmt: skip
+        windows = self.stream_windows(z.shape[-1], chunk_frames, context_frames, first_chunk_frames, growth)
         return decode_windows(self._decode_window, z, windows, self.hop_length, cancel)
 
     def decoder_input(self, latent: Tensor, *, check_finite: bool = True) -> Tensor:
@@ -175,9 +172,13 @@ class DACVAE(nn.Module):
         """The windows (lo, start, end, hi) `decode_stream` walks for a latent of `frames` frames
         (host arithmetic), for callers that decode them themselves: a window decodes
         `z[..., lo:hi]` and keeps samples [(start - lo) * hop, (end - lo) * hop)."""
-        graphed = self._graphs is not None and self._graphs.applies_to(self.device)
         return chunk_windows(
-            frames, chunk_frames, context_frames, first_chunk_frames, growth=growth, stretch_last=graphed
+            frames,
+            chunk_frames,
+            context_frames,
+            first_chunk_frames,
+            growth=growth,
+            stretch_last=self._graphed(),
         )
 
     def decode_window_batch(self, windows: Sequence[tuple[Tensor, int, int]]) -> list[Tensor]:
@@ -199,7 +200,7 @@ class DACVAE(nn.Module):
             return [self._decode_window(z, a, b)]
         zs = torch.cat([z for z, _, _ in windows])
         with torch.no_grad():
-            if self._graphed(zs):
+            if self._graphed():
                 rows = batch_bucket(len(windows))
                 assert self._graphs is not None
                 run = self._graphs.held((rows, n))
@@ -216,17 +217,17 @@ class DACVAE(nn.Module):
             out = self._decode_frames(zs)
         return [out[i : i + 1, :, a:b].contiguous() for i, (_, a, b) in enumerate(windows)]
 
-    def _graphed(self, z: Tensor) -> bool:
-        """Whether window decodes of `z` may replay graphs (the last window is then stretched to a
-        graphed length; without graphs that is wasted work)."""
-        return self._graphs is not None and self._graphs.applies_to(z.device)
+    def _graphed(self) -> bool:
+        """Whether window decodes may replay graphs (inputs are on the codec's device once checked;
+        the last window is then stretched to a graphed length: without graphs wasted work)."""
+        return self._graphs is not None and self._graphs.applies_to(self.device)
 
     def decode_chunked(
         self, latent: Tensor, chunk_frames: int, context_frames: int = RECEPTIVE_FIELD_FRAMES
     ) -> Tensor:
         """`decode` in chunks (bounded peak memory); equal to `decode` with the default context."""
         z = self._check_latent(latent)
-        windows = chunk_windows(z.shape[-1], chunk_frames, context_frames, stretch_last=self._graphed(z))
+        windows = chunk_windows(z.shape[-1], chunk_frames, context_frames, stretch_last=self._graphed())
         out = torch.empty(z.shape[0], 1, z.shape[-1] * self.hop_length, device=z.device)
         pos = 0
         for piece in decode_windows(self._decode_window, z, windows, self.hop_length, None):
