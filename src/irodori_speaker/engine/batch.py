@@ -80,13 +80,16 @@ def stack_noise(noises: Sequence[Tensor]) -> tuple[Tensor, list[int]]:
     return torch.cat([F.pad(n, (0, 0, 0, longest - n.shape[1])) for n in noises]), lengths
 
 
+def present_conditions(conds: Conditions) -> tuple:
+    """Which conditions exist and their dtypes: lines stack (`stack_conditions`) only where equal."""
+    states = [(name, getattr(conds, f"{name}_state")) for name in _FIELDS]
+    return tuple((name, None if state is None else state.dtype) for name, state in states)
+
+
 def signature(model: TextToLatentRFDiT, conds: Conditions, cfg: SamplerConfig) -> tuple:
     """What lines must share to be sampled together: the plan (steps, schedule, guidance
     groups and weights), the loop's own settings, which conditions exist and their dtypes."""
-    present = tuple(
-        (name, None if getattr(conds, f"{name}_state") is None else getattr(conds, f"{name}_state").dtype)
-        for name in _FIELDS
-    )
+    present = present_conditions(conds)
     loop = (
         cfg.rescale_k,
         cfg.rescale_sigma,

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..cancel import Cancelled, CancelToken
-from .batch import frame_mask, stack_conditions
+from .batch import frame_mask, present_conditions, stack_conditions
 from .fast import FastDiT, pad_conditions, round_up
 from .layers import rope_tables
 from .model import Conditions, ContextKV
@@ -157,8 +157,7 @@ class StepBatcher:
             contexts: list[LineContext | None] = [None] * len(joining)
             by_kind: dict[tuple, list[int]] = {}
             for i, (j, plan) in enumerate(zip(joining, plans)):
-                present = tuple(getattr(j.conds, f"{n}_state") is not None for n in ("speaker", "caption"))
-                by_kind.setdefault((plan.groups, present), []).append(i)
+                by_kind.setdefault((plan.groups, present_conditions(j.conds)), []).append(i)
             for members in by_kind.values():
                 stacked = [pad_conditions(joining[i].conds, self.context_bucket) for i in members]
                 for i, made in zip(members, self._contexts(stacked, plans[members[0]])):

@@ -357,13 +357,11 @@ class DeviceOwner:
         if job.key is None or job.limit <= 1:
             return batch
         with self._cond:
-            queued = [*self._urgent, *(j for _, _, j in sorted(self._normal, key=lambda e: e[:2]))]
-            for other in queued:
-                if len(batch) >= job.limit:
-                    break
-                if other.key == job.key:
-                    self._take(other)
-                    batch.append(other)
+            normal = sorted(e for e in self._normal if e[2].key == job.key)  # by (due, arrival)
+            same = [j for j in self._urgent if j.key == job.key] + [j for _, _, j in normal]
+            for other in same[: job.limit - 1]:
+                self._take(other)
+                batch.append(other)
         return batch
 
     def _do(self, job: Job) -> None:
