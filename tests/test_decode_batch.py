@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from irodori_speaker.engine.hardware.lock import MODEL_LOCK
 from irodori_speaker.engine.hardware.owner import DEVICE
 from irodori_speaker.errors import AudioError, InputError
 from irodori_speaker.synthesis.decoding import Rendered, decode_chunks
+from owner_threads import queue_then_release
 from test_batching import TEXTS, opts, together
 
 
@@ -61,23 +61,14 @@ def test_a_batch_of_windows_decodes_each_as_alone(synth):
 
 def _decode_from_threads(synth, rendered: list[Rendered], whole: bool) -> list[np.ndarray]:
     """Each piece decoded from its own thread, their first windows queued on the owner while the
-    model lock is held here (so they meet there, as under load), then the lock let go."""
-    out: list = [None] * len(rendered)
+    model lock is held (so they meet there, as under load), then the lock let go."""
 
-    def work(i: int) -> None:
+    def decode(r: Rendered) -> np.ndarray:
         with torch.inference_mode():
-            chunks = decode_chunks(synth.codec, synth.preset, rendered[i], opts(), None, whole)
-            out[i] = np.concatenate([c for c, _ in chunks])
+            chunks = decode_chunks(synth.codec, synth.preset, r, opts(), None, whole)
+            return np.concatenate([c for c, _ in chunks])
 
-    with MODEL_LOCK:
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(rendered))]
-        for t in threads:
-            t.start()
-        while DEVICE.queued() < len(rendered):
-            threading.Event().wait(0.002)
-    for t in threads:
-        t.join(60)
-    return out
+    return queue_then_release(DEVICE, [lambda _, r=r: decode(r) for r in rendered])
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["streamed", "whole"])
@@ -125,9 +116,8 @@ def test_with_decode_batch_1_no_windows_meet_in_one_call(irodori_home):
     assert sizes and set(sizes) == {1}
 
 
-def test_a_streamed_lines_later_windows_carry_the_deadline_of_its_playback(synth, monkeypatch):
-    from irodori_speaker.synthesis.decoding import MARGIN_S
-
+def _decode_jobs(monkeypatch) -> list[tuple[int, float | None]]:
+    """(priority, deadline) of every decode window submitted to the owner from now on."""
     seen: list[tuple[int, float | None]] = []
     real = DEVICE.run_batched
 
@@ -137,6 +127,13 @@ def test_a_streamed_lines_later_windows_carry_the_deadline_of_its_playback(synth
         return real(key, item, many, cancel, priority, limit=limit, deadline=deadline)
 
     monkeypatch.setattr(DEVICE, "run_batched", recorded)
+    return seen
+
+
+def test_a_streamed_lines_later_windows_carry_the_deadline_of_its_playback(synth, monkeypatch):
+    from irodori_speaker.synthesis.decoding import MARGIN_S
+
+    seen = _decode_jobs(monkeypatch)
     sizes, t_first = [], None
     for chunk in synth.stream(TEXTS[0] * 3, options=opts(seed=1)):
         t_first = t_first or time.monotonic()  # the line's first chunk: its playback starts
@@ -156,15 +153,7 @@ def test_only_a_lines_first_window_is_urgent_and_later_pieces_count_from_its_sta
     the first piece and the pause have played, not as first audio."""
     from irodori_speaker.synthesis.decoding import MARGIN_S
 
-    seen: list[tuple[int, float | None]] = []
-    real = DEVICE.run_batched
-
-    def recorded(key, item, many, cancel=None, priority=1, *, limit=8, deadline=None):
-        if key[0] == "decode":
-            seen.append((priority, deadline))
-        return real(key, item, many, cancel, priority, limit=limit, deadline=deadline)
-
-    monkeypatch.setattr(DEVICE, "run_batched", recorded)
+    seen = _decode_jobs(monkeypatch)
     t0 = time.monotonic()
     stream = synth.stream(f"{TEXTS[1]}[pause:1.5]{TEXTS[2]}", options=opts(seed=2))
     sizes = [len(c) for c in stream]

@@ -20,7 +20,7 @@ from irodori_speaker.cancel import CancelToken
 from irodori_speaker.engine.hardware.lock import MODEL_LOCK
 from irodori_speaker.engine.hardware.owner import DEVICE, DeviceOwner
 from irodori_speaker.errors import Cancelled
-from owner_threads import irodori_threads
+from owner_threads import irodori_threads, queue_then_release
 from test_batching import TEXTS, opts, together
 
 
@@ -49,20 +49,7 @@ def _record_threads(synth) -> tuple[set, list]:
 def _through_owner(owner: DeviceOwner, fns: list) -> list:
     """Each fn submitted from its own thread while the model lock is held here (so none runs
     inline), then the lock let go: the owner runs them all."""
-    out: list = [None] * len(fns)
-
-    def call(i: int) -> None:
-        out[i] = owner.run(fns[i])
-
-    with MODEL_LOCK:
-        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(fns))]
-        for t in threads:
-            t.start()
-        while owner.queued() < len(fns):
-            threading.Event().wait(0.002)
-    for t in threads:
-        t.join(30)
-    return out
+    return queue_then_release(owner, [lambda o, fn=fn: o.run(fn) for fn in fns])
 
 
 def test_lines_that_meet_run_on_the_owner_and_a_line_alone_on_its_own_thread(synth):
@@ -299,29 +286,6 @@ def test_a_host_copy_whose_wait_failed_raises_in_its_line():
     owner._waiter.join(2)
 
 
-def _queue_then_release(owner: DeviceOwner, calls: list, before_release=lambda: None) -> list:
-    """Each call (owner -> result) from its own thread, queued while the lock is held here (none
-    runs inline), then the lock let go; results (or the exception raised) in order."""
-    out: list = [None] * len(calls)
-
-    def call(i: int) -> None:
-        try:
-            out[i] = calls[i](owner)
-        except BaseException as e:
-            out[i] = e
-
-    with MODEL_LOCK:
-        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(calls))]
-        for i, t in enumerate(threads):
-            t.start()
-            while owner.queued() < i + 1:  # queued in this order
-                threading.Event().wait(0.002)
-        before_release()
-    for t in threads:
-        t.join(30)
-    return out
-
-
 def test_jobs_of_one_kind_queued_together_run_as_one_call():
     owner = DeviceOwner()
     calls: list[list] = []
@@ -333,7 +297,7 @@ def test_jobs_of_one_kind_queued_together_run_as_one_call():
     def submit(x, key="a", limit=3):
         return lambda o: o.run_batched(key, x, many, limit=limit)
 
-    out = _queue_then_release(owner, [submit(1), submit(2), submit(3, "b"), submit(4), submit(5), submit(6)])
+    out = queue_then_release(owner, [submit(1), submit(2), submit(3, "b"), submit(4), submit(5), submit(6)])
     assert out == [10, 20, 30, 40, 50, 60]
     # key "a": 1, 2, 4 (the limit), then 5, 6; key "b" alone
     assert sorted(map(sorted, calls)) == [[1, 2, 4], [3], [5, 6]], calls
@@ -351,7 +315,7 @@ def test_a_batch_that_raises_runs_its_jobs_alone_so_only_the_bad_one_fails():
             raise ValueError("bad input")
         return [s.upper() for s in items]
 
-    out = _queue_then_release(owner, [lambda o, s=s: o.run_batched("k", s, many) for s in ("a", "bad", "c")])
+    out = queue_then_release(owner, [lambda o, s=s: o.run_batched("k", s, many) for s in ("a", "bad", "c")])
     assert out[0] == "A" and out[2] == "C" and isinstance(out[1], ValueError), out
     assert sizes == [3, 1, 1, 1]
 
@@ -366,7 +330,7 @@ def test_a_cancelled_job_leaves_its_batch_unrun():
         return items
 
     calls = [lambda o: o.run_batched("k", 1, many, token), lambda o: o.run_batched("k", 2, many)]
-    out = _queue_then_release(owner, calls, before_release=token.cancel)  # cancelled while queued
+    out = queue_then_release(owner, calls, before_release=token.cancel)  # cancelled while queued
     assert isinstance(out[0], Cancelled) and out[1] == 2
     assert seen and all(1 not in items for items in seen)
 
@@ -383,7 +347,7 @@ def test_normal_jobs_run_by_when_due_and_urgent_ones_first():
     def job(name, **kw):
         return lambda o: o.run(lambda: order.append(name), **kw)
 
-    _queue_then_release(
+    queue_then_release(
         owner,
         [
             job("late", deadline=now + 30),
@@ -516,7 +480,7 @@ def test_a_lines_lane_moves_its_jobs_ahead_or_behind():
 
         return call
 
-    _queue_then_release(
+    queue_then_release(
         owner,
         [
             job("normal"),

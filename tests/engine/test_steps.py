@@ -37,15 +37,19 @@ def _alone(model, conds, noise, cfg):
         return sample(model, conds, noise, cfg)
 
 
-@pytest.mark.parametrize("kind", ["v2_base", "v3_voicedesign"])
-def test_lines_joining_at_different_steps_equal_each_line_alone(dit_fixtures, kind):
+def _lines_and_alone(dit_fixtures, kind):
+    """The model, LINES as (conditions, noise, config), and each line sampled alone."""
     model, io, _ = load_kind(dit_fixtures, kind)
-    C = model.cfg.latent_dim
     inputs = []
     for row, frames, seed, kw in LINES:
         conds = encode(model, io, slice(row, row + 1))
-        inputs.append((conds, draw_noise(seed, 1, frames, C), SamplerConfig(**kw)))
-    want = [_alone(model, *args) for args in inputs]
+        inputs.append((conds, draw_noise(seed, 1, frames, model.cfg.latent_dim), SamplerConfig(**kw)))
+    return model, inputs, [_alone(model, *args) for args in inputs]
+
+
+@pytest.mark.parametrize("kind", ["v2_base", "v3_voicedesign"])
+def test_lines_joining_at_different_steps_equal_each_line_alone(dit_fixtures, kind):
+    model, inputs, want = _lines_and_alone(dit_fixtures, kind)
     batcher = StepBatcher(FastDiT(model), max_padding=float("inf"))  # one forward for all
     progress: dict[int, list[int]] = {}
     live, done = [], {}
@@ -77,13 +81,7 @@ def test_lines_started_together_equal_each_line_alone(dit_fixtures, kind):
     match share one context call, rows padded to the longest context), then step together."""
     from irodori_speaker.engine.steps import Joining
 
-    model, io, _ = load_kind(dit_fixtures, kind)
-    C = model.cfg.latent_dim
-    inputs = []
-    for row, frames, seed, kw in LINES:
-        conds = encode(model, io, slice(row, row + 1))
-        inputs.append((conds, draw_noise(seed, 1, frames, C), SamplerConfig(**kw)))
-    want = [_alone(model, *args) for args in inputs]
+    model, inputs, want = _lines_and_alone(dit_fixtures, kind)
     calls: list[int] = []
     real = model.context_kv
 
