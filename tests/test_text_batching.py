@@ -3,7 +3,7 @@
 The real tiny models on the CPU in fp32 (conftest hides the CPU's bf16): a batch's text states
 and predicted lengths equal each line's alone, lines from several threads are encoded by one
 text-encoder call and sound as alone, a line whose encoder raises fails alone, and with
-`max_batch` 1 nothing is batched. The CUDA-graph side (batch buckets, dummy rows, no capture
+`max_batch` 1 nothing is batched. The CUDA-graph side (batch buckets, fill rows, no capture
 outside warm-up) has a test that needs a GPU; its eager fallback is checked here on the CPU.
 
 Tolerance of the text states: a batch pads the rows to the longest, so its GEMMs have other row
@@ -104,7 +104,8 @@ def test_texts_encoded_in_one_batch_equal_each_encoded_alone(irodori_home, kind)
 def test_a_batch_shape_not_captured_in_warm_up_is_encoded_eagerly_as_the_graphs_pad_it(irodori_home):
     """The graphed encoder's bookkeeping, runnable on the CPU: outside warm-up a batch whose
     (batch bucket, text bucket) has no graph is not captured; its rows come back padded to the
-    context bucket as a graph's would. Dummy rows (one valid token) leave the real rows as they are."""
+    context bucket as a graph's would. Fill rows (copies of the first line) leave the real rows as
+    they are."""
     synth = _load()
     model, tokens = synth.model, _tokens(synth)
     ids, mask = stack_tokens([i for i, _ in tokens], [m for _, m in tokens])
@@ -117,7 +118,8 @@ def test_a_batch_shape_not_captured_in_warm_up_is_encoded_eagerly_as_the_graphs_
             torch.testing.assert_close(state[b : b + 1, : i.shape[1]], model.encode_text(i, m), **TOL)
         assert not state[~padded].any()  # padding: zero states, masked
         filled = fill_tokens(ids, mask, 8)
-        assert filled[0].shape == (8, ids.shape[1]) and filled[1][len(TEXTS) :].sum(1).eq(1).all()
+        assert filled[0].shape == (8, ids.shape[1])
+        assert filled[0][len(TEXTS) :].eq(ids[0]).all() and filled[1][len(TEXTS) :].eq(mask[0]).all()
         real_rows = model.encode_text(*filled)[: len(TEXTS)]
         torch.testing.assert_close(real_rows, model.encode_text(ids, mask), **TOL)
 
@@ -193,7 +195,7 @@ def test_graphed_batches_of_texts_equal_eager_and_are_captured_only_in_warm_up(i
         with tuning_allowed():  # warm-up: the (4 rows, 32 tokens) graph
             graphed.encode_text(ids, mask)
         assert graphed.text_captures == 1 and set(graphed._text_graphs) == {(4, 32)}
-        replayed, padded = graphed.encode_text(ids[:3], mask[:3])  # 3 rows: 4 with a dummy row
+        replayed, padded = graphed.encode_text(ids[:3], mask[:3])  # 3 rows: 4 with a fill row
         assert graphed.text_captures == 1 and replayed.shape[:2] == padded.shape == (3, 32)
         torch.testing.assert_close(replayed, eager[:3], atol=1e-5, rtol=1e-5)
         for b, (i, m) in enumerate(tokens[:3]):

@@ -63,14 +63,12 @@ def stack_tokens(ids: Sequence[Tensor], masks: Sequence[Tensor]) -> tuple[Tensor
 
 
 def fill_tokens(ids: Tensor, mask: Tensor, rows: int) -> tuple[Tensor, Tensor]:
-    """Token rows grown to `rows` with dummy rows (token 0, only the first position valid: an
-    all-masked row would attend over no key); the caller drops their outputs."""
+    """Token rows grown to `rows` with copies of the first line, as `fill_batch` grows a batch
+    (the caller drops their outputs)."""
     extra = rows - ids.shape[0]
     if extra <= 0:
         return ids, mask
-    dummy = torch.zeros(extra, mask.shape[1], dtype=mask.dtype, device=mask.device)
-    dummy[:, 0] = True
-    return torch.cat([ids, ids.new_zeros(extra, ids.shape[1])]), torch.cat([mask, dummy])
+    return torch.cat([ids, ids[:1].expand(extra, -1)]), torch.cat([mask, mask[:1].expand(extra, -1)])
 
 
 def stack_noise(noises: Sequence[Tensor]) -> tuple[Tensor, list[int]]:

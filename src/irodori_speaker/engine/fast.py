@@ -324,9 +324,10 @@ class FastSampler:
         """`model.encode_text` as (states, mask); with graphs, replayed from one graph per
         (batch, length padded to the context bucket) and returned padded (`text_width`).
 
-        Several rows (lines encoded together) are filled up to a batch bucket with dummy rows,
-        whose outputs are dropped, so a few graphs serve every batch size; a batch shape that
-        warm-up did not capture runs eagerly: a capture here would stall every waiting line.
+        Several rows (lines encoded together) are filled up to a batch bucket with copies of the
+        first (`fill_tokens`; their outputs dropped), so a few graphs serve every batch size; a
+        batch shape that warm-up did not capture runs eagerly: a capture mid-stream would stall
+        every waiting line.
         Padded positions are masked (their states are zero), so `sample` gives what it gives on
         the unpadded states (it pads them itself when they are not).
         """
