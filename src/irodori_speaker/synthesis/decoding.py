@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from ..audio.signal import SAMPLE_RATE
 from ..engine.hardware.owner import DEVICE, NORMAL, URGENT
 from ..errors import AudioError
 
@@ -103,8 +102,7 @@ def decode_chunks(
         yield _finite(audio.wait(cancel).numpy()), True
         return
     windows = codec.stream_windows(rendered.decode_frames, chunk, first_chunk_frames=first, growth=growth)
-    hop, limit = codec.hop_length, max(1, int(getattr(preset, "decode_batch", 1)))
-    sr = getattr(codec, "sample_rate", SAMPLE_RATE)
+    hop, limit, sr = codec.hop_length, max(1, int(preset.decode_batch)), codec.sample_rate
     held: list[Any] = []  # the latent as the decoder takes it, made by the first window's job
 
     def source() -> Any:

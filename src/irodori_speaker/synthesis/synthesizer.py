@@ -297,7 +297,7 @@ class Synthesizer:
     def _decode_rows(self) -> list[int]:
         """The batch buckets of stream windows decoded together (`preset.decode_batch`)."""
         # only where lines are expected to meet (max_batch > 1): one stream keeps its memory
-        top = min(int(getattr(self.preset, "decode_batch", 1)), int(self.preset.max_batch))
+        top = min(int(self.preset.decode_batch), int(self.preset.max_batch))
         return [b for b in BATCH_BUCKETS if b <= batch_bucket(top)] if top > 1 else []
 
     def _prewarm_graphs(self, voice: Any, fast: Any) -> None:

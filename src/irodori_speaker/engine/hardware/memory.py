@@ -190,7 +190,7 @@ def plan_budget(
     codec = codec or CodecConfig.from_kwargs(FULL_CODEC_KWARGS)
     width = torch.finfo(preset.codec_dtype).bits // 8
     reserve, chunk = FIXED_RESERVE, preset.decode_chunk_frames
-    decode_batch = max(1, min(int(getattr(preset, "decode_batch", 1)), int(preset.max_batch)))
+    decode_batch = max(1, min(int(preset.decode_batch), int(preset.max_batch)))
     window = 0  # one stream window's decode with graphs (their pool), or none
     if torch.device(preset.codec_device or preset.device).type == "cuda":
         if chunk is None and codec_bytes(codec, longest, width) > budget // DECODE_SHARE:
