@@ -186,3 +186,25 @@ def test_lines_streamed_from_threads_all_finish_with_batches_on(synth):
     for t in threads:
         t.join(120)
     assert sorted(out) == list(range(len(TEXTS))) and all(n > 0 for n in out.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need an NVIDIA GPU (run on the H200)")
+def test_graphed_window_batches_replay_prewarms_graphs_and_equal_each_window_alone(irodori_home):
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    cuda = load_synthesizer(tiny_random=True, backend="cuda", voice_cache_dir=False, max_batch=8)
+    cuda.prewarm()
+    codec, n = cuda.codec, cuda._window_lengths()[0]
+    assert cuda._decode_rows() and codec._graphs.held((4, n)) is not None  # batch graphs from prewarm
+    captures = codec._graphs.captures
+    gen = torch.Generator().manual_seed(2)
+    z = [torch.randn(1, codec.latent_channels, n, generator=gen).cuda() for _ in range(3)]
+    hop = codec.hop_length
+    cuts = [(0, n * hop), (4 * hop, (n - 4) * hop), (7, 1000)]
+    with torch.inference_mode():
+        batch = codec.decode_window_batch([(w, a, b) for w, (a, b) in zip(z, cuts)])  # 3 rows: bucket 4
+        alone = [codec._decode_window(w, a, b) for w, (a, b) in zip(z, cuts)]
+    assert codec._graphs.captures == captures  # replayed, nothing captured
+    for got, want in zip(batch, alone):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
