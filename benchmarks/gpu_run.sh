@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec decode_batch concurrency concurrency_base host_profile cpu_preset news5 int4 memory memory_phases memory_budget server_load" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec decode_batch concurrency concurrency2 concurrency_base host_profile cpu_preset news5 int4 memory memory_phases memory_budget server_load" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -52,6 +52,9 @@ if stage decode_batch; then  # stream windows of several lines in one batch vs o
 fi
 if stage concurrency; then  # many streams: batched vs serial side by side (benchmarks/concurrency.py)
   timeout "${CONC_S:-300}" python3 benchmarks/concurrency.py ${CONC_ARGS:---streams 1,4,16,64 --lines 3 --server 0} --json "$OUT/concurrency.json" 2>&1 | tee "$OUT/concurrency.txt" | tail -20
+fi
+if stage concurrency2; then  # a second concurrency run with other arguments (e.g. the other mode)
+  timeout "${CONC2_S:-200}" python3 benchmarks/concurrency.py ${CONC2_ARGS:---modes o --streams 1,16 --lines 2 --server 0} --json "$OUT/concurrency2.json" 2>&1 | tee "$OUT/concurrency2.txt" | tail -20
 fi
 if stage concurrency_base && [ -d .device_base ]; then  # the older tree's concurrency, same machine (see news5_base)
   [ -d .device_base/tests/data ] || { mkdir -p .device_base/tests && cp -r tests/data .device_base/tests/; }
