@@ -33,7 +33,10 @@ def qkv_joint(
     ctx_v: Tensor,
     heads: int,
     eps: float,
+    ctx_rows: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
+    if ctx_rows is not None:
+        ctx_k, ctx_v = ctx_k.index_select(0, ctx_rows), ctx_v.index_select(0, ctx_rows)
     B, S, _ = p.shape
     D = p.shape[-1] // 4
     Dh = D // heads

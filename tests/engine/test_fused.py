@@ -93,6 +93,23 @@ def test_qkv_joint(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_qkv_joint_reads_each_rows_context_through_a_row_table(dtype):
+    torch.manual_seed(3)
+    B, S, slots, L, H, Dh = 3, 4, 5, 6, 4, 16
+    p = _randn(B, S, 4 * H * Dh, dtype=dtype)
+    qn, kn = _randn(H, Dh, dtype=dtype), _randn(H, Dh, dtype=dtype)
+    cos, sin = rope_tables(S, Dh, DEV)
+    pool_k = _randn(slots, H, L + 3, Dh, dtype=dtype)[:, :, :L]  # a pool longer than the step reads
+    pool_v = _randn(slots, H, L + 3, Dh, dtype=dtype)[:, :, :L]
+    rows = torch.tensor([4, 0, 4], device=DEV)  # any slots, one of them twice
+    got = fu.qkv_joint(p, qn, kn, cos, sin, pool_k, pool_v, H, 1e-5, ctx_rows=rows)
+    want = fu.qkv_joint(p, qn, kn, cos, sin, pool_k[rows], pool_v[rows], H, 1e-5)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert torch.equal(got[1][:, :, S:], pool_k[rows])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gate_heads_and_swiglu(dtype):
     torch.manual_seed(2)
     B, S, H, Dh = 2, 3, 5, 16

@@ -108,10 +108,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _qkv_joint_kernel(
-        p_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, ck_ptr, cv_ptr, q_ptr, k_ptr, v_ptr,
+        p_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, ck_ptr, cv_ptr, rows_ptr, q_ptr, k_ptr, v_ptr,
         S, L, H, ROPE_HEADS, eps,
         sck_b, sck_h, sck_s, scv_b, scv_h, scv_s,
-        HALF: tl.constexpr, BH: tl.constexpr, INTERP_BF16: tl.constexpr,
+        HALF: tl.constexpr, BH: tl.constexpr, HAS_ROWS: tl.constexpr, INTERP_BF16: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0).to(tl.int64)
         b = pid // (S + L)
@@ -148,11 +148,15 @@ if HAS_TRITON:
             tl.store(v_ptr + out_row * Dh + offs_d[None, :], v, mask=hmask)
         else:
             c = pos - S
+            if HAS_ROWS:  # row b's context is row rows[b] of the context tensors (a slot pool)
+                cb = tl.load(rows_ptr + b).to(tl.int64)
+            else:
+                cb = b
             ck = tl.load(
-                ck_ptr + b * sck_b + offs_h[:, None] * sck_h + c * sck_s + offs_d[None, :], mask=hmask
+                ck_ptr + cb * sck_b + offs_h[:, None] * sck_h + c * sck_s + offs_d[None, :], mask=hmask
             )
             cv = tl.load(
-                cv_ptr + b * scv_b + offs_h[:, None] * scv_h + c * scv_s + offs_d[None, :], mask=hmask
+                cv_ptr + cb * scv_b + offs_h[:, None] * scv_h + c * scv_s + offs_d[None, :], mask=hmask
             )
             tl.store(k_ptr + out_row * Dh + offs_d[None, :], ck, mask=hmask)
             tl.store(v_ptr + out_row * Dh + offs_d[None, :], cv, mask=hmask)
@@ -233,8 +237,12 @@ def qkv_joint(
     ctx_v: Tensor,
     heads: int,
     eps: float,
+    ctx_rows: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """q (B, H, S, Dh) normed and rotated; keys/values (B, H, S + L, Dh) = [self ; context]."""
+    """q (B, H, S, Dh) normed and rotated; keys/values (B, H, S + L, Dh) = [self ; context].
+
+    `ctx_rows` (B,) integer: row b's context is row `ctx_rows[b]` of `ctx_k` / `ctx_v` (the step
+    batcher's context pool, engine/steps.py: no gathered copy); None: row b's own."""
     B, S, D4 = p.shape
     Dh = D4 // 4 // heads
     L = ctx_k.shape[2]
@@ -246,10 +254,12 @@ def qkv_joint(
         ctx_k = ctx_k.contiguous()
     if ctx_v.stride(-1) != 1:
         ctx_v = ctx_v.contiguous()
+    rows = p if ctx_rows is None else ctx_rows  # an unread pointer when there is no table
     _qkv_joint_kernel[(B * (S + L),)](
-        p, q_norm, k_norm, cos, sin, ctx_k, ctx_v, q, k, v, S, L, heads, heads // 2, eps,
+        p, q_norm, k_norm, cos, sin, ctx_k, ctx_v, rows, q, k, v, S, L, heads, heads // 2, eps,
         ctx_k.stride(0), ctx_k.stride(1), ctx_k.stride(2), ctx_v.stride(0), ctx_v.stride(1), ctx_v.stride(2),
-        HALF=Dh // 2, BH=triton.next_power_of_2(heads), INTERP_BF16=interp_bf16(p), num_warps=4,
+        HALF=Dh // 2, BH=triton.next_power_of_2(heads), HAS_ROWS=ctx_rows is not None,
+        INTERP_BF16=interp_bf16(p), num_warps=4,
     )  # fmt: skip
     return q, k, v
 
