@@ -85,6 +85,7 @@ def test_a_cancelled_line_leaves_at_the_next_step_and_the_others_finish(synth):
     jobs = [(t, opts(seed=i, steps=6)) for i, t in enumerate(TEXTS)]
     results = together(synth, jobs, tokens=tokens, progress={2: cancel_line_2})
     assert isinstance(results[2], Cancelled)
+    assert synth._steps.pool.held == 0  # the cancelled line's context slots were given back too
     for i in (0, 1, 3):
         np.testing.assert_allclose(
             results[i].audio, synth.synthesize(jobs[i][0], options=jobs[i][1]).audio, atol=1e-5
@@ -101,7 +102,7 @@ def test_more_lines_than_max_batch_wait_for_a_free_row(synth):
     finally:
         sched.max_batch = before
     assert all(not isinstance(r, Exception) for r in results)
-    assert sched.peak_lines >= 2
+    assert sched.peak_lines >= 2 and synth._steps.pool.held == 0
     for (t, o), r in zip(jobs, results):
         np.testing.assert_allclose(r.audio, synth.synthesize(t, options=o).audio, atol=1e-5)
 
@@ -118,15 +119,18 @@ def test_a_bad_line_fails_alone(synth):
 def test_fail_ends_every_waiting_and_live_line_with_the_error():
     from irodori_speaker.synthesis.batching import SampleRequest
 
-    sched = StepScheduler(lambda reqs: [], lambda lines: [], lambda reqs, c, p: [], max_batch=4)
+    released: list = []
+    sched = StepScheduler(lambda reqs: [], lambda lines: [], lambda reqs, c, p: [], 4, released.extend)
     waiting = SampleRequest(None, None, None, None)
     live = SampleRequest(None, None, None, None)
     live_line = type("Line", (), {"tag": live})()
+    waiting.line = type("Line", (), {"tag": waiting})()  # started, not yet stepped
     sched._waiting.append(waiting)
     sched._live.append(live_line)
     boom = RuntimeError("the owner gave up")
     sched.fail(boom)
     assert waiting.done and live.done and waiting.error is boom and live.error is boom
+    assert released == [waiting.line, live_line]  # their context slots given back
     assert not sched.has_work()
 
 

@@ -16,6 +16,7 @@ from dit_cases import encode, load_kind
 
 from irodori_speaker.cancel import CancelToken
 from irodori_speaker.engine.checkpoint import load_checkpoint
+from irodori_speaker.engine.context_pool import ContextPool
 from irodori_speaker.engine.fast import FastDiT
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
 from irodori_speaker.engine.steps import StepBatcher, run_lines
@@ -51,6 +52,8 @@ def _lines_and_alone(dit_fixtures, kind):
 def test_lines_joining_at_different_steps_equal_each_line_alone(dit_fixtures, kind):
     model, inputs, want = _lines_and_alone(dit_fixtures, kind)
     batcher = StepBatcher(FastDiT(model), max_padding=float("inf"))  # one forward for all
+    batcher.pool = ContextPool(min_slots=1)  # it grows as lines join, lines in flight moved over
+    generations = set()
     progress: dict[int, list[int]] = {}
     live, done = [], {}
     joins = {0: [0, 1], 2: [2, 5], 3: [3, 4]}  # at which step of the loop each line arrives
@@ -63,10 +66,15 @@ def test_lines_joining_at_different_steps_equal_each_line_alone(dit_fixtures, ki
                     conds, noise, cfg, tag=i, progress=lambda d, n, i=i: progress.setdefault(i, []).append(d)
                 )
             )
+        generations.add(batcher.pool.generation)
         for line in batcher.step(live):
             live.remove(line)
             done[line.tag] = line
+        for packed in batcher._packed.values():  # the step reads the contexts where they are held
+            assert packed.ctx.keys[0].data_ptr() == batcher.pool.keys[0].data_ptr()
         tick += 1
+    assert len(generations) > 1  # grown while lines were in flight
+    assert batcher.pool.held == 0 and batcher.pool.keys == [] and not batcher._packed  # all given back
     assert batcher.rows_run > batcher.steps_run  # lines really shared forwards
     for i, w in enumerate(want):
         line = done[i]
@@ -151,6 +159,7 @@ def test_a_cancelled_line_leaves_and_the_others_are_unchanged(dit_fixtures):
     token.cancel()
     finished = batcher.step(live)  # takes effect at the next step boundary
     assert finished == [line_a] and isinstance(line_a.error, Cancelled) and line_a.step == 1
+    assert batcher.pool.held == 1  # a's slots given back as it left
     live.remove(line_a)
     run_lines(batcher, live)
     torch.testing.assert_close(line_b.latent(), want_b, atol=1e-4, rtol=1e-4)
@@ -175,3 +184,22 @@ def test_lines_of_far_different_lengths_step_in_separate_forwards_and_equal_alon
     for line, w in zip(lines, want):
         torch.testing.assert_close(line.latent(), w, atol=1e-4, rtol=1e-4)
     assert not batcher._packed or len(batcher._packed) <= 2
+
+
+def test_a_step_that_raises_gives_back_its_lines_slots(dit_fixtures, monkeypatch):
+    model, io, _ = load_kind(dit_fixtures, "v2_base")
+    cfg = SamplerConfig(steps=3, schedule="sway")
+    batcher = StepBatcher(FastDiT(model), max_padding=float("inf"))
+    lines = [
+        batcher.start(encode(model, io, slice(i, i + 1)), draw_noise(i, 1, 20, model.cfg.latent_dim), cfg)
+        for i in (0, 1)
+    ]
+    assert batcher.pool.held == 2
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(batcher.fast, "velocity", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        batcher.step(lines)
+    assert batcher.pool.held == 0  # the caller fails them: nothing is left held

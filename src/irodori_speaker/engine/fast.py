@@ -194,28 +194,50 @@ class FastDiT:
         return torch.stack(rows, dim=1).contiguous()  # each row (steps, 6, D)
 
     def velocity(
-        self, x_t: Tensor, mod: Tensor, ctx: ContextKV, attn_mask: Tensor | None, rope: tuple[Tensor, Tensor]
+        self,
+        x_t: Tensor,
+        mod: Tensor,
+        ctx: ContextKV,
+        attn_mask: Tensor | None,
+        rope: tuple[Tensor, Tensor],
+        ctx_rows: Tensor | None = None,
     ) -> Tensor:
-        """Velocity with the step's modulation `mod` (layers, 6, D); same result as model.velocity."""
+        """Velocity with the step's modulation `mod` (layers, 6, D); same result as model.velocity.
+        `ctx_rows` (B,): row b's context is row `ctx_rows[b]` of `ctx` (the step batcher's pool)."""
         if self.fused and fused_available(self.device):
             return run_or_fall_back(
-                lambda: self._velocity_fused(x_t, mod, ctx, attn_mask, rope),
-                lambda: self._velocity_model(x_t, mod, ctx, attn_mask, rope),
+                lambda: self._velocity_fused(x_t, mod, ctx, attn_mask, rope, ctx_rows),
+                lambda: self._velocity_model(x_t, mod, ctx, attn_mask, rope, ctx_rows),
             )
-        return self._velocity_model(x_t, mod, ctx, attn_mask, rope)
+        return self._velocity_model(x_t, mod, ctx, attn_mask, rope, ctx_rows)
 
     def _velocity_model(
-        self, x_t: Tensor, mod: Tensor, ctx: ContextKV, attn_mask: Tensor | None, rope: tuple[Tensor, Tensor]
+        self,
+        x_t: Tensor,
+        mod: Tensor,
+        ctx: ContextKV,
+        attn_mask: Tensor | None,
+        rope: tuple[Tensor, Tensor],
+        ctx_rows: Tensor | None = None,
     ) -> Tensor:
         """`velocity` through the model's own blocks, given each block's modulation."""
         m = self.model
         x = m.in_proj(x_t)
         for i, blk in enumerate(self.model_blocks):
-            x = blk.modulated(x, mod[i].unbind(0), ctx.keys[i], ctx.values[i], attn_mask, rope)
+            k, v = ctx.keys[i], ctx.values[i]
+            if ctx_rows is not None:  # the blocks take each row's context as its own row
+                k, v = k.index_select(0, ctx_rows), v.index_select(0, ctx_rows)
+            x = blk.modulated(x, mod[i].unbind(0), k, v, attn_mask, rope)
         return m.out_proj(m.out_norm(x))
 
     def _velocity_fused(
-        self, x_t: Tensor, mod: Tensor, ctx: ContextKV, attn_mask: Tensor | None, rope: tuple[Tensor, Tensor]
+        self,
+        x_t: Tensor,
+        mod: Tensor,
+        ctx: ContextKV,
+        attn_mask: Tensor | None,
+        rope: tuple[Tensor, Tensor],
+        ctx_rows: Tensor | None = None,
     ) -> Tensor:
         """`velocity` with the block's elementwise work in five Triton kernels (engine.fused).
 
@@ -228,7 +250,9 @@ class FastDiT:
             a_shift, a_scale1, a_gate, f_shift, f_scale1, f_gate = mod[i].unbind(0)
             x, h = add_rms_modulate(x, y, gate, a_scale1, a_shift, eps)
             p = fb.qkvg(h)
-            q, keys, values = qkv_joint(p, fb.q_norm, fb.k_norm, *rope, ctx.keys[i], ctx.values[i], H, eps)
+            q, keys, values = qkv_joint(
+                p, fb.q_norm, fb.k_norm, *rope, ctx.keys[i], ctx.values[i], H, eps, ctx_rows=ctx_rows
+            )
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)
             x, h = add_rms_modulate(x, fb.wo(gate_heads(o, p)), a_gate, f_scale1, f_shift, eps)
             y, gate = fb.w2(swiglu(fb.w13(h), fb.hidden)), f_gate

@@ -7,13 +7,14 @@ into one batch: latent frames padded to the longest line, condition keys/values 
 longest context, both masked; each row takes the AdaLN modulation of its own line's step
 (gathered from the per-schedule tables the fast path precomputes); the outputs go back to each
 line for its own guidance and Euler update (`sampler.euler_step`, the same math as a line alone).
+Each line's context keys/values are written once, at its start, into the batcher's
+`ContextPool` (engine/context_pool.py) and read there through a row -> slot table.
 
 A line sampled here equals the line sampled alone up to the rounding of a larger GEMM (padded
 keys are masked out, padded frames never reach a valid one). Lines of far different lengths
 step in separate forwards (`groups`: padding within `max_padding` of the real frames, as
-whole-line batches). Each forward's packed context is rebuilt only when its make-up changes (a
-line joins, leaves, changes guidance group or unscales its speaker K/V), so a steady batch packs
-only its latents each step.
+whole-line batches). Each forward's row table and masks are rebuilt only when its make-up changes
+(a line joins, leaves or changes guidance group), so a steady batch packs only its latents.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch import Tensor
 
 from ..cancel import Cancelled, CancelToken
 from .batch import frame_mask, present_conditions, stack_conditions
+from .context_pool import ContextPool, Held
 from .fast import FastDiT, pad_conditions, round_up
 from .layers import rope_tables
 from .model import Conditions, ContextKV
@@ -64,15 +66,13 @@ class StepLine:
     cfg: SamplerConfig
     x: Tensor
     frames: int  # its real length (latent frames); x is padded to a frame bucket
-    ctx: LineContext
+    held: Held  # its context's slots in the batcher's pool
     table: Tensor  # (steps, layers, 6, D): each step's modulation
     cancel: CancelToken | None = None
     progress: ProgressFn | None = None
     step: int = 0
-    version: int = 0  # bumped when its context changes in place (speaker K/V unscaled)
     error: BaseException | None = None
     tag: object = field(default=None, repr=False)  # the caller's handle
-    _padded: tuple[tuple, ContextKV] | None = field(default=None, repr=False)
 
     @property
     def done(self) -> bool:
@@ -82,26 +82,14 @@ class StepLine:
     def group(self) -> int:
         return self.plan.steps[self.step].group
 
+    @property
+    def ctx(self) -> LineContext:
+        """Its context: views of its slots in the pool."""
+        return self.held.context
+
     def latent(self) -> Tensor:
         """The finished latent (1, frames, C)."""
         return self.x[:, : self.frames]
-
-    def padded_context(self, ctx: ContextKV, length: int) -> ContextKV:
-        """`ctx` (its current group's) with its keys, values and mask padded to `length`; kept
-        while the group, length and context stay the same (a steady batch pads nothing)."""
-        key = (id(ctx), length, self.version)
-        if self._padded is not None and self._padded[0] == key:
-            return self._padded[1]
-        extra = length - ctx.mask.shape[1]
-        if extra:
-            ctx = ContextKV(
-                [F.pad(k, (0, 0, 0, extra)) for k in ctx.keys],
-                [F.pad(v, (0, 0, 0, extra)) for v in ctx.values],
-                F.pad(ctx.mask, (0, extra), value=False),
-                ctx.segments,
-            )
-        self._padded = (key, ctx)
-        return ctx
 
 
 class StepBatcher:
@@ -125,7 +113,8 @@ class StepBatcher:
         # a forward's padded frames may reach this fraction of its real ones: longer and shorter
         # lines step in separate forwards rather than every row padded to the longest line
         self.max_padding = max_padding
-        self._packed: dict[tuple, _Packed] = {}  # each group's packed context, by its make-up
+        self.pool = ContextPool()  # every started line's context keys/values, till it leaves
+        self._packed: dict[tuple, _Packed] = {}  # each group's row table and masks, by its make-up
         self.steps_run = 0  # forwards so far
         self.rows_run = 0  # rows over those forwards
 
@@ -154,7 +143,7 @@ class StepBatcher:
             for j in joining:
                 check_inputs(model, j.conds, j.noise)
                 plans.append(plan_for(model, j.conds, j.cfg))
-            contexts: list[LineContext | None] = [None] * len(joining)
+            contexts: list[list[ContextKV] | None] = [None] * len(joining)
             by_kind: dict[tuple, list[int]] = {}
             for i, (j, plan) in enumerate(zip(joining, plans)):
                 by_kind.setdefault((plan.groups, present_conditions(j.conds)), []).append(i)
@@ -162,22 +151,27 @@ class StepBatcher:
                 stacked = [pad_conditions(joining[i].conds, self.context_bucket) for i in members]
                 for i, made in zip(members, self._contexts(stacked, plans[members[0]])):
                     contexts[i] = made
-            lines = []
-            for j, plan, ctx in zip(joining, plans, contexts):
-                assert ctx is not None
-                S = j.noise.shape[1]
-                S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
-                x = initial_x(F.pad(j.noise, (0, 0, 0, S_pad - S)), j.cfg, self.fast.device)
-                if j.cfg.speaker_kv_scale is not None:
-                    ctx.scale_speaker(j.cfg.speaker_kv_scale, j.cfg.speaker_kv_max_layers)
-                table = self.fast.plan_table(plan)
-                lines.append(StepLine(plan, j.cfg, x, S, ctx, table, j.cancel, j.progress, tag=j.tag))
+            lines: list[StepLine] = []
+            try:
+                for j, plan, groups in zip(joining, plans, contexts):
+                    assert groups is not None
+                    S = j.noise.shape[1]
+                    S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
+                    x = initial_x(F.pad(j.noise, (0, 0, 0, S_pad - S)), j.cfg, self.fast.device)
+                    table = self.fast.plan_table(plan)
+                    held = self.pool.hold(groups)
+                    lines.append(StepLine(plan, j.cfg, x, S, held, table, j.cancel, j.progress, tag=j.tag))
+                    if j.cfg.speaker_kv_scale is not None:
+                        held.context.scale_speaker(j.cfg.speaker_kv_scale, j.cfg.speaker_kv_max_layers)
+            except BaseException:
+                self.release(lines)
+                raise
         return lines
 
-    def _contexts(self, conds: list[Conditions], plan: Plan) -> list[LineContext]:
-        """Each line's context (its guidance groups' keys/values) from one `context_kv` call per
-        group over all the lines (each line's rows copied out: it scales its own speaker K/V in
-        place). The step builds its own attention masks (`_pack`), so none is made here."""
+    def _contexts(self, conds: list[Conditions], plan: Plan) -> list[list[ContextKV]]:
+        """Each line's guidance groups' keys/values from one `context_kv` call per group over all
+        the lines (views of each line's rows: the pool copies them in). The step builds its own
+        attention masks (`_pack`), so none is made here."""
         model, B = self.fast.model, len(conds)
         batch = conds[0] if B == 1 else stack_conditions(conds)
         groups = plan.groups or (((),),)  # no guidance: one group, its one branch dropping nothing
@@ -185,24 +179,11 @@ class StepBatcher:
         for g in groups:
             branches = [batch.dropped(*b) for b in g]
             packed.append(model.context_kv(branches[0] if len(branches) == 1 else Conditions.cat(branches)))
-        out = []
-        for i in range(B):
-            mine = []
-            for g, ctx in zip(groups, packed):
-                if B == 1:
-                    mine.append(ctx)
-                    continue
-                rows = torch.arange(i, B * len(g), B, device=ctx.mask.device)  # its row of each branch
-                mine.append(
-                    ContextKV(
-                        [k.index_select(0, rows) for k in ctx.keys],
-                        [v.index_select(0, rows) for v in ctx.values],
-                        ctx.mask.index_select(0, rows),
-                        ctx.segments,
-                    )
-                )
-            out.append(LineContext(mine, [None] * len(plan.groups), mine[0].rows(1), None))
-        return out
+
+        def row(c: ContextKV, r: slice) -> ContextKV:
+            return ContextKV([k[r] for k in c.keys], [v[r] for v in c.values], c.mask[r], c.segments)
+
+        return [[row(c, slice(i, None, B)) for c in packed] for i in range(B)]  # its row of each branch
 
     # ---- one step of every line --------------------------------------------------------------
     def step(self, lines: list[StepLine]) -> list[StepLine]:
@@ -216,16 +197,28 @@ class StepBatcher:
                 finished.append(line)
             elif not line.done:
                 live.append(line)
-        if not live:
-            return finished
-        groups = [(self._key(g), g) for g in self.groups(live)]
-        keys = {key for key, _ in groups}
-        self._packed = {k: v for k, v in self._packed.items() if k in keys}  # left lines let go
-        with torch.inference_mode():
-            for key, group in groups:
-                self._forward_and_update(group, key)
+        try:
+            if live:
+                groups = [(self._key(g), g) for g in self.groups(live)]
+                keys = {key for key, _ in groups}
+                self._packed = {k: v for k, v in self._packed.items() if k in keys}  # left lines let go
+                with torch.inference_mode():
+                    for key, group in groups:
+                        self._forward_and_update(group, key)
+        except BaseException:
+            self.release(lines)  # the caller fails them all
+            raise
         finished += [line for line in live if line.done]
+        self.release(finished)
         return finished
+
+    def release(self, lines: Sequence[StepLine]) -> None:
+        """Give these lines' context slots back (`step` does for the lines it returns; a caller
+        dropping a line unfinished does); once none is held, the pool's memory goes with them."""
+        for line in lines:
+            self.pool.release(line.held)
+        if not self.pool.held:
+            self._packed.clear()  # they view the pool's tensors
 
     def groups(self, lines: list[StepLine]) -> list[list[StepLine]]:
         """`lines` by length into forwards whose padding stays within `max_padding` of their real
@@ -245,11 +238,11 @@ class StepBatcher:
             out.append(group)
         return out
 
-    @staticmethod
-    def _key(lines: list[StepLine]) -> tuple:
+    def _key(self, lines: list[StepLine]) -> tuple:
         # the lines themselves (compared by identity), not their ids: the cache holds them, so a
-        # finished line's id cannot come back as a new line's and find its stale context
-        return tuple((line, line.group, line.version) for line in lines)
+        # finished line's id cannot come back as a new line's and find its stale slots; the pool's
+        # generation: grown tensors are new ones
+        return (self.pool.generation, *((line, line.group) for line in lines))
 
     def _forward_and_update(self, lines: list[StepLine], key: tuple) -> None:
         """One forward for `lines` (one length group), then every line's guidance and Euler move.
@@ -272,7 +265,7 @@ class StepBatcher:
         # each row's modulation: its line's table at its line's step, (layers, 6, rows, 1, D)
         mods = torch.stack([line.table[line.step] for line in lines]).index_select(0, packed.row_line)
         mod = mods.permute(1, 2, 0, 3)[:, :, :, None].contiguous()
-        out = fast.velocity(xb, mod, packed.ctx, packed.mask, packed.rope).float()
+        out = fast.velocity(xb, mod, packed.ctx, packed.mask, packed.rope, ctx_rows=packed.row_slot).float()
         self.steps_run += 1
         self.rows_run += xb.shape[0]
         R, G = out.shape[0], len(lines)
@@ -303,61 +296,51 @@ class StepBatcher:
                 line.x = x_next[g : g + 1, :S]
                 if scale is not None:
                     line.ctx.scale_speaker(1.0 / scale, line.cfg.speaker_kv_max_layers)
-            if scale is not None:
-                line.version += 1  # its context changed in place: the packed copy is stale
             start += n
             line.step += 1
             if line.progress is not None:
                 line.progress(line.step, len(line.plan.steps))
 
     def _pack(self, lines: list[StepLine], key: tuple) -> _Packed:
-        """The group's context keys/values, masks and RoPE; rebuilt when its make-up (`key`)
-        changes."""
+        """The group's row -> slot table, masks and RoPE (its context stays in the pool); rebuilt
+        when its make-up (`key`) changes."""
         if key in self._packed:
             return self._packed[key]
         p = self.fast.cfg.latent_patch_size
         frames = max(line.x.shape[1] for line in lines)
-        parts: list[tuple[ContextKV, int, int]] = []  # (context, branches, valid frames)
-        for line in lines:
-            g = line.group
-            ctx = line.ctx.cond if g < 0 else line.ctx.groups[g]
-            parts.append((ctx, branch_rows(line.plan, line.plan.steps[line.step]), line.frames))
-        L = max(c.mask.shape[1] for c, _, _ in parts)
-        layers = len(parts[0][0].keys)
-        padded = [line.padded_context(ctx, L) for line, (ctx, _, _) in zip(lines, parts)]
-        keys = [torch.cat([c.keys[i] for c in padded]) for i in range(layers)]
-        values = [torch.cat([c.values[i] for c in padded]) for i in range(layers)]
-        ctx_mask = torch.cat([c.mask for c in padded])
-        latent = torch.cat([frame_mask([s] * n, frames, ctx_mask.device) for _, n, s in parts])
+        slots = [line.held.slots(line.group) for line in lines]
+        parts = [(len(s), line.frames) for s, line in zip(slots, lines)]  # (branches, valid frames)
+        L = max(line.held.length for line in lines)
+        pool = self.pool
+        assert pool.mask is not None
+        row_slot = self.upload(torch.tensor([i for s in slots for i in s]), pool.mask.device)
+        ctx_mask = pool.mask[:, :L].index_select(0, row_slot)
+        latent = torch.cat([frame_mask([s] * n, frames, ctx_mask.device) for n, s in parts])
         self_mask = latent.reshape(latent.shape[0], frames // p, p).all(-1) if p > 1 else latent
         keys_ok = torch.cat((self_mask, ctx_mask), dim=1)[:, None, None, :]
         # always a mask: deciding "all valid, none needed" would sync the host at every join
         mask = torch.zeros(keys_ok.shape, dtype=self.fast.dtype, device=keys_ok.device)
         mask.masked_fill_(~keys_ok, float("-inf"))
         rope = rope_tables(frames // p, self.fast.cfg.head_dim, ctx_mask.device)
-        segments = parts[0][0].segments  # only read by speaker K/V scaling, which acts per line
-        branches = [n for _, n, _ in parts]
+        branches = [n for n, _ in parts]
         row_line = torch.tensor([g for g, n in enumerate(branches) for _ in range(n)])
-        packed = _Packed(
-            ContextKV(keys, values, ctx_mask, segments),
-            mask,
-            rope,
-            frames,
-            branches,
-            self.upload(row_line, ctx_mask.device),
-        )
+        # the pool's slots up to the group's longest context: every row reads its own (row_slot);
+        # no segments: speaker K/V scaling acts on each line's own views
+        ctx = ContextKV([k[:, :, :L] for k in pool.keys], [v[:, :, :L] for v in pool.values], ctx_mask, [])
+        packed = _Packed(ctx, mask, rope, frames, branches, self.upload(row_line, ctx_mask.device), row_slot)
         self._packed[key] = packed
         return packed
 
 
 @dataclass
 class _Packed:
-    ctx: ContextKV
+    ctx: ContextKV  # the pool's keys/values (all slots, the group's longest context)
     mask: Tensor
     rope: tuple[Tensor, Tensor]
     frames: int
     branches: list[int]
     row_line: Tensor  # (rows,) each row's line in the group (device, long)
+    row_slot: Tensor  # (rows,) each row's slot in the pool (device, long)
 
 
 def run_lines(batcher: StepBatcher, lines: list[StepLine]) -> None:

@@ -27,15 +27,24 @@ log = logging.getLogger(__name__)
 
 StartLines = Callable[[list[SampleRequest]], list[Any]]  # requests -> their engine.steps.StepLines
 StepLines = Callable[[list[Any]], list[Any]]  # live StepLines -> those that finished
+ReleaseLines = Callable[[list[Any]], None]  # StepLines dropped unfinished: their context slots back
 
 
 class StepScheduler(CountsPreparing):
     """`sample(prepare)` as `SampleBatcher`'s, served by the device owner stepping every line."""
 
-    def __init__(self, start: StartLines, step: StepLines, run_alone: RunBatch, max_batch: int) -> None:
+    def __init__(
+        self,
+        start: StartLines,
+        step: StepLines,
+        run_alone: RunBatch,
+        max_batch: int,
+        release: ReleaseLines | None = None,
+    ) -> None:
         super().__init__()
         self._start = start
         self._step = step
+        self._release = release
         self._run_alone = run_alone
         self.max_batch = max(1, int(max_batch))  # 1: every line alone, one after another
         self._waiting: list[SampleRequest] = []
@@ -88,12 +97,9 @@ class StepScheduler(CountsPreparing):
         with self._cond:
             self._waiting.append(req)
         DEVICE.wake(self)
-        with self._cond:
+        with self._cond:  # a cancelled line too: the owner retires it at its next step
             while not req.done:
                 self._cond.wait(0.05)
-                if req.cancel is not None and req.cancel.cancelled and req in self._waiting:
-                    self._waiting.remove(req)  # never stepped: nothing to retire
-                    req.done = True
 
     # ---- the owner's side (engine/hardware/owner.Stepper) ------------------------------------
     def has_work(self) -> bool:
@@ -103,11 +109,17 @@ class StepScheduler(CountsPreparing):
         """End every waiting and live line with `error` (the owner's last resort)."""
         with self._cond:
             reqs = [*self._waiting, *(line.tag for line in self._live)]
+            lines = [*(req.line for req in self._waiting), *self._live]
             self._waiting.clear()
             self._live.clear()
             for req in reqs:
                 req.error, req.done = error, True
             self._cond.notify_all()
+        if self._release is not None:
+            try:
+                self._release([line for line in lines if line is not None])
+            except Exception:  # the owner is failing already: its lines are ended either way
+                log.exception("giving back the failed lines' context slots failed")
 
     def iterate(self) -> None:
         """One iteration on the owner thread: admit the waiting lines, one step of at most

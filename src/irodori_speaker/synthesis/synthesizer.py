@@ -140,7 +140,11 @@ class Synthesizer:
         self._batcher: SampleBatcher | StepScheduler
         if self.preset.max_batch > 1 and self.preset.step_batching:
             self._batcher = StepScheduler(
-                self._start_lines, self._step_lines, self._sample_batch, self.preset.max_batch
+                self._start_lines,
+                self._step_lines,
+                self._sample_batch,
+                self.preset.max_batch,
+                release=self._release_lines,
             )
         else:
             self._batcher = SampleBatcher(
@@ -440,6 +444,10 @@ class Synthesizer:
     def _step_lines(self, lines: list[StepLine]) -> list[StepLine]:
         assert self._steps is not None
         return self._steps.step(lines)
+
+    def _release_lines(self, lines: list[StepLine]) -> None:
+        if self._steps is not None:
+            self._steps.release(lines)
 
     def _conditions(self, ids: Any, mask: Any, voice_states: tuple) -> Any:
         """Conditions of one piece: the text encoded now (graph-replayed on the fast path)."""

@@ -1,0 +1,164 @@
+"""The condition keys/values of the lines being stepped, in one pool of slots (engine/steps.py).
+
+A stepped line's context (each guidance group's keys/values, one row per branch) is written once,
+at its start, into consecutive slots, and every step reads it there: the fused attention through
+a row -> slot table (`fused.qkv_joint`'s `ctx_rows`), the model's own blocks through one gather.
+Lines joining and leaving repack nothing, and a line scaling its speaker keys/values does it in
+its own slots. The pool grows (slots doubled, length up to the longest context) when a line does
+not fit, pointing every held line at the new tensors, and lets its memory go when it holds none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .model import ContextKV
+from .sampler import LineContext
+
+
+@dataclass(eq=False)
+class Held:
+    """A line's place in the pool: its first slot, the rows of each group, its context length."""
+
+    start: int
+    sizes: tuple[int, ...]  # rows of each guidance group, in slot order
+    length: int  # its context positions (the rest of each slot is masked)
+    segments: list[tuple[str, int, int]]
+    context: LineContext = field(repr=False)  # views of its slots (re-made when the pool grows)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.sizes)
+
+    def slots(self, group: int) -> range:
+        """The slots of group `group`'s rows; -1: the conditional row alone (group 0's first)."""
+        if group < 0:
+            return range(self.start, self.start + 1)
+        first = self.start + sum(self.sizes[:group])
+        return range(first, first + self.sizes[group])
+
+
+class ContextPool:
+    """Per layer keys and values (slots, heads, length, head_dim) and a mask (slots, length)."""
+
+    def __init__(self, min_slots: int = 8) -> None:
+        self.min_slots = min_slots
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.mask: Tensor | None = None
+        self.generation = 0  # bumped whenever the tensors are replaced (views made before are stale)
+        self._free: list[bool] = []
+        self._held: set[Held] = set()
+
+    @property
+    def slots(self) -> int:
+        return len(self._free)
+
+    @property
+    def length(self) -> int:
+        return 0 if self.mask is None else int(self.mask.shape[1])
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def hold(self, groups: list[ContextKV]) -> Held:
+        """Copy a line's groups (each (rows, H, L, Dh) per layer, one context length L) into free
+        consecutive slots; the returned `Held.context` is their views."""
+        sizes = tuple(int(g.mask.shape[0]) for g in groups)
+        n, length = sum(sizes), int(groups[0].mask.shape[1])
+        start = self._find(n)
+        if start is None or length > self.length or not self.keys:
+            self._grow(groups[0], n, length)
+            start = self._find(n)
+            assert start is not None
+        held = Held(start, sizes, length, groups[0].segments, LineContext([], [], groups[0], None))
+        assert self.mask is not None
+        tail = length < self.length  # masked out; zeroed so that a value left there is finite
+        for g, slots in zip(groups, (held.slots(i) for i in range(len(groups)))):
+            s = slice(slots.start, slots.stop)
+            for pool_k, pool_v, k, v in zip(self.keys, self.values, g.keys, g.values):
+                pool_k[s, :, :length].copy_(k)
+                pool_v[s, :, :length].copy_(v)
+                if tail:
+                    pool_k[s, :, length:].zero_()
+                    pool_v[s, :, length:].zero_()
+            self.mask[s, :length].copy_(g.mask)
+            if tail:
+                self.mask[s, length:] = False
+        for i in range(start, start + n):
+            self._free[i] = False
+        held.context = self._views(held)
+        self._held.add(held)
+        return held
+
+    def release(self, held: Held) -> None:
+        """Give a line's slots back (once; again is a no-op); an empty pool lets its memory go."""
+        if held not in self._held:
+            return
+        self._held.discard(held)
+        for i in range(held.start, held.start + held.rows):
+            self._free[i] = True
+        if not self._held:
+            self.keys, self.values, self.mask, self._free = [], [], None, []
+            self.generation += 1
+
+    def _find(self, n: int) -> int | None:
+        run = 0
+        for i, free in enumerate(self._free):
+            run = run + 1 if free else 0
+            if run == n:
+                return i - n + 1
+        return None
+
+    def _grow(self, like: ContextKV, rows: int, length: int) -> None:
+        """Larger tensors (twice the slots, or as many as needed; the longest length), the held
+        contexts copied over and every held line pointed at its new views."""
+        slots = max(self.min_slots, self.slots)
+        if self._find(rows) is None:  # new slots go at the end, after the free ones there
+            slots = max(slots, 2 * self.slots)
+            while slots - self.slots + self._tail_free() < rows:
+                slots *= 2
+        length = max(length, self.length)
+        k0 = like.keys[0]
+        H, Dh = k0.shape[1], k0.shape[3]
+        keys = [k0.new_zeros(slots, H, length, Dh) for _ in like.keys]
+        values = [k0.new_zeros(slots, H, length, Dh) for _ in like.values]
+        mask = torch.zeros(slots, length, dtype=torch.bool, device=k0.device)
+        old, L = self.slots, self.length
+        if old:
+            assert self.mask is not None
+            for new, cur in zip(keys + values, self.keys + self.values):
+                new[:old, :, :L].copy_(cur)
+            mask[:old, :L].copy_(self.mask)
+        self.keys, self.values, self.mask = keys, values, mask
+        self._free += [True] * (slots - old)
+        self.generation += 1
+        for held in self._held:
+            held.context = self._views(held)
+
+    def _tail_free(self) -> int:
+        n = 0
+        for free in reversed(self._free):
+            if not free:
+                break
+            n += 1
+        return n
+
+    def _views(self, held: Held) -> LineContext:
+        assert self.mask is not None
+        groups = []
+        for i in range(len(held.sizes)):
+            s = held.slots(i)
+            groups.append(
+                ContextKV(
+                    [k[s.start : s.stop, :, : held.length] for k in self.keys],
+                    [v[s.start : s.stop, :, : held.length] for v in self.values],
+                    self.mask[s.start : s.stop, : held.length],
+                    held.segments,
+                )
+            )
+        return LineContext(groups, [None] * len(groups), groups[0].rows(1), None)

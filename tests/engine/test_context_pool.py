@@ -1,0 +1,64 @@
+"""The step batcher's context pool (engine/context_pool.py): each line's context keys/values held
+in consecutive slots, equal to what was written, after the pool grows too; slots reused once given
+back; the memory let go when no line is held. Stepped lines through it: tests/engine/test_steps.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from irodori_speaker.engine.context_pool import ContextPool
+from irodori_speaker.engine.model import ContextKV
+
+LAYERS, H, DH = 2, 3, 4
+
+
+def _context(rows: int, length: int, seed: int) -> ContextKV:
+    gen = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(rows, length, H, DH, generator=gen).transpose(1, 2) for _ in range(LAYERS)]  # strided
+    values = [torch.randn(rows, H, length, DH, generator=gen) for _ in range(LAYERS)]
+    mask = torch.rand(rows, length, generator=gen) > 0.3
+    return ContextKV(keys, values, mask, [("text", 0, length)])
+
+
+def _same(got: ContextKV, want: ContextKV) -> None:
+    for a, b in zip(got.keys + got.values, want.keys + want.values):
+        assert torch.equal(a, b)
+    assert torch.equal(got.mask, want.mask) and got.segments == want.segments
+
+
+def test_held_contexts_read_back_as_written_and_stay_so_as_the_pool_grows():
+    pool = ContextPool(min_slots=2)
+    written = [[_context(3, 5, 0), _context(1, 5, 1)], [_context(1, 9, 2)], [_context(2, 4, 3)]]
+    held, grew = [], []
+    for groups in written:  # more slots, then a longer context, then room to spare
+        before = pool.generation
+        held.append(pool.hold(groups))
+        grew.append(pool.generation > before)
+        for h, want in zip(held, written):  # every line so far, through its re-pointed views
+            for got, w in zip(h.context.groups, want):
+                _same(got, w)
+            _same(h.context.cond, want[0].rows(1))
+    assert grew == [True, True, False] and pool.length == 9 and [h.rows for h in held] == [4, 1, 2]
+    starts = sorted((h.start, h.start + h.rows) for h in held)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(starts))  # no two lines share a slot
+    assert not pool.mask[held[2].start, 4:].any()  # past a line's length: masked out
+
+
+def test_slots_given_back_are_reused_and_an_empty_pool_lets_its_memory_go():
+    pool = ContextPool(min_slots=4)
+    a = pool.hold([_context(2, 6, 0)])
+    b = pool.hold([_context(2, 6, 1)])
+    slots = pool.slots
+    pool.release(a)
+    pool.release(a)  # again: nothing
+    c = pool.hold([_context(2, 6, 2)])
+    assert c.start == a.start and pool.slots == slots  # a's slots, no growth
+    with torch.no_grad():  # a line scaling its own context (speaker K/V) touches its slots only
+        c.context.groups[0].keys[0].mul_(0)
+    _same(b.context.groups[0], _context(2, 6, 1))
+    pool.release(b)
+    pool.release(c)
+    assert pool.held == 0 and pool.keys == [] and pool.mask is None and pool.slots == 0
