@@ -35,7 +35,7 @@ def test_held_contexts_read_back_as_written_and_stay_so_as_the_pool_grows():
     held, grew = [], []
     for groups in written:  # more slots, then a longer context, then room to spare
         before = pool.generation
-        held.append(pool.hold(groups))
+        held += pool.hold(groups)
         grew.append(pool.generation > before)
         for h, want in zip(held, written):  # every line so far, through its re-pointed views
             for got, w in zip(h.context.groups, want):
@@ -49,12 +49,12 @@ def test_held_contexts_read_back_as_written_and_stay_so_as_the_pool_grows():
 
 def test_slots_given_back_are_reused_and_an_empty_pool_lets_its_memory_go():
     pool = ContextPool(min_slots=4)
-    a = pool.hold([_context(2, 6, 0)])
-    b = pool.hold([_context(2, 6, 1)])
+    (a,) = pool.hold([_context(2, 6, 0)])
+    (b,) = pool.hold([_context(2, 6, 1)])
     slots = pool.slots
     pool.release(a)
     pool.release(a)  # again: nothing
-    c = pool.hold([_context(2, 6, 2)])
+    (c,) = pool.hold([_context(2, 6, 2)])
     assert c.start == a.start and pool.slots == slots  # a's slots, no growth
     with torch.no_grad():  # a line scaling its own context (speaker K/V) touches its slots only
         c.context.groups[0].keys[0].mul_(0)
@@ -62,3 +62,25 @@ def test_slots_given_back_are_reused_and_an_empty_pool_lets_its_memory_go():
     pool.release(b)
     pool.release(c)
     assert pool.held == 0 and pool.keys == [] and pool.mask is None and pool.slots == 0
+
+
+def test_lines_arriving_together_are_held_from_their_batched_rows():
+    """As `context_kv` gives a group for 3 lines of 2 branches: row j * 3 + i is line i's branch j."""
+    pool = ContextPool(min_slots=1)
+    (alone,) = pool.hold([_context(1, 7, 9)])  # a line already held: the batch goes around it
+    groups = [_context(6, 5, 0), _context(3, 5, 1)]  # two branches, then one
+    held = pool.hold(groups, lines=3)
+    assert [h.sizes for h in held] == [(2, 1)] * 3
+    for i, h in enumerate(held):
+        for g, (got, batched) in enumerate(zip(h.context.groups, groups)):
+            rows = [j * 3 + i for j in range(h.sizes[g])]
+            mine = ContextKV(
+                [k[rows] for k in batched.keys],
+                [v[rows] for v in batched.values],
+                batched.mask[rows],
+                batched.segments,
+            )
+            want_mask = torch.nn.functional.pad(mine.mask, (0, pool.length - 5))  # the pool is 7 long
+            assert torch.equal(pool.mask[h.slots(g).start : h.slots(g).stop], want_mask)
+            _same(got, mine)
+    _same(alone.context.groups[0], _context(1, 7, 9))

@@ -10,6 +10,7 @@ not fit, pointing every held line at the new tensors, and lets its memory go whe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -44,8 +45,12 @@ class Held:
 class ContextPool:
     """Per layer keys and values (slots, heads, length, head_dim) and a mask (slots, length)."""
 
-    def __init__(self, min_slots: int = 8) -> None:
+    def __init__(
+        self, min_slots: int = 8, upload: Callable[[Tensor, torch.device], Tensor] | None = None
+    ) -> None:
         self.min_slots = min_slots
+        # host index tensors to the device: the device owner's copy that does not wait, or a plain one
+        self.upload = upload or (lambda t, device: t.to(device))
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
         self.mask: Tensor | None = None
@@ -65,34 +70,43 @@ class ContextPool:
     def held(self) -> int:
         return len(self._held)
 
-    def hold(self, groups: list[ContextKV]) -> Held:
-        """Copy a line's groups (each (rows, H, L, Dh) per layer, one context length L) into free
-        consecutive slots; the returned `Held.context` is their views."""
-        sizes = tuple(int(g.mask.shape[0]) for g in groups)
+    def reserve(self, rows: int, length: int, like: ContextKV) -> None:
+        """Room for `rows` more consecutive rows of contexts up to `length`; `like`: one of them."""
+        if self._find(rows) is None or length > self.length or not self.keys:
+            self._grow(like, rows, length)
+
+    def hold(self, groups: list[ContextKV], lines: int = 1) -> list[Held]:
+        """Hold `lines` lines whose contexts come batched, as one `context_kv` call per guidance
+        group gives them: group g's row j * lines + i is line i's branch j (one context length
+        for all). One copy per layer for all the lines; each line's `Held.context` views its
+        consecutive slots."""
+        sizes = tuple(int(g.mask.shape[0]) // lines for g in groups)
         n, length = sum(sizes), int(groups[0].mask.shape[1])
-        start = self._find(n)
-        if start is None or length > self.length or not self.keys:
-            self._grow(groups[0], n, length)
+        self.reserve(n * lines, length, groups[0])
+        assert self.mask is not None
+        held: list[Held] = []
+        for _ in range(lines):
             start = self._find(n)
             assert start is not None
-        held = Held(start, sizes, length, groups[0].segments, LineContext([], [], groups[0], None))
-        assert self.mask is not None
+            for i in range(start, start + n):
+                self._free[i] = False
+            held.append(Held(start, sizes, length, groups[0].segments, LineContext([], [], groups[0], None)))
         tail = length < self.length  # masked out; zeroed so that a value left there is finite
-        for g, slots in zip(groups, (held.slots(i) for i in range(len(groups)))):
-            s = slice(slots.start, slots.stop)
-            for pool_k, pool_v, k, v in zip(self.keys, self.values, g.keys, g.values):
-                pool_k[s, :, :length].copy_(k)
-                pool_v[s, :, :length].copy_(v)
+        device = self.mask.device
+        for g, group in enumerate(groups):
+            # batched row j * lines + i -> line i's slot of branch j
+            slots = [h.slots(g).start + j for j in range(sizes[g]) for h in held]
+            index = self.upload(torch.tensor(slots), device)
+            for pool, part in zip(self.keys + self.values, group.keys + group.values):
+                (pool[:, :, :length] if tail else pool).index_copy_(0, index, part)
                 if tail:
-                    pool_k[s, :, length:].zero_()
-                    pool_v[s, :, length:].zero_()
-            self.mask[s, :length].copy_(g.mask)
+                    pool[:, :, length:].index_fill_(0, index, 0)
+            (self.mask[:, :length] if tail else self.mask).index_copy_(0, index, group.mask)
             if tail:
-                self.mask[s, length:] = False
-        for i in range(start, start + n):
-            self._free[i] = False
-        held.context = self._views(held)
-        self._held.add(held)
+                self.mask[:, length:].index_fill_(0, index, False)
+        for h in held:
+            h.context = self._views(h)
+            self._held.add(h)
         return held
 
     def release(self, held: Held) -> None:
@@ -150,14 +164,16 @@ class ContextPool:
 
     def _views(self, held: Held) -> LineContext:
         assert self.mask is not None
+        whole = held.length == self.length  # no second slice (each is an op the owner pays)
         groups = []
         for i in range(len(held.sizes)):
             s = held.slots(i)
+            r, L = slice(s.start, s.stop), held.length
             groups.append(
                 ContextKV(
-                    [k[s.start : s.stop, :, : held.length] for k in self.keys],
-                    [v[s.start : s.stop, :, : held.length] for v in self.values],
-                    self.mask[s.start : s.stop, : held.length],
+                    [k[r] if whole else k[r, :, :L] for k in self.keys],
+                    [v[r] if whole else v[r, :, :L] for v in self.values],
+                    self.mask[r] if whole else self.mask[r, :L],
                     held.segments,
                 )
             )

@@ -113,7 +113,7 @@ class StepBatcher:
         # a forward's padded frames may reach this fraction of its real ones: longer and shorter
         # lines step in separate forwards rather than every row padded to the longest line
         self.max_padding = max_padding
-        self.pool = ContextPool()  # every started line's context keys/values, till it leaves
+        self.pool = ContextPool(upload=self.upload)  # every started line's context K/V, till it leaves
         self._packed: dict[tuple, _Packed] = {}  # each group's row table and masks, by its make-up
         self.steps_run = 0  # forwards so far
         self.rows_run = 0  # rows over those forwards
@@ -143,34 +143,34 @@ class StepBatcher:
             for j in joining:
                 check_inputs(model, j.conds, j.noise)
                 plans.append(plan_for(model, j.conds, j.cfg))
-            contexts: list[list[ContextKV] | None] = [None] * len(joining)
             by_kind: dict[tuple, list[int]] = {}
             for i, (j, plan) in enumerate(zip(joining, plans)):
                 by_kind.setdefault((plan.groups, present_conditions(j.conds)), []).append(i)
-            for members in by_kind.values():
-                stacked = [pad_conditions(joining[i].conds, self.context_bucket) for i in members]
-                for i, made in zip(members, self._contexts(stacked, plans[members[0]])):
-                    contexts[i] = made
+            held: list[Held | None] = [None] * len(joining)
             lines: list[StepLine] = []
             try:
-                for j, plan, groups in zip(joining, plans, contexts):
-                    assert groups is not None
+                for members in by_kind.values():
+                    stacked = [pad_conditions(joining[i].conds, self.context_bucket) for i in members]
+                    packed = self._contexts(stacked, plans[members[0]])
+                    for i, made in zip(members, self.pool.hold(packed, len(members))):
+                        held[i] = made
+                for j, plan, h in zip(joining, plans, held):
+                    assert h is not None
                     S = j.noise.shape[1]
                     S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
                     x = initial_x(F.pad(j.noise, (0, 0, 0, S_pad - S)), j.cfg, self.fast.device)
                     table = self.fast.plan_table(plan)
-                    held = self.pool.hold(groups)
-                    lines.append(StepLine(plan, j.cfg, x, S, held, table, j.cancel, j.progress, tag=j.tag))
+                    lines.append(StepLine(plan, j.cfg, x, S, h, table, j.cancel, j.progress, tag=j.tag))
                     if j.cfg.speaker_kv_scale is not None:
-                        held.context.scale_speaker(j.cfg.speaker_kv_scale, j.cfg.speaker_kv_max_layers)
+                        h.context.scale_speaker(j.cfg.speaker_kv_scale, j.cfg.speaker_kv_max_layers)
             except BaseException:
-                self.release(lines)
+                self._give_back([h for h in held if h is not None])
                 raise
         return lines
 
-    def _contexts(self, conds: list[Conditions], plan: Plan) -> list[list[ContextKV]]:
-        """Each line's guidance groups' keys/values from one `context_kv` call per group over all
-        the lines (views of each line's rows: the pool copies them in). The step builds its own
+    def _contexts(self, conds: list[Conditions], plan: Plan) -> list[ContextKV]:
+        """The lines' guidance groups' keys/values, one `context_kv` call per group over all the
+        lines (row j * B + i: line i's branch j; the pool copies them in). The step builds its own
         attention masks (`_pack`), so none is made here."""
         model, B = self.fast.model, len(conds)
         batch = conds[0] if B == 1 else stack_conditions(conds)
@@ -179,11 +179,7 @@ class StepBatcher:
         for g in groups:
             branches = [batch.dropped(*b) for b in g]
             packed.append(model.context_kv(branches[0] if len(branches) == 1 else Conditions.cat(branches)))
-
-        def row(c: ContextKV, r: slice) -> ContextKV:
-            return ContextKV([k[r] for k in c.keys], [v[r] for v in c.values], c.mask[r], c.segments)
-
-        return [[row(c, slice(i, None, B)) for c in packed] for i in range(B)]  # its row of each branch
+        return packed
 
     # ---- one step of every line --------------------------------------------------------------
     def step(self, lines: list[StepLine]) -> list[StepLine]:
@@ -215,8 +211,11 @@ class StepBatcher:
     def release(self, lines: Sequence[StepLine]) -> None:
         """Give these lines' context slots back (`step` does for the lines it returns; a caller
         dropping a line unfinished does); once none is held, the pool's memory goes with them."""
-        for line in lines:
-            self.pool.release(line.held)
+        self._give_back([line.held for line in lines])
+
+    def _give_back(self, held: list[Held]) -> None:
+        for h in held:
+            self.pool.release(h)
         if not self.pool.held:
             self._packed.clear()  # they view the pool's tensors
 
