@@ -8,10 +8,14 @@ next step; a line alone keeps its own path; no device-owner thread outlives the 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
 from irodori_speaker.cancel import CancelToken
+from irodori_speaker.engine.hardware.owner import DEVICE
 from irodori_speaker.errors import Cancelled
 from irodori_speaker.synthesis.stepping import StepScheduler
 from owner_threads import irodori_threads
@@ -55,6 +59,34 @@ def test_concurrent_lines_of_different_plans_step_together_and_sound_as_alone(sy
     assert _no_sampler_thread()
 
 
+def _hold_the_owner_at_the_first_start(monkeypatch, lines: int) -> None:
+    """When the first line hands its start to the device owner, the model lock is taken by a
+    holder thread (so no round runs) until `lines` jobs are queued or a second has passed: the
+    lines' starts meet on the owner however the threads are scheduled (a loaded CI machine)."""
+    from irodori_speaker.engine.hardware.lock import MODEL_LOCK
+
+    asked, held = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        asked.wait(30)
+        with MODEL_LOCK:
+            held.set()
+            deadline = time.monotonic() + 1.0
+            while DEVICE.queued() < lines and time.monotonic() < deadline:
+                time.sleep(0.002)
+
+    threading.Thread(target=holder, daemon=True).start()
+    real = DEVICE.run_batched
+
+    def run_batched(key, *args, **kwargs):
+        if key[1] == "start" and not held.is_set():
+            asked.set()
+            held.wait(30)
+        return real(key, *args, **kwargs)
+
+    monkeypatch.setattr(DEVICE, "run_batched", run_batched)
+
+
 def test_lines_that_arrive_together_start_in_one_job_and_sound_as_alone(synth, monkeypatch):
     from irodori_speaker.engine.steps import StepBatcher
 
@@ -68,6 +100,7 @@ def test_lines_that_arrive_together_start_in_one_job_and_sound_as_alone(synth, m
         return real(self, joining)
 
     monkeypatch.setattr(StepBatcher, "start_many", start_many)
+    _hold_the_owner_at_the_first_start(monkeypatch, len(jobs))
     results = together(synth, jobs)
     assert all(not isinstance(r, Exception) for r in results), results
     assert max(sizes) >= 2, sizes  # their starts (context K/V) in one job
