@@ -191,7 +191,7 @@ def test_a_high_lane_line_enters_the_next_step_even_when_the_batch_is_full():
                 line.left -= 1
         return [line for line in lines if line.left <= 0 or line.error is not None]
 
-    sched = StepScheduler(lambda reqs: [], step, lambda reqs, c, p: [], max_batch=2)
+    sched = StepScheduler(lambda reqs: [], step, lambda reqs, c, p: [], 2, lambda lines: None)
     reqs = [SampleRequest(None, None, None, None) for _ in range(4)]
     for req, lane in zip(reqs, (1, 1, 2, 0)):  # normal, normal, low, then a high line arrives
         req.lane = lane

@@ -28,7 +28,7 @@ class Held:
     sizes: tuple[int, ...]  # rows of each guidance group, in slot order
     length: int  # its context positions (the rest of each slot is masked)
     segments: list[tuple[str, int, int]]
-    context: LineContext = field(repr=False)  # views of its slots (re-made when the pool grows)
+    context: LineContext = field(init=False, repr=False)  # views of its slots (re-made as the pool grows)
 
     @property
     def rows(self) -> int:
@@ -70,7 +70,7 @@ class ContextPool:
     def held(self) -> int:
         return len(self._held)
 
-    def reserve(self, rows: int, length: int, like: ContextKV) -> None:
+    def _reserve(self, rows: int, length: int, like: ContextKV) -> None:
         """Room for `rows` more consecutive rows of contexts up to `length`; `like`: one of them."""
         if self._find(rows) is None or length > self.length or not self.keys:
             self._grow(like, rows, length)
@@ -82,7 +82,7 @@ class ContextPool:
         consecutive slots."""
         sizes = tuple(int(g.mask.shape[0]) // lines for g in groups)
         n, length = sum(sizes), int(groups[0].mask.shape[1])
-        self.reserve(n * lines, length, groups[0])
+        self._reserve(n * lines, length, groups[0])
         assert self.mask is not None
         held: list[Held] = []
         for _ in range(lines):
@@ -90,7 +90,7 @@ class ContextPool:
             assert start is not None
             for i in range(start, start + n):
                 self._free[i] = False
-            held.append(Held(start, sizes, length, groups[0].segments, LineContext([], [], groups[0], None)))
+            held.append(Held(start, sizes, length, groups[0].segments))
         tail = length < self.length  # masked out; zeroed so that a value left there is finite
         device = self.mask.device
         for g, group in enumerate(groups):

@@ -325,7 +325,8 @@ class StepBatcher:
         row_line = torch.tensor([g for g, n in enumerate(branches) for _ in range(n)])
         # the pool's slots up to the group's longest context: every row reads its own (row_slot);
         # no segments: speaker K/V scaling acts on each line's own views
-        ctx = ContextKV([k[:, :, :L] for k in pool.keys], [v[:, :, :L] for v in pool.values], ctx_mask, [])
+        keys, values = [k[:, :, :L] for k in pool.keys], [v[:, :, :L] for v in pool.values]
+        ctx = ContextKV(keys, values, pool.mask[:, :L], [])
         packed = _Packed(ctx, mask, rope, frames, branches, self.upload(row_line, ctx_mask.device), row_slot)
         self._packed[key] = packed
         return packed

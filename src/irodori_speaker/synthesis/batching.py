@@ -24,6 +24,7 @@ from typing import Any
 
 from ..cancel import Cancelled, CancelToken, check
 from ..engine.hardware.owner import DEVICE
+from ..lanes import NORMAL_LANE
 
 ProgressFn = Callable[[int, int], None]
 
@@ -44,7 +45,7 @@ class SampleRequest:
     length: int = 1  # its rows' length (latent frames): lines of near lengths batch together
     batch_size: int = 0  # how many lines it was sampled with (itself included)
     line: Any = None  # stepping.py: its engine.steps.StepLine, made on its own thread
-    lane: int = 1  # its line's lane (irodori_speaker.lanes): 0 high, 1 normal, 2 low
+    lane: int = NORMAL_LANE  # its line's lane (irodori_speaker.lanes): HIGH, NORMAL or LOW
     taken: bool = field(default=False, repr=False)
 
 

@@ -39,7 +39,7 @@ class StepScheduler(CountsPreparing):
         step: StepLines,
         run_alone: RunBatch,
         max_batch: int,
-        release: ReleaseLines | None = None,
+        release: ReleaseLines,
     ) -> None:
         super().__init__()
         self._start = start
@@ -115,11 +115,10 @@ class StepScheduler(CountsPreparing):
             for req in reqs:
                 req.error, req.done = error, True
             self._cond.notify_all()
-        if self._release is not None:
-            try:
-                self._release([line for line in lines if line is not None])
-            except Exception:  # the owner is failing already: its lines are ended either way
-                log.exception("giving back the failed lines' context slots failed")
+        try:
+            self._release([line for line in lines if line is not None])
+        except Exception:  # the owner is failing already: its lines are ended either way
+            log.exception("giving back the failed lines' context slots failed")
 
     def iterate(self) -> None:
         """One iteration on the owner thread: admit the waiting lines, one step of at most
