@@ -145,7 +145,9 @@ def use_sampling(synth, kind: str, streams: int) -> None:
     windows = 1 if kind == "serial" else DECODE_BATCH[0] or 1
     synth.preset = dataclasses.replace(synth.preset, decode_batch=windows)
     if kind == "step":
-        synth._batcher = StepScheduler(synth._start_lines, synth._step_lines, synth._sample_batch, top)
+        synth._batcher = StepScheduler(
+            synth._start_lines, synth._step_lines, synth._sample_batch, top, synth._release_lines
+        )
     else:
         pad = MAX_PADDING[0] if MAX_PADDING[0] is not None else synth.preset.max_padding
         synth._batcher = SampleBatcher(synth._sample_batch, top, max_padding=pad)
