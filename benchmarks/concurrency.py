@@ -8,8 +8,11 @@ server's workers do. Per concurrency N, two runs side by side in this process:
   live line at once, lines joining and leaving at step boundaries (`synthesis/stepping.py`);
 - line: the same cap, whole-line batches of the lines that wait together (`synthesis/batching.py`,
   the design before issue 27);
-- serial: `max_batch` = 1 (one line after another; lines that meet share the device owner).
-`--batching` picks which of step and line run (default both), serial always runs beside them.
+- serial: `max_batch` = 1 (one line after another; lines that meet share the device owner);
+- step-eager (only when asked): step, every step launched eagerly instead of from its CUDA graph
+  per (rows, frames, context) bucket (engine/step_graphs.py; CUDA only, elsewhere the same as step).
+`--batching` picks which of step, step-eager and line run (default step and line), serial
+always runs beside them.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
@@ -81,6 +84,7 @@ import news5  # noqa: E402  (the shared random full-size files, modes and the ap
 
 from irodori_speaker.engine.duration import HOP  # noqa: E402
 from irodori_speaker.engine.hardware.owner import DEVICE  # noqa: E402
+from irodori_speaker.engine.kernels.tuning import tuning_allowed  # noqa: E402
 from irodori_speaker.options import SynthesisOptions  # noqa: E402
 from irodori_speaker.synthesis.batching import SampleBatcher  # noqa: E402
 from irodori_speaker.synthesis.stepping import StepScheduler  # noqa: E402
@@ -89,7 +93,7 @@ from irodori_speaker.synthesis.stepping import StepScheduler  # noqa: E402
 @dataclass
 class Run:
     streams: int
-    batched: str  # "step", "line" or "serial"
+    batched: str  # "step", "step-eager", "line" or "serial"
     ttfa: list[float] = field(default_factory=list)
     audio_s: float = 0.0
     wall_s: float = 0.0
@@ -144,20 +148,38 @@ def use_sampling(synth, kind: str, streams: int) -> None:
     # decode windows of lines that meet: one by one when serial (the baseline), else as asked
     windows = 1 if kind == "serial" else DECODE_BATCH[0] or 1
     synth.preset = dataclasses.replace(synth.preset, decode_batch=windows)
-    if kind == "step":
+    if kind in ("step", "step-eager"):
         synth._batcher = StepScheduler(
             synth._start_lines, synth._step_lines, synth._sample_batch, top, synth._release_lines
         )
+        use_step_graphs(synth, kind == "step")
     else:
         pad = MAX_PADDING[0] if MAX_PADDING[0] is not None else synth.preset.max_padding
         synth._batcher = SampleBatcher(synth._sample_batch, top, max_padding=pad)
+
+
+def use_step_graphs(synth, on: bool) -> None:
+    """ "step": the step batcher's forward from its graphs per bucket (captured here once, as
+    prewarm does with step batching on, engine/step_graphs.py), where the sampler has graphs;
+    "step-eager": the same fixed pool, every step launched eagerly (the A/B of the graphs)."""
+    fast = synth.fast_sampler
+    if fast is None or not fast.use_graphs:
+        return
+    batcher = synth._step_batcher()
+    graphs = getattr(synth, "_bench_step_graphs", None)  # put aside while "step-eager" runs
+    if graphs is None:
+        with tuning_allowed():
+            synth._prewarm_step_graphs(fast)
+        graphs = synth._bench_step_graphs = batcher.graphs
+    batcher.graphs = graphs if on else None
+    batcher._packed.clear()  # packed for the other kind's buckets
 
 
 def run(
     synth, voice, family: str, sentences: list[str], streams: int, lines: int, batched: str, device: str
 ) -> Run:
     """`streams` threads, each speaking `lines` sentences (stream i starts at sentence i);
-    `batched`: "step", "line" or "serial" (what samples concurrent lines)."""
+    `batched`: "step", "step-eager", "line" or "serial" (what samples concurrent lines)."""
     use_sampling(synth, batched, streams)
     synth._batcher.batches = {}
     out = Run(streams, batched)
@@ -297,7 +319,6 @@ def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> 
     from irodori_speaker.engine.batch import stack_conditions
     from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES, chunk_windows
     from irodori_speaker.engine.hardware.lock import hold_model_lock
-    from irodori_speaker.engine.kernels.tuning import tuning_allowed
 
     fast, codec, preset = synth.fast_sampler, synth.codec, synth.preset
     device = synth.device.type
@@ -539,7 +560,7 @@ def main() -> None:
     ap.add_argument(
         "--batching",
         default="step,line",
-        help="which batched sampling runs beside serial: step, line or both",
+        help="which batched sampling runs beside serial: step, step-eager, line (comma-separated)",
     )
     ap.add_argument("--max-batch", type=int, default=16, help="the preset max_batch: the largest batch")
     server_help = "the server stage's burst of requests (benchmarks/server_load.py; 0: no server stage)"

@@ -173,10 +173,13 @@ def test_fused_sampler_matches_a_golden_case(dit_fixtures):
     torch.testing.assert_close(out, io[f"sample_{name}_out"], atol=1e-4, rtol=1e-4)
 
 
-def test_fused_step_batch_equals_each_line_alone(dit_fixtures):
+@pytest.mark.parametrize("buckets", [False, True], ids=["eager", "buckets"])
+def test_fused_step_batch_equals_each_line_alone(dit_fixtures, buckets):
     """Step-level batching (engine/steps.py) on the fused kernels: rows at their own timesteps
     (per-row modulation), lines of two lengths joining at different steps, each equal to its
-    line sampled alone on the same fused path."""
+    line sampled alone on the same fused path; `buckets`: through the step graphs' buffers
+    (engine/step_graphs.py: rows filled up to the bucket, frames and context padded; captured
+    as CUDA graphs on a GPU)."""
     from irodori_speaker.engine.sampler import draw_noise
     from irodori_speaker.engine.steps import StepBatcher
 
@@ -194,6 +197,15 @@ def test_fused_step_batch_equals_each_line_alone(dit_fixtures):
     alone = FastSampler(fast, use_graphs=False)
     want = [alone.sample(*args) for args in lines_in]
     batcher = StepBatcher(fast, max_padding=float("inf"))  # one forward for both
+    if buckets:
+        batcher.prewarm_graphs(
+            max_rows=8,
+            top_frames=32,
+            length=64,
+            capture=DEV.type == "cuda",
+            frame_bucket=16,
+            length_bucket=64,
+        )
     live = [batcher.start(*lines_in[0])]
     batcher.step(live)  # the second line joins one step later
     live.append(batcher.start(*lines_in[1]))
@@ -203,6 +215,8 @@ def test_fused_step_batch_equals_each_line_alone(dit_fixtures):
             live.remove(line)
             done.append(line)
     assert batcher.rows_run > batcher.steps_run
+    if buckets:
+        assert batcher.graphs is not None and batcher.graphs.replays == batcher.steps_run
     for line, w in zip(sorted(done, key=lambda d: d.frames), want):
         torch.testing.assert_close(line.latent(), w, atol=1e-4, rtol=1e-4)
 

@@ -24,6 +24,7 @@ from irodori_speaker.engine.hardware.memory import (
     guidance_rows,
     max_batch_within,
     plan_budget,
+    step_pool_size,
 )
 from irodori_speaker.engine.hardware.presets import Preset, base_preset
 from irodori_speaker.engine.sampler import draw_noise, sample
@@ -115,6 +116,16 @@ def test_the_plan_makes_room_for_a_30_s_reference_at_most():
     v2 = context_tokens(cfg, InferenceConfig())
     assert v2 == 256 + 750  # text + 30 s of reference frames
     assert context_tokens(cfg, V4_INFERENCE) == v2  # v4's 120 s cap is not planned for
+
+
+def test_the_step_pool_holds_the_planned_context_of_a_batch_bucket_of_lines():
+    cfg = ModelConfig()
+    slots, length = step_pool_size(cfg, InferenceConfig(), 12)
+    assert slots == 16 * guidance_rows(cfg)  # max_batch 12 fills up to the bucket of 16
+    assert length % 32 == 0 and context_tokens(cfg, InferenceConfig()) + 32 <= length
+    assert step_pool_size(cfg, InferenceConfig(), 1)[0] == guidance_rows(cfg)
+    mf = random_model("v4.1-mf").cfg
+    assert step_pool_size(mf, V4_INFERENCE, 4)[0] == 4  # one row a line
 
 
 def test_the_codec_estimate_matches_the_measured_full_size_decode():

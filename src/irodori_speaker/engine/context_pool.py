@@ -6,10 +6,16 @@ a row -> slot table (`fused.qkv_joint`'s `ctx_rows`), the model's own blocks thr
 Lines joining and leaving repack nothing, and a line scaling its speaker keys/values does it in
 its own slots. The pool grows (slots doubled, length up to the longest context) when a line does
 not fit, pointing every held line at the new tensors, and lets its memory go when it holds none.
+
+A pool `fix`ed at prewarm keeps its tensors (the step graphs of engine/step_graphs.py read them by
+address): it keeps its memory when empty, and `room` says how many joining lines fit in its free
+slots, so that the others wait for lines to finish rather than grow it. It still grows for a line
+whose context is longer than its length (the graphs are then dropped, `generation` tells them).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,6 +24,8 @@ from torch import Tensor
 
 from .model import ContextKV
 from .sampler import LineContext
+
+log = logging.getLogger("irodori_speaker.engine")
 
 
 @dataclass(eq=False)
@@ -55,6 +63,7 @@ class ContextPool:
         self.values: list[Tensor] = []
         self.mask: Tensor | None = None
         self.generation = 0  # bumped whenever the tensors are replaced (views made before are stale)
+        self.fixed = False  # `fix`: its tensors kept (empty too) and joining lines limited by `room`
         self._free: list[bool] = []
         self._held: set[Held] = set()
 
@@ -69,6 +78,43 @@ class ContextPool:
     @property
     def held(self) -> int:
         return len(self._held)
+
+    def fix(
+        self,
+        slots: int,
+        length: int,
+        *,
+        layers: int,
+        heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        """Allocate `slots` slots of `length` positions now and keep them (prewarm: the step graphs
+        read these tensors). Held lines are copied over, as when it grows."""
+        shape = (1, heads, 1, head_dim)
+        like = ContextKV(
+            [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
+            [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
+            torch.empty(1, 1, dtype=torch.bool, device=device),
+            [],
+        )
+        self._grow(like, max(0, slots - self.slots), length, exact=True)
+        self.fixed = True
+
+    def room(self, rows: list[int]) -> int:
+        """How many of lines needing `rows[i]` consecutive slots each (in order) fit now without
+        growing a fixed pool; every line fits a pool that is not fixed (it grows). A line longer
+        than `length` positions is counted as fitting: it grows the pool (and drops the graphs)."""
+        if not self.fixed:
+            return len(rows)
+        free = list(self._free)
+        for n, need in enumerate(rows):
+            start = _first_run(free, need)
+            if start is None:
+                return n
+            free[start : start + need] = [False] * need
+        return len(rows)
 
     def _reserve(self, rows: int, length: int, like: ContextKV) -> None:
         """Room for `rows` more consecutive rows of contexts up to `length`; `like`: one of them."""
@@ -116,27 +162,34 @@ class ContextPool:
         self._held.discard(held)
         for i in range(held.start, held.start + held.rows):
             self._free[i] = True
-        if not self._held:
+        if not self._held and not self.fixed:
             self.keys, self.values, self.mask, self._free = [], [], None, []
             self.generation += 1
 
     def _find(self, n: int) -> int | None:
-        run = 0
-        for i, free in enumerate(self._free):
-            run = run + 1 if free else 0
-            if run == n:
-                return i - n + 1
-        return None
+        return _first_run(self._free, n)
 
-    def _grow(self, like: ContextKV, rows: int, length: int) -> None:
-        """Larger tensors (twice the slots, or as many as needed; the longest length), the held
-        contexts copied over and every held line pointed at its new views."""
+    def _grow(self, like: ContextKV, rows: int, length: int, *, exact: bool = False) -> None:
+        """Larger tensors (twice the slots, or as many as needed; `exact`: `rows` more; the
+        longest length), the held contexts copied over and every held line pointed at its new
+        views."""
         slots = max(self.min_slots, self.slots)
-        if self._find(rows) is None:  # new slots go at the end, after the free ones there
+        if exact:
+            slots = self.slots + rows
+        elif self._find(rows) is None:  # new slots go at the end, after the free ones there
             slots = max(slots, 2 * self.slots)
             while slots - self.slots + self._tail_free() < rows:
                 slots *= 2
         length = max(length, self.length)
+        if self.fixed:
+            log.warning(
+                "the step batch's context pool grows (%d slots of %d positions to %d of %d): its CUDA "
+                "graphs are dropped and steps run eagerly",
+                self.slots,
+                self.length,
+                slots,
+                length,
+            )
         k0 = like.keys[0]
         H, Dh = k0.shape[1], k0.shape[3]
         keys = [k0.new_zeros(slots, H, length, Dh) for _ in like.keys]
@@ -178,3 +231,13 @@ class ContextPool:
                 )
             )
         return LineContext(groups, [None] * len(groups), groups[0].rows(1), None)
+
+
+def _first_run(free: list[bool], n: int) -> int | None:
+    """The start of the first `n` consecutive free slots, or None."""
+    run = 0
+    for i, f in enumerate(free):
+        run = run + 1 if f else 0
+        if run == n:
+            return i - n + 1
+    return None

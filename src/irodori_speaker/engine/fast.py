@@ -468,13 +468,18 @@ class FastSampler:
         return euler_loop(plan, cfg, x0, ctx, velocity, dtype=fast.dtype, cancel=cancel, progress=progress)
 
     # ---- CUDA graphs -------------------------------------------------------------------------------
-    def _capture(self, fn, inputs: list[Tensor | None]) -> _Graph:
-        """Capture `fn(*static_inputs)` as a CUDA graph after a warm-up run (`cuda_graphs.capture`)."""
+    def graph_pool(self) -> Any:
+        """The memory pool of every graph here, and of the step batcher's (engine/step_graphs.py):
+        all replay one after another on the device owner, so they share it."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    def _capture(self, fn, inputs: list[Tensor | None]) -> _Graph:
+        """Capture `fn(*static_inputs)` as a CUDA graph after a warm-up run (`cuda_graphs.capture`)."""
         static = [None if t is None else t.clone() for t in inputs]
         warm = [None if t is None else t.clone() for t in static]
-        graph, out = capture(fn, static, self._pool, warm=warm)
+        graph, out = capture(fn, static, self.graph_pool(), warm=warm)
         return _Graph(graph, static, out)
 
 

@@ -15,6 +15,10 @@ keys are masked out, padded frames never reach a valid one). Lines of far differ
 step in separate forwards (`groups`: padding within `max_padding` of the real frames, as
 whole-line batches). Each forward's row table and masks are rebuilt only when its make-up changes
 (a line joins, leaves or changes guidance group), so a steady batch packs only its latents.
+
+With `prewarm_graphs` (CUDA, at prewarm) the pool is fixed and each forward whose (rows, frames,
+context) bucket was captured replays its graph (engine/step_graphs.py); lines join only as many as
+the fixed pool holds (`start_many` starts a prefix; the scheduler keeps the rest waiting).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..cancel import Cancelled, CancelToken
-from .batch import frame_mask, present_conditions, stack_conditions
+from .batch import BATCH_BUCKETS, frame_mask, present_conditions, stack_conditions
 from .context_pool import ContextPool, Held
 from .fast import FastDiT, pad_conditions, round_up
 from .layers import rope_tables
@@ -45,10 +49,12 @@ from .sampler import (
     initial_x,
     plan_for,
 )
+from .step_graphs import StepGraphs, rows_bucket
 
 
 class Joining(NamedTuple):
-    """A line about to join: conditions of batch 1, noise (1, S, C), its options and handles."""
+    """A line about to join: conditions of batch 1, noise (1, S, C) (host or device), its options
+    and handles."""
 
     conds: Conditions
     noise: Tensor
@@ -115,6 +121,7 @@ class StepBatcher:
         self.max_padding = max_padding
         self.pool = ContextPool(upload=self.upload)  # every started line's context K/V, till it leaves
         self._packed: dict[tuple, _Packed] = {}  # each group's row table and masks, by its make-up
+        self.graphs: StepGraphs | None = None  # prewarm_graphs: the forward's buckets (CUDA graphs)
         self.steps_run = 0  # forwards so far
         self.rows_run = 0  # rows over those forwards
 
@@ -133,16 +140,23 @@ class StepBatcher:
         return self.start_many([Joining(conds, noise, cfg, cancel, progress, tag)])[0]
 
     def start_many(self, joining: Sequence[Joining]) -> list[StepLine]:
-        """Lines ready to take their first step. Those whose conditions and guidance groups match
-        get their context keys/values from one call per group (rows padded to the longest context,
-        masked): lines that arrive together pay one set of launches, not one each. Raises on the
-        first line whose inputs or plan are refused (the device owner then starts each alone)."""
+        """Lines ready to take their first step: those of `joining`, in order, that the pool holds
+        now (all, unless it is fixed: then a prefix, at least one line when none is held; the rest
+        wait for lines to finish). Those whose conditions and guidance groups match get their
+        context keys/values from one call per group (rows padded to the longest context, masked):
+        lines that arrive together pay one set of launches, not one each. Raises on the first
+        line whose inputs or plan are refused (the scheduler then starts each alone)."""
         model = self.fast.model
+        if self.pool.held and self.pool.room([1]) == 0:
+            return []  # a fixed pool full: nothing to check or plan until lines leave
         with torch.inference_mode():
             plans = []
             for j in joining:
                 check_inputs(model, j.conds, j.noise)
                 plans.append(plan_for(model, j.conds, j.cfg))
+            fit = self.pool.room([sum(len(g) for g in p.groups or (((),),)) for p in plans])
+            fit = max(fit, 0 if self.pool.held else 1)
+            joining, plans = list(joining)[:fit], plans[:fit]
             by_kind: dict[tuple, list[int]] = {}
             for i, (j, plan) in enumerate(zip(joining, plans)):
                 by_kind.setdefault((plan.groups, present_conditions(j.conds)), []).append(i)
@@ -158,7 +172,8 @@ class StepBatcher:
                     assert h is not None
                     S = j.noise.shape[1]
                     S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
-                    x = initial_x(F.pad(j.noise, (0, 0, 0, S_pad - S)), j.cfg, self.fast.device)
+                    noise = self.upload(j.noise, self.fast.device)  # a line that starts: its noise only
+                    x = initial_x(F.pad(noise, (0, 0, 0, S_pad - S)), j.cfg, self.fast.device)
                     table = self.fast.plan_table(plan)
                     lines.append(StepLine(plan, j.cfg, x, S, h, table, j.cancel, j.progress, tag=j.tag))
                     if j.cfg.speaker_kv_scale is not None:
@@ -237,6 +252,50 @@ class StepBatcher:
             out.append(group)
         return out
 
+    def prewarm_graphs(
+        self,
+        *,
+        max_rows: int,
+        top_frames: int,
+        length: int,
+        capture: bool,
+        graph_pool: object = None,
+        frame_bucket: int = 64,
+        length_bucket: int = 256,
+    ) -> int:
+        """Fix the pool at `max_rows` slots of `length` context positions and make the forward's
+        buckets (engine/step_graphs.py): rows up to `max_rows`'s bucket, frames up to `top_frames`
+        in `frame_bucket` steps, contexts up to `length` doubling from `length_bucket`; `capture`: as
+        CUDA graphs (else the same static buffers run eagerly). Returns the buckets made."""
+        cfg = self.fast.cfg
+        self.pool.fix(
+            max_rows,
+            length,
+            layers=cfg.num_layers,
+            heads=cfg.num_heads,
+            head_dim=cfg.head_dim,
+            dtype=self.fast.dtype,
+            device=self.fast.device,
+        )
+        self._packed.clear()
+        graphs = StepGraphs(
+            self.fast,
+            self.pool,
+            frame_bucket=frame_bucket,
+            length_bucket=length_bucket,
+            graph_pool=graph_pool,
+        )
+        rows = [1, *(b for b in BATCH_BUCKETS if b <= rows_bucket(max_rows))]
+        step = frame_bucket * cfg.latent_patch_size
+        made = graphs.prewarm(
+            rows,
+            range(step, top_frames + step, step),
+            range(length_bucket, length + length_bucket, length_bucket),
+            graphs=capture,
+        )
+        self.graphs = graphs
+        return made
+
     def _key(self, lines: list[StepLine]) -> tuple:
         # the lines themselves (compared by identity), not their ids: the cache holds them, so a
         # finished line's id cannot come back as a new line's and find its stale slots; the pool's
@@ -260,13 +319,19 @@ class StepBatcher:
                 for line in lines
             ]
         )
-        xb = xg.to(dtype).index_select(0, packed.row_line)
-        # each row's modulation: its line's table at its line's step, (layers, 6, rows, 1, D)
-        mods = torch.stack([line.table[line.step] for line in lines]).index_select(0, packed.row_line)
-        mod = mods.permute(1, 2, 0, 3)[:, :, :, None].contiguous()
-        out = fast.velocity(xb, mod, packed.ctx, packed.mask, packed.rope, ctx_rows=packed.row_slot).float()
+        xd, rows = xg.to(dtype), packed.row_line
+        # each row's modulation: its line's table at its line's step, (rows, layers, 6, D)
+        mods = torch.stack([line.table[line.step] for line in lines]).index_select(0, rows)
+        if packed.bucket is not None and self.graphs is not None:  # the rows gathered into its buffers
+            out = self.graphs.run(packed.bucket, xd, rows, mods, packed.mask, packed.row_slot, packed).float()
+        else:
+            mod = mods.permute(1, 2, 0, 3)[:, :, :, None].contiguous()
+            xb = xd.index_select(0, rows)
+            out = fast.velocity(
+                xb, mod, packed.ctx, packed.mask, packed.rope, ctx_rows=packed.row_slot
+            ).float()
         self.steps_run += 1
-        self.rows_run += xb.shape[0]
+        self.rows_run += int(rows.shape[0])
         R, G = out.shape[0], len(lines)
         # per line: its weight of each row, then its dt; a line with temporal score rescaling
         # keeps a zero row (x unchanged here) and takes euler_step on its own below
@@ -302,17 +367,27 @@ class StepBatcher:
 
     def _pack(self, lines: list[StepLine], key: tuple) -> _Packed:
         """The group's row -> slot table, masks and RoPE (its context stays in the pool); rebuilt
-        when its make-up (`key`) changes."""
+        when its make-up (`key`) changes. Where a graph holds the group's bucket, frames and
+        context positions are its bucket's and rows are filled up to it with copies of the first
+        row (their outputs dropped; engine/step_graphs.py)."""
         if key in self._packed:
             return self._packed[key]
         p = self.fast.cfg.latent_patch_size
         frames = max(line.x.shape[1] for line in lines)
         slots = [line.held.slots(line.group) for line in lines]
         parts = [(len(s), line.frames) for s, line in zip(slots, lines)]  # (branches, valid frames)
+        branches = [n for n, _ in parts]
+        flat = [i for s in slots for i in s]
         L = max(line.held.length for line in lines)
+        bucket = None if self.graphs is None else self.graphs.find(len(flat), frames, L)
+        if bucket is not None:
+            filler = bucket[0] - len(flat)
+            frames, L = bucket[1], bucket[2]
+            flat += [flat[0]] * filler
+            parts += [(filler, parts[0][1])] if filler else []
         pool = self.pool
         assert pool.mask is not None
-        row_slot = self.upload(torch.tensor([i for s in slots for i in s]), pool.mask.device)
+        row_slot = self.upload(torch.tensor(flat), pool.mask.device)
         ctx_mask = pool.mask[:, :L].index_select(0, row_slot)
         latent = torch.cat([frame_mask([s] * n, frames, ctx_mask.device) for n, s in parts])
         self_mask = latent.reshape(latent.shape[0], frames // p, p).all(-1) if p > 1 else latent
@@ -321,13 +396,13 @@ class StepBatcher:
         mask = torch.zeros(keys_ok.shape, dtype=self.fast.dtype, device=keys_ok.device)
         mask.masked_fill_(~keys_ok, float("-inf"))
         rope = rope_tables(frames // p, self.fast.cfg.head_dim, ctx_mask.device)
-        branches = [n for n, _ in parts]
         row_line = torch.tensor([g for g, n in enumerate(branches) for _ in range(n)])
         # the pool's slots up to the group's longest context: every row reads its own (row_slot);
         # no segments: speaker K/V scaling acts on each line's own views
         keys, values = [k[:, :, :L] for k in pool.keys], [v[:, :, :L] for v in pool.values]
         ctx = ContextKV(keys, values, pool.mask[:, :L], [])
-        packed = _Packed(ctx, mask, rope, frames, branches, self.upload(row_line, ctx_mask.device), row_slot)
+        row_line = self.upload(row_line, ctx_mask.device)
+        packed = _Packed(ctx, mask, rope, frames, branches, row_line, row_slot, bucket)
         self._packed[key] = packed
         return packed
 
@@ -340,7 +415,8 @@ class _Packed:
     frames: int
     branches: list[int]
     row_line: Tensor  # (rows,) each row's line in the group (device, long)
-    row_slot: Tensor  # (rows,) each row's slot in the pool (device, long)
+    row_slot: Tensor  # (rows,) each row's slot in the pool (device, long); filled up to `bucket`
+    bucket: tuple[int, int, int] | None = None  # the graph it replays (rows, frames, context)
 
 
 def run_lines(batcher: StepBatcher, lines: list[StepLine]) -> None:

@@ -43,7 +43,7 @@ from ..engine.duration import (
 )
 from ..engine.fast import FastDiT, FastSampler
 from ..engine.hardware.lock import hold_model_lock
-from ..engine.hardware.memory import budget_errors
+from ..engine.hardware.memory import budget_errors, step_pool_size
 from ..engine.hardware.owner import DEVICE
 from ..engine.hardware.presets import select_preset
 from ..engine.kernels.tuning import tuning_allowed
@@ -265,8 +265,10 @@ class Synthesizer:
         english_backends()  # and the English reader (e2k), so the first English word pays nothing
         with tuning_allowed():  # kernel choosers measure here, not mid-stream (engine/kernels/tuning.py)
             self.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
+            step_graphs = 0
             if fast is not None and fast.use_graphs:
                 self._prewarm_graphs(voice, fast)
+                step_graphs = self._prewarm_step_graphs(fast)
             codec_graphs = self._prewarm_codec_graphs()
         captured = (0, 0) if fast is None else (fast.captures - before[0], fast.text_captures - before[1])
         seconds = time.perf_counter() - t0
@@ -275,6 +277,7 @@ class Synthesizer:
             "graphs_captured": captured[0],
             "text_graphs_captured": captured[1],
             "codec_graphs_captured": codec_graphs,
+            "step_graphs_captured": step_graphs,
             "voice": repr(voice),
         }
         return seconds
@@ -297,6 +300,19 @@ class Synthesizer:
             first_chunk_frames=self.preset.stream_first_chunk_frames,
             growth=self.preset.stream_chunk_growth,
         )
+
+    def _prewarm_step_graphs(self, fast: FastSampler) -> int:
+        """With step batching: the step batcher's context pool fixed within the budget's plan and
+        its forward captured per (rows, frames, context) bucket (engine/step_graphs.py)."""
+        if not isinstance(self._batcher, StepScheduler):
+            return 0
+        rows, length = step_pool_size(self.config, self.inference, self.preset.max_batch, fast.context_bucket)
+        top = frames_for_seconds(self.preset.prewarm_seconds)
+        with hold_model_lock():
+            batcher = self._step_batcher()
+            return batcher.prewarm_graphs(
+                max_rows=rows, top_frames=top, length=length, capture=True, graph_pool=fast.graph_pool()
+            )
 
     def _decode_rows(self) -> list[int]:
         """The batch buckets of stream windows decoded together (`preset.decode_batch`)."""
@@ -431,15 +447,16 @@ class Synthesizer:
     def _start_lines(self, reqs: list[SampleRequest]) -> list[StepLine]:
         """Lines joining the step batch (stepping.py) together: their contexts and plans, on the
         owner thread (`StepBatcher.start_many`: one context call for the lines that match)."""
+        # the noise stays on the host: the batcher uploads that of the lines its pool holds now
+        joining = [Joining(r.conds, r.noise, r.cfg, r.cancel, r.progress, r) for r in reqs]
+        return self._step_batcher().start_many(joining)
+
+    def _step_batcher(self) -> StepBatcher:
         if self._steps is None:
             fast = self.fast_sampler
             dit = fast.fast if fast is not None else FastDiT(self.model, fused=False)
             self._steps = StepBatcher(dit, max_padding=self.preset.max_padding, upload=DEVICE.upload)
-        joining = [
-            Joining(r.conds, DEVICE.upload(r.noise, self.device), r.cfg, r.cancel, r.progress, r)
-            for r in reqs
-        ]
-        return self._steps.start_many(joining)
+        return self._steps
 
     def _step_lines(self, lines: list[StepLine]) -> list[StepLine]:
         assert self._steps is not None

@@ -44,6 +44,7 @@ __all__ = [
     "max_batch_within",
     "peak_bytes",
     "plan_from_files",
+    "step_pool_size",
 ]
 
 log = logging.getLogger("irodori_speaker.engine")
@@ -91,6 +92,21 @@ def context_tokens(config: ModelConfig, inference: InferenceConfig | None = None
     if config.caption_enabled:
         tokens += inference.max_caption_len or inference.max_text_len or 256
     return tokens
+
+
+def step_pool_size(
+    config: ModelConfig, inference: InferenceConfig | None, max_batch: int, context_bucket: int = 32
+) -> tuple[int, int]:
+    """The step batcher's fixed context pool (engine/context_pool.py) for CUDA graphs: slots for
+    `max_batch`'s batch bucket of lines at `guidance_rows` each, and the longest condition the
+    plan makes room for (`context_tokens`), each of its up to three parts padded to
+    `context_bucket` as the sampler pads them. The same rows x context keys/values that
+    `activation_bytes_per_line` counts per line (`held`), so the budget already holds it."""
+    lines = batch_bucket(max_batch) if max_batch > 1 else 1
+    tokens = context_tokens(config, inference)
+    parts = 1 + int(config.speaker_enabled) + int(config.caption_enabled)
+    length = -(-tokens // context_bucket) * context_bucket + (parts - 1) * context_bucket
+    return lines * guidance_rows(config), length
 
 
 def activation_bytes_per_line(
