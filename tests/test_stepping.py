@@ -3,19 +3,20 @@
 The real tiny model on the CPU, lines from several threads as several Speakers or the server's
 streams send them; the model lock is held while the threads start, so their lines really arrive
 together. Each line must sound as it does alone, whatever its plan; a cancelled line leaves at the
-next step; a line alone keeps its own path; no device-owner thread outlives the lines.
+next step; a line alone keeps its own path; no device-owner thread outlives the lines. Fakes check
+the scheduler's own rules: lines start at the step boundary, only as many as the pool holds, the
+rest waiting in lane then arrival order; a refused start fails its line alone; a cancelled waiting
+line never starts.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import pytest
 
 from irodori_speaker.cancel import CancelToken
-from irodori_speaker.engine.hardware.owner import DEVICE
 from irodori_speaker.errors import Cancelled
 from irodori_speaker.synthesis.stepping import StepScheduler
 from owner_threads import irodori_threads
@@ -59,35 +60,28 @@ def test_concurrent_lines_of_different_plans_step_together_and_sound_as_alone(sy
     assert _no_sampler_thread()
 
 
-def _hold_the_owner_at_the_first_start(monkeypatch, lines: int) -> None:
-    """When the first line hands its start to the device owner, the model lock is taken by a
-    holder thread (so no round runs) until `lines` jobs are queued or a second has passed: the
-    lines' starts meet on the owner however the threads are scheduled (a loaded CI machine)."""
-    from irodori_speaker.engine.hardware.lock import MODEL_LOCK
+def _start_once_all_wait(monkeypatch, sched: StepScheduler, lines: int) -> None:
+    """The owner's iterations of `sched` do nothing (its rounds go on with the lines' other jobs)
+    until `lines` lines wait to start or two seconds have passed since the first arrived: the
+    lines' starts meet in one iteration however the threads are scheduled (a loaded CI machine)."""
+    real = sched.iterate
+    first: list[float] = []  # when the first line arrived
+    opened: list[bool] = []
 
-    asked, held = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        asked.wait(30)
-        with MODEL_LOCK:
-            held.set()
-            deadline = time.monotonic() + 1.0
-            while DEVICE.queued() < lines and time.monotonic() < deadline:
+    def iterate() -> None:
+        if not opened:
+            if sched._waiting and not first:
+                first.append(time.monotonic())
+            if not first or (len(sched._waiting) < lines and time.monotonic() < first[0] + 2.0):
                 time.sleep(0.002)
+                return
+            opened.append(True)
+        real()
 
-    threading.Thread(target=holder, daemon=True).start()
-    real = DEVICE.run_batched
-
-    def run_batched(key, *args, **kwargs):
-        if key[1] == "start" and not held.is_set():
-            asked.set()
-            held.wait(30)
-        return real(key, *args, **kwargs)
-
-    monkeypatch.setattr(DEVICE, "run_batched", run_batched)
+    monkeypatch.setattr(sched, "iterate", iterate)
 
 
-def test_lines_that_arrive_together_start_in_one_job_and_sound_as_alone(synth, monkeypatch):
+def test_lines_that_arrive_together_start_together_and_sound_as_alone(synth, monkeypatch):
     from irodori_speaker.engine.steps import StepBatcher
 
     jobs = [(t, opts(seed=i + 7)) for i, t in enumerate(TEXTS)]
@@ -100,10 +94,10 @@ def test_lines_that_arrive_together_start_in_one_job_and_sound_as_alone(synth, m
         return real(self, joining)
 
     monkeypatch.setattr(StepBatcher, "start_many", start_many)
-    _hold_the_owner_at_the_first_start(monkeypatch, len(jobs))
+    _start_once_all_wait(monkeypatch, synth._batcher, len(jobs))
     results = together(synth, jobs)
     assert all(not isinstance(r, Exception) for r in results), results
-    assert max(sizes) >= 2, sizes  # their starts (context K/V) in one job
+    assert max(sizes) >= 2, sizes  # their starts (context K/V) in one call
     for a, b in zip(alone, results):
         np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
 
@@ -154,16 +148,16 @@ def test_fail_ends_every_waiting_and_live_line_with_the_error():
 
     released: list = []
     sched = StepScheduler(lambda reqs: [], lambda lines: [], lambda reqs, c, p: [], 4, released.extend)
-    waiting = SampleRequest(None, None, None, None)
+    waiting = SampleRequest(None, None, None, None)  # handed over, not started yet: no line
     live = SampleRequest(None, None, None, None)
     live_line = type("Line", (), {"tag": live})()
-    waiting.line = type("Line", (), {"tag": waiting})()  # started, not yet stepped
+    live.line = live_line
     sched._waiting.append(waiting)
     sched._live.append(live_line)
     boom = RuntimeError("the owner gave up")
     sched.fail(boom)
     assert waiting.done and live.done and waiting.error is boom and live.error is boom
-    assert released == [waiting.line, live_line]  # their context slots given back
+    assert released == [live_line]  # the live line's context slots given back
     assert not sched.has_work()
 
 
@@ -177,38 +171,175 @@ class _Line:
         return f"latent of lane {self.tag.lane}"
 
 
-def test_a_high_lane_line_enters_the_next_step_even_when_the_batch_is_full():
-    from irodori_speaker.synthesis.batching import SampleRequest
+def _step(stepped: list[list], on_finish=None):
+    """As engine.steps.StepBatcher.step: a cancelled line leaves with Cancelled; each stepped
+    line's request is recorded in `stepped`; `on_finish(lines)` sees the lines that finished."""
 
-    stepped: list[list[int]] = []
-
-    def step(lines):  # as engine.steps.StepBatcher.step: a cancelled line leaves with Cancelled
-        stepped.append([line.tag.lane for line in lines])
+    def step(lines):
+        stepped.append([line.tag for line in lines])
         for line in lines:
             if line.cancel is not None and line.cancel.cancelled:
                 line.error = Cancelled("cancelled")
             else:
                 line.left -= 1
-        return [line for line in lines if line.left <= 0 or line.error is not None]
+        finished = [line for line in lines if line.left <= 0 or line.error is not None]
+        if on_finish is not None:
+            on_finish(finished)
+        return finished
 
-    sched = StepScheduler(lambda reqs: [], step, lambda reqs, c, p: [], 2, lambda lines: None)
-    reqs = [SampleRequest(None, None, None, None) for _ in range(4)]
-    for req, lane in zip(reqs, (1, 1, 2, 0)):  # normal, normal, low, then a high line arrives
+    return step
+
+
+def _requests(*lanes: int) -> list:
+    from irodori_speaker.synthesis.batching import SampleRequest
+
+    reqs = [SampleRequest(None, None, None, None) for _ in lanes]
+    for req, lane in zip(reqs, lanes):
         req.lane = lane
+    return reqs
+
+
+def test_a_high_lane_line_enters_the_next_step_even_when_the_batch_is_full():
+    stepped: list[list] = []
+    steps = {}
+
+    def start(reqs):  # every line fits: the pool is not what this test is about
+        return [_Line(r, steps=steps[id(r)]) for r in reqs]
+
+    sched = StepScheduler(start, _step(stepped), lambda reqs, c, p: [], 2, lambda lines: None)
+    reqs = _requests(1, 1, 2, 0)  # normal, normal, low, then a high line arrives
     token = CancelToken()
     reqs[2].cancel = token
-    for req in reqs[:3]:  # started (the owner's job did it) and waiting for a step
-        req.line = _Line(req, steps=3)
+    for req in reqs[:3]:  # handed over, waiting for the owner to start them
+        steps[id(req)] = 3
         sched._waiting.append(req)
     sched.iterate()
-    assert stepped[-1] == [1, 1]  # the batch full with the two normal lines
-    reqs[3].line = _Line(reqs[3], steps=2)
+    assert [r.lane for r in stepped[-1]] == [1, 1]  # the batch full with the two normal lines
+    assert all(r.line is not None for r in reqs[:3])  # all three started, the low one left out
+    steps[id(reqs[3])] = 2
     sched._waiting.append(reqs[3])
     token.cancel()  # the low line, left out, is cancelled meanwhile
     sched.iterate()
-    assert stepped[-1][:2] == [0, 1]  # the high line steps at once; one normal line waits
+    assert [r.lane for r in stepped[-1][:2]] == [0, 1]  # the high line steps at once
     assert reqs[2].done and isinstance(reqs[2].error, Cancelled)  # left out, cancelled: retired
     while sched.has_work():
         sched.iterate()
     assert all(r.done for r in reqs) and reqs[3].result == "latent of lane 0"
-    assert max(len(s) for s in stepped if 2 not in s) <= 2
+    assert max(len(s) for s in stepped if reqs[2] not in s) <= 2
+
+
+class _Pool:
+    """A step batcher's pool of `capacity` lines for the scheduler's fakes: `start` returns the
+    lines of the prefix of the requests that fits, stepping or releasing a finished line frees
+    its room."""
+
+    def __init__(self, capacity: int, steps: int = 2) -> None:
+        self.capacity, self.steps, self.live, self.most = capacity, steps, 0, 0
+        self.calls: list[list] = []  # each start's requests
+        self.started: list = []  # the requests started, in order
+
+    def start(self, reqs):
+        self.calls.append(list(reqs))
+        fit = reqs[: max(0, self.capacity - self.live)]
+        self.live += len(fit)
+        self.most = max(self.most, self.live)
+        self.started += fit
+        return [_Line(r, steps=self.steps) for r in fit]
+
+    def free(self, lines) -> None:
+        self.live -= len(lines)
+
+
+def test_only_the_lines_that_fit_start_and_the_rest_wait_in_lane_then_arrival_order():
+    pool = _Pool(capacity=2)
+    stepped: list[list] = []
+    sched = StepScheduler(pool.start, _step(stepped, pool.free), lambda r, c, p: [], 8, pool.free)
+    first = _requests(1, 2, 1, 0, 1)  # r0 normal, r1 low, r2 normal, r3 high, r4 normal
+    sched._waiting += first
+    sched.iterate()  # r3 and r0 fit; r2, r4 and r1 wait
+    assert pool.started == [first[3], first[0]]
+    assert sched._waiting == [first[2], first[4], first[1]]
+    later = _requests(1, 0)  # r5 normal, r6 high arrive meanwhile
+    sched._waiting += later
+    sched.iterate()  # no room (asked again: new lines came); r3 and r0 finish
+    assert pool.calls[-1] == [later[1], first[2], first[4], later[0], first[1]]
+    assert pool.started == [first[3], first[0]] and pool.live == 0
+    while sched.has_work():
+        sched.iterate()
+        assert pool.live <= 2 and all(len(s) <= 2 for s in stepped)
+    assert pool.most == 2
+    assert pool.started == [first[3], first[0], later[1], first[2], first[4], later[0], first[1]]
+    assert all(r.done and r.error is None for r in first + later)
+
+
+def test_a_start_that_finds_no_room_is_not_asked_again_until_a_line_leaves_or_arrives():
+    pool = _Pool(capacity=1, steps=3)
+    sched = StepScheduler(pool.start, _step([], pool.free), lambda r, c, p: [], 8, pool.free)
+    sched._waiting += _requests(1, 1)
+    sched.iterate()  # one starts, the other waits
+    sched.iterate()
+    assert len(pool.calls) == 1  # nothing left, nothing arrived: no room to look for
+    sched._waiting += _requests(0)
+    sched.iterate()
+    assert len(pool.calls) == 2  # a new line: asked again (still no room)
+    while sched.has_work():
+        sched.iterate()
+    assert len(pool.started) == 3 and pool.live == 0
+
+
+def test_a_start_that_raises_starts_each_line_alone_and_only_the_bad_one_fails():
+    pool = _Pool(capacity=2)
+    reqs = _requests(1, 1, 1, 1)  # good, bad, good, good: the last one finds no room at first
+    bad = reqs[1]
+    boom = ValueError("this line's plan is refused")
+
+    def start(group):
+        if bad in group:
+            raise boom
+        return pool.start(group)
+
+    sched = StepScheduler(start, _step([], pool.free), lambda r, c, p: [], 8, pool.free)
+    sched._waiting += reqs
+    sched.iterate()
+    assert bad.done and bad.error is boom  # failed alone
+    assert pool.started == [reqs[0], reqs[2]] and sched._waiting == [reqs[3]]  # no room yet
+    while sched.has_work():
+        sched.iterate()
+    assert all(r.done and r.error is None for r in reqs if r is not bad)
+    assert pool.started == [reqs[0], reqs[2], reqs[3]]
+
+
+def test_a_cancelled_waiting_line_ends_with_cancelled_and_never_starts():
+    pool = _Pool(capacity=1, steps=2)
+    sched = StepScheduler(pool.start, _step([], pool.free), lambda r, c, p: [], 8, pool.free)
+    reqs = _requests(1, 1, 1)
+    reqs[0].cancel, reqs[2].cancel = CancelToken(), CancelToken()
+    reqs[0].cancel.cancel("the viewer left before it started")
+    sched._waiting += reqs
+    sched.iterate()  # r0 ends at once; r1 starts; r2 waits for room
+    assert reqs[0].done and isinstance(reqs[0].error, Cancelled)
+    assert pool.started == [reqs[1]] and sched._waiting == [reqs[2]]
+    reqs[2].cancel.cancel("the viewer left while it waited for room")
+    asked = len(pool.calls)
+    while sched.has_work():
+        sched.iterate()
+    assert isinstance(reqs[2].error, Cancelled) and reqs[1].error is None
+    assert not any(reqs[0] in call for call in pool.calls)
+    assert not any(reqs[2] in call for call in pool.calls[asked:])  # not asked once cancelled
+    assert pool.started == [reqs[1]]  # neither cancelled line was ever started
+
+
+def test_a_line_that_finds_no_room_with_nothing_live_is_left_waiting():
+    """The start must make room then (the pool grows); if it does not, the iteration still ends."""
+    calls: list = []
+
+    def start(reqs):
+        calls.append(reqs)
+        return []
+
+    sched = StepScheduler(start, lambda lines: [], lambda r, c, p: [], 8, lambda lines: None)
+    reqs = _requests(1)
+    sched._waiting += reqs
+    sched.iterate()
+    sched.iterate()
+    assert sched._waiting == reqs and not reqs[0].done and len(calls) == 2  # asked each round
