@@ -4,8 +4,11 @@ On the H200 the step path is bound by the device owner's host time (RESULTS.md, 
 so the ops a step dispatches per line are what to cut. N lines (tiny random model on the CPU,
 v2, 8 sway steps, lines of different lengths) start on `engine.steps.StepBatcher` (counted: the
 lines arriving together, with `start_many` where the tree has it, else one `start` each), then
-steps are counted under torch.profiler: the first step (contexts packed) and a steady one. Runs
-against an older tree too:
+steps are counted under torch.profiler: the first step (contexts packed) and a steady one. Where
+the tree has step graphs (engine/step_graphs.py), a last column counts the steady step through
+them, the forward counted as the one op its CUDA graph replay is (on the CPU the bucket's static
+buffers run eagerly inside one profiler range; the copies into them are counted). Runs against
+an older tree too:
 
     python benchmarks/step_ops.py --lines 1,4,16
     PYTHONPATH=<old tree>/src python benchmarks/step_ops.py --lines 1,4,16
@@ -39,9 +42,11 @@ def top_level_ops(fn) -> int:
     return sum(1 for e in prof.events() if e.cpu_parent is None)
 
 
-def count(model, n: int) -> tuple[int, int, int]:
+def count(model, n: int, buckets: bool = False) -> tuple[int, int, int]:
     torch.manual_seed(0)
     batcher = StepBatcher(FastDiT(model, fused=False))
+    if buckets:
+        batcher.prewarm_graphs(max_rows=3 * n, top_frames=192, length=128, capture=False, frame_bucket=16)
     joining = []
     for i in range(n):
         ids = torch.randint(3, 200, (1, 10 + i))
@@ -63,17 +68,36 @@ def count(model, n: int) -> tuple[int, int, int]:
     return start, first, steady
 
 
+def as_one_replay() -> None:
+    """Run each bucket's forward inside one profiler range: one top-level op, as its replay."""
+    from irodori_speaker.engine.step_graphs import StepGraph
+
+    eager = StepGraph.run
+
+    def run(self):
+        with torch.profiler.record_function("graph replay"):
+            return eager(self)
+
+    StepGraph.run = run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", default="1,4,16", help="lines stepped together (comma-separated)")
     args = ap.parse_args()
     model = load_checkpoint(tiny_random_files("v2").model).model
     print(f"# {Path(irodori_speaker.__file__).parent.parent}; torch {torch.__version__}")
-    print("| lines | ops, their starts | ops, first step | ops, steady step | steady ops a line |")
-    print("|---|---|---|---|---|")
+    graphs = hasattr(StepBatcher, "prewarm_graphs")
+    head = "| lines | ops, their starts | ops, first step | ops, steady step | steady ops a line |"
+    print(f"{head} steady, graphed |")
+    print("|---|---|---|---|---|---|")
     for n in [int(x) for x in args.lines.split(",")]:
         start, first, steady = count(model, n)
-        print(f"| {n} | {start} | {first} | {steady} | {steady / n:.1f} |")
+        graphed = "-"
+        if graphs:
+            as_one_replay()
+            graphed = str(count(model, n, buckets=True)[2])
+        print(f"| {n} | {start} | {first} | {steady} | {steady / n:.1f} | {graphed} |")
 
 
 if __name__ == "__main__":
