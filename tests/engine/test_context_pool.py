@@ -84,3 +84,33 @@ def test_lines_arriving_together_are_held_from_their_batched_rows():
             assert torch.equal(pool.mask[h.slots(g).start : h.slots(g).stop], want_mask)
             _same(got, mine)
     _same(alone.context.groups[0], _context(1, 7, 9))
+
+
+def test_a_fixed_pool_keeps_its_tensors_and_fits_lines_in_scattered_free_slots():
+    pool = ContextPool()
+    pool.fix(6, 8, layers=LAYERS, heads=H, head_dim=DH, dtype=torch.float32, device="cpu")
+    keys, generation = pool.keys[0], pool.generation
+    held = pool.hold([_context(6, 8, 0)], lines=6)  # six one-row lines fill it
+    assert pool.room([1]) == 0
+    for h in held[::2]:  # free slots 0, 2, 4: three, none next to another
+        pool.release(h)
+    assert pool.room([2]) == 0 and pool.room([1, 1, 1, 1]) == 3
+    written = _context(3, 5, 1)
+    again = pool.hold([written], lines=3)  # each line in a slot of its own: no growth
+    assert pool.generation == generation and pool.keys[0] is keys
+    assert sorted(h.start for h in again) == [0, 2, 4]
+    for i, h in enumerate(again):
+        _same(
+            h.context.groups[0],
+            ContextKV(
+                [k[i : i + 1] for k in written.keys],
+                [v[i : i + 1] for v in written.values],
+                written.mask[i : i + 1],
+                written.segments,
+            ),
+        )
+    for h in again + held[1::2]:
+        pool.release(h)
+    assert pool.held == 0 and pool.keys[0] is keys  # empty, its memory kept (graphs read it)
+    pool.hold([_context(1, 12, 2)])  # longer than its length: it grows after all
+    assert pool.generation != generation and pool.length == 12

@@ -116,10 +116,16 @@ class ContextPool:
             free[start : start + need] = [False] * need
         return len(rows)
 
-    def _reserve(self, rows: int, length: int, like: ContextKV) -> None:
-        """Room for `rows` more consecutive rows of contexts up to `length`; `like`: one of them."""
-        if self._find(rows) is None or length > self.length or not self.keys:
-            self._grow(like, rows, length)
+    def _reserve(self, rows: int, lines: int, length: int, like: ContextKV) -> None:
+        """Room for `lines` more lines of `rows` consecutive rows each, contexts up to `length`
+        (`like`: one of them): a pool that is not fixed grows once for all of them together."""
+        if not self.keys or length > self.length:
+            self._grow(like, rows * lines, length)
+        elif self.fixed:  # each line in its own run of free slots (the caller checked `room`)
+            if self.room([rows] * lines) < lines:
+                self._grow(like, rows * lines, length)
+        elif self._find(rows * lines) is None:
+            self._grow(like, rows * lines, length)
 
     def hold(self, groups: list[ContextKV], lines: int = 1) -> list[Held]:
         """Hold `lines` lines whose contexts come batched, as one `context_kv` call per guidance
@@ -128,7 +134,7 @@ class ContextPool:
         consecutive slots."""
         sizes = tuple(int(g.mask.shape[0]) // lines for g in groups)
         n, length = sum(sizes), int(groups[0].mask.shape[1])
-        self._reserve(n * lines, length, groups[0])
+        self._reserve(n, lines, length, groups[0])
         assert self.mask is not None
         held: list[Held] = []
         for _ in range(lines):

@@ -154,12 +154,17 @@ class StepBatcher:
             for j in joining:
                 check_inputs(model, j.conds, j.noise)
                 plans.append(plan_for(model, j.conds, j.cfg))
-            fit = self.pool.room([sum(len(g) for g in p.groups or (((),),)) for p in plans])
-            fit = max(fit, 0 if self.pool.held else 1)
+            kinds = [(plan.groups, present_conditions(j.conds)) for j, plan in zip(joining, plans)]
+            fit = len(joining)
+            if self.pool.fixed:  # the longest prefix whose lines its free slots hold, as held below
+                rows = [sum(len(g) for g in plan.groups or (((),),)) for plan in plans]
+                while fit and self.pool.room([rows[i] for i in _by_kind(kinds[:fit])]) < fit:
+                    fit -= 1
+                fit = max(fit, 0 if self.pool.held else 1)
             joining, plans = list(joining)[:fit], plans[:fit]
             by_kind: dict[tuple, list[int]] = {}
-            for i, (j, plan) in enumerate(zip(joining, plans)):
-                by_kind.setdefault((plan.groups, present_conditions(j.conds)), []).append(i)
+            for i, kind in enumerate(kinds[:fit]):
+                by_kind.setdefault(kind, []).append(i)
             held: list[Held | None] = [None] * len(joining)
             lines: list[StepLine] = []
             try:
@@ -417,6 +422,15 @@ class _Packed:
     row_line: Tensor  # (rows,) each row's line in the group (device, long)
     row_slot: Tensor  # (rows,) each row's slot in the pool (device, long); filled up to `bucket`
     bucket: tuple[int, int, int] | None = None  # the graph it replays (rows, frames, context)
+
+
+def _by_kind(kinds: list[tuple]) -> list[int]:
+    """Indices of `kinds` grouped by kind, kinds in order of first appearance (`start_many` holds
+    each kind's lines together in this order)."""
+    order: dict[tuple, list[int]] = {}
+    for i, kind in enumerate(kinds):
+        order.setdefault(kind, []).append(i)
+    return [i for members in order.values() for i in members]
 
 
 def run_lines(batcher: StepBatcher, lines: list[StepLine]) -> None:
