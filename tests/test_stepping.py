@@ -11,12 +11,14 @@ line never starts.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
 import pytest
 
 from irodori_speaker.cancel import CancelToken
+from irodori_speaker.engine.hardware.owner import DEVICE
 from irodori_speaker.errors import Cancelled
 from irodori_speaker.synthesis.stepping import StepScheduler
 from owner_threads import irodori_threads
@@ -60,25 +62,32 @@ def test_concurrent_lines_of_different_plans_step_together_and_sound_as_alone(sy
     assert _no_sampler_thread()
 
 
-def _start_once_all_wait(monkeypatch, sched: StepScheduler, lines: int) -> None:
-    """The owner's iterations of `sched` do nothing (its rounds go on with the lines' other jobs)
-    until `lines` lines wait to start or two seconds have passed since the first arrived: the
-    lines' starts meet in one iteration however the threads are scheduled (a loaded CI machine)."""
-    real = sched.iterate
-    first: list[float] = []  # when the first line arrived
-    opened: list[bool] = []
+def _hold_the_owner_at_the_first_start(monkeypatch, lines: int) -> None:
+    """When the first line hands its start to the device owner, the model lock is taken by a
+    holder thread (so no round runs) until `lines` jobs are queued or a second has passed: the
+    lines' starts meet on the owner however the threads are scheduled (a loaded CI machine)."""
+    from irodori_speaker.engine.hardware.lock import MODEL_LOCK
 
-    def iterate() -> None:
-        if not opened:
-            if sched._waiting and not first:
-                first.append(time.monotonic())
-            if not first or (len(sched._waiting) < lines and time.monotonic() < first[0] + 2.0):
+    asked, held = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        asked.wait(30)
+        with MODEL_LOCK:
+            held.set()
+            deadline = time.monotonic() + 1.0
+            while DEVICE.queued() < lines and time.monotonic() < deadline:
                 time.sleep(0.002)
-                return
-            opened.append(True)
-        real()
 
-    monkeypatch.setattr(sched, "iterate", iterate)
+    threading.Thread(target=holder, daemon=True).start()
+    real = DEVICE.run_batched
+
+    def run_batched(key, *args, **kwargs):
+        if key[1] == "start" and not held.is_set():
+            asked.set()
+            held.wait(30)
+        return real(key, *args, **kwargs)
+
+    monkeypatch.setattr(DEVICE, "run_batched", run_batched)
 
 
 def test_lines_that_arrive_together_start_together_and_sound_as_alone(synth, monkeypatch):
@@ -94,10 +103,10 @@ def test_lines_that_arrive_together_start_together_and_sound_as_alone(synth, mon
         return real(self, joining)
 
     monkeypatch.setattr(StepBatcher, "start_many", start_many)
-    _start_once_all_wait(monkeypatch, synth._batcher, len(jobs))
+    _hold_the_owner_at_the_first_start(monkeypatch, len(jobs))
     results = together(synth, jobs)
     assert all(not isinstance(r, Exception) for r in results), results
-    assert max(sizes) >= 2, sizes  # their starts (context K/V) in one call
+    assert max(sizes) >= 2, sizes  # their starts (context K/V) in one job
     for a, b in zip(alone, results):
         np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
 
@@ -132,6 +141,39 @@ def test_more_lines_than_max_batch_wait_for_a_free_row(synth):
     assert sched.peak_lines >= 2 and synth._steps.pool.held == 0
     for (t, o), r in zip(jobs, results):
         np.testing.assert_allclose(r.audio, synth.synthesize(t, options=o).audio, atol=1e-5)
+
+
+def test_lines_a_fixed_pool_cannot_hold_wait_unstarted_and_sound_as_alone(irodori_home):
+    """Step graphs' back-pressure through the Synthesizer: the step batcher's pool fixed at one
+    line's rows (as prewarm fixes it on CUDA; here its buckets run eagerly), four lines arriving
+    together: the start job holds what fits, the others wait un-started and start as lines leave;
+    the pool never grows and each line sounds as it does alone."""
+    from irodori_speaker.engine.hardware.memory import guidance_rows
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    synth = load_synthesizer(
+        tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=8, step_batching=True
+    )
+    rows = guidance_rows(synth.config)
+    batcher = synth._step_batcher()
+    batcher.prewarm_graphs(max_rows=rows, top_frames=256, length=256, capture=False, frame_bucket=16)
+    generation = batcher.pool.generation
+    jobs = [(t, opts(seed=i + 3)) for i, t in enumerate(TEXTS)]
+    alone = [synth.synthesize(t, options=o) for t, o in jobs]
+    held: list[int] = []
+    real = batcher.step
+
+    def step(lines):
+        held.append(batcher.pool.held)
+        return real(lines)
+
+    batcher.step = step
+    results = together(synth, jobs)
+    assert all(not isinstance(r, Exception) for r in results), results
+    assert held and max(held) == 1  # one line at a time fits: the others waited, un-started
+    assert batcher.pool.generation == generation and batcher.graphs.replays > 0
+    for a, b in zip(alone, results):
+        np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
 
 
 def test_a_bad_line_fails_alone(synth):

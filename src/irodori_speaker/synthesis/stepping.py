@@ -2,17 +2,17 @@
 
 With `max_batch` > 1 (several Speakers, a server with lines in flight) lines no longer sample
 one after another, nor in whole-line batches of whoever happened to wait together: each line,
-once its text is encoded, is handed to this scheduler, a `Stepper` of the owner
-(engine/hardware/owner.py). Between other jobs the owner runs one iteration of it: the lines that
-arrived since are started at that step boundary (their context K/V and plans, one call for all of
-them: `engine.steps.StepBatcher`), then one sampler step runs for every live line: a line that
-arrives joins at the next step, a finished one leaves, a cancelled one leaves at the next step
-boundary. The line's thread waits for its latent and goes on to decode it (jobs again).
+once its text is encoded, is started (its context K/V and plan, a job on the device owner; lines
+arriving together in one: `engine.steps.StepBatcher.start_many`) and handed to this scheduler, a
+`Stepper` of the owner (engine/hardware/owner.py), which between other jobs runs one sampler step
+for every live line: a line that arrives joins at the next step, a finished one leaves, a
+cancelled one leaves at the next step boundary. The line's thread waits for its latent and goes
+on to decode it (jobs again).
 
-Only as many lines start as the step batcher's pool holds now: the start returns the lines of a
-prefix of those asked for and the rest wait (high lanes first, then by arrival, ahead of lines
-that arrive later) until finished lines free room. That back-pressure keeps the step's memory
-fixed, as its CUDA graphs need.
+Only as many lines start as the step batcher's pool holds now (a fixed pool: step graphs): a line
+it cannot hold waits un-started, and the owner's iteration starts it (high lanes first, then by
+arrival, ahead of lines that arrive later) once finished lines free room. That back-pressure keeps
+the step's memory fixed, as its CUDA graphs need.
 
 A line that is alone (nothing else live, waiting or encoding) runs as before this scheduler, as
 one job (on CUDA, its whole-line graph): one line keeps today's latency.
@@ -58,7 +58,8 @@ class StepScheduler(CountsPreparing):
         self._release = release
         self._run_alone = run_alone
         self.max_batch = max(1, int(max_batch))  # 1: every line alone, one after another
-        self._waiting: list[SampleRequest] = []  # not started yet: held back ones first
+        # handed over: started by their job, or un-started (no room then; those held back first)
+        self._waiting: list[SampleRequest] = []
         self._live: list[Any] = []  # StepLines, touched by the owner thread only
         # the lines a start left waiting while others were live, until a live line leaves: while
         # no other line waits, asking again would find no more room (the owner's thread only)
@@ -98,15 +99,34 @@ class StepScheduler(CountsPreparing):
         req.batch_size, req.done = 1, True
 
     def _hand_over(self, req: SampleRequest) -> None:
-        """Queue the line, un-started, for the owner's next iteration (which starts it when it
-        fits) and wait for its latent, or its error."""
+        """Start the line (its context K/V and plan) as a job, queue it for the steps and wait
+        for its latent. Lines arriving together start in one job (`run_batched`); a start that
+        raises runs again alone, so a refused line fails alone. A line the batcher's fixed pool
+        cannot hold now (`start` returned no line for it) waits un-started: the owner's
+        iteration starts it once lines leave (`_admit`)."""
         req.lane = current_lane()
+        try:
+            req.line = DEVICE.run_batched(
+                (id(self), "start"), req, self._start_padded, req.cancel, URGENT, limit=self.max_batch
+            )
+        except BaseException as e:  # a refused plan or a cancel: this line alone fails
+            req.error, req.done = e, True
+            return
         with self._cond:
             self._waiting.append(req)
         DEVICE.wake(self)
         with self._cond:  # a cancelled line too: the owner ends it at its next iteration
             while not req.done:
                 self._cond.wait(0.05)
+
+    def _start_padded(self, reqs: list[SampleRequest]) -> list[Any]:
+        """`start` as a batched job: one result per request, None for those not held now.
+
+        The start stays a job of its own rather than a part of the owner's iteration: started
+        there, at 32 Speakers on the CPU (tiny model, max_batch 8) 25-43 of 96 lines had a hole
+        against 8-15 (benchmarks/RESULTS.md, eleventh session)."""
+        lines = list(self._start(reqs))
+        return lines + [None] * (len(reqs) - len(lines))
 
     # ---- the owner's side (engine/hardware/owner.Stepper) ------------------------------------
     def has_work(self) -> bool:
@@ -167,11 +187,14 @@ class StepScheduler(CountsPreparing):
             self._cond.notify_all()
 
     def _admit(self) -> None:
-        """End the cancelled waiting lines; start the others that fit (lane, then arrival
-        order: the pool's room goes to a prefix); those that do not fit wait, ahead of the
-        lines that arrive later."""
+        """The lines their jobs started go live; of those that found no room, end the cancelled
+        ones and start the others that fit now (lane, then arrival order: the pool's room goes
+        to a prefix); those that still do not fit wait, ahead of the lines that arrive later."""
         with self._cond:
             waiting, self._waiting = self._waiting, []
+            # started by their job: live now (a cancelled one is retired by the step, its slots back)
+            self._live += [req.line for req in waiting if req.line is not None]
+            waiting = [req for req in waiting if req.line is None]
             cancelled = [req for req in waiting if req.cancel is not None and req.cancel.cancelled]
             for req in cancelled:  # never started: nothing to give back
                 req.error, req.done = Cancelled("cancelled"), True
