@@ -201,7 +201,7 @@ def test_fused_step_batch_equals_each_line_alone(dit_fixtures, buckets):
         batcher.prewarm_graphs(
             max_rows=8,
             top_frames=32,
-            length=64,
+            length=160,  # longer than the lines' contexts: the graphs read a slice of each slot
             capture=DEV.type == "cuda",
             frame_bucket=16,
             length_bucket=64,
@@ -209,7 +209,15 @@ def test_fused_step_batch_equals_each_line_alone(dit_fixtures, buckets):
     live = [batcher.start(*lines_in[0])]
     batcher.step(live)  # the second line joins one step later
     live.append(batcher.start(*lines_in[1]))
-    done = []
+    done, lengths = [], []
+    pack = batcher._pack
+
+    def packing(lines, key):  # each step's bucket: its context positions
+        packed = pack(lines, key)
+        lengths.append(packed.bucket[2] if packed.bucket else None)
+        return packed
+
+    batcher._pack = packing
     while live:
         for line in batcher.step(live):
             live.remove(line)
@@ -217,6 +225,7 @@ def test_fused_step_batch_equals_each_line_alone(dit_fixtures, buckets):
     assert batcher.rows_run > batcher.steps_run
     if buckets:
         assert batcher.graphs is not None and batcher.graphs.replays == batcher.steps_run
+        assert lengths and all(n is not None and n < batcher.pool.length for n in lengths)
     for line, w in zip(sorted(done, key=lambda d: d.frames), want):
         torch.testing.assert_close(line.latent(), w, atol=1e-4, rtol=1e-4)
 
