@@ -26,12 +26,15 @@ LINES = [  # (fixture row, frames, seed, sampler settings): rows per line differ
 ]
 
 
-def _inputs(dit_fixtures, kind="v2_base"):
+def _inputs(dit_fixtures, kind="v2_base", device="cpu"):
     model, io, _ = load_kind(dit_fixtures, kind)
+    model = model.to(device)
+    io = {k: v.to(device) for k, v in io.items()}
     inputs = []
     for row, frames, seed, kw in LINES:
         conds = encode(model, io, slice(row, row + 1))
-        inputs.append((conds, draw_noise(seed, 1, frames, model.cfg.latent_dim), SamplerConfig(**kw)))
+        noise = draw_noise(seed, 1, frames, model.cfg.latent_dim, device=device)
+        inputs.append((conds, noise, SamplerConfig(**kw)))
     with torch.inference_mode():
         want = [sample(model, *args) for args in inputs]
     return model, inputs, want
@@ -117,9 +120,7 @@ def test_a_context_longer_than_the_pool_grows_it_and_drops_the_graphs(dit_fixtur
     not torch.cuda.is_available(), reason="CUDA graphs need a GPU (docs/status.md: device call)"
 )
 def test_captured_step_graphs_equal_the_eager_step_on_cuda(dit_fixtures):
-    model, inputs, _ = _inputs(dit_fixtures)
-    model = model.to("cuda")
-    moved = [(c.to("cuda") if hasattr(c, "to") else c, n.to("cuda"), cfg) for c, n, cfg in inputs]
+    model, moved, _ = _inputs(dit_fixtures, device="cuda")
     outs = []
     for capture in (False, True):
         batcher = _prewarmed(model, capture=capture)
