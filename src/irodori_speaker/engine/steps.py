@@ -66,14 +66,15 @@ class Joining(NamedTuple):
 
 @dataclass(eq=False)
 class StepLine:
-    """One line in flight: its plan, latent (1, S_pad, C) float32, context and step index."""
+    """One line in flight: its plan, latent (1, W, C) float32, context and step index."""
 
     plan: Plan
     cfg: SamplerConfig
-    x: Tensor
-    frames: int  # its real length (latent frames); x is padded to a frame bucket
+    x: Tensor  # W frames: its own padded length at first, then its last forward's (a view of it)
+    frames: int  # its real length (latent frames)
+    padded: int  # its length padded to a frame bucket (what its forwards are grouped by)
     held: Held  # its context's slots in the batcher's pool
-    table: Tensor  # (steps, layers, 6, D): each step's modulation
+    table_row: int  # its first step's row in the batcher's modulation rows (`_table_row`)
     cancel: CancelToken | None = None
     progress: ProgressFn | None = None
     step: int = 0
@@ -122,6 +123,11 @@ class StepBatcher:
         self.pool = ContextPool(upload=self.upload)  # every started line's context K/V, till it leaves
         self._packed: dict[tuple, _Packed] = {}  # each group's row table and masks, by its make-up
         self.graphs: StepGraphs | None = None  # prewarm_graphs: the forward's buckets (CUDA graphs)
+        # every plan's modulation table stacked (steps, layers, 6, D): a step gathers its rows' in
+        # one op; each table's first row by its id (the tables are kept, FastDiT.plan_table)
+        self._tables: Tensor | None = None
+        self._table_list: list[Tensor] = []
+        self._first_row: dict[int, int] = {}
         self.steps_run = 0  # forwards so far
         self.rows_run = 0  # rows over those forwards
 
@@ -179,14 +185,24 @@ class StepBatcher:
                     S_pad = round_up(S, self.frame_bucket * model.cfg.latent_patch_size)
                     noise = self.upload(j.noise, self.fast.device)  # a line that starts: its noise only
                     x = initial_x(F.pad(noise, (0, 0, 0, S_pad - S)), j.cfg, self.fast.device)
-                    table = self.fast.plan_table(plan)
-                    lines.append(StepLine(plan, j.cfg, x, S, h, table, j.cancel, j.progress, tag=j.tag))
+                    row = self._table_row(plan)
+                    lines.append(StepLine(plan, j.cfg, x, S, S_pad, h, row, j.cancel, j.progress, tag=j.tag))
                     if j.cfg.speaker_kv_scale is not None:
                         h.context.scale_speaker(j.cfg.speaker_kv_scale, j.cfg.speaker_kv_max_layers)
             except BaseException:
                 self._give_back([h for h in held if h is not None])
                 raise
         return lines
+
+    def _table_row(self, plan: Plan) -> int:
+        """The first row of `plan`'s modulation table in the stacked tables (added when new)."""
+        table = self.fast.plan_table(plan)
+        row = self._first_row.get(id(table))
+        if row is None:
+            row = self._first_row[id(table)] = sum(int(t.shape[0]) for t in self._table_list)
+            self._table_list.append(table)
+            self._tables = torch.cat(self._table_list)
+        return row
 
     def _contexts(self, conds: list[Conditions], plan: Plan) -> list[ContextKV]:
         """The lines' guidance groups' keys/values, one `context_kv` call per group over all the
@@ -245,9 +261,9 @@ class StepBatcher:
         out: list[list[StepLine]] = []
         group: list[StepLine] = []
         real = rows = 0
-        for line in sorted(lines, key=lambda line: line.x.shape[1], reverse=True):
+        for line in sorted(lines, key=lambda line: line.padded, reverse=True):
             n = branch_rows(line.plan, line.plan.steps[line.step])
-            longest = group[0].x.shape[1] if group else line.x.shape[1]
+            longest = group[0].padded if group else line.padded
             if group and longest * (rows + n) > (1 + self.max_padding) * (real + n * line.frames):
                 out.append(group)
                 group, real, rows = [], 0, 0
@@ -310,23 +326,23 @@ class StepBatcher:
     def _forward_and_update(self, lines: list[StepLine], key: tuple) -> None:
         """One forward for `lines` (one length group), then every line's guidance and Euler move.
 
-        The per-line work is a handful of ops per group, not per line (issue 27: on the H200 the
-        owner thread, not the GPU, bounded the step at 16 lines): the latents are packed with one
-        cat and one row gather, and the guidance of every line is one small matmul over the rows
+        The work is a handful of ops per group, not per line (issue 27: on the H200 the owner
+        thread, not the GPU, bounded the step at 16 lines): the latents are packed with one cat
+        (each line's latent is a view of its last forward's, already that wide while the group
+        stays) and one row gather, the modulation of every row is one gather from the stacked
+        tables, and the guidance of every line is one small matmul over the rows
         (`sampler.branch_coefficients`: the same sum as `sampler.euler_step`), with each line's dt
         in the same upload. A line with temporal score rescaling takes `euler_step` on its own."""
         fast, dtype = self.fast, self.fast.dtype
         packed = self._pack(lines, key)
         frames = packed.frames
-        xg = torch.cat(
-            [
-                line.x if line.x.shape[1] == frames else F.pad(line.x, (0, 0, 0, frames - line.x.shape[1]))
-                for line in lines
-            ]
-        )
+        xs = [_width(line.x, frames) for line in lines]
+        xg = torch.cat(xs) if len(xs) > 1 else xs[0]
         xd, rows = xg.to(dtype), packed.row_line
         # each row's modulation: its line's table at its line's step, (rows, layers, 6, D)
-        mods = torch.stack([line.table[line.step] for line in lines]).index_select(0, rows)
+        steps = [line.table_row + line.step for line, n in zip(lines, packed.branches) for _ in range(n)]
+        assert self._tables is not None
+        mods = self._tables.index_select(0, self.upload(torch.tensor(steps), xg.device))
         if packed.bucket is not None and self.graphs is not None:  # the rows gathered into its buffers
             out = self.graphs.run(packed.bucket, xd, rows, mods, packed.mask, packed.row_slot, packed).float()
         else:
@@ -340,29 +356,28 @@ class StepBatcher:
         R, G = out.shape[0], len(lines)
         # per line: its weight of each row, then its dt; a line with temporal score rescaling
         # keeps a zero row (x unchanged here) and takes euler_step on its own below
-        coef = [0.0] * (G * (R + 1))
+        coef = [[0.0] * (R + 1) for _ in range(G)]
         rescaled = [line.cfg.rescale_k is not None and line.cfg.rescale_sigma is not None for line in lines]
         start = 0
         for g, (line, n) in enumerate(zip(lines, packed.branches)):
             step = line.plan.steps[line.step]
             if not rescaled[g]:
-                row = g * (R + 1)
-                coef[row + start : row + start + n] = branch_coefficients(line.plan, step)
-                coef[row + R] = step.t_next - step.t
+                coef[g][start : start + n] = branch_coefficients(line.plan, step)
+                coef[g][R] = step.t_next - step.t
             start += n
-        c = self.upload(torch.tensor(coef, dtype=torch.float32).view(G, R + 1), out.device)
+        c = self.upload(torch.tensor(coef, dtype=torch.float32), out.device)
         v = torch.matmul(c[:, :R], out.view(R, -1)).view(G, frames, -1)
         x_next = torch.addcmul(xg, v, c[:, R:].view(G, 1, 1))
+        nexts = x_next.split(1) if len(lines) > 1 else (x_next,)  # each line's row: one op for all
         start = 0
         for g, (line, n) in enumerate(zip(lines, packed.branches)):
             step = line.plan.steps[line.step]
-            S = line.x.shape[1]
             scale = line.cfg.speaker_kv_scale if step.unscale_speaker_kv else None
             if rescaled[g]:  # euler_step unscales the speaker K/V itself
-                rows = out[start : start + n, :S][:, None]  # (branches, 1, S, C)
-                line.x = euler_step(line.plan, line.cfg, step, line.x, rows, line.ctx)
+                rows = out[start : start + n][:, None]  # (branches, 1, frames, C)
+                line.x = euler_step(line.plan, line.cfg, step, xs[g], rows, line.ctx)
             else:
-                line.x = x_next[g : g + 1, :S]
+                line.x = nexts[g]
                 if scale is not None:
                     line.ctx.scale_speaker(1.0 / scale, line.cfg.speaker_kv_max_layers)
             start += n
@@ -378,7 +393,7 @@ class StepBatcher:
         if key in self._packed:
             return self._packed[key]
         p = self.fast.cfg.latent_patch_size
-        frames = max(line.x.shape[1] for line in lines)
+        frames = max(line.padded for line in lines)
         slots = [line.held.slots(line.group) for line in lines]
         parts = [(len(s), line.frames) for s, line in zip(slots, lines)]  # (branches, valid frames)
         branches = [n for n, _ in parts]
@@ -422,6 +437,15 @@ class _Packed:
     row_line: Tensor  # (rows,) each row's line in the group (device, long)
     row_slot: Tensor  # (rows,) each row's slot in the pool (device, long); filled up to `bucket`
     bucket: tuple[int, int, int] | None = None  # the graph it replays (rows, frames, context)
+
+
+def _width(x: Tensor, frames: int) -> Tensor:
+    """A line's latent (1, W, C) as `frames` wide: padded with zeros or cut (past its own padded
+    length W holds only padding, never read as a valid frame)."""
+    width = x.shape[1]
+    if width == frames:
+        return x
+    return F.pad(x, (0, 0, 0, frames - width)) if width < frames else x[:, :frames]
 
 
 def _by_kind(kinds: list[tuple]) -> list[int]:
