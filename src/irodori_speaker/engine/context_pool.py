@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -92,14 +93,8 @@ class ContextPool:
     ) -> None:
         """Allocate `slots` slots of `length` positions now and keep them (prewarm: the step graphs
         read these tensors). Held lines are copied over, as when it grows."""
-        shape = (1, heads, 1, head_dim)
-        like = ContextKV(
-            [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
-            [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)],
-            torch.empty(1, 1, dtype=torch.bool, device=device),
-            [],
-        )
-        self._grow(like, max(0, slots - self.slots), length, exact=True)
+        layout = _Layout(layers, heads, head_dim, dtype, torch.device(device))
+        self._grow(layout, max(0, slots - self.slots), length, exact=True)
         self.fixed = True
 
     def room(self, rows: list[int]) -> int:
@@ -119,13 +114,12 @@ class ContextPool:
     def _reserve(self, rows: int, lines: int, length: int, like: ContextKV) -> None:
         """Room for `lines` more lines of `rows` consecutive rows each, contexts up to `length`
         (`like`: one of them): a pool that is not fixed grows once for all of them together."""
-        if not self.keys or length > self.length:
-            self._grow(like, rows * lines, length)
-        elif self.fixed:  # each line in its own run of free slots (the caller checked `room`)
-            if self.room([rows] * lines) < lines:
-                self._grow(like, rows * lines, length)
-        elif self._find(rows * lines) is None:
-            self._grow(like, rows * lines, length)
+        if self.fixed and self.keys and length <= self.length:
+            fits = self.room([rows] * lines) == lines  # each line in its own run of free slots
+        else:
+            fits = bool(self.keys) and length <= self.length and self._find(rows * lines) is not None
+        if not fits:
+            self._grow(_layout_of(like), rows * lines, length)
 
     def hold(self, groups: list[ContextKV], lines: int = 1) -> list[Held]:
         """Hold `lines` lines whose contexts come batched, as one `context_kv` call per guidance
@@ -175,7 +169,7 @@ class ContextPool:
     def _find(self, n: int) -> int | None:
         return _first_run(self._free, n)
 
-    def _grow(self, like: ContextKV, rows: int, length: int, *, exact: bool = False) -> None:
+    def _grow(self, layout: _Layout, rows: int, length: int, *, exact: bool = False) -> None:
         """Larger tensors (twice the slots, or as many as needed; `exact`: `rows` more; the
         longest length), the held contexts copied over and every held line pointed at its new
         views."""
@@ -196,11 +190,10 @@ class ContextPool:
                 slots,
                 length,
             )
-        k0 = like.keys[0]
-        H, Dh = k0.shape[1], k0.shape[3]
-        keys = [k0.new_zeros(slots, H, length, Dh) for _ in like.keys]
-        values = [k0.new_zeros(slots, H, length, Dh) for _ in like.values]
-        mask = torch.zeros(slots, length, dtype=torch.bool, device=k0.device)
+        shape = (slots, layout.heads, length, layout.head_dim)
+        keys = [torch.zeros(shape, dtype=layout.dtype, device=layout.device) for _ in range(layout.layers)]
+        values = [torch.zeros(shape, dtype=layout.dtype, device=layout.device) for _ in range(layout.layers)]
+        mask = torch.zeros(slots, length, dtype=torch.bool, device=layout.device)
         old, L = self.slots, self.length
         if old:
             assert self.mask is not None
@@ -237,6 +230,21 @@ class ContextPool:
                 )
             )
         return LineContext(groups, [None] * len(groups), groups[0].rows(1), None)
+
+
+class _Layout(NamedTuple):
+    """What the pool's tensors are: per layer (slots, heads, length, head_dim) of `dtype`."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+def _layout_of(ctx: ContextKV) -> _Layout:
+    k = ctx.keys[0]
+    return _Layout(len(ctx.keys), int(k.shape[1]), int(k.shape[3]), k.dtype, k.device)
 
 
 def _first_run(free: list[bool], n: int) -> int | None:

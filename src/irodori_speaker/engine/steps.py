@@ -164,13 +164,14 @@ class StepBatcher:
             fit = len(joining)
             if self.pool.fixed:  # the longest prefix whose lines its free slots hold, as held below
                 rows = [sum(len(g) for g in plan.groups or (((),),)) for plan in plans]
-                while fit and self.pool.room([rows[i] for i in _by_kind(kinds[:fit])]) < fit:
+                while fit:
+                    order = [i for members in _by_kind(kinds[:fit]).values() for i in members]
+                    if self.pool.room([rows[i] for i in order]) == fit:
+                        break
                     fit -= 1
                 fit = max(fit, 0 if self.pool.held else 1)
             joining, plans = list(joining)[:fit], plans[:fit]
-            by_kind: dict[tuple, list[int]] = {}
-            for i, kind in enumerate(kinds[:fit]):
-                by_kind.setdefault(kind, []).append(i)
+            by_kind = _by_kind(kinds[:fit])
             held: list[Held | None] = [None] * len(joining)
             lines: list[StepLine] = []
             try:
@@ -448,13 +449,13 @@ def _width(x: Tensor, frames: int) -> Tensor:
     return F.pad(x, (0, 0, 0, frames - width)) if width < frames else x[:, :frames]
 
 
-def _by_kind(kinds: list[tuple]) -> list[int]:
-    """Indices of `kinds` grouped by kind, kinds in order of first appearance (`start_many` holds
-    each kind's lines together in this order)."""
-    order: dict[tuple, list[int]] = {}
+def _by_kind(kinds: list[tuple]) -> dict[tuple, list[int]]:
+    """The indices of each kind, kinds in order of first appearance (`start_many` holds each
+    kind's lines together, in this order)."""
+    out: dict[tuple, list[int]] = {}
     for i, kind in enumerate(kinds):
-        order.setdefault(kind, []).append(i)
-    return [i for members in order.values() for i in members]
+        out.setdefault(kind, []).append(i)
+    return out
 
 
 def run_lines(batcher: StepBatcher, lines: list[StepLine]) -> None:

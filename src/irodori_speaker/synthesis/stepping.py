@@ -40,9 +40,9 @@ ReleaseLines = Callable[[list[Any]], None]  # StepLines dropped unfinished: thei
 class StepScheduler(CountsPreparing):
     """`sample(prepare)` as `SampleBatcher`'s, served by the device owner stepping every line.
 
-    The owner starts the waiting lines at its step boundary (`iterate`), only as many as the
-    step batcher's pool holds (`start` returns the lines of a prefix of the requests): the rest
-    wait, in lane then arrival order, for finished lines to free room."""
+    A line's start job holds it only where the step batcher's pool has room (`start` returns
+    the lines of a prefix of the requests); one it could not hold waits un-started and the
+    owner's iteration starts it, in lane then arrival order, once finished lines free room."""
 
     def __init__(
         self,
@@ -64,7 +64,6 @@ class StepScheduler(CountsPreparing):
         # the lines a start left waiting while others were live, until a live line leaves: while
         # no other line waits, asking again would find no more room (the owner's thread only)
         self._no_room: list[SampleRequest] | None = None
-        self._stuck: SampleRequest | None = None  # the first line that found no room, none live
         self._alone = 0  # lines sampling alone right now
         self.batches: dict[int, int] = {}  # lines stepped together -> how many steps ran so
         self.peak_lines = 0
@@ -214,10 +213,6 @@ class StepScheduler(CountsPreparing):
                 left = [r for r in left if not r.done and id(r) not in started]
                 self._no_room = left if left and self._live else None
                 self._waiting[:0] = left
-            if left and not self._live and left[0] is not self._stuck:
-                # the start must make room when no line holds any: it did not (retried each round)
-                log.warning("a line found no room to start with no other line live; it waits")
-            self._stuck = left[0] if left and not self._live else None
 
     def _start_prefix(self, reqs: list[SampleRequest]) -> list[SampleRequest]:
         """Start what fits of `reqs` in one call, or, when that call raises, each alone (a line
