@@ -9,7 +9,7 @@ GEMM). Lines share a batch only when their sampler plans and loop settings are e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +26,19 @@ _FIELDS = ("text", "speaker", "caption")
 BATCH_BUCKETS = (2, 4, 8, 16, 32, 64)
 
 
-def frame_mask(lengths: Sequence[int], total: int, device: torch.device | str) -> Tensor:
-    """(B, total) bool: row b is valid in [0, lengths[b])."""
-    frames = torch.arange(total, device=device)
-    return frames[None, :] < torch.tensor(list(lengths), device=device)[:, None]
+def frame_mask(
+    lengths: Sequence[int],
+    total: int,
+    device: torch.device | str,
+    upload: Callable[[Tensor, torch.device], Tensor] | None = None,
+) -> Tensor:
+    """(B, total) bool: row b is valid in [0, lengths[b]). Built on the host and moved by `upload`
+    (the device owner's pinned copy: a plain copy of a host list to CUDA waits for the GPU)."""
+    mask = torch.arange(total)[None, :] < torch.tensor(list(lengths))[:, None]
+    device = torch.device(device)
+    if device.type == "cpu":
+        return mask
+    return upload(mask, device) if upload is not None else mask.to(device)
 
 
 def _pad_rows(states: list[Tensor], masks: list[Tensor]) -> tuple[Tensor, Tensor]:

@@ -323,8 +323,10 @@ class FastSampler:
         batch_frame_bucket: int = 64,
         use_graphs: bool | None = None,
         max_graphs: int = 64,
+        upload: Callable[[Tensor, torch.device], Tensor] | None = None,
     ) -> None:
         self.fast = model if isinstance(model, FastDiT) else FastDiT(model)
+        self.upload = upload  # host -> device without waiting (the device owner's), else `.to`
         self.frame_bucket = frame_bucket
         self.context_bucket = context_bucket
         self.batch_frame_bucket = batch_frame_bucket  # coarser for batches: fewer graphs to prewarm
@@ -405,7 +407,7 @@ class FastSampler:
         padded = pad_conditions(conds, self.context_bucket)
         latent_mask = None
         if S_pad != S or self.use_graphs or frames is not None:  # graphs: always a mask (one graph, both)
-            latent_mask = frame_mask(lengths, S_pad, self.fast.device)
+            latent_mask = frame_mask(lengths, S_pad, self.fast.device, self.upload)
             noise = F.pad(noise, (0, 0, 0, S_pad - S))
         x0 = initial_x(noise, cfg, self.fast.device)
         table = self.fast.plan_table(plan)

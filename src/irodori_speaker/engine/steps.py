@@ -410,7 +410,7 @@ class StepBatcher:
         assert pool.mask is not None
         row_slot = self.upload(torch.tensor(flat), pool.mask.device)
         ctx_mask = pool.mask[:, :L].index_select(0, row_slot)
-        latent = torch.cat([frame_mask([s] * n, frames, ctx_mask.device) for n, s in parts])
+        latent = frame_mask([s for n, s in parts for _ in range(n)], frames, ctx_mask.device, self.upload)
         self_mask = latent.reshape(latent.shape[0], frames // p, p).all(-1) if p > 1 else latent
         keys_ok = torch.cat((self_mask, ctx_mask), dim=1)[:, None, None, :]
         # always a mask: deciding "all valid, none needed" would sync the host at every join

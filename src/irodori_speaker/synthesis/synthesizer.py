@@ -165,7 +165,9 @@ class Synthesizer:
         """The preset's fast sampling path (None when the preset uses the reference loop)."""
         if self._fast is None and self.preset.fast_path:
             self._fast = FastSampler(
-                self.model, use_graphs=self.preset.cuda_graphs and self.device.type == "cuda"
+                self.model,
+                use_graphs=self.preset.cuda_graphs and self.device.type == "cuda",
+                upload=DEVICE.upload,
             )
         return self._fast
 
@@ -425,7 +427,7 @@ class Synthesizer:
         fast = self.fast_sampler
         if fast is not None:
             return fast.sample(conds, noise, cfg, cancel=cancel, progress=progress, frames=frames)
-        mask = None if frames is None else frame_mask(frames, noise.shape[1], self.device)
+        mask = None if frames is None else frame_mask(frames, noise.shape[1], self.device, DEVICE.upload)
         return sample(self.model, conds, noise, cfg, latent_mask=mask, cancel=cancel, progress=progress)
 
     def _sample_batch(self, reqs: list, cancel: Any, progress: Any) -> list:
