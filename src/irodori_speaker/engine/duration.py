@@ -74,7 +74,8 @@ def trim_frame(latent: Tensor) -> Tensor:
     flat = windows.reshape(T, -1)
     quiet = (flat.std(dim=1) < TRIM_STD) & (flat.mean(dim=1).abs() < TRIM_MEAN)
     first = torch.argmax(quiet.to(torch.uint8))  # the first quiet window (0 when none is)
-    return torch.where(quiet[first], first, torch.full_like(first, T))
+    # not quiet[first]: indexing with a 0-d tensor reads it on the host (a sync on CUDA)
+    return torch.where(quiet.any(), first, torch.full_like(first, T))
 
 
 # ---------------------------------------------------------------------------------------------
