@@ -171,6 +171,52 @@ def test_lines_stepped_together_on_cuda_sound_as_alone(irodori_home):
     assert max(r.record.extra["sample_batch"] for r in results) >= 2
 
 
+_HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "masked_select", "equal", "unique"}
+
+
+@pytest.mark.parametrize("step_batching", [False, True], ids=["line-batches", "steps"])
+def test_lines_that_meet_read_no_tensor_value_on_the_owner_thread(irodori_home, monkeypatch, step_batching):
+    """The CPU half of the CUDA sync check below, for CI: every op the owner's rounds dispatch is
+    watched, with every tensor treated as a device one (`may_read` says no), and none may read a
+    value to the host (`.item()`, `int(t)`, a 0-d tensor as an index, a boolean mask's nonzero): on
+    CUDA each is a sync that drains the GPU while the owner waits. (A copy from pageable host
+    memory to the GPU, the other kind of sync, shows only on CUDA.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from irodori_speaker.engine import encoders
+
+    synth = _load("cpu", max_batch=8, step_batching=step_batching)
+    jobs = [(TEXTS[i], opts(seed=i + 1, steps=4)) for i in range(4)]
+    together(synth, jobs)
+    reads: set[str] = set()
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._overloadpacket.__name__ in _HOST_READS:
+                ours = [f for f in traceback.extract_stack() if "irodori_speaker" in f.filename]
+                where = ours[-1] if ours else None
+                reads.add(
+                    f"{func} at {where.filename.rsplit('irodori_speaker', 1)[1]}:{where.lineno}"
+                    if where
+                    else str(func)
+                )
+            return func(*args, **(kwargs or {}))
+
+    plain = DEVICE._round
+
+    def watched() -> None:
+        with Watch():
+            plain()
+
+    monkeypatch.setattr(encoders, "_on_host", lambda t: False)
+    monkeypatch.setattr(DEVICE, "_round", watched)
+    batches = DEVICE.batches_run
+    results = together(synth, jobs)
+    assert all(not isinstance(r, Exception) for r in results), results
+    assert DEVICE.batches_run > batches  # they met on the owner (jobs of several lines as one)
+    assert not reads, sorted(reads)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (its sync debug mode)")
 @pytest.mark.parametrize("step_batching", [False, True], ids=["line-batches", "steps"])
 def test_lines_that_meet_on_cuda_sync_nothing_on_the_owner_thread(irodori_home, step_batching):

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..options import SamplerConfig
 from .model import Conditions, TextToLatentRFDiT
-from .sampler import plan_for
+from .sampler import known_any, note_any, plan_for
 
 _FIELDS = ("text", "speaker", "caption")
 
@@ -57,7 +57,11 @@ def stack_conditions(items: Sequence[Conditions]) -> Conditions:
         if states[0] is None:
             out += [None, None]
         else:
-            out += list(_pad_rows(states, masks))
+            state, mask = _pad_rows(states, masks)
+            known = [known_any(m) for m in masks]
+            if None not in known:  # the plan asks whether any row has one: known from the lines'
+                note_any(mask, any(known))  # masks (a voice's, read once) without a sync
+            out += [state, mask]
     text_state, text_mask, *voice = out
     assert text_state is not None and text_mask is not None
     return Conditions(text_state, text_mask, *voice)

@@ -106,17 +106,29 @@ def _any(mask: Tensor | None) -> bool:
     (Keyed by id with a weak reference: a WeakKeyDictionary compares tensors with ==.)"""
     if mask is None:
         return False
-    key = id(mask)
-    hit = _ANY.get(key)
-    if hit is not None and hit[0]() is mask:
-        return hit[1]
+    known = known_any(mask)
+    if known is not None:
+        return known
     got = bool(mask.any())
+    note_any(mask, got)
+    return got
+
+
+def known_any(mask: Tensor) -> bool | None:
+    """`_any(mask)` if it is known without reading the mask, else None."""
+    hit = _ANY.get(id(mask))
+    return hit[1] if hit is not None and hit[0]() is mask else None
+
+
+def note_any(mask: Tensor, got: bool) -> None:
+    """Tell `_any` what `mask` holds without reading it (a batch's mask stacked from its lines',
+    whose answers are known: engine/batch.py)."""
+    key = id(mask)
 
     def forget(_: object) -> None:
         _ANY.pop(key, None)
 
     _ANY[key] = (weakref.ref(mask, forget), got)
-    return got
 
 
 def plan_sampling(cfg: SamplerConfig, enabled: tuple[str, ...]) -> Plan:
