@@ -48,7 +48,7 @@ mode's weights (`--full int4` / `bf16`), elsewhere news5's tiny files on the CPU
 Two measurements explain the rows (CUDA):
 
 - `--owner-profile N`: each `--batching` kind at N streams once more with the device owner's
-  rounds under cProfile: where its host time goes (by cumulative and by own time).
+  rounds timed by job kind (its thread only) and under cProfile (owner_time.py).
 - `--profile N`: the batched run at N streams once more under `torch.profiler` (CUDA activity
   only: the kernels' own clock, no host-side op recording): the GPU's busy fraction (the union of
   its kernel and copy intervals over the run's wall), GPU ms a line, and the idle gaps.
@@ -81,6 +81,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 import news5  # noqa: E402  (the shared random full-size files, modes and the approximate tokenizer)
+from owner_time import owner_time  # noqa: E402
 
 from irodori_speaker.engine.duration import HOP  # noqa: E402
 from irodori_speaker.engine.hardware.owner import DEVICE  # noqa: E402
@@ -282,35 +283,6 @@ def profiled(fn, *args) -> tuple[Run, dict]:
     return r, stats
 
 
-def owner_profiled(fn, *args) -> tuple[Run, str]:
-    """`fn(*args)` with the device owner's rounds under cProfile (its thread only: where the
-    owner's host time goes when it, not the GPU, is the bound); the top functions by own time."""
-    import cProfile
-    import io
-    import pstats
-
-    prof = cProfile.Profile()
-    plain = DEVICE._round
-
-    def round_profiled() -> None:
-        prof.enable()
-        try:
-            plain()
-        finally:
-            prof.disable()
-
-    DEVICE._round = round_profiled  # type: ignore[method-assign]
-    try:
-        r = fn(*args)
-    finally:
-        del DEVICE._round
-    out = io.StringIO()
-    stats = pstats.Stats(prof, stream=out)
-    stats.sort_stats("cumulative").print_stats(30)  # the structure: steps, starts, windows
-    stats.sort_stats("tottime").print_stats(25)  # the leaves: launches, copies
-    return r, out.getvalue()
-
-
 def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> list[dict]:
     """GPU ms of each stage of a line of `frames` latent frames, alone and as batches; the audio
     seconds per second of the GPU if lines did nothing else (the host free, every stage batched),
@@ -486,9 +458,9 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     ]
     for n, kind in profiled_runs:
         lines = max(args.lines, -(-args.min_lines // n))
-        r, top = owner_profiled(run, synth, voice, mode.family, sentences, n, lines, kind, device)
+        r, top = owner_time(run, synth, voice, mode.family, sentences, n, lines, kind, device)
         print(
-            f"\n# the device owner's rounds under cProfile ({key}): {n} streams, {kind}, "
+            f"\n# where the device owner's rounds went ({key}): {n} streams, {kind}, "
             f"{r.audio_s / r.wall_s:.1f} audio s/s, owner busy {100 * r.owner_busy_s / r.wall_s:.0f} % "
             f"of {r.wall_s:.2f} s\n{top}"
         )
@@ -539,7 +511,7 @@ def main() -> None:
     ap.add_argument("--profile", help="profile the batched runs at these many streams (comma-separated)")
     ap.add_argument(
         "--owner-profile",
-        help="run the first --batching kind at these many streams with the device owner under cProfile",
+        help="each --batching kind at these many streams once more, the owner's rounds timed (owner_time.py)",
     )
     ap.add_argument("--ceiling", action="store_true", help="time each stage alone and batched (CUDA)")
     ap.add_argument("--ceiling-frames", type=int, default=150, help="the ceiling's line length (frames)")

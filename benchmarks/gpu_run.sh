@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec decode_batch concurrency concurrency2 concurrency_base host_profile cpu_preset news5 int4 memory memory_phases memory_budget server_load" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec decode_batch concurrency concurrency2 concurrency_base host_profile cpu_preset news5 news5_batch int4 memory memory_phases memory_budget server_load" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -68,6 +68,10 @@ if stage cpu_preset; then  # the CPU preset on the host's cores (issue 17: RTF <
 fi
 if stage news5; then
   timeout "${NEWS5_S:-250}" python3 benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 1 --int4-impl scratch} 2>&1 | tee "$OUT/news5.txt" | tail -60
+fi
+if stage news5_batch; then  # news5 again with the preset's max_batch raised: what line batches' prewarm costs one stream
+  mkdir -p "$OUT/batch"
+  OUT="$OUT/batch" timeout "${NEWS5_S:-250}" python3 benchmarks/news5.py ${NEWS5_ARGS:---cpu-sentences 1 --int4-impl scratch} --max-batch "${NEWS5_MAX_BATCH:-16}" 2>&1 | tee "$OUT/news5_batch.txt" | tail -20
 fi
 if stage news5_base && [ -d .device_base ]; then
   mkdir -p "$OUT/base"  # its news5.json goes to base/

@@ -384,14 +384,16 @@ def build(
     return synth, Voice.from_latent(files["ref"])
 
 
-def run_mode(mode: Mode, files: dict[str, Path], sentences: list[str], seed: int, int4_impl: str) -> None:
+def run_mode(
+    mode: Mode, files: dict[str, Path], sentences: list[str], seed: int, int4_impl: str, **preset: object
+) -> None:
     gc.collect()
     if mode.device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     t0 = time.perf_counter()
-    synth, voice = build(mode, files, int4_impl)
+    synth, voice = build(mode, files, int4_impl, **preset)
     sync(mode.device)
     mode.load_s = time.perf_counter() - t0
     if mode.device == "cuda":  # peak while loading (e.g. the float codec before it is packed) ...
@@ -533,6 +535,12 @@ def main() -> None:
     ap.add_argument("--cpu-sentences", type=int, default=5, help="sentences for mode (f) on the CPU")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="the preset's max_batch (default: its own): what prewarming line batches costs one stream",
+    )
+    ap.add_argument(
         "--smoke",
         action="store_true",
         help="tiny random model, every mode on the CPU (checks the script, times nothing useful)",
@@ -564,7 +572,7 @@ def main() -> None:
         print(f"running ({m.key}) {m.desc}", flush=True)
         try:
             texts = sentences if m.device != "cpu" else sentences[: args.cpu_sentences]
-            run_mode(m, files, texts, args.seed, args.int4_impl)
+            run_mode(m, files, texts, args.seed, args.int4_impl, max_batch=args.max_batch)
             done.append(m)
             total = sum(r["gen_s"] for r in m.rows)
             print(  # a line per finished mode, so a run cut short still reports what it measured
@@ -576,7 +584,8 @@ def main() -> None:
             traceback.print_exc()
     chosen = done
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
-    print(f"\n# news5  {gpu}  torch {torch.__version__}  {time.strftime('%Y-%m-%d %H:%M')}")
+    batch = "" if args.max_batch is None else f"  max_batch {args.max_batch}"
+    print(f"\n# news5  {gpu}  torch {torch.__version__}  {time.strftime('%Y-%m-%d %H:%M')}{batch}")
     summary = print_tables(chosen, sentences)
     out = os.environ.get("OUT")
     if out:

@@ -110,3 +110,38 @@ def test_smoke_run_tables_per_mode_the_same_audio_the_ceiling_and_the_server(tmp
         assert c["audio_s_per_s"] == pytest.approx(c["rows"] * audio_s / (total / 1e3))
     one = ceiling[0]
     assert one["sampling_only_audio_s_per_s"] == pytest.approx(one["audio_s_per_s"])
+
+
+def test_owner_time_labels_and_times_the_owners_jobs_by_kind() -> None:
+    """`--owner-profile`'s table (benchmarks/owner_time.py): every call the owner made (a batch of
+    jobs is one), by its key's name or its function's; its shares add up to the rounds."""
+    import time
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    from owner_time import owner_time
+
+    from irodori_speaker.engine.hardware.owner import DEVICE
+    from owner_threads import queue_then_release
+
+    def windows(items: list) -> list:
+        time.sleep(0.02)
+        return items
+
+    def slow_alone() -> int:
+        time.sleep(0.03)
+        return 1
+
+    calls = [lambda o, i=i: o.run_batched(("decode", 7, 50), i, windows) for i in range(3)]
+    calls.append(lambda o: o.run(slow_alone))
+    results, report = owner_time(queue_then_release, DEVICE, calls)
+    assert results == [0, 1, 2, 1]
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:]
+        for line in report.splitlines()
+        if line.startswith("| ")
+    }
+    assert rows["decode"][0] == "1"  # three jobs of one key queued together: one call of `many`
+    assert rows[slow_alone.__qualname__][0] == "1" and float(rows[slow_alone.__qualname__][1]) >= 30
+    shares = [int(v[2].rstrip(" |")) for k, v in rows.items() if k not in ("what", "---")]
+    assert 98 <= sum(shares) <= 102
+    assert "_round" not in DEVICE.__dict__ and "_do" not in DEVICE.__dict__  # put back

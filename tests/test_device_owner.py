@@ -186,6 +186,7 @@ def test_lines_that_meet_read_no_tensor_value_on_the_owner_thread(irodori_home, 
     from irodori_speaker.engine import encoders
 
     synth = _load("cpu", max_batch=8, step_batching=step_batching)
+    synth.prewarm()
     jobs = [(TEXTS[i], opts(seed=i + 1, steps=4)) for i in range(4)]
     together(synth, jobs)
     reads: set[str] = set()
@@ -234,8 +235,8 @@ def test_lines_that_meet_on_cuda_sync_nothing_on_the_owner_thread(irodori_home, 
     def note(message, category, filename, lineno, *rest):
         if "synchroniz" in str(message) and threading.current_thread().name == "irodori-device":
             ours = [f for f in traceback.extract_stack() if "irodori_speaker" in f.filename]
-            where = ours[-1] if ours else None  # the innermost line of ours that called it
-            site = f"{where.filename.rsplit('irodori_speaker', 1)[1]}:{where.lineno}" if where else ""
+            # the innermost lines of ours that led to it, innermost first
+            site = " < ".join(f"{f.filename.rsplit('irodori_speaker')[1]}:{f.lineno}" for f in ours[:-5:-1])
             syncs.add(f"{site} ({filename.rsplit('/', 1)[-1]}:{lineno})")
 
     torch.cuda.set_sync_debug_mode("warn")
