@@ -83,6 +83,20 @@ def test_stream_equals_whole(synth):
     np.testing.assert_allclose(np.concatenate(default), whole, atol=1e-5)
 
 
+def test_a_short_lines_stream_with_its_last_window_padded_before_frame_0_equals_whole(synth, monkeypatch):
+    """With codec graphs a short line's last window starts before frame 0 (engine/codec/streaming.py)
+    so it has the middle windows' length; through the device owner's window decode it still joins
+    to the whole line. (No CUDA here: the codec is told it replays graphs, and decodes eagerly.)"""
+    text = "短い一言です。"
+    whole = synth.synthesize(text, options=opts(seed=4, seconds=1.0)).audio
+    monkeypatch.setattr(synth.codec, "_graphed", lambda: True)
+    windows = synth.codec.stream_windows(25, 25, first_chunk_frames=8)
+    assert windows[-1][0] < 0  # the case under test: its last window padded
+    chunks = list(synth.stream(text, options=opts(seed=4, seconds=1.0)))
+    assert [len(c) for c in chunks] == [8 * HOP, 17 * HOP]
+    np.testing.assert_allclose(np.concatenate(chunks), whole, atol=1e-5)
+
+
 def test_tail_trim_rule_on_latents():
     g = torch.Generator().manual_seed(0)
     speech = torch.randn(30, 32, generator=g)

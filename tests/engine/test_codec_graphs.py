@@ -366,3 +366,35 @@ def test_a_growing_stream_joins_to_the_one_pass_decode() -> None:
     parts = list(codec.decode_stream(lat, 9, first_chunk_frames=2, growth=2.0))
     assert [p.shape[-1] // codec.hop_length for p in parts] == [2, 4, 8, 9, 9, 9]
     torch.testing.assert_close(torch.cat(parts, -1), codec.decode(lat), atol=ATOL, rtol=0)
+
+
+def test_a_short_lines_last_window_starts_before_frame_0_at_the_middle_length() -> None:
+    """A line shorter than a middle window: its last window is padded on the left to the middle
+    length (a graph replay, batched with other lines' middle windows) once its kept frames start
+    at least the context in; before that, or without graphs, it keeps its own length."""
+    for frames in (9, 17, 37, 58):
+        *_, (lo, start, end, hi) = streaming.chunk_windows(frames, 50, 8, 8)
+        assert (start, end, hi, hi - lo) == (8, frames, frames, 66) and lo < 0
+        assert streaming.chunk_windows(frames, 50, 8, 8, stretch_last=False)[-1] == (0, 8, frames, frames)
+    assert streaming.chunk_windows(65, 50, 8, 8)[-1] == (-1, 58, 65, 65)  # its third window
+    assert streaming.chunk_windows(8, 50, 8, 8) == [(0, 0, 8, 8)]  # its only window is its first
+    # a first chunk shorter than the context: the kept frames' samples reach frame 0's edge
+    assert streaming.chunk_windows(20, 50, 8, 2)[-1][0] == 0
+
+
+@pytest.mark.parametrize("frames", [9, 23, 37])
+def test_what_stands_before_frame_0_changes_no_kept_sample(frames: int) -> None:
+    """The padded last window of a short line joins the stream to the one-pass decode; random
+    frames in place of the zeros give the same kept samples (they depend on frames >= 0 only)."""
+    codec = _codec()
+    lat = _latent(frames, seed=frames)
+    windows = streaming.chunk_windows(frames, 50, 8, 8)
+    assert windows[-1][0] < 0
+    want = codec.decode(lat)
+    torch.testing.assert_close(torch.cat(eager_graph_windows(codec, lat, 50, 8), -1), want, atol=ATOL, rtol=0)
+    z = codec._check_latent(lat)
+    lo, start, end, hi = windows[-1]
+    noise = torch.randn(z.shape[0], z.shape[1], -lo, generator=torch.Generator().manual_seed(1))
+    hop = codec.hop_length
+    got = codec._decode_window(torch.cat((noise, z[..., :hi]), -1), (start - lo) * hop, (end - lo) * hop)
+    torch.testing.assert_close(got, want[..., start * hop : end * hop], atol=ATOL, rtol=0)

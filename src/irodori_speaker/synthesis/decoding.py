@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.codec.streaming import window_frames
 from ..engine.hardware.owner import DEVICE, NORMAL, URGENT
 from ..errors import AudioError
 
@@ -182,5 +183,5 @@ class _Window:
 def _decode_many(codec: Any, items: list[_Window]) -> list[Any]:
     """Windows of one length (of one line or several) as one batch; each one's samples on their
     way to the host (a job of the device owner)."""
-    pieces = codec.decode_window_batch([(w.source()[:, :, w.lo : w.hi], w.a, w.b) for w in items])
+    pieces = codec.decode_window_batch([(window_frames(w.source(), w.lo, w.hi), w.a, w.b) for w in items])
     return [DEVICE.to_host(p[0, 0, : w.keep].float()) for p, w in zip(pieces, items)]

@@ -12,17 +12,31 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ...cancel import CancelToken, check
 from ...errors import InputError
 
-__all__ = ["RECEPTIVE_FIELD_FRAMES", "chunk_windows", "decode_windows", "stream_window_lengths"]
+__all__ = [
+    "RECEPTIVE_FIELD_FRAMES",
+    "chunk_windows",
+    "decode_windows",
+    "stream_window_lengths",
+    "window_frames",
+]
 
 #: An output sample of latent frame k depends on latent frames k-8 .. k+8 (see docs/codec.md).
 RECEPTIVE_FIELD_FRAMES = 8
 
-Window = tuple[int, int, int, int]  # (lo, start, end, hi): emit frames [start, end), decode [lo, hi)
+# (lo, start, end, hi): emit frames [start, end), decode [lo, hi); lo < 0: the window starts with
+# -lo zero frames before the latent (`window_frames`; a short line's last window, see chunk_windows)
+Window = tuple[int, int, int, int]
+
+
+def window_frames(z: Tensor, lo: int, hi: int) -> Tensor:
+    """Frames [lo, hi) of `z` (..., T), zero frames standing in before frame 0 when lo < 0."""
+    return z[..., lo:hi] if lo >= 0 else F.pad(z[..., :hi], (-lo, 0))
 
 
 def check_int(name: str, value: Any, least: int) -> None:
@@ -63,7 +77,11 @@ def chunk_windows(
     With `stretch_last` (CUDA graphs) the last window of a line reaches back further left when it
     is shorter than a middle window (more context than needed changes nothing), so it has the
     middle windows' length and reuses their graph instead of running eagerly; without graphs
-    that is wasted work.
+    that is wasted work. A line too short for that (fewer frames than a middle window) has its
+    last window start before frame 0 (lo < 0, zero frames there) when its kept frames begin at
+    least `context_frames` in: their samples depend on frames from 0 on only, at every layer, so
+    what stands before frame 0 changes nothing (short chat lines decoded eagerly cost the owner
+    thread tens of ms each at 16 streams on the H100; RESULTS.md, twelfth session).
     """
     first = stream_args(chunk_frames, context_frames, first_chunk_frames, growth)
     middle = chunk_frames + 2 * context_frames
@@ -72,7 +90,7 @@ def chunk_windows(
         end = min(start + size, frames)
         lo, hi = max(0, start - context_frames), min(frames, end + context_frames)
         if stretch_last and start > 0 and end == frames and hi - lo < middle:
-            lo = max(0, hi - middle)
+            lo = hi - middle if start >= context_frames else max(0, hi - middle)
         windows.append((lo, start, end, hi))
         start = end
         size = _next_chunk(size, chunk_frames, growth)
@@ -96,8 +114,9 @@ def stream_window_lengths(
     In order, without repeats: the first window, any next ones still cut short
     by the line's start or growing (`growth`), and the middle windows
     (`chunk_frames + 2 * context_frames`).
-    A line's last window is stretched to the middle length when the line is long
-    enough (see `chunk_windows`); left out: lines too short for that. `decode_chunked(latent, n)`
+    A line's last window is stretched to the middle length (see `chunk_windows`; left out: a line
+    whose only window is its first, and one whose second chunk starts within the context of its
+    start). `decode_chunked(latent, n)`
     uses the windows of `decode_stream(latent, n)`.
     """
     first = stream_args(chunk_frames, context_frames, first_chunk_frames, growth)
@@ -124,5 +143,5 @@ def decode_windows(
         # no_grad is entered and left around each chunk: a mode held across `yield`
         # would leak into the consumer's code.
         with torch.no_grad():
-            piece = decode_window(z[:, :, lo:hi], (start - lo) * hop, (end - lo) * hop)
+            piece = decode_window(window_frames(z, lo, hi), (start - lo) * hop, (end - lo) * hop)
         yield piece
