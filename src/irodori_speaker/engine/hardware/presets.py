@@ -63,14 +63,15 @@ class Preset:
     # sampled as one batch of up to this many (synthesis/batching.py); 1: one after another. Also the
     # server's default --streams (lines in synthesis at once). With more than 1, CUDA prewarm
     # captures a graph per batch bucket. Off (1): on the CPU 4 streams of news5 lines ran at
-    # 0.60-0.83x serial (padding, cache misses); on the H200 graphed batches ran at 1.03-1.13x
-    # serial at 4-64 streams, no faster than one stream (lock hand-offs idle the GPU; RESULTS.md)
+    # 0.60-0.83x serial (padding, cache misses). On a GPU, under the device owner, line batches
+    # ran at 1.11-1.60x serial, 1.24-2.14x one stream at 16-64 streams (H200 and H100, RESULTS.md
+    # eighth and twelfth sessions); not on by default until one stream's cost of their prewarm
+    # and their memory are measured side by side (docs/status.md)
     max_batch: int = 1
     # with max_batch > 1: the device owner steps every live line together, lines joining and
     # leaving at step boundaries (synthesis/stepping.py); False: the whole-line batches of the
-    # lines that wait together (synthesis/batching.py). Off: on the H200 (2026-12-05) step
-    # batching ran at 0.47x serial at 16 streams (its eager step, a context repacked at every
-    # join, decode windows waiting a whole step; benchmarks/RESULTS.md), line batches at 1.06x
+    # lines that wait together (synthesis/batching.py). Off: with its CUDA graphs (H100, twelfth
+    # session) 1.12x one stream at 16 streams (e) and 0.92x (o), line batches 1.43-2.14x there
     step_batching: bool = False
     # a batch's padded frames at most this fraction of its real ones (not tuned: batching is off)
     max_padding: float = 0.5
