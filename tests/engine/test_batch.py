@@ -115,6 +115,41 @@ def test_a_batch_filled_with_copies_of_its_first_line_keeps_every_row():
         torch.testing.assert_close(got[b, :n], want[b, :n], rtol=1e-4, atol=1e-5)
 
 
+def test_a_batch_without_its_graph_runs_line_by_line_on_the_batchs_plan(monkeypatch):
+    """A batch shape prewarm did not capture runs its lines one by one, each on the batch's plan:
+    planning a row again reads its sliced mask (a new tensor) on the host, a sync on CUDA (found by
+    the sync check on an H100). The CUDA capture is stood in for by an eager run here."""
+    import irodori_speaker.engine.fast as fast_module
+
+    model = random_model("v2")
+    lines = [
+        (_line(model, t, r, i), draw_noise(i, 1, s, model.cfg.latent_dim))
+        for i, (t, r, s) in enumerate(LINES)
+    ]
+    graphed = FastSampler(model, use_graphs=True)
+
+    class Eager:
+        def __init__(self, fn, inputs):
+            self.fn = fn
+
+        def replay(self, inputs):
+            return self.fn(*inputs)
+
+    monkeypatch.setattr(graphed, "_capture", Eager)
+    plans = []
+    plan_for = fast_module.plan_for
+    monkeypatch.setattr(fast_module, "plan_for", lambda *a: plans.append(1) or plan_for(*a))
+    conds = stack_conditions([c for c, _ in lines])
+    noise, lengths = stack_noise([n for _, n in lines])
+    with torch.inference_mode():
+        batched = graphed.sample(conds, noise, CFG, frames=lengths)
+        assert len(graphed._batch_graphs) == 0 and len(plans) == 1  # the batch's plan, once
+        for b, ((c, n), frames) in enumerate(zip(lines, lengths)):
+            torch.testing.assert_close(
+                batched[b : b + 1, :frames], graphed.sample(c, n, CFG), rtol=1e-4, atol=1e-5
+            )
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in benchmarks/gpu_run.sh)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_cuda_a_batch_from_its_graph_equals_each_line_from_its_graph(dtype):

@@ -391,10 +391,10 @@ class FastSampler:
         with torch.inference_mode():  # graph buffers are inference tensors: always use them inside it
             return self._sample(conds, noise, cfg or SamplerConfig(), cancel, progress, frames)
 
-    def _sample(self, conds, noise, cfg, cancel, progress, frames=None) -> Tensor:
+    def _sample(self, conds, noise, cfg, cancel, progress, frames=None, plan=None) -> Tensor:
         model = self.fast.model
         check_inputs(model, conds, noise)
-        plan = plan_for(model, conds, cfg)
+        plan = plan_for(model, conds, cfg) if plan is None else plan
         B, S, _ = noise.shape
         lengths = [S] * B if frames is None else list(frames)
         bucket = self.frame_bucket
@@ -430,7 +430,7 @@ class FastSampler:
         if g is None and B > 1 and frames is not None and not is_tuning_allowed():
             # a batch shape prewarm did not capture: a capture here would stall every waiting line
             # for longer than running them one by one, each from its own graph
-            return self._one_by_one(*lines, cfg, cancel, progress)
+            return self._one_by_one(*lines, cfg, cancel, progress, plan)
         if g is None:
             if B == 1 and len(graphs) >= self.max_graphs:  # batch graphs: warm-up only, a bounded set
                 graphs.popitem(last=False)
@@ -445,11 +445,14 @@ class FastSampler:
             progress(len(plan.steps), len(plan.steps))
         return out
 
-    def _one_by_one(self, conds, noise, lengths, cfg, cancel, progress) -> Tensor:
-        """The rows of a batch sampled as lone lines, stacked back: (B, S, C), zero past each length."""
+    def _one_by_one(self, conds, noise, lengths, cfg, cancel, progress, plan) -> Tensor:
+        """The rows of a batch sampled as lone lines, stacked back: (B, S, C), zero past each length.
+        Each row keeps the batch's plan (its lines share it): planning a row anew would read its
+        sliced mask, a new tensor, on the host (a sync on CUDA)."""
         out = torch.zeros(noise.shape, dtype=torch.float32, device=self.fast.device)
         for b, n in enumerate(lengths):
-            out[b, :n] = self._sample(conds.row(b), noise[b : b + 1, :n], cfg, cancel, progress)[0]
+            row = self._sample(conds.row(b), noise[b : b + 1, :n], cfg, cancel, progress, plan=plan)
+            out[b, :n] = row[0]
         return out
 
     def _loop_line(self, plan, cfg, table, S_pad, x0, *cond_and_mask, cancel=None, progress=None) -> Tensor:
