@@ -64,7 +64,7 @@ class Preset:
     # server's default --streams (lines in synthesis at once). With more than 1, CUDA prewarm
     # captures a graph per batch bucket. Off (1): on the CPU 4 streams of news5 lines ran at
     # 0.60-0.83x serial (padding, cache misses). On a GPU, under the device owner, line batches
-    # ran at 1.11-1.60x serial, 1.24-2.14x one stream at 16-64 streams (H200 and H100, RESULTS.md
+    # ran at 1.11-1.60x serial, 1.24-2.17x one stream at 16-64 streams (H200 and H100, RESULTS.md
     # eighth and twelfth sessions); not on by default until one stream's cost of their prewarm
     # and their memory are measured side by side (docs/status.md)
     max_batch: int = 1
