@@ -41,12 +41,12 @@ def owner_time(fn: Callable[..., Any], *args: Any) -> tuple[Any, str]:
     """`fn(*args)` with the owner's rounds timed by job kind and under cProfile; the report."""
     spent: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    jobs_s = [0.0]
-    rounds_s = [0.0]
+    jobs_s = rounds_s = 0.0
     prof = cProfile.Profile()
     plain_round, plain_do = DEVICE._round, DEVICE._do
 
     def do_timed(job: Job) -> None:
+        nonlocal jobs_s
         t0 = time.perf_counter()
         try:
             plain_do(job)
@@ -55,16 +55,17 @@ def owner_time(fn: Callable[..., Any], *args: Any) -> tuple[Any, str]:
             kind = job_kind(job)
             spent[kind] += dt
             calls[kind] += 1
-            jobs_s[0] += dt
+            jobs_s += dt
 
     def round_timed() -> None:
+        nonlocal rounds_s
         t0 = time.perf_counter()
         prof.enable()
         try:
             plain_round()
         finally:
             prof.disable()
-            rounds_s[0] += time.perf_counter() - t0
+            rounds_s += time.perf_counter() - t0
 
     DEVICE._do = do_timed  # type: ignore[method-assign]
     DEVICE._round = round_timed  # type: ignore[method-assign]
@@ -73,10 +74,10 @@ def owner_time(fn: Callable[..., Any], *args: Any) -> tuple[Any, str]:
     finally:
         del DEVICE._round
         del DEVICE._do
-    total = rounds_s[0] or float("nan")
-    spent["(steps: the steppers' iterations, and bookkeeping)"] = rounds_s[0] - jobs_s[0]
+    total = rounds_s or float("nan")
+    spent["(steps: the steppers' iterations, and bookkeeping)"] = rounds_s - jobs_s
     lines = [
-        f"the owner's rounds: {1e3 * rounds_s[0]:.1f} ms (its own clock, the owner thread only)",
+        f"the owner's rounds: {1e3 * rounds_s:.1f} ms (its own clock, the owner thread only)",
         "",
         "| what | calls | ms | share % |",
         "|---|---|---|---|",

@@ -174,6 +174,22 @@ def test_lines_stepped_together_on_cuda_sound_as_alone(irodori_home):
 _HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "masked_select", "equal", "unique"}
 
 
+def _our_callers() -> str:
+    """The innermost lines of the package on the stack that led here, innermost first."""
+    ours = [f for f in traceback.extract_stack() if "irodori_speaker" in f.filename]
+    return " < ".join(f"{f.filename.rsplit('irodori_speaker')[1]}:{f.lineno}" for f in ours[:-5:-1])
+
+
+def _warm_lines(backend: str, step_batching: bool):
+    """A prewarmed synthesizer whose four lines met on the owner once (every shape seen), and
+    those lines, to meet again under watch."""
+    synth = _load(backend, max_batch=8, step_batching=step_batching)
+    synth.prewarm()
+    jobs = [(TEXTS[i], opts(seed=i + 1, steps=4)) for i in range(4)]
+    together(synth, jobs)
+    return synth, jobs
+
+
 @pytest.mark.parametrize("step_batching", [False, True], ids=["line-batches", "steps"])
 def test_lines_that_meet_read_no_tensor_value_on_the_owner_thread(irodori_home, monkeypatch, step_batching):
     """The CPU half of the CUDA sync check below, for CI: every op the owner's rounds dispatch is
@@ -185,22 +201,13 @@ def test_lines_that_meet_read_no_tensor_value_on_the_owner_thread(irodori_home, 
 
     from irodori_speaker.engine import encoders
 
-    synth = _load("cpu", max_batch=8, step_batching=step_batching)
-    synth.prewarm()
-    jobs = [(TEXTS[i], opts(seed=i + 1, steps=4)) for i in range(4)]
-    together(synth, jobs)
+    synth, jobs = _warm_lines("cpu", step_batching)
     reads: set[str] = set()
 
     class Watch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func._overloadpacket.__name__ in _HOST_READS:
-                ours = [f for f in traceback.extract_stack() if "irodori_speaker" in f.filename]
-                where = ours[-1] if ours else None
-                reads.add(
-                    f"{func} at {where.filename.rsplit('irodori_speaker', 1)[1]}:{where.lineno}"
-                    if where
-                    else str(func)
-                )
+                reads.add(f"{func} at {_our_callers()}")
             return func(*args, **(kwargs or {}))
 
     plain = DEVICE._round
@@ -225,19 +232,13 @@ def test_lines_that_meet_on_cuda_sync_nothing_on_the_owner_thread(irodori_home, 
     while lines meet there (their decode windows batched, the v4.1-MF predictor included)."""
     import warnings
 
-    synth = _load("cuda", max_batch=8, step_batching=step_batching)
-    synth.prewarm()
-    jobs = [(TEXTS[i], opts(seed=i + 1, steps=4)) for i in range(4)]
-    together(synth, jobs)  # every shape once (allocator growth), then watched
+    synth, jobs = _warm_lines("cuda", step_batching)  # every shape once (allocator growth)
     syncs: set[str] = set()
     shown = warnings.showwarning
 
     def note(message, category, filename, lineno, *rest):
         if "synchroniz" in str(message) and threading.current_thread().name == "irodori-device":
-            ours = [f for f in traceback.extract_stack() if "irodori_speaker" in f.filename]
-            # the innermost lines of ours that led to it, innermost first
-            site = " < ".join(f"{f.filename.rsplit('irodori_speaker')[1]}:{f.lineno}" for f in ours[:-5:-1])
-            syncs.add(f"{site} ({filename.rsplit('/', 1)[-1]}:{lineno})")
+            syncs.add(f"{_our_callers()} ({filename.rsplit('/', 1)[-1]}:{lineno})")
 
     torch.cuda.set_sync_debug_mode("warn")
     try:
