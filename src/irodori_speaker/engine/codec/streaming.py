@@ -80,8 +80,8 @@ def chunk_windows(
     that is wasted work. A line too short for that (fewer frames than a middle window) has its
     last window start before frame 0 (lo < 0, zero frames there) when its kept frames begin at
     least `context_frames` in: their samples depend on frames from 0 on only, at every layer, so
-    what stands before frame 0 changes nothing (short chat lines decoded eagerly cost the owner
-    thread tens of ms each at 16 streams on the H100; RESULTS.md, twelfth session).
+    what stands before frame 0 changes nothing (a short line's eager window took ~28 ms of the
+    owner thread under cProfile at 16 streams on the H100; RESULTS.md, twelfth session).
     """
     first = stream_args(chunk_frames, context_frames, first_chunk_frames, growth)
     middle = chunk_frames + 2 * context_frames
