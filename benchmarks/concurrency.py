@@ -88,6 +88,7 @@ from irodori_speaker.engine.hardware.owner import DEVICE  # noqa: E402
 from irodori_speaker.engine.kernels.tuning import tuning_allowed  # noqa: E402
 from irodori_speaker.options import SynthesisOptions  # noqa: E402
 from irodori_speaker.synthesis.batching import SampleBatcher  # noqa: E402
+from irodori_speaker.synthesis.prewarm import step_graphs  # noqa: E402
 from irodori_speaker.synthesis.stepping import StepScheduler  # noqa: E402
 
 
@@ -170,7 +171,7 @@ def use_step_graphs(synth, on: bool) -> None:
     graphs = getattr(synth, "_bench_step_graphs", None)  # put aside while "step-eager" runs
     if graphs is None:
         with tuning_allowed():
-            synth._prewarm_step_graphs(fast)
+            step_graphs(synth, fast)
         graphs = synth._bench_step_graphs = batcher.graphs
     batcher.graphs = graphs if on else None
     batcher._packed.clear()  # packed for the other kind's buckets
@@ -192,7 +193,8 @@ def run(
         t0 = time.perf_counter()
         first, samples, arrivals = None, 0, []
         try:
-            s = synth.stream(text, voice, line_options(family, text, i * 1000 + k))
+            own = voice[i % len(voice)] if isinstance(voice, list) else voice  # --voices: stream i's
+            s = synth.stream(text, own, line_options(family, text, i * 1000 + k))
             for chunk in s:
                 if first is None:
                     news5.sync(device)
@@ -362,6 +364,25 @@ def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> 
     return rows
 
 
+def reference_cuts(voice, count: int) -> list:
+    """`count` voices: news5's reference, then shorter cuts of it (45 % and 20 % of its frames:
+    other reference rungs, engine.fast.voice_rung), as a server's voice book of several voices."""
+    if count <= 1:
+        return [voice]
+    from safetensors.torch import load_file, save_file
+
+    from irodori_speaker import Voice
+
+    latent = load_file(str(voice.latent))["latent"]
+    folder = Path(tempfile.mkdtemp(prefix="irodori-voices-"))
+    out = [voice]
+    for k, share in enumerate((0.45, 0.2, 0.7, 0.3)[: count - 1]):
+        path = folder / f"ref{k}.safetensors"
+        save_file({"latent": latent[: max(8, int(share * latent.shape[0]))].contiguous()}, str(path))
+        out.append(Voice.from_latent(path))
+    return out
+
+
 def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     """Mode `key`'s table (every concurrency, batched and serial) and its --profile / --ceiling."""
     mode = news5.modes_for(device)[key]
@@ -369,10 +390,11 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         raise SystemExit(f"mode {key} needs CUDA")
     files = news5.prepare_files(int4=mode.int4, smoke=args.smoke, families={mode.family})
     synth, voice = news5.build(mode, files, args.int4_impl, max_batch=args.max_batch)
+    voices = reference_cuts(voice, args.voices)
     MAX_PADDING[0] = args.max_padding
     DECODE_BATCH[0] = args.decode_batch or synth.preset.decode_batch
     if mode.fast:
-        synth.prewarm(voice)
+        synth.prewarm(voice, batch_voices=voices[1:])
     sentence_audio, sentence_frames = [], []  # warm-up (kernel selection, graphs of these buckets)
     for text in sentences:
         line = synth.stream(text, voice, line_options(mode.family, text, 0))
@@ -391,6 +413,11 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         f"line batches' max_padding {MAX_PADDING[0] or synth.preset.max_padding}; thread switch interval "
         f"{1e3 * sys.getswitchinterval():g} ms"
     )
+    if len(voices) > 1:
+        cuts = [int(synth.voices.states(v)[1][0].shape[1]) for v in voices]
+        print(
+            f"# {len(voices)} voices (stream i speaks voice i mod {len(voices)}), reference positions {cuts}"
+        )
     rows = []
     one_stream = None  # audio s/s of the batched run at one stream (the "x 1 stream" column)
     print(
@@ -409,9 +436,9 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
             print(f"| thread switch interval {1e3 * switch:g} ms |", flush=True)
         lines = max(args.lines, -(-args.min_lines // n))
         kinds = args.batching.split(",") if n > 1 else args.batching.split(",")[:1]
-        pair = [run(synth, voice, mode.family, sentences, n, lines, k, device) for k in kinds]
+        pair = [run(synth, voices, mode.family, sentences, n, lines, k, device) for k in kinds]
         if args.serial and n > 1:
-            pair.append(run(synth, voice, mode.family, sentences, n, lines, "serial", device))
+            pair.append(run(synth, voices, mode.family, sentences, n, lines, "serial", device))
         serial_rate = pair[-1].audio_s / pair[-1].wall_s  # the batched run itself when alone
         if one_stream is None and n == 1:
             one_stream = serial_rate
@@ -458,7 +485,7 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     ]
     for n, kind in profiled_runs:
         lines = max(args.lines, -(-args.min_lines // n))
-        r, top = owner_time(run, synth, voice, mode.family, sentences, n, lines, kind, device)
+        r, top = owner_time(run, synth, voices, mode.family, sentences, n, lines, kind, device)
         print(
             f"\n# where the device owner's rounds went ({key}): {n} streams, {kind}, "
             f"{r.audio_s / r.wall_s:.1f} audio s/s, owner busy {100 * r.owner_busy_s / r.wall_s:.0f} % "
@@ -470,7 +497,7 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
             raise SystemExit("--profile needs CUDA (the GPU's busy time)")
         lines = max(args.lines, -(-args.min_lines // n))
         kind = args.batching.split(",")[0]
-        r, stats = profiled(run, synth, voice, mode.family, sentences, n, lines, kind, device)
+        r, stats = profiled(run, synth, voices, mode.family, sentences, n, lines, kind, device)
         rate = r.audio_s / r.wall_s
         print(
             f"\n# profiled ({key}): {n} streams batched, {r.lines} lines, {rate:.1f} audio s/s under the "
@@ -535,6 +562,13 @@ def main() -> None:
         help="which batched sampling runs beside serial: step, step-eager, line (comma-separated)",
     )
     ap.add_argument("--max-batch", type=int, default=16, help="the preset max_batch: the largest batch")
+    ap.add_argument(
+        "--voices",
+        type=int,
+        default=1,
+        help="streams speak in this many voices (news5's reference and shorter cuts of it, up to 5), "
+        "the others prewarmed as batch voices",
+    )
     server_help = "the server stage's burst of requests (benchmarks/server_load.py; 0: no server stage)"
     ap.add_argument("--server", type=int, default=200, help=server_help)
     ap.add_argument("--json", type=Path, help="write the rows here too")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec decode_batch concurrency concurrency2 concurrency_base host_profile cpu_preset news5 news5_batch int4 memory memory_phases memory_budget server_load" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec decode_batch concurrency concurrency2 concurrency_base host_profile cpu_preset news5 news5_batch int4 memory memory_phases memory_budget server_load many_speakers" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -82,6 +82,9 @@ if stage server_load; then
   # 200 concurrent OpenAI requests on the full-size model (VOICEVOX's audio_query needs pyopenjtalk,
   # whose dictionaries are too large to carry); .whl must hold the serve wheels (see its header)
   timeout "${SERVER_LOAD_S:-300}" python3 benchmarks/server_load.py ${SERVER_LOAD_ARGS:---full int4} 2>&1 | tee "$OUT/server_load.txt" | tail -20
+fi
+if stage many_speakers; then  # 16 and 32 Speakers on one full-size model: holes in streamed lines (issue 27)
+  timeout "${MANY_S:-200}" python3 benchmarks/many_speakers.py ${MANY_ARGS:---full o --speakers 16,32 --lines 3 --repeat 1} 2>&1 | tee "$OUT/many_speakers.txt" | tail -12
 fi
 if stage int4; then
   timeout "${INT4_S:-110}" python3 benchmarks/int4_gpu.py ${INT4_ARGS:---quick --graph} 2>&1 | tee "$OUT/int4.txt" | tail -45

@@ -3,6 +3,8 @@ options as one `LoadOptions` value, checked before anything loads."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -64,6 +66,7 @@ def test_prewarm_takes_a_batch_graph_for_each_bucket_up_to_max_batch(monkeypatch
     """max_batch 3 needs the 4-row bucket too (a batch of 3 is filled to 4); each bucket at every
     coarse frame bucket up to the prewarm length, and the text encoder at each bucket."""
     from irodori_speaker.engine.model import Conditions
+    from irodori_speaker.synthesis.prewarm import batch_graphs
 
     synth = load_synthesizer(tiny_random="v2", backend="cpu", max_batch=3, voice_cache_dir=False)
     fast = synth.fast_sampler
@@ -76,9 +79,47 @@ def test_prewarm_takes_a_batch_graph_for_each_bucket_up_to_max_batch(monkeypatch
     monkeypatch.setattr(synth, "sample_latent", sample_latent)
     monkeypatch.setattr(fast, "encode_text", lambda ids, mask: texts.append(tuple(ids.shape)) or (ids, mask))
     one = Conditions(torch.zeros(1, 32, 8), torch.ones(1, 32, dtype=torch.bool))
-    synth._prewarm_batch_graphs(one, None, 130, fast)
+    batch_graphs(synth, one, None, 130, fast)
     assert seen == [(rows, (rows, frames), [frames] * rows) for rows in (2, 4) for frames in (64, 128, 192)]
     assert texts == [(2, 32), (4, 32)]  # the text graphs of the batch buckets (captured with CUDA)
+
+
+def test_prewarm_takes_the_batch_graphs_of_each_voice_rung_once(monkeypatch, tmp_path, caplog) -> None:
+    """A server's voice book: references of 40 and 50 frames share a rung (their lines batch from
+    the same graphs), 100 frames is another; a voice that cannot be read is skipped with a warning
+    (its lines raise its own error); the prewarm voice alone gets the single-line graphs."""
+    from safetensors.torch import save_file
+
+    import irodori_speaker.synthesis.prewarm as prewarm
+    from irodori_speaker import Voice
+
+    synth = load_synthesizer(tiny_random="v2", backend="cpu", max_batch=4, voice_cache_dir=False)
+    fast = synth.fast_sampler
+    assert fast is not None
+    voices = []
+    for frames in (40, 50, 100, 40):
+        path = tmp_path / f"ref{frames}_{len(voices)}.safetensors"
+        save_file({"latent": torch.randn(frames, synth.config.latent_dim)}, str(path))
+        voices.append(Voice.from_latent(path))
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"not a safetensors file")
+    batches, lines = [], []
+    monkeypatch.setattr(
+        prewarm, "batch_graphs", lambda s, conds, *a: batches.append(conds.speaker_state.shape[1])
+    )
+    monkeypatch.setattr(
+        synth, "sample_latent", lambda conds, *a, **k: lines.append(conds.speaker_state.shape[1])
+    )
+    with caplog.at_level("WARNING"):
+        shapes = prewarm.line_graphs(synth, voices[0], fast, [Voice.from_latent(broken), *voices[1:]])
+    assert shapes == 4  # rungs 64 and 128, each at the two text buckets
+    assert batches == [41, 41, 101, 101]  # the 50-frame voice and the second 40-frame one: no new shape
+    assert set(lines) == {41} and len(lines) > 2  # single-line graphs: the prewarm voice's only
+    assert "prewarm skips the voice broken" in caplog.text
+    one = dataclasses.replace(synth.preset, max_batch=1)
+    monkeypatch.setattr(synth, "preset", one)
+    batches.clear()
+    assert prewarm.line_graphs(synth, voices[0], fast, voices[1:]) == 0 and batches == []
 
 
 def test_load_options_by_name_or_whole_load_the_same(synth):

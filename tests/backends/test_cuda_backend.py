@@ -15,7 +15,10 @@ def test_prewarm_captures_every_bucket_and_graphs_match_eager(tmp_path, monkeypa
     from irodori_speaker.synthesis.loading import load_synthesizer
 
     monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
-    synth = load_synthesizer(tiny_random=kind, backend="cuda", prewarm_seconds=3.0, voice_cache_dir=False)
+    # max_batch 1: the single-line graphs only (the preset's 16 adds the batch graphs, below)
+    synth = load_synthesizer(
+        tiny_random=kind, backend="cuda", prewarm_seconds=3.0, max_batch=1, voice_cache_dir=False
+    )
     synth.prewarm()
     fast = synth.fast_sampler
     buckets = len(range(fast.frame_bucket, 75 + fast.frame_bucket, fast.frame_bucket))  # 3 s = 75 frames
@@ -69,6 +72,46 @@ def test_with_max_batch_prewarm_captures_the_batch_buckets_and_batches_replay_th
     # batch buckets 2 and 4, each coarse frame bucket, both text buckets
     assert synth.prewarm_report["graphs_captured"] == 2 * lines + 2 * 2 * coarse
     assert len(fast._batch_graphs) == 2 * 2 * coarse
+
+
+def test_lines_of_the_prewarmed_batch_voices_batch_from_their_rungs_graphs(tmp_path, monkeypatch):
+    """A server's voice book on the CUDA preset at `serve`'s 16 streams: prewarm with the other voices as
+    `batch_voices` captures the batch graphs of each reference rung; lines of those voices that
+    meet (several voices in one batch) replay them, none runs line by line, nothing is captured."""
+    from safetensors.torch import save_file
+
+    from irodori_speaker import Voice
+    from irodori_speaker.engine.batch import stack_conditions
+    from irodori_speaker.options import SynthesisOptions
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    monkeypatch.setenv("IRODORI_CACHE", str(tmp_path))
+    synth = load_synthesizer(
+        tiny_random="v2", backend="cuda", prewarm_seconds=3.0, max_batch=16, voice_cache_dir=False
+    )
+    voices = []
+    for frames in (40, 50, 100):
+        path = tmp_path / f"ref{frames}.safetensors"
+        save_file({"latent": torch.randn(frames, synth.config.latent_dim)}, str(path))
+        voices.append(Voice.from_latent(path))
+    synth.prewarm(voices[0], batch_voices=voices[1:])
+    assert synth.prewarm_report["batch_voice_shapes"] == 4  # rungs 64 and 128, two text buckets each
+    fast = synth.fast_sampler
+    graphs = len(fast._batch_graphs)
+    monkeypatch.setattr(fast, "_one_by_one", lambda *a: pytest.fail("a batch ran line by line"))
+    cfg = synth.resolve_options(SynthesisOptions(seed=1))
+    with torch.inference_mode():
+        for members in ([1, 2], [0, 1], [2, 0, 1]):  # each batch's longest reference: its rung
+            lines = []
+            for i in members:
+                ids = torch.full((1, 9 + i), 5, dtype=torch.long)
+                states = synth.voices.states(voices[i])
+                lines.append(synth._conditions(ids, torch.ones_like(ids, dtype=torch.bool), states))
+            frames = [30 + 7 * i for i in members]
+            noise = torch.randn(len(members), max(frames), synth.config.latent_dim, device="cuda")
+            out = synth.sample_latent(stack_conditions(lines), noise, cfg, frames=frames)
+            assert out.shape[0] == len(members) and bool(torch.isfinite(out).all())
+    assert len(fast._batch_graphs) == graphs  # replays of the prewarmed graphs, none captured
 
 
 def test_the_codec_can_run_on_the_cpu_and_as_int4(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from irodori_speaker.engine.batch import (
     stack_conditions,
     stack_noise,
 )
-from irodori_speaker.engine.fast import FastSampler
+from irodori_speaker.engine.fast import FastSampler, voice_rung
 from irodori_speaker.engine.kernels.tuning import tuning_allowed
 from irodori_speaker.engine.sampler import draw_noise, sample
 from irodori_speaker.engine.tiny import random_model
@@ -148,6 +148,54 @@ def test_a_batch_without_its_graph_runs_line_by_line_on_the_batchs_plan(monkeypa
             torch.testing.assert_close(
                 batched[b : b + 1, :frames], graphed.sample(c, n, CFG), rtol=1e-4, atol=1e-5
             )
+
+
+class _Eager:
+    """A CUDA graph's capture stood in for by an eager run of the same function (CPU tests)."""
+
+    def __init__(self, fn, inputs):
+        self.fn = fn
+
+    def replay(self, inputs):
+        return self.fn(*inputs)
+
+
+def test_voice_rungs_double_from_the_context_bucket():
+    assert [voice_rung(n, 32) for n in (1, 32, 33, 64, 65, 96, 128, 129, 250, 257, 700)] == [
+        32, 32, 64, 64, 128, 128, 128, 256, 256, 512, 1024,
+    ]  # fmt: skip
+    assert all(n <= voice_rung(n, 32) < max(64, 2 * n) for n in range(1, 2000))
+
+
+def test_batches_of_voices_on_one_rung_replay_one_graph_and_equal_each_line(monkeypatch):
+    """Lines of voices whose references differ in length (a server's voice book) batch from one
+    graph when their longest reference falls on the same rung (65-128 positions here): a batch
+    of several voices no longer runs line by line for want of a graph of its exact length."""
+    model = random_model("v2")
+    graphed = FastSampler(model, use_graphs=True)
+    monkeypatch.setattr(graphed, "_capture", _Eager)
+    monkeypatch.setattr(graphed, "_one_by_one", lambda *a: pytest.fail("a batch ran line by line"))
+    shapes = [(7, 70, 40), (19, 100, 23), (3, 40, 31), (11, 16, 17)]  # refs: 71, 101, 41, 17 positions
+    lines = [
+        (_line(model, t, r, i), draw_noise(i, 1, s, model.cfg.latent_dim))
+        for i, (t, r, s) in enumerate(shapes)
+    ]
+    assert graphed.batch_shape(lines[0][0], CFG) == graphed.batch_shape(lines[1][0], CFG)  # rung 128
+    assert graphed.batch_shape(lines[2][0], CFG) != graphed.batch_shape(lines[0][0], CFG)  # rung 64
+    with torch.inference_mode():
+        for members in ([0, 2], [1, 3], [2, 1]):  # longest reference 71, 101, 101: rung 128 each
+            conds = stack_conditions([lines[i][0] for i in members])
+            noise, lengths = stack_noise([lines[i][1] for i in members])
+            if members == [0, 2]:
+                with tuning_allowed():  # as in prewarm: captured
+                    graphed.sample(conds, noise, CFG, frames=lengths)
+            batched = graphed.sample(conds, noise, CFG, frames=lengths)
+            for b, i in enumerate(members):
+                c, n = lines[i]
+                torch.testing.assert_close(
+                    batched[b : b + 1, : n.shape[1]], graphed.sample(c, n, CFG), rtol=1e-4, atol=1e-5
+                )
+    assert len(graphed._batch_graphs) == 1  # every batch above replayed the one captured graph
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in benchmarks/gpu_run.sh)")

@@ -76,3 +76,41 @@ def test_one_router_per_api_group_keeps_the_document():
     assert tags["/multi_synthesis"] == ["音声合成"] and tags["/import_user_dict"] == ["ユーザー辞書"]
     assert tags["/v1/audio/speech"] == ["OpenAI"]
     assert set(doc["paths"]["/user_dict_word/{word_uuid}"]) == {"put", "delete"}
+
+
+def test_the_server_prewarms_in_its_default_style_with_every_other_style_as_a_batch_voice(tmp_path):
+    """Lines of a voice book's styles batch only from graphs of their references' rungs: the
+    lifespan's prewarm names the default style's voice and the other styles' (batch_voices)."""
+    from fastapi.testclient import TestClient
+
+    for name in ("a", "b", "c"):
+        (tmp_path / f"{name}.safetensors").write_bytes(b"")  # the book checks that each file exists
+    styles = "".join(
+        f'  [[speakers.styles]]\n  name = "{name}"\n  id = {i}\n  latent = "{tmp_path / name}.safetensors"\n'
+        for i, name in enumerate("abc")
+    )
+    cfg = tmp_path / "voices.toml"
+    cfg.write_text(f'default_style = 1\n[[speakers]]\nname = "s"\n{styles}', encoding="utf-8")
+    calls = []
+    synth = fake_synth()
+    synth.prewarm = lambda voice=None, *, batch_voices=(): calls.append((voice, list(batch_voices))) or 0.0
+    app = build_app(ServerSettings(voices=str(cfg)), ServerParts(synth, load_voice_book(str(cfg))))
+    with TestClient(app):
+        pass
+    [(voice, others)] = calls
+    assert voice.latent.name == "b.safetensors"
+    assert sorted(v.latent.name for v in others) == ["a.safetensors", "c.safetensors"]
+
+
+def test_serve_takes_the_backend_presets_streams_unless_told():
+    """`--streams` wins; else the preset's serve_streams: 1 on the CPU (16 on CUDA, where line
+    batches measured faster; tests/backends for the CUDA preset's value)."""
+    from irodori_speaker.engine.hardware.presets import base_preset
+    from irodori_speaker.errors import BackendError
+    from irodori_speaker.server.parts import server_streams
+
+    assert server_streams(ServerSettings(load={"backend": "cpu", "tiny_random": True})) == 1
+    assert server_streams(ServerSettings(load={"backend": "cpu"}, streams=3)) == 3
+    assert base_preset("cuda").serve_streams == 16 and base_preset("cuda").max_batch == 1
+    with pytest.raises(BackendError, match="unknown backend"):
+        server_streams(ServerSettings(load={"backend": "tpu"}))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -81,7 +82,7 @@ class Fake:
 
         return AudioStream(chunks(), record)
 
-    def prewarm(self, voice: Any = None) -> float:
+    def prewarm(self, voice: Any = None, *, batch_voices: Sequence[Any] = ()) -> float:
         return 0.0
 
     def synthesize(self, text, voice=None, options=None, cancel=None, progress=None) -> SynthesisResult:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -290,5 +290,5 @@ class CachedSynthesizer:
         check(cancel)
         return stream
 
-    def prewarm(self, voice: Any = None) -> float:
-        return float(self.synth.prewarm(voice))
+    def prewarm(self, voice: Any = None, *, batch_voices: Sequence[Any] = ()) -> float:
+        return float(self.synth.prewarm(voice, batch_voices=batch_voices))

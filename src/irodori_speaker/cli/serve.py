@@ -78,7 +78,7 @@ def register(sub: Any) -> None:
         "--streams",
         type=_positive,
         help="lines in synthesis at once, their sampling batched (default: the backend preset's "
-        "max_batch, 1: one line at a time; batches no faster so far, docs/server.md)",
+        "serve_streams: 16 on CUDA, 1 on the CPU and MPS; docs/server.md)",
     )
     g.add_argument("--max-body-bytes", type=int, default=1_000_000, help="largest body (default 1 MB)")
     add_option_flag(g, "seed", doc="noise seed: fixed by default, so a request repeats", default=0)

@@ -260,17 +260,27 @@ class FastDiT:
         return m.out_proj(h)
 
 
-def pad_conditions(conds: Conditions, bucket: int) -> Conditions:
-    """Pad every condition's length up to a multiple of `bucket` with masked zeros (exact)."""
+def voice_rung(n: int, bucket: int) -> int:
+    """`n` positions rounded up to `bucket` times a power of two (32, 64, 128, ...)."""
+    return bucket * (1 << max(0, math.ceil(n / bucket) - 1).bit_length())
 
-    def pad(state: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        extra = round_up(state.shape[1], bucket) - state.shape[1]
+
+def pad_conditions(conds: Conditions, bucket: int, *, voice_rungs: bool = False) -> Conditions:
+    """Pad every condition's length up to a multiple of `bucket` with masked zeros (exact).
+
+    `voice_rungs`: the speaker and caption conditions up to `voice_rung` instead, so voices of
+    many reference lengths fall into a few shapes (a batch graph per rung serves them all, at the
+    cost of attending to up to twice the voice's positions)."""
+
+    def pad(state: Tensor, mask: Tensor, rung: bool = False) -> tuple[Tensor, Tensor]:
+        n = state.shape[1]
+        extra = (voice_rung(n, bucket) if rung else round_up(n, bucket)) - n
         if extra == 0:
             return state, mask
         return F.pad(state, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)
 
     def pad_voice(state: Tensor | None, mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-        return (state, mask) if state is None or mask is None else pad(state, mask)
+        return (state, mask) if state is None or mask is None else pad(state, mask, voice_rungs)
 
     ts, tm = pad(conds.text_state, conds.text_mask)
     ss, sm = pad_voice(conds.speaker_state, conds.speaker_mask)
@@ -375,6 +385,14 @@ class FastSampler:
                 self.text_captures += 1
             return g.replay(inputs)[:B].clone(), mask
 
+    def batch_shape(self, conds: Conditions, cfg: SamplerConfig) -> tuple:
+        """What the batch graphs of lines like `conds` are captured for, beyond rows and frames:
+        the plan and the padded conditions' lengths (voice conditions on their rungs). Lines of
+        voices with one batch shape share the batch graphs."""
+        padded = pad_conditions(conds, self.context_bucket, voice_rungs=True)
+        lengths = tuple(None if t is None else (t.shape[1], t.dtype) for t in _fields(padded))
+        return (plan_for(self.fast.model, conds, cfg), lengths)
+
     def sample(
         self,
         conds: Conditions,
@@ -398,13 +416,15 @@ class FastSampler:
         B, S, _ = noise.shape
         lengths = [S] * B if frames is None else list(frames)
         bucket = self.frame_bucket
-        if self.use_graphs and frames is not None and B > 1:
+        batch = self.use_graphs and frames is not None and B > 1
+        if batch:
             # several lines: filled up to a batch bucket, so a graph per bucket serves every size
             lines = (conds, noise, lengths)
             conds, noise, lengths = fill_batch(conds, noise, lengths, batch_bucket(B))
             bucket = self.batch_frame_bucket
         S_pad = round_up(S, bucket * model.cfg.latent_patch_size)
-        padded = pad_conditions(conds, self.context_bucket)
+        # a batch's voice conditions on the rungs: lines of many voices share a few batch graphs
+        padded = pad_conditions(conds, self.context_bucket, voice_rungs=batch)
         latent_mask = None
         if S_pad != S or self.use_graphs or frames is not None:  # graphs: always a mask (one graph, both)
             latent_mask = frame_mask(lengths, S_pad, self.fast.device, self.upload)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -101,8 +101,9 @@ class SynthesizerLike(Protocol):
         cancel: CancelToken | None = None,
     ) -> AudioStream: ...
 
-    def prewarm(self, voice: Any = None) -> float:
-        """Absorb first-call costs (one dummy line); return the wall time in seconds."""
+    def prewarm(self, voice: Any = None, *, batch_voices: Sequence[Any] = ()) -> float:
+        """Absorb first-call costs (one dummy line); return the wall time in seconds.
+        `batch_voices`: other voices whose lines will be batched (their batch graphs)."""
         ...
 
     def render_identity(self, text: str, voice: Any = None, options: SynthesisOptions | None = None) -> dict:

@@ -151,7 +151,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(user_dict.openjtalk_dictionary)
         if prewarm:
-            seconds = await asyncio.to_thread(synth.prewarm)
+            seconds = await asyncio.to_thread(_prewarm, synth, book)
             log.info("prewarmed in %.2f s", seconds)
         service.start()
         try:
@@ -263,3 +263,17 @@ def _install_errors(app: FastAPI, metrics: Metrics) -> None:
         metrics.errors.labels(request.url.path, "internal").inc()
         log.exception("unexpected error on %s", request.url.path)
         return error_response(500, "internal error (logged on the server)", path=request.url.path)
+
+
+def _prewarm(synth: Any, book: VoiceBook) -> float:
+    """Prewarm in the default style's voice, with the batch graphs of every style's voice (lines
+    of the book's voices then batch together: docs/server.md). A style whose voice cannot be made
+    is left out with a warning; its requests get its error."""
+    voices = []
+    for style in book.styles.values():
+        try:
+            voices.append((style.id, style.voice()))
+        except IrodoriError as e:
+            log.warning("prewarm leaves out style %d (%s): %s", style.id, style.name, e)
+    default = next((v for i, v in voices if i == book.default_style), None)
+    return float(synth.prewarm(default, batch_voices=[v for i, v in voices if i != book.default_style]))

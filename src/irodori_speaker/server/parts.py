@@ -7,6 +7,7 @@ from typing import Any
 
 from ..cache import PhraseCache, default_cache_dir
 from ..synthesis import loading
+from ..synthesis.identity import as_load_options, plan_preset
 from .config import VoiceBook, load_voice_book
 from .settings import ServerSettings
 
@@ -26,7 +27,16 @@ class ServerParts:
         `book`: the voice config already read (`serve` reads it before anything else)."""
         book = book or load_voice_book(settings.voices)
         synth = loading.load_synthesizer(
-            **settings.load, user_dict=settings.user_dict, max_batch=settings.streams
+            **settings.load, user_dict=settings.user_dict, max_batch=server_streams(settings)
         )
         cache = PhraseCache(settings.cache_dir or default_cache_dir()) if settings.cache else None
         return cls(synth, book, cache)
+
+
+def server_streams(settings: ServerSettings) -> int:
+    """Lines in synthesis at once: `--streams`, else the backend preset's `serve_streams` (16 on
+    CUDA, 1 elsewhere), resolved as the loader will (a bad backend fails here, before loading)."""
+    if settings.streams is not None:
+        return int(settings.streams)
+    preset, _ = plan_preset(as_load_options(None, dict(settings.load)))
+    return int(preset.serve_streams)

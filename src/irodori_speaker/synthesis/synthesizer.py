@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,11 +42,9 @@ from ..engine.duration import (
     trim_frame,
 )
 from ..engine.fast import FastDiT, FastSampler
-from ..engine.hardware.lock import hold_model_lock
-from ..engine.hardware.memory import budget_errors, step_pool_size
+from ..engine.hardware.memory import budget_errors
 from ..engine.hardware.owner import DEVICE
 from ..engine.hardware.presets import select_preset
-from ..engine.kernels.tuning import tuning_allowed
 from ..engine.model import Conditions
 from ..engine.sampler import draw_noise, sample
 from ..engine.steps import Joining, StepBatcher, StepLine
@@ -58,7 +56,6 @@ from ..options import (
     SynthesisRecord,
     SynthesisResult,
 )
-from ..text.english import english_backends
 from ..text.length import estimate_seconds
 from ..text.pauses import Pause
 from ..text.userdict import resolve_user_dict
@@ -68,6 +65,7 @@ from .encoding import EncodeItem, TextEncoders
 from .fingerprint import file_fingerprint
 from .identity import ModelIdentity, resolve_options
 from .plan import LineProgress, Piece, Plan, plan_line, spoken_parts
+from .prewarm import prewarm_synthesizer
 from .stepping import StepScheduler
 from .voice_conditions import VoiceConditions
 from .voices import VoiceCache
@@ -252,48 +250,17 @@ class Synthesizer:
         budget = getattr(self.preset, "max_gpu_memory", None)  # past it: OverBudgetError, not a raw OOM
         return AudioStream(budget_errors(chunks, budget), record)
 
-    def prewarm(self, voice: Any = None) -> float:
+    def prewarm(self, voice: Any = None, *, batch_voices: Sequence[Any] = ()) -> float:
         """Absorb first-call costs before the first real line; returns the wall time in seconds.
 
         One short dummy synthesis (allocator, kernel selection, autotune); with CUDA graphs also
         the capture of every length bucket up to `preset.prewarm_seconds` for the two shortest
         text buckets and this voice, so no real line pays a capture (and with `max_batch` > 1 the
-        batch buckets' graphs). `self.prewarm_report` says what was done.
+        batch buckets' graphs). `batch_voices`: the other voices lines will be spoken in (a
+        server's voice book): with `max_batch` > 1 the batch graphs of each one's reference rung
+        too, so their lines batch (synthesis/prewarm.py). `self.prewarm_report` says what was done.
         """
-        t0 = time.perf_counter()
-        fast = self.fast_sampler
-        before = (0, 0) if fast is None else (fast.captures, fast.text_captures)
-        estimate_seconds("こんにちは。")  # loads the reading dictionary (pyopenjtalk) once
-        english_backends()  # and the English reader (e2k), so the first English word pays nothing
-        with tuning_allowed():  # kernel choosers measure here, not mid-stream (engine/kernels/tuning.py)
-            self.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
-            step_graphs = 0
-            if fast is not None and fast.use_graphs:
-                self._prewarm_graphs(voice, fast)
-                step_graphs = self._prewarm_step_graphs(fast)
-            codec_graphs = self._prewarm_codec_graphs()
-        captured = (0, 0) if fast is None else (fast.captures - before[0], fast.text_captures - before[1])
-        seconds = time.perf_counter() - t0
-        self.prewarm_report = {
-            "seconds": seconds,
-            "graphs_captured": captured[0],
-            "text_graphs_captured": captured[1],
-            "codec_graphs_captured": codec_graphs,
-            "step_graphs_captured": step_graphs,
-            "voice": repr(voice),
-        }
-        return seconds
-
-    def _prewarm_codec_graphs(self) -> int:
-        """Capture the codec's graphs for the stream's window lengths (first and middle windows)."""
-        if not self.preset.codec_graphs or not hasattr(self.codec, "prewarm_graphs"):
-            return 0
-        lengths = self._window_lengths()
-        with hold_model_lock():
-            captured = self.codec.prewarm_graphs(lengths)
-            for rows in self._decode_rows():  # windows of lines that meet, decoded as one batch
-                captured += self.codec.prewarm_graphs(lengths, batch=rows)
-            return captured
+        return prewarm_synthesizer(self, voice, batch_voices)
 
     def _window_lengths(self) -> list[int]:
         """The stream's window lengths (frames) that get graphs: its first and middle windows."""
@@ -303,56 +270,11 @@ class Synthesizer:
             growth=self.preset.stream_chunk_growth,
         )
 
-    def _prewarm_step_graphs(self, fast: FastSampler) -> int:
-        """With step batching: the step batcher's context pool fixed within the budget's plan and
-        its forward captured per (rows, frames, context) bucket (engine/step_graphs.py)."""
-        if not isinstance(self._batcher, StepScheduler):
-            return 0
-        rows, length = step_pool_size(self.config, self.inference, self.preset.max_batch, fast.context_bucket)
-        top = frames_for_seconds(self.preset.prewarm_seconds)
-        with hold_model_lock():
-            batcher = self._step_batcher()
-            return batcher.prewarm_graphs(
-                max_rows=rows, top_frames=top, length=length, capture=True, graph_pool=fast.graph_pool()
-            )
-
     def _decode_rows(self) -> list[int]:
         """The batch buckets of stream windows decoded together (`preset.decode_batch`)."""
         # only where lines are expected to meet (max_batch > 1): one stream keeps its memory
         top = min(int(self.preset.decode_batch), int(self.preset.max_batch))
         return [b for b in BATCH_BUCKETS if b <= batch_bucket(top)] if top > 1 else []
-
-    def _prewarm_graphs(self, voice: Any, fast: Any) -> None:
-        """Capture every frame bucket up to `preset.prewarm_seconds` for the two shortest text buckets
-        (and with `max_batch` > 1 the batch buckets' graphs, text encoder included)."""
-
-        cfg = self.resolve_options()
-        top = frames_for_seconds(self.preset.prewarm_seconds)
-        with hold_model_lock(), torch.inference_mode():
-            voice_states = self.voices.states(voice)
-            for tokens in (fast.context_bucket, 2 * fast.context_bucket):
-                ids = torch.full((1, tokens), 5, dtype=torch.long)
-                conds = self._conditions(ids, torch.ones_like(ids, dtype=torch.bool), voice_states)
-                for frames in range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket):
-                    noise = torch.zeros(1, frames, self.config.latent_dim, device=self.device)
-                    self.sample_latent(conds, noise, cfg)
-                self._prewarm_batch_graphs(conds, cfg, top, fast)
-
-    def _prewarm_batch_graphs(self, conds: Any, cfg: Any, top: int, fast: Any) -> None:
-        """With `max_batch` > 1: a graph per batch bucket up to it and per coarse frame bucket, and
-        the text encoder's per batch bucket for the text length of `conds`; a batch whose shape has
-        none runs line by line (its text eagerly, engine/fast.py), so none is captured live."""
-
-        step = fast.batch_frame_bucket
-        top_rows = batch_bucket(self.preset.max_batch) if self.preset.max_batch > 1 else 1
-        ids = torch.full((1, conds.text_state.shape[1]), 5, dtype=torch.long)
-        mask = torch.ones_like(ids, dtype=torch.bool)
-        for rows in [b for b in BATCH_BUCKETS if b <= top_rows]:
-            self._encoders.text_states([ids] * rows, [mask] * rows)
-            batch = stack_conditions([conds] * rows)
-            for frames in range(step, top + step, step):
-                noise = torch.zeros(rows, frames, self.config.latent_dim, device=self.device)
-                self.sample_latent(batch, noise, cfg, frames=[frames] * rows)
 
     @property
     def model_identity(self) -> ModelIdentity:

@@ -60,14 +60,18 @@ class Preset:
     prewarm_seconds: float = 12.0  # CUDA graphs: capture every length bucket up to this at prewarm
     int8_linears: bool = False  # CPU: the DiT's per-step linears as int8 (W8A8, per-row activations)
     # lines waiting for the sampler at the same time (several Speakers, server requests) are
-    # sampled as one batch of up to this many (synthesis/batching.py); 1: one after another. Also the
-    # server's default --streams (lines in synthesis at once). With more than 1, CUDA prewarm
-    # captures a graph per batch bucket. Off (1): on the CPU 4 streams of news5 lines ran at
-    # 0.60-0.83x serial (padding, cache misses). On a GPU, under the device owner, line batches
-    # ran at 1.11-1.60x serial, 1.24-2.17x one stream at 16-64 streams (H200 and H100, RESULTS.md
-    # eighth and twelfth sessions); not on by default until one stream's cost of their prewarm
-    # and their memory are measured side by side (docs/status.md)
+    # sampled as one batch of up to this many (synthesis/batching.py); 1: one after another (the
+    # server's --streams sets it, default `serve_streams`). With more than 1, CUDA prewarm
+    # captures a graph per batch bucket. 1 by default: on CUDA, under the device owner, line batches
+    # ran at 1.42-2.17x one stream at 16-64 streams (H200 and H100) and one stream with 16 took
+    # 1.01x (e) / 0.96x (o) its time, but their graphs made prewarm 23.3 s against 4.8 s (o) and
+    # held +0.4 GiB (o) / +1.7 GiB (e) (RESULTS.md, thirteenth session): a cost for every Speaker
+    # of one stream. Servers take `serve_streams`; Speakers sharing one model pass max_batch=16.
+    # On the CPU 4 streams of news5 lines ran at 0.60-0.83x serial (padding, cache misses)
     max_batch: int = 1
+    # `serve`'s default --streams (its max_batch): a server is many streams by nature. 16 on CUDA
+    # (the 200-request burst: none rejected or lost, RESULTS.md thirteenth session); 1 elsewhere
+    serve_streams: int = 1
     # with max_batch > 1: the device owner steps every live line together, lines joining and
     # leaving at step boundaries (synthesis/stepping.py); False: the whole-line batches of the
     # lines that wait together (synthesis/batching.py). Off: with its CUDA graphs (H100, twelfth
@@ -125,6 +129,7 @@ def base_preset(name: str) -> Preset:
             stream_chunk_frames=50,
             codec_channels_last=True,  # decode 37-44 % faster on every news5 line (H200, RESULTS.md)
             decode_batch=4,
+            serve_streams=16,
         )
     if name == "mps":
         # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision

@@ -1,0 +1,151 @@
+"""Prewarm: first-call costs paid before the first real line (`Synthesizer.prewarm`).
+
+One short dummy synthesis (allocator, kernel selection, autotune); with CUDA graphs every graph
+a real line would otherwise capture mid-stream (a capture stalls every waiting line):
+- the single-line sampling graphs of every frame bucket up to `preset.prewarm_seconds`, for the
+  two shortest text buckets and the prewarm voice;
+- with `max_batch` > 1 the whole-line batch graphs (per batch bucket and coarse frame bucket,
+  the text encoder's per batch bucket) for the prewarm voice and each of `batch_voices` whose
+  batch shape is new: a batch's voice conditions are padded to a rung (`engine.fast.voice_rung`),
+  so voices of many reference lengths share a few shapes, and a batch of several voices takes
+  its longest one's rung;
+- with step batching, the step batcher's buckets (engine/step_graphs.py);
+- the codec's stream windows (and their batches).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..engine.batch import BATCH_BUCKETS, batch_bucket, stack_conditions
+from ..engine.duration import frames_for_seconds
+from ..engine.hardware.lock import hold_model_lock
+from ..engine.hardware.memory import step_pool_size
+from ..engine.kernels.tuning import tuning_allowed
+from ..errors import IrodoriError
+from ..options import SynthesisOptions
+from ..text.english import english_backends
+from ..text.length import estimate_seconds
+from .stepping import StepScheduler
+
+if TYPE_CHECKING:
+    from ..engine.fast import FastSampler
+
+# `synth` below is a synthesis.synthesizer.Synthesizer (not imported: it imports this module)
+Synthesizer = Any
+
+log = logging.getLogger(__name__)
+
+
+def prewarm_synthesizer(synth: Synthesizer, voice: Any = None, batch_voices: Sequence[Any] = ()) -> float:
+    """`synth.prewarm(voice, batch_voices=...)`: the wall time in seconds; sets `prewarm_report`."""
+    t0 = time.perf_counter()
+    fast = synth.fast_sampler
+    before = (0, 0) if fast is None else (fast.captures, fast.text_captures)
+    estimate_seconds("こんにちは。")  # loads the reading dictionary (pyopenjtalk) once
+    english_backends()  # and the English reader (e2k), so the first English word pays nothing
+    with tuning_allowed():  # kernel choosers measure here, not mid-stream (engine/kernels/tuning.py)
+        synth.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
+        steps = batch_shapes = 0
+        if fast is not None and fast.use_graphs:
+            batch_shapes = line_graphs(synth, voice, fast, batch_voices)
+            steps = step_graphs(synth, fast)
+        codec = codec_graphs(synth)
+    captured = (0, 0) if fast is None else (fast.captures - before[0], fast.text_captures - before[1])
+    seconds = time.perf_counter() - t0
+    synth.prewarm_report = {
+        "seconds": seconds,
+        "graphs_captured": captured[0],
+        "text_graphs_captured": captured[1],
+        "codec_graphs_captured": codec,
+        "step_graphs_captured": steps,
+        "batch_voice_shapes": batch_shapes,
+        "voice": repr(voice),
+    }
+    return seconds
+
+
+def codec_graphs(synth: Synthesizer) -> int:
+    """Capture the codec's graphs for the stream's window lengths (first and middle windows)."""
+    if not synth.preset.codec_graphs or not hasattr(synth.codec, "prewarm_graphs"):
+        return 0
+    lengths = synth._window_lengths()
+    with hold_model_lock():
+        captured = synth.codec.prewarm_graphs(lengths)
+        for rows in synth._decode_rows():  # windows of lines that meet, decoded as one batch
+            captured += synth.codec.prewarm_graphs(lengths, batch=rows)
+        return captured
+
+
+def step_graphs(synth: Synthesizer, fast: FastSampler) -> int:
+    """With step batching: the step batcher's context pool fixed within the budget's plan and
+    its forward captured per (rows, frames, context) bucket (engine/step_graphs.py)."""
+    if not isinstance(synth._batcher, StepScheduler):
+        return 0
+    rows, length = step_pool_size(synth.config, synth.inference, synth.preset.max_batch, fast.context_bucket)
+    top = frames_for_seconds(synth.preset.prewarm_seconds)
+    with hold_model_lock():
+        batcher = synth._step_batcher()
+        return batcher.prewarm_graphs(
+            max_rows=rows, top_frames=top, length=length, capture=True, graph_pool=fast.graph_pool()
+        )
+
+
+def line_graphs(synth: Synthesizer, voice: Any, fast: FastSampler, batch_voices: Sequence[Any] = ()) -> int:
+    """Capture every frame bucket up to `preset.prewarm_seconds` for the two shortest text buckets
+    and `voice`; with `max_batch` > 1 the batch graphs (`batch_graphs`) for `voice` and each of
+    `batch_voices` whose batch shape is new. Returns the batch shapes prewarmed."""
+    cfg = synth.resolve_options()
+    top = frames_for_seconds(synth.preset.prewarm_seconds)
+    shapes: set = set()
+    voices = [voice, *(batch_voices if synth.preset.max_batch > 1 else ())]
+    with hold_model_lock(), torch.inference_mode():
+        for i, v in enumerate(voices):
+            states = _states(synth, v, first=i == 0)
+            if states is None:
+                continue
+            for tokens in (fast.context_bucket, 2 * fast.context_bucket):
+                ids = torch.full((1, tokens), 5, dtype=torch.long)
+                conds = synth._conditions(ids, torch.ones_like(ids, dtype=torch.bool), states)
+                if i == 0:
+                    for frames in range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket):
+                        noise = torch.zeros(1, frames, synth.config.latent_dim, device=synth.device)
+                        synth.sample_latent(conds, noise, cfg)
+                shape = fast.batch_shape(conds, cfg)
+                if synth.preset.max_batch > 1 and shape not in shapes:
+                    shapes.add(shape)
+                    batch_graphs(synth, conds, cfg, top, fast)
+    return len(shapes)
+
+
+def _states(synth: Synthesizer, voice: Any, first: bool) -> Any:
+    """A voice's states; a batch voice that cannot be read: None, with a warning (the prewarm
+    voice's error is raised: it is the one the caller asked for)."""
+    if first:
+        return synth.voices.states(voice)
+    try:
+        return synth.voices.states(voice)
+    except IrodoriError as e:
+        log.warning("prewarm skips the voice %s: %s", getattr(voice, "name", None) or voice, e)
+        return None
+
+
+def batch_graphs(synth: Synthesizer, conds: Any, cfg: Any, top: int, fast: FastSampler) -> None:
+    """With `max_batch` > 1: a graph per batch bucket up to it and per coarse frame bucket, and
+    the text encoder's per batch bucket for the text length of `conds`; a batch whose shape has
+    none runs line by line (its text eagerly, engine/fast.py), so none is captured live."""
+    step = fast.batch_frame_bucket
+    top_rows = batch_bucket(synth.preset.max_batch) if synth.preset.max_batch > 1 else 1
+    ids = torch.full((1, conds.text_state.shape[1]), 5, dtype=torch.long)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    for rows in [b for b in BATCH_BUCKETS if b <= top_rows]:
+        synth._encoders.text_states([ids] * rows, [mask] * rows)
+        batch = stack_conditions([conds] * rows)
+        for frames in range(step, top + step, step):
+            noise = torch.zeros(rows, frames, synth.config.latent_dim, device=synth.device)
+            synth.sample_latent(batch, noise, cfg, frames=[frames] * rows)
