@@ -152,7 +152,9 @@ def create_app(
         await asyncio.to_thread(user_dict.openjtalk_dictionary)
         if prewarm:
             seconds = await asyncio.to_thread(_prewarm, synth, book)
-            log.info("prewarmed in %.2f s", seconds)
+            shapes = (getattr(synth, "prewarm_report", None) or {}).get("batch_voice_shapes")
+            batches = f", batch graphs for {shapes} voice / text shapes" if shapes else ""
+            log.info("prewarmed in %.2f s%s", seconds, batches)
         service.start()
         try:
             yield

@@ -116,8 +116,7 @@ def line_graphs(synth: Synthesizer, voice: Any, fast: FastSampler, batch_voices:
                     for frames in range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket):
                         noise = torch.zeros(1, frames, synth.config.latent_dim, device=synth.device)
                         synth.sample_latent(conds, noise, cfg)
-                shape = fast.batch_shape(conds, cfg)
-                if synth.preset.max_batch > 1 and shape not in shapes:
+                if synth.preset.max_batch > 1 and (shape := fast.batch_shape(conds, cfg)) not in shapes:
                     shapes.add(shape)
                     batch_graphs(synth, conds, cfg, top, fast)
     return len(shapes)
