@@ -545,3 +545,35 @@ def test_a_lines_lane_moves_its_jobs_ahead_or_behind():
     # a high line's first-audio work before every other URGENT job; its other work keeps its place
     # (NORMAL, by arrival); a low line's first audio is NORMAL
     assert order == ["high first audio", "normal first audio", "normal", "low first audio", "high later work"]
+
+
+@pytest.mark.parametrize("step_batching", [False, True], ids=["line-batches", "step-batching"])
+def test_the_tail_trim_rides_on_the_job_that_made_the_latent(irodori_home, monkeypatch, step_batching):
+    """Each line's tail-trim frame is made in the sampling job (alone, a line batch or the step that
+    finished it) and read from the host: no job of its own on the device owner, one queue wait
+    less before a line's first audio. The trimmed audio is the same either way (a quiet tail cut
+    at the same frame, tests/test_synthesizer.py)."""
+    import sys
+
+    import irodori_speaker.synthesis.synthesizer as synthesizer
+
+    synth = _load("cpu", max_batch=8, step_batching=step_batching)
+    where: list[str] = []
+    plain = synthesizer.trim_frame
+
+    def traced(latent):
+        names, frame = set(), sys._getframe(1)
+        while frame is not None:
+            names.add(frame.f_code.co_name)
+            frame = frame.f_back
+        where.append("with the latent" if names & {"_sample_batch", "_step_lines"} else "a job of its own")
+        return plain(latent)
+
+    monkeypatch.setattr(synthesizer, "trim_frame", traced)
+    jobs = [(text, opts(seed=i, steps=3, seconds=1.0)) for i, text in enumerate(TEXTS)]
+    results = together(synth, jobs)
+    assert not [r for r in results if isinstance(r, Exception)], results
+    alone = synth.synthesize(TEXTS[0], options=opts(seed=9, steps=3, seconds=1.0))
+    assert len(alone.audio) > 0
+    assert where == ["with the latent"] * (len(TEXTS) + 1)  # every line, each once, none on its own
+    assert max(r.record.extra.get("sample_batch", 1) for r in results) > 1  # the lines did meet

@@ -40,6 +40,9 @@ class SampleRequest:
     cancel: CancelToken | None = None
     progress: ProgressFn | None = None
     result: Any = None
+    # its tail-trim frame on the way to the host (a HostCopy), made with the latent in the sampling
+    # job when its options ask for the trim: no job of its own on the device owner
+    trim: Any = None
     error: BaseException | None = None
     done: bool = False
     length: int = 1  # its rows' length (latent frames): lines of near lengths batch together

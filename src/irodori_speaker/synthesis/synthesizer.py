@@ -366,6 +366,8 @@ class Synthesizer:
                 conds, noise, reqs[0].cfg, cancel=cancel, progress=progress, frames=lengths
             )
             outs = [latent[b : b + 1, :n] for b, n in enumerate(lengths)]
+        for r, out in zip(reqs, outs):
+            _trim_with_latent(r, out)
         return outs
 
     def _start_lines(self, reqs: list[SampleRequest]) -> list[StepLine]:
@@ -384,7 +386,11 @@ class Synthesizer:
 
     def _step_lines(self, lines: list[StepLine]) -> list[StepLine]:
         assert self._steps is not None
-        return self._steps.step(lines)
+        finished = self._steps.step(lines)
+        for line in finished:
+            if line.error is None and isinstance(line.tag, SampleRequest):
+                _trim_with_latent(line.tag, line.latent())
+        return finished
 
     def _release_lines(self, lines: list[StepLine]) -> None:
         if self._steps is not None:
@@ -428,7 +434,10 @@ class Synthesizer:
             samples = min(samples, int(min(opts.seconds, 30.0) * SAMPLE_RATE))
         decode_frames = frames
         if opts.tail_trim:
-            end = int(DEVICE.run(lambda: DEVICE.to_host(trim_frame(latent[0])), cancel).wait(cancel))
+            trim = req.trim
+            if trim is None:  # a sampler path that did not make it with the latent
+                trim = DEVICE.run(lambda: DEVICE.to_host(trim_frame(latent[0])), cancel)
+            end = int(trim.wait(cancel))
             if 0 < end < frames:
                 samples = min(samples, end * HOP)
                 # 8 frames of right context make the kept audio equal to a full decode
@@ -498,3 +507,10 @@ class Synthesizer:
                 yield quiet(piece.after)
         if opts.post_silence > 0:
             yield quiet(opts.post_silence)
+
+
+def _trim_with_latent(req: SampleRequest, latent: Any) -> None:
+    """The line's tail-trim frame, computed in the job that made its latent (1, S, C) and copied
+    to the host without waiting: the line reads it there instead of queueing a job of its own."""
+    if getattr(req.cfg, "tail_trim", False):
+        req.trim = DEVICE.to_host(trim_frame(latent[0]))
