@@ -114,3 +114,33 @@ def test_serve_takes_the_backend_presets_streams_unless_told():
     assert base_preset("cuda").serve_streams == 16 and base_preset("cuda").max_batch == 1
     with pytest.raises(BackendError, match="unknown backend"):
         server_streams(ServerSettings(load={"backend": "tpu"}))
+
+
+def test_a_default_style_whose_voice_cannot_be_read_does_not_stop_the_server(tmp_path, caplog):
+    """Its requests get their error; the server starts, prewarmed without it."""
+    from fastapi.testclient import TestClient
+
+    from irodori_speaker.errors import InputError
+
+    (tmp_path / "a.safetensors").write_bytes(b"")
+    cfg = tmp_path / "voices.toml"
+    cfg.write_text(
+        f'[[speakers]]\nname = "s"\n  [[speakers.styles]]\n  name = "a"\n  id = 0\n'
+        f'  latent = "{tmp_path / "a.safetensors"}"\n',
+        encoding="utf-8",
+    )
+    calls = []
+
+    def prewarm(voice=None, *, batch_voices=()):
+        calls.append(voice)
+        if voice is not None:
+            raise InputError("voice latent a.safetensors is not a safetensors file")
+        return 0.0
+
+    synth = fake_synth()
+    synth.prewarm = prewarm
+    app = build_app(ServerSettings(voices=str(cfg)), ServerParts(synth, load_voice_book(str(cfg))))
+    with caplog.at_level("WARNING"), TestClient(app) as client:
+        assert client.get("/version").status_code == 200
+    assert calls[0] is not None and calls[1] is None
+    assert "prewarming without it" in caplog.text

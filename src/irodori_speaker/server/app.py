@@ -278,4 +278,9 @@ def _prewarm(synth: Any, book: VoiceBook) -> float:
         except IrodoriError as e:
             log.warning("prewarm leaves out style %d (%s): %s", style.id, style.name, e)
     default = next((v for i, v in voices if i == book.default_style), None)
-    return float(synth.prewarm(default, batch_voices=[v for i, v in voices if i != book.default_style]))
+    others = [v for i, v in voices if i != book.default_style]
+    try:
+        return float(synth.prewarm(default, batch_voices=others))
+    except IrodoriError as e:  # the default style's voice cannot be read: its requests will say so
+        log.warning("prewarm in the default style's voice failed (%s); prewarming without it", e)
+        return float(synth.prewarm(None, batch_voices=others))
