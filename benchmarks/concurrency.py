@@ -366,7 +366,7 @@ def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> 
 
 def reference_cuts(voice, count: int) -> list:
     """`count` voices: news5's reference, then shorter cuts of it (45 % and 20 % of its frames:
-    other reference rungs, engine.fast.voice_rung), as a server's voice book of several voices."""
+    other reference rungs, engine.fast.context_rung), as a server's voice book of several voices."""
     if count <= 1:
         return [voice]
     from safetensors.torch import load_file, save_file

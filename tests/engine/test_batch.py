@@ -15,7 +15,7 @@ from irodori_speaker.engine.batch import (
     stack_conditions,
     stack_noise,
 )
-from irodori_speaker.engine.fast import FastSampler, voice_rung
+from irodori_speaker.engine.fast import FastSampler, context_rung
 from irodori_speaker.engine.kernels.tuning import tuning_allowed
 from irodori_speaker.engine.sampler import draw_noise, sample
 from irodori_speaker.engine.tiny import random_model
@@ -160,11 +160,11 @@ class _Eager:
         return self.fn(*inputs)
 
 
-def test_voice_rungs_double_from_the_context_bucket():
-    assert [voice_rung(n, 32) for n in (1, 32, 33, 64, 65, 96, 128, 129, 250, 257, 700)] == [
+def test_context_rungs_double_from_the_context_bucket():
+    assert [context_rung(n, 32) for n in (1, 32, 33, 64, 65, 96, 128, 129, 250, 257, 700)] == [
         32, 32, 64, 64, 128, 128, 128, 256, 256, 512, 1024,
     ]  # fmt: skip
-    assert all(n <= voice_rung(n, 32) < max(64, 2 * n) for n in range(1, 2000))
+    assert all(n <= context_rung(n, 32) < max(64, 2 * n) for n in range(1, 2000))
 
 
 def test_batches_of_voices_on_one_rung_replay_one_graph_and_equal_each_line(monkeypatch):
@@ -196,6 +196,38 @@ def test_batches_of_voices_on_one_rung_replay_one_graph_and_equal_each_line(monk
                     batched[b : b + 1, : n.shape[1]], graphed.sample(c, n, CFG), rtol=1e-4, atol=1e-5
                 )
     assert len(graphed._batch_graphs) == 1  # every batch above replayed the one captured graph
+
+
+def test_batches_of_texts_up_to_128_tokens_replay_one_graph_and_equal_each_line(monkeypatch):
+    """A batch's text is padded to its rung (64, then 128 tokens): lines of 65-128 tokens (the
+    splitter's 90-character pieces) batch from the 128 graph; before, a batch whose longest text
+    passed 64 tokens found no graph and ran line by line."""
+    model = random_model("v2")
+    graphed = FastSampler(model, use_graphs=True)
+    monkeypatch.setattr(graphed, "_capture", _Eager)
+    monkeypatch.setattr(graphed, "_one_by_one", lambda *a: pytest.fail("a batch ran line by line"))
+    shapes = [(70, 24, 30), (100, 16, 20), (40, 24, 25), (5, 16, 33)]  # text tokens, ref, frames
+    lines = [
+        (_line(model, t, r, i), draw_noise(i, 1, s, model.cfg.latent_dim))
+        for i, (t, r, s) in enumerate(shapes)
+    ]
+    assert graphed.batch_shape(lines[0][0], CFG) == graphed.batch_shape(lines[1][0], CFG)  # text rung 128
+    assert graphed.batch_shape(lines[2][0], CFG) == graphed.batch_shape(lines[3][0], CFG)  # text rung 64
+    assert graphed.batch_shape(lines[0][0], CFG) != graphed.batch_shape(lines[3][0], CFG)
+    with torch.inference_mode():
+        for members in ([0, 2], [1, 3], [3, 1]):  # longest text 70, 100, 100: the 128 rung
+            conds = stack_conditions([lines[i][0] for i in members])
+            noise, lengths = stack_noise([lines[i][1] for i in members])
+            if members == [0, 2]:
+                with tuning_allowed():  # as in prewarm: captured
+                    graphed.sample(conds, noise, CFG, frames=lengths)
+            batched = graphed.sample(conds, noise, CFG, frames=lengths)
+            for b, i in enumerate(members):
+                c, n = lines[i]
+                torch.testing.assert_close(
+                    batched[b : b + 1, : n.shape[1]], graphed.sample(c, n, CFG), rtol=1e-4, atol=1e-5
+                )
+    assert len(graphed._batch_graphs) == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in benchmarks/gpu_run.sh)")

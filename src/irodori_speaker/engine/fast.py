@@ -260,29 +260,37 @@ class FastDiT:
         return m.out_proj(h)
 
 
-def voice_rung(n: int, bucket: int) -> int:
-    """`n` positions rounded up to `bucket` times a power of two (32, 64, 128, ...)."""
-    return bucket * (1 << max(0, math.ceil(n / bucket) - 1).bit_length())
+def context_rung(n: int, bucket: int, least: int = 1) -> int:
+    """`n` positions rounded up to `bucket` times a power of two (32, 64, 128, ...), at least
+    `least` buckets."""
+    return bucket * max(least, 1 << max(0, math.ceil(n / bucket) - 1).bit_length())
 
 
-def pad_conditions(conds: Conditions, bucket: int, *, voice_rungs: bool = False) -> Conditions:
+#: A batch's text on the rungs from two context buckets up (64, 128, 256 tokens): prewarm's batch
+#: graphs at 64 and 128 then serve every piece up to 128 tokens (the splitter's 90-character
+#: pieces are ~73 llm-jp tokens), a short line paying 64 positions of text instead of 32.
+TEXT_RUNG_LEAST = 2
+
+
+def pad_conditions(conds: Conditions, bucket: int, *, rungs: bool = False) -> Conditions:
     """Pad every condition's length up to a multiple of `bucket` with masked zeros (exact).
 
-    `voice_rungs`: the speaker and caption conditions up to `voice_rung` instead, so voices of
-    many reference lengths fall into a few shapes (a batch graph per rung serves them all, at the
-    cost of attending to up to twice the voice's positions)."""
+    `rungs` (a whole-line batch's): every condition up to its `context_rung` instead (the text's
+    at least `TEXT_RUNG_LEAST` buckets), so lines of many text and reference lengths fall into a
+    few shapes (a batch graph per shape serves them all, at the cost of attending to up to
+    twice the positions)."""
 
-    def pad(state: Tensor, mask: Tensor, rung: bool = False) -> tuple[Tensor, Tensor]:
+    def pad(state: Tensor, mask: Tensor, least: int = 1) -> tuple[Tensor, Tensor]:
         n = state.shape[1]
-        extra = (voice_rung(n, bucket) if rung else round_up(n, bucket)) - n
+        extra = (context_rung(n, bucket, least) if rungs else round_up(n, bucket)) - n
         if extra == 0:
             return state, mask
         return F.pad(state, (0, 0, 0, extra)), F.pad(mask, (0, extra), value=False)
 
     def pad_voice(state: Tensor | None, mask: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
-        return (state, mask) if state is None or mask is None else pad(state, mask, voice_rungs)
+        return (state, mask) if state is None or mask is None else pad(state, mask)
 
-    ts, tm = pad(conds.text_state, conds.text_mask)
+    ts, tm = pad(conds.text_state, conds.text_mask, TEXT_RUNG_LEAST)
     ss, sm = pad_voice(conds.speaker_state, conds.speaker_mask)
     cs, cm = pad_voice(conds.caption_state, conds.caption_mask)
     return Conditions(ts, tm, ss, sm, cs, cm)
@@ -387,9 +395,9 @@ class FastSampler:
 
     def batch_shape(self, conds: Conditions, cfg: SamplerConfig) -> tuple:
         """What the batch graphs of lines like `conds` are captured for, beyond rows and frames:
-        the plan and the padded conditions' lengths (voice conditions on their rungs). Lines of
-        voices with one batch shape share the batch graphs."""
-        padded = pad_conditions(conds, self.context_bucket, voice_rungs=True)
+        the plan and the padded conditions' lengths (on their rungs). Lines of texts and voices
+        with one batch shape share the batch graphs."""
+        padded = pad_conditions(conds, self.context_bucket, rungs=True)
         lengths = tuple(None if t is None else (t.shape[1], t.dtype) for t in _fields(padded))
         return (plan_for(self.fast.model, conds, cfg), lengths)
 
@@ -423,8 +431,8 @@ class FastSampler:
             conds, noise, lengths = fill_batch(conds, noise, lengths, batch_bucket(B))
             bucket = self.batch_frame_bucket
         S_pad = round_up(S, bucket * model.cfg.latent_patch_size)
-        # a batch's voice conditions on the rungs: lines of many voices share a few batch graphs
-        padded = pad_conditions(conds, self.context_bucket, voice_rungs=batch)
+        # a batch's conditions on the rungs: lines of many texts and voices share a few batch graphs
+        padded = pad_conditions(conds, self.context_bucket, rungs=batch)
         latent_mask = None
         if S_pad != S or self.use_graphs or frames is not None:  # graphs: always a mask (one graph, both)
             latent_mask = frame_mask(lengths, S_pad, self.fast.device, self.upload)

@@ -4,11 +4,12 @@ One short dummy synthesis (allocator, kernel selection, autotune); with CUDA gra
 a real line would otherwise capture mid-stream (a capture stalls every waiting line):
 - the single-line sampling graphs of every frame bucket up to `preset.prewarm_seconds`, for the
   two shortest text buckets and the prewarm voice;
-- with `max_batch` > 1 the whole-line batch graphs (per batch bucket and coarse frame bucket,
-  the text encoder's per batch bucket) for the prewarm voice and each of `batch_voices` whose
-  batch shape is new: a batch's voice conditions are padded to a rung (`engine.fast.voice_rung`),
-  so voices of many reference lengths share a few shapes, and a batch of several voices takes
-  its longest one's rung;
+- with `max_batch` > 1 the whole-line batch graphs (per batch bucket and coarse frame bucket) for
+  the text rungs 64 and 128 and the prewarm voice and each of `batch_voices` whose batch shape is
+  new: a batch's conditions are padded to a rung (`engine.fast.context_rung`), so texts up to 128
+  tokens and voices of many reference lengths share a few shapes (a batch of several voices
+  takes its longest one's rung); and the text encoder's per batch bucket for every text length
+  up to 128 tokens (lines that meet are encoded together, padded to the context bucket);
 - with step batching, the step batcher's buckets (engine/step_graphs.py);
 - the codec's stream windows (and their batches).
 """
@@ -24,6 +25,7 @@ import torch
 
 from ..engine.batch import BATCH_BUCKETS, batch_bucket, stack_conditions
 from ..engine.duration import frames_for_seconds
+from ..engine.fast import TEXT_RUNG_LEAST
 from ..engine.hardware.lock import hold_model_lock
 from ..engine.hardware.memory import step_pool_size
 from ..engine.kernels.tuning import tuning_allowed
@@ -98,28 +100,49 @@ def step_graphs(synth: Synthesizer, fast: FastSampler) -> int:
 
 def line_graphs(synth: Synthesizer, voice: Any, fast: FastSampler, batch_voices: Sequence[Any] = ()) -> int:
     """Capture every frame bucket up to `preset.prewarm_seconds` for the two shortest text buckets
-    and `voice`; with `max_batch` > 1 the batch graphs (`batch_graphs`) for `voice` and each of
-    `batch_voices` whose batch shape is new. Returns the batch shapes prewarmed."""
+    and `voice`; with `max_batch` > 1 the batch graphs (`batch_graphs`) of the text rungs 64 and
+    128 for `voice` and each of `batch_voices` whose batch shape is new. Returns the batch shapes
+    prewarmed."""
     cfg = synth.resolve_options()
     top = frames_for_seconds(synth.preset.prewarm_seconds)
+    bucket, batches = fast.context_bucket, synth.preset.max_batch > 1
     shapes: set = set()
-    voices = [voice, *(batch_voices if synth.preset.max_batch > 1 else ())]
+    voices = [voice, *(batch_voices if batches else ())]
     with hold_model_lock(), torch.inference_mode():
+        if batches:
+            text_graphs(synth, 2 * TEXT_RUNG_LEAST * bucket)
         for i, v in enumerate(voices):
             states = _states(synth, v, first=i == 0)
             if states is None:
                 continue
-            for tokens in (fast.context_bucket, 2 * fast.context_bucket):
-                ids = torch.full((1, tokens), 5, dtype=torch.long)
-                conds = synth._conditions(ids, torch.ones_like(ids, dtype=torch.bool), states)
-                if i == 0:
-                    for frames in range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket):
-                        noise = torch.zeros(1, frames, synth.config.latent_dim, device=synth.device)
-                        synth.sample_latent(conds, noise, cfg)
-                if synth.preset.max_batch > 1 and (shape := fast.batch_shape(conds, cfg)) not in shapes:
+            for tokens in (bucket, 2 * bucket) if i == 0 else ():
+                conds = _conditions(synth, tokens, states)
+                for frames in range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket):
+                    noise = torch.zeros(1, frames, synth.config.latent_dim, device=synth.device)
+                    synth.sample_latent(conds, noise, cfg)
+            for tokens in (TEXT_RUNG_LEAST * bucket, 2 * TEXT_RUNG_LEAST * bucket) if batches else ():
+                conds = _conditions(synth, tokens, states)
+                if (shape := fast.batch_shape(conds, cfg)) not in shapes:
                     shapes.add(shape)
                     batch_graphs(synth, conds, cfg, top, fast)
     return len(shapes)
+
+
+def _conditions(synth: Synthesizer, tokens: int, states: Any) -> Any:
+    """Conditions of a dummy line of `tokens` text tokens in the voice of `states`."""
+    ids = torch.full((1, tokens), 5, dtype=torch.long)
+    return synth._conditions(ids, torch.ones_like(ids, dtype=torch.bool), states)
+
+
+def text_graphs(synth: Synthesizer, longest: int) -> None:
+    """The text encoder's graphs of lines that meet: per batch bucket up to `max_batch`, every
+    text length in context buckets up to `longest` tokens (encoded together, lines are padded to
+    the longest one's bucket; a shape without a graph is encoded eagerly)."""
+    bucket = synth.fast_sampler.context_bucket
+    for rows in [b for b in BATCH_BUCKETS if b <= batch_bucket(synth.preset.max_batch)]:
+        for tokens in range(bucket, longest + bucket, bucket):
+            ids = torch.full((1, tokens), 5, dtype=torch.long)
+            synth._encoders.text_states([ids] * rows, [torch.ones_like(ids, dtype=torch.bool)] * rows)
 
 
 def _states(synth: Synthesizer, voice: Any, first: bool) -> Any:
