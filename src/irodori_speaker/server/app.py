@@ -279,6 +279,11 @@ def _prewarm(synth: Any, book: VoiceBook) -> float:
             log.warning("prewarm leaves out style %d (%s): %s", style.id, style.name, e)
     default = next((v for i, v in voices if i == book.default_style), None)
     others = [v for i, v in voices if i != book.default_style]
+    batched = int(getattr(getattr(synth, "preset", None), "max_batch", 1) or 1) > 1
+    log.info(
+        "prewarming (first-call costs%s; --no-prewarm skips it)",
+        f", the batch graphs of {len(voices)} style voices" if batched else "",
+    )
     try:
         return float(synth.prewarm(default, batch_voices=others))
     except IrodoriError as e:  # the default style's voice cannot be read: its requests will say so
