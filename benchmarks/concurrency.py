@@ -25,15 +25,18 @@ duration predictor's lengths arbitrary), and the audio seconds of each sentence 
 mode.
 
 Per row: lines, audio seconds, wall seconds, aggregate audio seconds per second, its ratio to
-serial and to one stream, p50 / p95 time to first audio (from a line's start to its first
-chunk), underruns (a chunk that arrives after the audio before it has played out, playback
-starting at the line's first chunk: events, and the lines that had one), errors (lines that
-raised or gave no audio), each stage's mean time a line (its record's timings: text encoder and
-length, sampling (a batch's lines each count the batch), decode), the batch sizes that ran, the
-device owner's host time in its rounds as a share of the wall (near 100 %: the owner's launches
-are the bound; low: the GPU, or lines alone running inline) and its rounds, the owner's calls
-that served several jobs at once (encoders, decode windows, step starts of lines that met) and
-the jobs in them, and on CUDA the peak memory of the run.
+serial and to one stream, the same while every stream was still speaking ("all live": the chunks
+that landed before the first stream finished, over that time; its ratio to one stream's whole
+run; a short run's ramp-down, when its last lines run with few others, left out), p50 / p95 time
+to first audio (from a line's start to its first chunk), underruns (a chunk that arrives after
+the audio before it has played out, playback starting at the line's first chunk: events, and the
+lines that had one), errors (lines that raised or gave no audio), each stage's mean time a line
+(its record's timings: text encoder and length, sampling (a batch's lines each count the batch),
+decode), the batch sizes that ran, the device owner's host time in its rounds as a share of the
+wall (near 100 %: the owner's launches are the bound; low: the GPU, or lines alone running
+inline) and its rounds, the owner's calls that served several jobs at once (encoders, decode
+windows, step starts of lines that met) and the jobs in them, and on CUDA the peak memory of the
+run.
 
 Then the server stage (`--server N`, default 200; 0 leaves it out): benchmarks/server_load.py's
 burst of N mixed VOICEVOX / OpenAI requests at `serve`'s default settings, in its own server
@@ -110,6 +113,13 @@ class Run:
     owner_rounds: int = 0
     owner_batched: tuple[int, int] = (0, 0)  # the owner's calls that served several jobs, and those jobs
     error_text: list[str] = field(default_factory=list)
+    start: float = 0.0  # perf_counter when the streams were let go
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (perf_counter, samples) of every chunk
+    ends: list[float] = field(default_factory=list)  # perf_counter when each stream finished
+
+    @property
+    def all_live_rate(self) -> float:
+        return all_live_rate(self.chunks, self.ends, self.start)
 
     def per_line_ms(self, stage: str) -> float:
         return 1e3 * self.stages.get(stage, 0.0) / max(self.lines, 1)
@@ -124,6 +134,16 @@ def line_options(family: str, text: str, seed: int) -> SynthesisOptions:
     the same audio (random weights make the v4 duration predictor's lengths arbitrary)."""
     opts = SynthesisOptions(seed=seed)
     return opts if family == "v2" else opts.replace(seconds=news5.estimate_seconds(text))
+
+
+def all_live_rate(chunks: list[tuple[float, int]], ends: list[float], start: float) -> float:
+    """Audio seconds a second while every stream was still speaking: the samples of the chunks
+    that landed before the first stream finished, over that time (a run's ramp-down left out:
+    its last lines run with few others, which a stream that keeps talking never sees)."""
+    until = min(ends, default=start)
+    if until <= start:
+        return float("nan")
+    return sum(n for t, n in chunks if t <= until) / 48_000 / (until - start)
 
 
 def late_chunks(arrivals: list[tuple[float, int]]) -> int:
@@ -199,8 +219,11 @@ def run(
                 if first is None:
                     news5.sync(device)
                     first = time.perf_counter() - t0
-                arrivals.append((time.perf_counter() - t0, len(chunk)))
+                now = time.perf_counter()
+                arrivals.append((now - t0, len(chunk)))
                 samples += len(chunk)
+                with lock:
+                    out.chunks.append((now, len(chunk)))
             timings = s.record.timings if s.record is not None else {}
             error = "" if samples else "no audio"
         except Exception as e:  # counted in the row's errors; the stream goes on with its next line
@@ -222,6 +245,8 @@ def run(
         start.wait()
         for k in range(lines):
             line(i, k)
+        with lock:
+            out.ends.append(time.perf_counter())
 
     threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(streams)]
     for t in threads:
@@ -232,7 +257,7 @@ def run(
     busy0, rounds0 = DEVICE.busy_s, DEVICE.rounds
     batched0 = (DEVICE.batches_run, DEVICE.batched_jobs)
     start.wait()
-    t0 = time.perf_counter()
+    t0 = out.start = time.perf_counter()
     for t in threads:
         t.join()
     news5.sync(device)
@@ -421,11 +446,12 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     rows = []
     one_stream = None  # audio s/s of the batched run at one stream (the "x 1 stream" column)
     print(
-        "| streams | sampling | lines | audio s | wall s | audio s/s | x serial | x 1 stream | TTFA p50 ms "
+        "| streams | sampling | lines | audio s | wall s | audio s/s | x serial | x 1 stream "
+        "| all live: audio s/s (x 1 stream) | TTFA p50 ms "
         "| TTFA p95 ms | underruns (lines) | errors | text / sampling / decode ms a line "
         "| batches (size: count) | owner busy % (rounds) | owner batched calls (jobs) | peak MiB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     default_switch = sys.getswitchinterval()
     intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [None]
     current = None
@@ -443,12 +469,13 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         if one_stream is None and n == 1:
             one_stream = serial_rate
         for r in pair:
-            rate = r.audio_s / r.wall_s
+            rate, live = r.audio_s / r.wall_s, r.all_live_rate
             ratio = rate / serial_rate  # batched: its speed-up over serial; serial: 1
             x_one = rate / one_stream if one_stream else float("nan")
             print(
                 f"| {n} | {r.batched} | {r.lines} | {r.audio_s:.1f} "
                 f"| {r.wall_s:.2f} | {rate:.1f} | {ratio:.2f} | {x_one:.2f} "
+                f"| {live:.1f} ({live / one_stream if one_stream else float('nan'):.2f}) "
                 f"| {1e3 * r.pct(0.5):.0f} | {1e3 * r.pct(0.95):.0f} | {r.underruns} ({r.underrun_lines}) "
                 f"| {r.errors} | {r.per_line_ms('duration'):.1f} / {r.per_line_ms('sampling'):.1f} / "
                 f"{r.per_line_ms('decode'):.1f} "
@@ -461,7 +488,8 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
                 print(f"|  | error: {text[:200]} |")
             rows.append(
                 {
-                    **{k: v for k, v in vars(r).items() if k != "ttfa"},
+                    **{k: v for k, v in vars(r).items() if k not in ("ttfa", "chunks", "ends")},
+                    "all_live_audio_s_per_s": r.all_live_rate,
                     "audio_s_per_s": rate,
                     "x_serial": ratio,
                     "x_one_stream": x_one,
