@@ -115,6 +115,49 @@ def test_a_batch_filled_with_copies_of_its_first_line_keeps_every_row():
         torch.testing.assert_close(got[b, :n], want[b, :n], rtol=1e-4, atol=1e-5)
 
 
+class _Eager:
+    """A CUDA graph's capture stood in for by an eager run of the same function (CPU tests)."""
+
+    def __init__(self, fn, inputs):
+        self.fn = fn
+
+    def replay(self, inputs):
+        return self.fn(*inputs)
+
+
+def _graphed_lines(monkeypatch, shapes):
+    """A graphed FastSampler on the CPU (capture stood in for; a batch running line by line
+    fails the test) and one line per (text tokens, reference frames, latent frames)."""
+    model = random_model("v2")
+    graphed = FastSampler(model, use_graphs=True)
+    monkeypatch.setattr(graphed, "_capture", _Eager)
+    monkeypatch.setattr(graphed, "_one_by_one", lambda *a: pytest.fail("a batch ran line by line"))
+    lines = [
+        (_line(model, t, r, i), draw_noise(i, 1, s, model.cfg.latent_dim))
+        for i, (t, r, s) in enumerate(shapes)
+    ]
+    return graphed, lines
+
+
+def _batches_replay_one_graph(graphed, lines, groups) -> None:
+    """The first group's batch captured (as in prewarm), then every group's batch replays it and
+    each row equals its line sampled alone."""
+    with torch.inference_mode():
+        for k, members in enumerate(groups):
+            conds = stack_conditions([lines[i][0] for i in members])
+            noise, lengths = stack_noise([lines[i][1] for i in members])
+            if k == 0:
+                with tuning_allowed():
+                    graphed.sample(conds, noise, CFG, frames=lengths)
+            batched = graphed.sample(conds, noise, CFG, frames=lengths)
+            for b, i in enumerate(members):
+                c, n = lines[i]
+                torch.testing.assert_close(
+                    batched[b : b + 1, : n.shape[1]], graphed.sample(c, n, CFG), rtol=1e-4, atol=1e-5
+                )
+    assert len(graphed._batch_graphs) == 1  # every batch replayed the one captured graph
+
+
 def test_a_batch_without_its_graph_runs_line_by_line_on_the_batchs_plan(monkeypatch):
     """A batch shape prewarm did not capture runs its lines one by one, each on the batch's plan:
     planning a row again reads its sliced mask (a new tensor) on the host, a sync on CUDA (found by
@@ -127,15 +170,7 @@ def test_a_batch_without_its_graph_runs_line_by_line_on_the_batchs_plan(monkeypa
         for i, (t, r, s) in enumerate(LINES)
     ]
     graphed = FastSampler(model, use_graphs=True)
-
-    class Eager:
-        def __init__(self, fn, inputs):
-            self.fn = fn
-
-        def replay(self, inputs):
-            return self.fn(*inputs)
-
-    monkeypatch.setattr(graphed, "_capture", Eager)
+    monkeypatch.setattr(graphed, "_capture", _Eager)
     plans = []
     plan_for = fast_module.plan_for
     monkeypatch.setattr(fast_module, "plan_for", lambda *a: plans.append(1) or plan_for(*a))
@@ -150,16 +185,6 @@ def test_a_batch_without_its_graph_runs_line_by_line_on_the_batchs_plan(monkeypa
             )
 
 
-class _Eager:
-    """A CUDA graph's capture stood in for by an eager run of the same function (CPU tests)."""
-
-    def __init__(self, fn, inputs):
-        self.fn = fn
-
-    def replay(self, inputs):
-        return self.fn(*inputs)
-
-
 def test_context_rungs_double_from_the_context_bucket():
     assert [context_rung(n, 32) for n in (1, 32, 33, 64, 65, 96, 128, 129, 250, 257, 700)] == [
         32, 32, 64, 64, 128, 128, 128, 256, 256, 512, 1024,
@@ -171,63 +196,23 @@ def test_batches_of_voices_on_one_rung_replay_one_graph_and_equal_each_line(monk
     """Lines of voices whose references differ in length (a server's voice book) batch from one
     graph when their longest reference falls on the same rung (65-128 positions here): a batch
     of several voices no longer runs line by line for want of a graph of its exact length."""
-    model = random_model("v2")
-    graphed = FastSampler(model, use_graphs=True)
-    monkeypatch.setattr(graphed, "_capture", _Eager)
-    monkeypatch.setattr(graphed, "_one_by_one", lambda *a: pytest.fail("a batch ran line by line"))
     shapes = [(7, 70, 40), (19, 100, 23), (3, 40, 31), (11, 16, 17)]  # refs: 71, 101, 41, 17 positions
-    lines = [
-        (_line(model, t, r, i), draw_noise(i, 1, s, model.cfg.latent_dim))
-        for i, (t, r, s) in enumerate(shapes)
-    ]
+    graphed, lines = _graphed_lines(monkeypatch, shapes)
     assert graphed.batch_shape(lines[0][0], CFG) == graphed.batch_shape(lines[1][0], CFG)  # rung 128
     assert graphed.batch_shape(lines[2][0], CFG) != graphed.batch_shape(lines[0][0], CFG)  # rung 64
-    with torch.inference_mode():
-        for members in ([0, 2], [1, 3], [2, 1]):  # longest reference 71, 101, 101: rung 128 each
-            conds = stack_conditions([lines[i][0] for i in members])
-            noise, lengths = stack_noise([lines[i][1] for i in members])
-            if members == [0, 2]:
-                with tuning_allowed():  # as in prewarm: captured
-                    graphed.sample(conds, noise, CFG, frames=lengths)
-            batched = graphed.sample(conds, noise, CFG, frames=lengths)
-            for b, i in enumerate(members):
-                c, n = lines[i]
-                torch.testing.assert_close(
-                    batched[b : b + 1, : n.shape[1]], graphed.sample(c, n, CFG), rtol=1e-4, atol=1e-5
-                )
-    assert len(graphed._batch_graphs) == 1  # every batch above replayed the one captured graph
+    _batches_replay_one_graph(graphed, lines, ([0, 2], [1, 3], [2, 1]))  # longest ref 71, 101, 101
 
 
 def test_batches_of_texts_up_to_128_tokens_replay_one_graph_and_equal_each_line(monkeypatch):
     """A batch's text is padded to its rung (64, then 128 tokens): lines of 65-128 tokens (the
     splitter's 90-character pieces) batch from the 128 graph; before, a batch whose longest text
     passed 64 tokens found no graph and ran line by line."""
-    model = random_model("v2")
-    graphed = FastSampler(model, use_graphs=True)
-    monkeypatch.setattr(graphed, "_capture", _Eager)
-    monkeypatch.setattr(graphed, "_one_by_one", lambda *a: pytest.fail("a batch ran line by line"))
     shapes = [(70, 24, 30), (100, 16, 20), (40, 24, 25), (5, 16, 33)]  # text tokens, ref, frames
-    lines = [
-        (_line(model, t, r, i), draw_noise(i, 1, s, model.cfg.latent_dim))
-        for i, (t, r, s) in enumerate(shapes)
-    ]
+    graphed, lines = _graphed_lines(monkeypatch, shapes)
     assert graphed.batch_shape(lines[0][0], CFG) == graphed.batch_shape(lines[1][0], CFG)  # text rung 128
     assert graphed.batch_shape(lines[2][0], CFG) == graphed.batch_shape(lines[3][0], CFG)  # text rung 64
     assert graphed.batch_shape(lines[0][0], CFG) != graphed.batch_shape(lines[3][0], CFG)
-    with torch.inference_mode():
-        for members in ([0, 2], [1, 3], [3, 1]):  # longest text 70, 100, 100: the 128 rung
-            conds = stack_conditions([lines[i][0] for i in members])
-            noise, lengths = stack_noise([lines[i][1] for i in members])
-            if members == [0, 2]:
-                with tuning_allowed():  # as in prewarm: captured
-                    graphed.sample(conds, noise, CFG, frames=lengths)
-            batched = graphed.sample(conds, noise, CFG, frames=lengths)
-            for b, i in enumerate(members):
-                c, n = lines[i]
-                torch.testing.assert_close(
-                    batched[b : b + 1, : n.shape[1]], graphed.sample(c, n, CFG), rtol=1e-4, atol=1e-5
-                )
-    assert len(graphed._batch_graphs) == 1
+    _batches_replay_one_graph(graphed, lines, ([0, 2], [1, 3], [3, 1]))  # longest text 70, 100, 100
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (runs in benchmarks/gpu_run.sh)")

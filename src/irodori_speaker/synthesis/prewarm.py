@@ -110,7 +110,7 @@ def line_graphs(synth: Synthesizer, voice: Any, fast: FastSampler, batch_voices:
     voices = [voice, *(batch_voices if batches else ())]
     with hold_model_lock(), torch.inference_mode():
         if batches:
-            text_graphs(synth, 2 * TEXT_RUNG_LEAST * bucket)
+            text_graphs(synth, bucket, 2 * TEXT_RUNG_LEAST * bucket)
         for i, v in enumerate(voices):
             states = _states(synth, v, first=i == 0)
             if states is None:
@@ -134,11 +134,10 @@ def _conditions(synth: Synthesizer, tokens: int, states: Any) -> Any:
     return synth._conditions(ids, torch.ones_like(ids, dtype=torch.bool), states)
 
 
-def text_graphs(synth: Synthesizer, longest: int) -> None:
+def text_graphs(synth: Synthesizer, bucket: int, longest: int) -> None:
     """The text encoder's graphs of lines that meet: per batch bucket up to `max_batch`, every
     text length in context buckets up to `longest` tokens (encoded together, lines are padded to
-    the longest one's bucket; a shape without a graph is encoded eagerly)."""
-    bucket = synth.fast_sampler.context_bucket
+    the longest one's `bucket`; a shape without a graph is encoded eagerly)."""
     for rows in [b for b in BATCH_BUCKETS if b <= batch_bucket(synth.preset.max_batch)]:
         for tokens in range(bucket, longest + bucket, bucket):
             ids = torch.full((1, tokens), 5, dtype=torch.long)
