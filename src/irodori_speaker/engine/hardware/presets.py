@@ -66,7 +66,8 @@ class Preset:
     # ran at 1.42-2.17x one stream at 16-64 streams (H200 and H100) and one stream with 16 took
     # 1.01x (e) / 0.96x (o) its time, but their graphs held +0.4 GiB (o) / +1.7 GiB (e), and prewarm
     # took 23.3 s with them against 4.8 s without (o; two H100 calls, not one run) (RESULTS.md,
-    # thirteenth session): a cost for every Speaker of one stream. Servers take `serve_streams`; Speakers sharing one model pass max_batch=16.
+    # thirteenth session): a cost for every Speaker of one stream. Servers take `serve_streams`;
+    # Speakers sharing one model pass max_batch=16.
     # On the CPU 4 streams of news5 lines ran at 0.60-0.83x serial (padding, cache misses)
     max_batch: int = 1
     # `serve`'s default --streams (its max_batch): a server is many streams by nature. 16 on CUDA
