@@ -162,9 +162,9 @@ MAX_PADDING: list[float | None] = [None]  # --max-padding (the line batches' bou
 DECODE_BATCH: list[int | None] = [None]  # --decode-batch (windows decoded together; None: the preset's)
 
 
-def use_sampling(synth, kind: str, streams: int) -> None:
+def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     """Put the sampling under test in place on `synth` (a measurement knob: the preset's max_batch,
-    what prewarm captured batch graphs for, caps the batch)."""
+    what prewarm captured batch graphs for, caps the batch); `voices`: those the streams speak."""
     top = min(streams, synth.preset.max_batch) if kind != "serial" else 1
     synth._encoders.max_batch = top  # lines' text encoders batch no further (serial stays serial)
     # decode windows of lines that meet: one by one when serial (the baseline), else as asked
@@ -174,16 +174,17 @@ def use_sampling(synth, kind: str, streams: int) -> None:
         synth._batcher = StepScheduler(
             synth._start_lines, synth._step_lines, synth._sample_batch, top, synth._release_lines
         )
-        use_step_graphs(synth, kind == "step")
+        use_step_graphs(synth, kind == "step", voices)
     else:
         pad = MAX_PADDING[0] if MAX_PADDING[0] is not None else synth.preset.max_padding
         synth._batcher = SampleBatcher(synth._sample_batch, top, max_padding=pad)
 
 
-def use_step_graphs(synth, on: bool) -> None:
-    """ "step": the step batcher's forward from its graphs per bucket (captured here once, as
-    prewarm does with step batching on, engine/step_graphs.py), where the sampler has graphs;
-    "step-eager": the same fixed pool, every step launched eagerly (the A/B of the graphs)."""
+def use_step_graphs(synth, on: bool, voices: list) -> None:
+    """ "step": the step batcher's forward and line starts from their graphs per bucket (captured
+    here once for `voices`, as prewarm does with step batching on, engine/step_graphs.py and
+    start_graphs.py), where the sampler has graphs; "step-eager": the same fixed pool, every step
+    and start launched eagerly (the A/B of the graphs)."""
     fast = synth.fast_sampler
     if fast is None or not fast.use_graphs:
         return
@@ -191,9 +192,9 @@ def use_step_graphs(synth, on: bool) -> None:
     graphs = getattr(synth, "_bench_step_graphs", None)  # put aside while "step-eager" runs
     if graphs is None:
         with tuning_allowed():
-            step_graphs(synth, fast)
-        graphs = synth._bench_step_graphs = batcher.graphs
-    batcher.graphs = graphs if on else None
+            step_graphs(synth, fast, voices)
+        graphs = synth._bench_step_graphs = batcher.graphs, batcher.starts
+    batcher.graphs, batcher.starts = graphs if on else (None, None)
     batcher._packed.clear()  # packed for the other kind's buckets
 
 
@@ -202,7 +203,7 @@ def run(
 ) -> Run:
     """`streams` threads, each speaking `lines` sentences (stream i starts at sentence i);
     `batched`: "step", "step-eager", "line" or "serial" (what samples concurrent lines)."""
-    use_sampling(synth, batched, streams)
+    use_sampling(synth, batched, streams, voice if isinstance(voice, list) else [voice])
     synth._batcher.batches = {}
     out = Run(streams, batched)
     lock = threading.Lock()

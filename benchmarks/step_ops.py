@@ -3,12 +3,14 @@
 On the H200 the step path is bound by the device owner's host time (RESULTS.md, eighth session),
 so the ops a step dispatches per line are what to cut. N lines (tiny random model on the CPU,
 v2, 8 sway steps, lines of different lengths) start on `engine.steps.StepBatcher` (counted: the
-lines arriving together, with `start_many` where the tree has it, else one `start` each), then
-steps are counted under torch.profiler: the first step (contexts packed) and a steady one. Where
-the tree has step graphs (engine/step_graphs.py), a last column counts the steady step through
-them, the forward counted as the one op its CUDA graph replay is (on the CPU the bucket's static
-buffers run eagerly inside one profiler range; the copies into them are counted). Runs against
-an older tree too:
+lines arriving together, with `start_many` where the tree has it, else one `start` each; the
+schedule's modulation table made before, as the first line of a schedule makes it once for the
+process), then steps are counted under torch.profiler: the first step (contexts packed) and a
+steady one. Where the tree has step graphs (engine/step_graphs.py), a column counts the steady
+step through them, the forward counted as the one op its CUDA graph replay is (on the CPU the bucket's static
+buffers run eagerly inside one profiler range; the copies into them are counted); where it has
+start graphs (engine/start_graphs.py), the last column counts the starts through them the same
+way. Runs against an older tree too:
 
     python benchmarks/step_ops.py --lines 1,4,16
     PYTHONPATH=<old tree>/src python benchmarks/step_ops.py --lines 1,4,16
@@ -56,6 +58,12 @@ def count(model, n: int, buckets: bool = False) -> tuple[int, int, int]:
             )
         noise = draw_noise(i, 1, 40 + 8 * i, model.cfg.latent_dim)
         joining.append((conds, noise, SamplerConfig(steps=8, schedule="sway")))
+    if hasattr(batcher.fast, "plan_table"):  # the schedule's modulation table: made once, kept
+        from irodori_speaker.engine.sampler import plan_for
+
+        batcher.fast.plan_table(plan_for(model, joining[0][0], joining[0][2]))
+    if buckets and hasattr(batcher, "prewarm_starts"):  # the starts' graphs (engine/start_graphs.py)
+        batcher.prewarm_starts(joining[0][0], joining[0][2], capture=False)
     lines: list = []
     if hasattr(batcher, "start_many"):  # this tree: the lines arriving together start in one call
         from irodori_speaker.engine.steps import Joining
@@ -69,16 +77,28 @@ def count(model, n: int, buckets: bool = False) -> tuple[int, int, int]:
 
 
 def as_one_replay() -> None:
-    """Run each bucket's forward inside one profiler range: one top-level op, as its replay."""
+    """Run each bucket's forward (and, where the tree has them, each start bucket's context
+    writes) inside one profiler range: one top-level op, as its replay."""
     from irodori_speaker.engine.step_graphs import StepGraph
 
-    eager = StepGraph.run
+    kinds = [StepGraph]
+    try:
+        from irodori_speaker.engine.start_graphs import StartGraph
 
-    def run(self):
-        with torch.profiler.record_function("graph replay"):
-            return eager(self)
+        kinds.append(StartGraph)
+    except ImportError:  # an older tree: starts run eagerly
+        pass
+    for kind in kinds:
+        if getattr(kind.run, "one_replay", False):
+            continue
+        eager = kind.run
 
-    StepGraph.run = run
+        def run(self, eager=eager):
+            with torch.profiler.record_function("graph replay"):
+                return eager(self)
+
+        run.one_replay = True  # type: ignore[attr-defined]
+        kind.run = run
 
 
 def main() -> None:
@@ -89,15 +109,17 @@ def main() -> None:
     print(f"# {Path(irodori_speaker.__file__).parent.parent}; torch {torch.__version__}")
     graphs = hasattr(StepBatcher, "prewarm_graphs")
     head = "| lines | ops, their starts | ops, first step | ops, steady step | steady ops a line |"
-    print(f"{head} steady, graphed |")
-    print("|---|---|---|---|---|---|")
+    print(f"{head} steady, graphed | starts, graphed |")
+    print("|---|---|---|---|---|---|---|")
     for n in [int(x) for x in args.lines.split(",")]:
         start, first, steady = count(model, n)
-        graphed = "-"
+        graphed = graphed_start = "-"
         if graphs:
             as_one_replay()
-            graphed = str(count(model, n, buckets=True)[2])
-        print(f"| {n} | {start} | {first} | {steady} | {steady / n:.1f} | {graphed} |")
+            start_g, _, steady_g = count(model, n, buckets=True)
+            graphed = str(steady_g)
+            graphed_start = str(start_g) if hasattr(StepBatcher, "prewarm_starts") else "-"
+        print(f"| {n} | {start} | {first} | {steady} | {steady / n:.1f} | {graphed} | {graphed_start} |")
 
 
 if __name__ == "__main__":

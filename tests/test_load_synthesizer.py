@@ -149,3 +149,62 @@ def test_bad_load_options_fail_before_anything_loads(monkeypatch):
     with pytest.raises(TypeError, match="did you mean 'backend'"):
         LoadOptions().replace(backnd="cpu")
     assert LoadOptions().given() == {} and LoadOptions(backend="cpu").given() == {"backend": "cpu"}
+
+
+class _EagerGraph:
+    """A CUDA graph stood in for on the CPU: its replay runs the captured function again."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def replay(self) -> None:
+        self.fn()
+
+
+def test_prewarm_with_step_batching_takes_each_voices_start_graphs(monkeypatch, tmp_path) -> None:
+    """Step batching: prewarm fixes the pool, makes the step's buckets and, for the prewarm voice
+    and each batch voice, the line starts' buckets at the text rungs 64 and 128; a line of a
+    prewarmed voice with 70 text tokens then starts from a graph (the capture stood in for: CUDA
+    only, tests/engine/test_start_graphs.py runs the same buffers)."""
+    from safetensors.torch import save_file
+
+    import irodori_speaker.engine.start_graphs as start_graphs
+    import irodori_speaker.engine.step_graphs as step_graphs
+    import irodori_speaker.synthesis.prewarm as prewarm
+    from irodori_speaker import Voice
+    from irodori_speaker.engine.sampler import draw_noise
+    from irodori_speaker.engine.steps import Joining
+
+    def capture(fn, static, pool, *, warm=None):
+        out = fn(*static)
+        return _EagerGraph(lambda: fn(*static)), out
+
+    monkeypatch.setattr(step_graphs, "capture", capture)
+    monkeypatch.setattr(start_graphs, "capture", capture)
+    synth = load_synthesizer(
+        tiny_random="v2", backend="cpu", max_batch=4, step_batching=True, voice_cache_dir=False
+    )
+    fast = synth.fast_sampler
+    assert fast is not None
+    monkeypatch.setattr(fast, "graph_pool", lambda: "pool")  # what the stood-in capture ignores
+    monkeypatch.setattr(synth, "preset", dataclasses.replace(synth.preset, prewarm_seconds=1.0))
+    voices = []
+    for frames in (40, 100):
+        path = tmp_path / f"ref{frames}.safetensors"
+        save_file({"latent": torch.randn(frames, synth.config.latent_dim)}, str(path))
+        voices.append(Voice.from_latent(path))
+    steps, starts = prewarm.step_graphs(synth, fast, voices)
+    batcher = synth._steps
+    assert batcher is not None and batcher.pool.fixed and steps == len(batcher.graphs) > 0
+    assert batcher.starts is not None and starts == len(batcher.starts) > 0
+    speakers = {key[1][1] for key in batcher.starts._graphs}
+    texts = {key[1][0] for key in batcher.starts._graphs}
+    assert speakers == {64, 128} and texts == {64, 128}  # 41 and 101 positions on their buckets
+    assert {key[0] for key in batcher.starts._graphs} == {1, 2, 4}
+    assert prewarm.step_graphs(synth, fast, voices) == (0, 0)  # again: nothing new to make
+    with torch.inference_mode():
+        conds = prewarm._conditions(synth, 70, synth.voices.states(voices[1]))
+        noise = draw_noise(0, 1, 40, synth.config.latent_dim)
+        lines = batcher.start_many([Joining(conds, noise, synth.resolve_options(), tag=i) for i in range(3)])
+    assert len(lines) == 3 and batcher.starts.replays == 1
+    assert lines[0].held.segments[0] == ("text", 0, 128)

@@ -9,7 +9,7 @@ import itertools
 
 import torch
 
-from irodori_speaker.engine.context_pool import ContextPool
+from irodori_speaker.engine.context_pool import ContextPool, PoolLayout
 from irodori_speaker.engine.model import ContextKV
 
 LAYERS, H, DH = 2, 3, 4
@@ -88,7 +88,7 @@ def test_lines_arriving_together_are_held_from_their_batched_rows():
 
 def test_a_fixed_pool_keeps_its_tensors_and_fits_lines_in_scattered_free_slots():
     pool = ContextPool()
-    pool.fix(6, 8, layers=LAYERS, heads=H, head_dim=DH, dtype=torch.float32, device="cpu")
+    pool.fix(6, 8, PoolLayout(LAYERS, H, DH, torch.float32, torch.device("cpu")))
     keys, generation = pool.keys[0], pool.generation
     held = pool.hold([_context(6, 8, 0)], lines=6)  # six one-row lines fill it
     assert pool.room([1]) == 0

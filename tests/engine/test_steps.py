@@ -91,18 +91,19 @@ def test_lines_started_together_equal_each_line_alone(dit_fixtures, kind):
 
     model, inputs, want = _lines_and_alone(dit_fixtures, kind)
     calls: list[int] = []
-    real = model.context_kv
+    real = model.context_layer_kv
 
-    def context_kv(conds):
-        calls.append(conds.batch_size)
-        return real(conds)
+    def context_layer_kv(layer, parts):  # layer 0: once per context call (one a guidance group)
+        if layer == 0:
+            calls.append(parts[0][1].shape[0])
+        return real(layer, parts)
 
-    model.context_kv = context_kv
+    batcher = StepBatcher(FastDiT(model), max_padding=float("inf"))
+    model.context_layer_kv = context_layer_kv
     try:
-        batcher = StepBatcher(FastDiT(model), max_padding=float("inf"))
         lines = batcher.start_many([Joining(*args, tag=i) for i, args in enumerate(inputs)])
     finally:
-        del model.context_kv
+        del model.context_layer_kv
     groups = sum(len(plan.groups) or 1 for plan in {line.plan.groups: line.plan for line in lines}.values())
     assert len(calls) < sum(len(line.plan.groups) or 1 for line in lines)  # lines shared calls
     assert len(calls) >= groups  # one per guidance group of each kind of line

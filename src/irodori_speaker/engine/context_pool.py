@@ -5,7 +5,7 @@ at its start, into consecutive slots, and every step reads it there: the fused a
 a row -> slot table (`fused.qkv_joint`'s `ctx_rows`), the model's own blocks through one gather.
 Lines joining and leaving repack nothing, and a line scaling its speaker keys/values does it in
 its own slots. The pool grows (slots doubled, length up to the longest context) when a line does
-not fit, pointing every held line at the new tensors, and lets its memory go when it holds none.
+not fit (each held line's views follow), and lets its memory go when it holds none.
 
 A pool `fix`ed at prewarm keeps its tensors (the step graphs of engine/step_graphs.py read them by
 address): it keeps its memory when empty, and `room` says how many joining lines fit in its free
@@ -37,11 +37,22 @@ class Held:
     sizes: tuple[int, ...]  # rows of each guidance group, in slot order
     length: int  # its context positions (the rest of each slot is masked)
     segments: list[tuple[str, int, int]]
-    context: LineContext = field(init=False, repr=False)  # views of its slots (re-made as the pool grows)
+    pool: ContextPool = field(repr=False)
+    _context: LineContext | None = field(default=None, init=False, repr=False)
+    _generation: int = field(default=-1, init=False, repr=False)
 
     @property
     def rows(self) -> int:
         return sum(self.sizes)
+
+    @property
+    def context(self) -> LineContext:
+        """Views of its slots, made when first asked for (a layer's keys and values each: a step
+        reads the pool itself, only a line's own guidance or speaker scaling needs them) and again
+        once the pool's tensors have moved."""
+        if self._context is None or self._generation != self.pool.generation:
+            self._context, self._generation = self.pool._views(self), self.pool.generation
+        return self._context
 
     def slots(self, group: int) -> range:
         """The slots of group `group`'s rows; -1: the conditional row alone (group 0's first)."""
@@ -80,20 +91,12 @@ class ContextPool:
     def held(self) -> int:
         return len(self._held)
 
-    def fix(
-        self,
-        slots: int,
-        length: int,
-        *,
-        layers: int,
-        heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-    ) -> None:
+    def fix(self, slots: int, length: int, layout: PoolLayout) -> None:
         """Allocate `slots` slots of `length` positions now and keep them (prewarm: the step graphs
-        read these tensors). Held lines are copied over, as when it grows."""
-        layout = _Layout(layers, heads, head_dim, dtype, torch.device(device))
+        read these tensors). Held lines are copied over, as when it grows. Fixed already at that
+        size or more: nothing changes (the graphs made on it stay valid)."""
+        if self.fixed and self.slots >= slots and self.length >= length:
+            return
         self._grow(layout, max(0, slots - self.slots), length, exact=True)
         self.fixed = True
 
@@ -111,15 +114,65 @@ class ContextPool:
             free[start : start + need] = [False] * need
         return len(rows)
 
-    def _reserve(self, rows: int, lines: int, length: int, like: ContextKV) -> None:
-        """Room for `lines` more lines of `rows` consecutive rows each, contexts up to `length`
-        (`like`: one of them): a pool that is not fixed grows once for all of them together."""
+    def _reserve(self, rows: int, lines: int, length: int, layout: PoolLayout) -> None:
+        """Room for `lines` more lines of `rows` consecutive rows each, contexts up to `length`:
+        a pool that is not fixed grows once for all of them together."""
         if self.fixed and self.keys and length <= self.length:
             fits = self.room([rows] * lines) == lines  # each line in its own run of free slots
         else:
             fits = bool(self.keys) and length <= self.length and self._find(rows * lines) is not None
         if not fits:
-            self._grow(_layout_of(like), rows * lines, length)
+            self._grow(layout, rows * lines, length)
+
+    def take(
+        self,
+        sizes: tuple[int, ...],
+        lines: int,
+        length: int,
+        segments: list[tuple[str, int, int]],
+        layout: PoolLayout,
+    ) -> list[Held]:
+        """Slots for `lines` lines of `sizes[g]` rows in each guidance group and `length` context
+        positions (grown first where needed); `write_layer` / `write_mask` fill them at `index`."""
+        n = sum(sizes)
+        self._reserve(n, lines, length, layout)
+        held: list[Held] = []
+        for _ in range(lines):
+            start = self._find(n)
+            assert start is not None
+            for i in range(start, start + n):
+                self._free[i] = False
+            held.append(Held(start, sizes, length, segments, self))
+        self._held.update(held)
+        return held
+
+    def index(self, held: list[Held]) -> Tensor:
+        """The slots of `held`'s rows as batched contexts come (every group's rows one after the
+        other; within group g, row j * len(held) + i is line i's branch j), on the device in one
+        upload. A line may repeat (a batch filled up to its bucket: the same rows written twice)."""
+        assert self.mask is not None
+        sizes = held[0].sizes
+        slots = [h.slots(g).start + j for g in range(len(sizes)) for j in range(sizes[g]) for h in held]
+        return self.upload(torch.tensor(slots), self.mask.device)
+
+    def write_layer(self, layer: int, index: Tensor, keys: Tensor, values: Tensor) -> None:
+        """One layer's keys/values (rows, heads, length, head_dim) into the slots `index`; the rest
+        of each slot zeroed (masked out, zeroed so that a value left there is finite)."""
+        length = int(keys.shape[2])
+        tail = length < self.length
+        for pool, part in ((self.keys[layer], keys), (self.values[layer], values)):
+            (pool[:, :, :length] if tail else pool).index_copy_(0, index, part)
+            if tail:
+                pool[:, :, length:].index_fill_(0, index, 0)
+
+    def write_mask(self, index: Tensor, mask: Tensor) -> None:
+        """The context mask (rows, length) into the slots `index`, the rest of each slot false."""
+        assert self.mask is not None
+        length = int(mask.shape[1])
+        tail = length < self.length
+        (self.mask[:, :length] if tail else self.mask).index_copy_(0, index, mask)
+        if tail:
+            self.mask[:, length:].index_fill_(0, index, False)
 
     def hold(self, groups: list[ContextKV], lines: int = 1) -> list[Held]:
         """Hold `lines` lines whose contexts come batched, as one `context_kv` call per guidance
@@ -127,32 +180,20 @@ class ContextPool:
         for all). One copy per layer for all the lines; each line's `Held.context` views its
         consecutive slots."""
         sizes = tuple(int(g.mask.shape[0]) // lines for g in groups)
-        n, length = sum(sizes), int(groups[0].mask.shape[1])
-        self._reserve(n, lines, length, groups[0])
-        assert self.mask is not None
-        held: list[Held] = []
-        for _ in range(lines):
-            start = self._find(n)
-            assert start is not None
-            for i in range(start, start + n):
-                self._free[i] = False
-            held.append(Held(start, sizes, length, groups[0].segments))
-        tail = length < self.length  # masked out; zeroed so that a value left there is finite
-        device = self.mask.device
-        for g, group in enumerate(groups):
-            # batched row j * lines + i -> line i's slot of branch j
-            slots = [h.slots(g).start + j for j in range(sizes[g]) for h in held]
-            index = self.upload(torch.tensor(slots), device)
-            for pool, part in zip(self.keys + self.values, group.keys + group.values):
-                (pool[:, :, :length] if tail else pool).index_copy_(0, index, part)
-                if tail:
-                    pool[:, :, length:].index_fill_(0, index, 0)
-            (self.mask[:, :length] if tail else self.mask).index_copy_(0, index, group.mask)
-            if tail:
-                self.mask[:, length:].index_fill_(0, index, False)
-        for h in held:
-            h.context = self._views(h)
-            self._held.add(h)
+        length = int(groups[0].mask.shape[1])
+        held = self.take(sizes, lines, length, groups[0].segments, layout_of(groups[0]))
+        try:
+            index, start = self.index(held), 0
+            for group in groups:
+                rows = index[start : start + int(group.mask.shape[0])]
+                start += int(group.mask.shape[0])
+                self.write_mask(rows, group.mask)
+                for layer, (k, v) in enumerate(zip(group.keys, group.values)):
+                    self.write_layer(layer, rows, k, v)
+        except BaseException:
+            for h in held:
+                self.release(h)
+            raise
         return held
 
     def release(self, held: Held) -> None:
@@ -169,10 +210,10 @@ class ContextPool:
     def _find(self, n: int) -> int | None:
         return _first_run(self._free, n)
 
-    def _grow(self, layout: _Layout, rows: int, length: int, *, exact: bool = False) -> None:
+    def _grow(self, layout: PoolLayout, rows: int, length: int, *, exact: bool = False) -> None:
         """Larger tensors (twice the slots, or as many as needed; `exact`: `rows` more; the
-        longest length), the held contexts copied over and every held line pointed at its new
-        views."""
+        longest length), the held contexts copied over (each held line's views follow when next
+        asked for)."""
         slots = max(self.min_slots, self.slots)
         if exact:
             slots = self.slots + rows
@@ -202,9 +243,7 @@ class ContextPool:
             mask[:old, :L].copy_(self.mask)
         self.keys, self.values, self.mask = keys, values, mask
         self._free += [True] * (slots - old)
-        self.generation += 1
-        for held in self._held:
-            held.context = self._views(held)
+        self.generation += 1  # the held lines' views are made again when next asked for
 
     def _tail_free(self) -> int:
         n = 0
@@ -232,7 +271,7 @@ class ContextPool:
         return LineContext(groups, [None] * len(groups), groups[0].rows(1), None)
 
 
-class _Layout(NamedTuple):
+class PoolLayout(NamedTuple):
     """What the pool's tensors are: per layer (slots, heads, length, head_dim) of `dtype`."""
 
     layers: int
@@ -242,9 +281,9 @@ class _Layout(NamedTuple):
     device: torch.device
 
 
-def _layout_of(ctx: ContextKV) -> _Layout:
+def layout_of(ctx: ContextKV) -> PoolLayout:
     k = ctx.keys[0]
-    return _Layout(len(ctx.keys), int(k.shape[1]), int(k.shape[3]), k.dtype, k.device)
+    return PoolLayout(len(ctx.keys), int(k.shape[1]), int(k.shape[3]), k.dtype, k.device)
 
 
 def _first_run(free: list[bool], n: int) -> int | None:

@@ -386,25 +386,28 @@ class TextToLatentRFDiT(nn.Module):
             caption_mask_out = torch.zeros(B, 1, dtype=torch.bool, device=device)
         return speaker_state, speaker_mask, caption_state, caption_mask_out
 
-    def context_kv(self, conds: Conditions) -> ContextKV:
-        """Keys/values of every condition for every layer, in the order [text, speaker, caption]."""
+    def context_parts(self, conds: Conditions) -> list[tuple[str, Tensor, Tensor]]:
+        """The conditions the context holds, in its order [text, speaker, caption]: (name, state,
+        mask) each."""
         parts = [("text", conds.text_state, conds.text_mask)]
         if self.cfg.speaker_enabled and conds.speaker_state is not None:
             parts.append(("speaker", conds.speaker_state, _mask_of(conds, "speaker")))
         if self.cfg.caption_enabled and conds.caption_state is not None:
             parts.append(("caption", conds.caption_state, _mask_of(conds, "caption")))
-        segments, start = [], 0
-        for name, state, _ in parts:
-            segments.append((name, start, start + state.shape[1]))
-            start += state.shape[1]
-        keys, values = [], []
-        for block in self.blocks:
-            attention = cast(DiffusionBlock, block).attention
-            kv = [attention.context_kv(state, name) for name, state, _ in parts]
-            keys.append(torch.cat([k for k, _ in kv], dim=2))
-            values.append(torch.cat([v for _, v in kv], dim=2))
+        return parts
+
+    def context_layer_kv(self, layer: int, parts: list[tuple[str, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        """One layer's keys and values of the context `parts` (`context_parts`): (B, H, S_ctx, Dh)."""
+        attention = cast(DiffusionBlock, self.blocks[layer]).attention
+        kv = [attention.context_kv(state, name) for name, state, _ in parts]
+        return torch.cat([k for k, _ in kv], dim=2), torch.cat([v for _, v in kv], dim=2)
+
+    def context_kv(self, conds: Conditions) -> ContextKV:
+        """Keys/values of every condition for every layer, in the order [text, speaker, caption]."""
+        parts = self.context_parts(conds)
+        kv = [self.context_layer_kv(i, parts) for i in range(len(self.blocks))]
         mask = torch.cat([m for _, _, m in parts], dim=1)
-        return ContextKV(keys, values, mask, segments)
+        return ContextKV([k for k, _ in kv], [v for _, v in kv], mask, context_segments(parts))
 
     # ---- flow velocity ----------------------------------------------------------------------
     def time_condition(self, t: Tensor, dt: Tensor | None = None) -> Tensor:
@@ -493,6 +496,15 @@ class TextToLatentRFDiT(nn.Module):
         return self.duration_predictor(
             conds.text_state, conds.text_mask, summary, has_speaker, pooled, has_caption
         )
+
+
+def context_segments(parts: list[tuple[str, Tensor, Tensor]]) -> list[tuple[str, int, int]]:
+    """(name, start, end) of each of the context `parts` (`context_parts`) along its positions."""
+    segments, start = [], 0
+    for name, state, _ in parts:
+        segments.append((name, start, start + int(state.shape[1])))
+        start += int(state.shape[1])
+    return segments
 
 
 def _mask_of(conds: Conditions, name: str) -> Tensor:

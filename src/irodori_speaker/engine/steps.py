@@ -49,6 +49,7 @@ from .sampler import (
     initial_x,
     plan_for,
 )
+from .start_graphs import StartGraphs, context_layout, plan_groups, pool_layout, write_contexts
 from .step_graphs import StepGraphs, rows_bucket
 
 
@@ -123,6 +124,8 @@ class StepBatcher:
         self.pool = ContextPool(upload=self.upload)  # every started line's context K/V, till it leaves
         self._packed: dict[tuple, _Packed] = {}  # each group's row table and masks, by its make-up
         self.graphs: StepGraphs | None = None  # prewarm_graphs: the forward's buckets (CUDA graphs)
+        self.starts: StartGraphs | None = None  # prewarm_starts: the line starts' buckets
+        self._layout = pool_layout(fast.model, fast.dtype, fast.device)
         # every plan's modulation table stacked (steps, layers, 6, D): a step gathers its rows' in
         # one op; each table's first row by its id (the tables are kept, FastDiT.plan_table)
         self._tables: Tensor | None = None
@@ -149,9 +152,10 @@ class StepBatcher:
         """Lines ready to take their first step: those of `joining`, in order, that the pool holds
         now (all, unless it is fixed: then a prefix, at least one line when none is held; the rest
         wait for lines to finish). Those whose conditions and guidance groups match get their
-        context keys/values from one call per group (rows padded to the longest context, masked):
-        lines that arrive together pay one set of launches, not one each. Raises on the first
-        line whose inputs or plan are refused (the scheduler then starts each alone)."""
+        context keys/values together (one start graph's replay, or one call per group with rows
+        padded to the longest context): lines that arrive together pay one set of launches.
+        Raises on the first line whose inputs or plan are refused (the scheduler then starts each
+        alone)."""
         model = self.fast.model
         if self.pool.held and self.pool.room([1]) == 0:
             return []  # a fixed pool full: nothing to check or plan until lines leave
@@ -163,7 +167,7 @@ class StepBatcher:
             kinds = [(plan.groups, present_conditions(j.conds)) for j, plan in zip(joining, plans)]
             fit = len(joining)
             if self.pool.fixed:  # the longest prefix whose lines its free slots hold, as held below
-                rows = [sum(len(g) for g in plan.groups or (((),),)) for plan in plans]
+                rows = [sum(len(g) for g in plan_groups(plan.groups)) for plan in plans]
                 while fit:
                     order = [i for members in _by_kind(kinds[:fit]).values() for i in members]
                     if self.pool.room([rows[i] for i in order]) == fit:
@@ -176,10 +180,9 @@ class StepBatcher:
             lines: list[StepLine] = []
             try:
                 for members in by_kind.values():
-                    stacked = [pad_conditions(joining[i].conds, self.context_bucket) for i in members]
-                    packed = self._contexts(stacked, plans[members[0]])
-                    for i, made in zip(members, self.pool.hold(packed, len(members))):
-                        held[i] = made
+                    made = self._hold_contexts([joining[i].conds for i in members], plans[members[0]])
+                    for i, m in zip(members, made):
+                        held[i] = m
                 for j, plan, h in zip(joining, plans, held):
                     assert h is not None
                     S = j.noise.shape[1]
@@ -205,18 +208,49 @@ class StepBatcher:
             self._tables = torch.cat(self._table_list)
         return row
 
-    def _contexts(self, conds: list[Conditions], plan: Plan) -> list[ContextKV]:
-        """The lines' guidance groups' keys/values, one `context_kv` call per group over all the
-        lines (row j * B + i: line i's branch j; the pool copies them in). The step builds its own
-        attention masks (`_pack`), so none is made here."""
-        model, B = self.fast.model, len(conds)
-        batch = conds[0] if B == 1 else stack_conditions(conds)
-        groups = plan.groups or (((),),)  # no guidance: one group, its one branch dropping nothing
-        packed = []
-        for g in groups:
-            branches = [batch.dropped(*b) for b in g]
-            packed.append(model.context_kv(branches[0] if len(branches) == 1 else Conditions.cat(branches)))
-        return packed
+    def _hold_contexts(self, conds: list[Conditions], plan: Plan) -> list[Held]:
+        """Slots for these lines (of one kind: `_by_kind`) with their guidance groups' contexts
+        written there: from a start graph where one holds their shape (engine/start_graphs.py),
+        else eagerly, padded to the context bucket and stacked (one call per group for all)."""
+        model, groups = self.fast.model, plan_groups(plan.groups)
+        key = None if self.starts is None else self.starts.find(conds, groups)
+        if key is not None:
+            assert self.starts is not None
+            sizes, length, segments = self.starts.layout(key)
+        else:
+            padded = [pad_conditions(c, self.context_bucket) for c in conds]
+            batch = padded[0] if len(padded) == 1 else stack_conditions(padded)
+            sizes = tuple(len(g) for g in groups)
+            length, segments = context_layout(model, batch)
+        held = self.pool.take(sizes, len(conds), length, segments, self._layout)
+        try:
+            if key is not None:
+                assert self.starts is not None
+                self.starts.run(key, conds, held)
+            else:
+                write_contexts(model, self.pool, batch, groups, self.pool.index(held))
+        except BaseException:
+            self._give_back(held)
+            raise
+        return held
+
+    def prewarm_starts(self, conds: Conditions, cfg: SamplerConfig, *, capture: bool) -> int:
+        """The start graphs (engine/start_graphs.py) of 1 up to the pool's lines like `conds` (one
+        line of a voice and text length), after `prewarm_graphs` fixed the pool; returns how many
+        were made."""
+        if self.graphs is None:
+            raise RuntimeError("StepBatcher.prewarm_starts: prewarm_graphs first")
+        if self.starts is None:
+            self.starts = StartGraphs(
+                self.fast.model,
+                self.pool,
+                context_bucket=self.context_bucket,
+                graph_pool=self.graphs.graph_pool,
+            )
+        plan = plan_for(self.fast.model, conds, cfg)
+        groups = plan_groups(plan.groups)
+        lines = self.pool.slots // max(1, sum(len(g) for g in groups))
+        return self.starts.prewarm(conds, groups, range(1, lines + 1), graphs=capture)
 
     # ---- one step of every line --------------------------------------------------------------
     def step(self, lines: list[StepLine]) -> list[StepLine]:
@@ -290,15 +324,10 @@ class StepBatcher:
         in `frame_bucket` steps, contexts up to `length` doubling from `length_bucket`; `capture`: as
         CUDA graphs (else the same static buffers run eagerly). Returns the buckets made."""
         cfg = self.fast.cfg
-        self.pool.fix(
-            max_rows,
-            length,
-            layers=cfg.num_layers,
-            heads=cfg.num_heads,
-            head_dim=cfg.head_dim,
-            dtype=self.fast.dtype,
-            device=self.fast.device,
-        )
+        generation = self.pool.generation
+        self.pool.fix(max_rows, length, self._layout)
+        if self.graphs is not None and self.pool.generation == generation:
+            return 0  # made already on this pool (a later prewarm: another voice's starts)
         self._packed.clear()
         graphs = StepGraphs(
             self.fast,

@@ -10,7 +10,8 @@ a real line would otherwise capture mid-stream (a capture stalls every waiting l
   tokens and voices of many reference lengths share a few shapes (a batch of several voices
   takes its longest one's rung); and the text encoder's per batch bucket for every text length
   up to 128 tokens (lines that meet are encoded together, padded to the context bucket);
-- with step batching, the step batcher's buckets (engine/step_graphs.py);
+- with step batching, the step batcher's buckets (engine/step_graphs.py) and its line starts'
+  for the prewarm voice and each of `batch_voices` (engine/start_graphs.py);
 - the codec's stream windows (and their batches).
 """
 
@@ -53,10 +54,10 @@ def prewarm_synthesizer(synth: Synthesizer, voice: Any = None, batch_voices: Seq
     english_backends()  # and the English reader (e2k), so the first English word pays nothing
     with tuning_allowed():  # kernel choosers measure here, not mid-stream (engine/kernels/tuning.py)
         synth.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
-        steps = batch_shapes = 0
+        steps = starts = batch_shapes = 0
         if fast is not None and fast.use_graphs:
             batch_shapes = line_graphs(synth, voice, fast, batch_voices)
-            steps = step_graphs(synth, fast)
+            steps, starts = step_graphs(synth, fast, [voice, *batch_voices])
         codec = codec_graphs(synth)
     captured = (0, 0) if fast is None else (fast.captures - before[0], fast.text_captures - before[1])
     seconds = time.perf_counter() - t0
@@ -66,6 +67,7 @@ def prewarm_synthesizer(synth: Synthesizer, voice: Any = None, batch_voices: Seq
         "text_graphs_captured": captured[1],
         "codec_graphs_captured": codec,
         "step_graphs_captured": steps,
+        "start_graphs_captured": starts,
         "batch_voice_shapes": batch_shapes,
         "voice": repr(voice),
     }
@@ -84,18 +86,29 @@ def codec_graphs(synth: Synthesizer) -> int:
         return captured
 
 
-def step_graphs(synth: Synthesizer, fast: FastSampler) -> int:
-    """With step batching: the step batcher's context pool fixed within the budget's plan and
-    its forward captured per (rows, frames, context) bucket (engine/step_graphs.py)."""
+def step_graphs(synth: Synthesizer, fast: FastSampler, voices: Sequence[Any] = ()) -> tuple[int, int]:
+    """With step batching: the step batcher's context pool fixed within the budget's plan, its
+    forward captured per (rows, frames, context) bucket (engine/step_graphs.py), and the line
+    starts per lines bucket for each of `voices` at the text rungs 64 and 128
+    (engine/start_graphs.py). Returns (step graphs, start graphs) made."""
     if not isinstance(synth._batcher, StepScheduler):
-        return 0
+        return 0, 0
     rows, length = step_pool_size(synth.config, synth.inference, synth.preset.max_batch, fast.context_bucket)
     top = frames_for_seconds(synth.preset.prewarm_seconds)
+    cfg, bucket = synth.resolve_options(), fast.context_bucket
     with hold_model_lock():
         batcher = synth._step_batcher()
-        return batcher.prewarm_graphs(
+        steps = batcher.prewarm_graphs(
             max_rows=rows, top_frames=top, length=length, capture=True, graph_pool=fast.graph_pool()
         )
+        starts = 0
+        with torch.inference_mode():
+            for i, v in enumerate(voices):
+                states = _states(synth, v, first=i == 0)
+                for tokens in (TEXT_RUNG_LEAST * bucket, 2 * TEXT_RUNG_LEAST * bucket) if states else ():
+                    conds = _conditions(synth, tokens, states)
+                    starts += batcher.prewarm_starts(conds, cfg, capture=True)
+        return steps, starts
 
 
 def line_graphs(synth: Synthesizer, voice: Any, fast: FastSampler, batch_voices: Sequence[Any] = ()) -> int:
