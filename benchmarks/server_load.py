@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import io
 import json
 import statistics
@@ -49,6 +48,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "tests" / "server"))
 from server_helpers import start_server  # noqa: E402  (the tests' real-server start)
+
+from irodori_speaker.cli.common import EXIT_INTERRUPTED  # noqa: E402  (serve's graceful Ctrl-C)
 
 
 @dataclass
@@ -226,8 +227,10 @@ def serve_full(weights: str, argv: list[str]) -> int:
         encoding="utf-8",
     )
     args = build_parser().parse_args(["serve", *argv])
-    with contextlib.suppress(KeyboardInterrupt):  # as the CLI: uvicorn re-raises Ctrl-C after its stop
+    try:
         serve(settings_from_args(args), ServerParts(synth, load_voice_book(str(home / "voices.toml"))))
+    except KeyboardInterrupt:  # as the CLI: uvicorn re-raises Ctrl-C after its graceful stop
+        return EXIT_INTERRUPTED
     return 0
 
 
@@ -279,9 +282,9 @@ def main() -> int:
         print(f"note: {note}")
     print(table)
     print(f"rejections counted in /metrics (irodori_rejected_total): {counted:.0f}")
-    failed = lost or code != 0 or counted < rejected or (rejected and not args.max_queue)
-    if code != 0:
-        print(f"server exit status {code} (expected 0: a graceful stop)")
+    failed = lost or code != EXIT_INTERRUPTED or counted < rejected or (rejected and not args.max_queue)
+    if code != EXIT_INTERRUPTED:
+        print(f"server exit status {code} (expected {EXIT_INTERRUPTED}: serve's graceful stop on Ctrl-C)")
     if rejected and not args.max_queue:
         print(f"{rejected} rejected at the default settings (expected 0: the burst queues)")
     if failed:
