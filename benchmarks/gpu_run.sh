@@ -8,8 +8,8 @@
 # (the device README's pip download line): soundfile, cffi, pycparser and soxr for every stage (the
 # engine reads SAMPLE_RATE from audio/signal.py, which imports them), pyloudnorm, and for the
 # server_load stage fastapi, starlette, pydantic, pydantic-core, annotated-types, annotated-doc,
-# typing-inspection, typing-extensions, opentelemetry-api (fastapi needs it), uvicorn, websockets;
-# optionally onecomp-runtime (the seed's
+# typing-inspection, typing-extensions, opentelemetry-api (fastapi needs it), uvicorn, websockets,
+# py-spy (SERVER_LOAD_ARGS="--full int4 --gil-profile $OUT/gil.txt"); optionally onecomp-runtime (the seed's
 # int4 kernel, for int4_gpu.py's comparison column). Logs land in $OUT.
 #
 # Stage concurrency_base runs the older tree's concurrency.py (CONC_BASE_ARGS) after this tree's.
@@ -24,7 +24,7 @@ OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH="$PWD/src:/tmp/site"
+  export PYTHONPATH="$PWD/src:/tmp/site" PATH="/tmp/site/bin:$PATH"  # bin: py-spy (--gil-profile)
 else
   export PYTHONPATH="$PWD/src"
 fi

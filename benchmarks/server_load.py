@@ -26,6 +26,7 @@ news5 sentences in turn.
     python benchmarks/server_load.py                      # 200 requests at the server's defaults
     python benchmarks/server_load.py --max-queue 16       # a small queue: 503s with Retry-After
     python benchmarks/server_load.py --full int4          # on the H200, at the defaults too
+    python benchmarks/server_load.py -n 100 --gil-profile /tmp/gil.txt   # who holds the GIL, by part
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,7 @@ import soundfile as sf
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "tests" / "server"))
+import gil_profile  # noqa: E402
 from server_helpers import start_server  # noqa: E402  (the tests' real-server start)
 
 from irodori_speaker.cli.common import EXIT_INTERRUPTED  # noqa: E402  (serve's graceful Ctrl-C)
@@ -252,6 +255,13 @@ def main() -> int:
     )
     ap.add_argument("--routes", choices=["both", "openai"], default="both", help=routes_help)
     ap.add_argument("--json", type=Path, help="write the figures here too")
+    ap.add_argument(
+        "--gil-profile",
+        type=Path,
+        metavar="RAW",
+        help="sample the server's GIL holder with py-spy during the burst (raw stacks to RAW) and "
+        "print its time by part (benchmarks/gil_profile.py)",
+    )
     args = ap.parse_args()
     extra = ["--no-cache"] + (["--max-queue", str(args.max_queue)] if args.max_queue else [])
     if args.routes == "openai":
@@ -266,7 +276,12 @@ def main() -> int:
             note = voicevox_note(server.url) if "voicevox" in ROUTES else None
             if note:
                 ROUTES.remove("voicevox")
-            outcomes, wall = asyncio.run(fire(server.url, args.requests, args.timeout))
+            with (
+                gil_profile.recording(server.proc.pid, args.gil_profile)
+                if args.gil_profile
+                else nullcontext()
+            ):
+                outcomes, wall = asyncio.run(fire(server.url, args.requests, args.timeout))
             rss = peak_rss_mib(server.proc.pid)
             counted = server.metric("irodori_rejected_total")
         finally:
@@ -282,6 +297,8 @@ def main() -> int:
         print(f"note: {note}")
     print(table)
     print(f"rejections counted in /metrics (irodori_rejected_total): {counted:.0f}")
+    if args.gil_profile:
+        print(gil_profile.table(args.gil_profile, args.requests))
     failed = lost or code != EXIT_INTERRUPTED or counted < rejected or (rejected and not args.max_queue)
     if code != EXIT_INTERRUPTED:
         print(f"server exit status {code} (expected {EXIT_INTERRUPTED}: serve's graceful stop on Ctrl-C)")
