@@ -52,6 +52,9 @@ Two measurements explain the rows (CUDA):
 
 - `--owner-profile N`: each `--batching` kind at N streams once more with the device owner's
   rounds timed by job kind (its thread only) and under cProfile (owner_time.py).
+- `--wait-profile N`: each batching kind at N streams once more under py-spy `--idle`: the share
+  of every thread group's wall time running or waiting in each of our functions (spy_profile.py):
+  where the lines are while the owner idles.
 - `--profile N`: the batched run at N streams once more under `torch.profiler` (CUDA activity
   only: the kernels' own clock, no host-side op recording): the GPU's busy fraction (the union of
   its kernel and copy intervals over the run's wall), GPU ms a line, and the idle gaps.
@@ -69,6 +72,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -84,6 +88,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
 import news5  # noqa: E402  (the shared random full-size files, modes and the approximate tokenizer)
+import spy_profile  # noqa: E402
 from owner_time import owner_time  # noqa: E402
 
 from irodori_speaker.engine.duration import HOP  # noqa: E402
@@ -249,7 +254,9 @@ def run(
         with lock:
             out.ends.append(time.perf_counter())
 
-    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(streams)]
+    threads = [
+        threading.Thread(target=stream, args=(i,), name=f"stream-{i}", daemon=True) for i in range(streams)
+    ]
     for t in threads:
         t.start()
     if device == "cuda":
@@ -521,6 +528,20 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
             f"of {r.wall_s:.2f} s\n{top}"
         )
         report.setdefault("owner_profile", []).append({"streams": n, "kind": kind, "top": top})
+    for n in [int(x) for x in args.wait_profile.split(",")] if args.wait_profile else []:
+        lines = max(args.lines, -(-args.min_lines // n))
+        for kind in args.batching.split(","):
+            with tempfile.TemporaryDirectory(prefix="irodori-spy-") as tmp:
+                raw = Path(tmp) / "wait.txt"
+                with spy_profile.recording(os.getpid(), raw, gil=False):
+                    r = run(synth, voices, mode.family, sentences, n, lines, kind, device)
+                table = spy_profile.wait_table(raw)
+            print(
+                f"\n# where the threads wait ({key}): {n} streams, {kind}, {r.audio_s / r.wall_s:.1f} "
+                f"audio s/s, owner busy {100 * r.owner_busy_s / r.wall_s:.0f} % of {r.wall_s:.2f} s "
+                f"(py-spy --idle, {spy_profile.RATE} samples a second a thread)\n{table}"
+            )
+            report.setdefault("wait_profile", []).append({"streams": n, "kind": kind, "table": table})
     for n in [int(x) for x in args.profile.split(",")] if args.profile else []:
         if device != "cuda":
             raise SystemExit("--profile needs CUDA (the GPU's busy time)")
@@ -565,6 +586,11 @@ def main() -> None:
     min_help = "every run speaks at least this many lines (few streams speak more each)"
     ap.add_argument("--min-lines", type=int, default=10, help=min_help)
     ap.add_argument("--profile", help="profile the batched runs at these many streams (comma-separated)")
+    ap.add_argument(
+        "--wait-profile",
+        help="each --batching kind at these many streams once more under py-spy --idle: where every "
+        "thread (streams, device owner) runs or waits (spy_profile.py; py-spy needed)",
+    )
     ap.add_argument(
         "--owner-profile",
         help="each --batching kind at these many streams once more, the owner's rounds timed (owner_time.py)",

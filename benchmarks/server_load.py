@@ -49,7 +49,7 @@ import soundfile as sf
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "tests" / "server"))
-import gil_profile  # noqa: E402
+import spy_profile  # noqa: E402
 from server_helpers import start_server  # noqa: E402  (the tests' real-server start)
 
 from irodori_speaker.cli.common import EXIT_INTERRUPTED  # noqa: E402  (serve's graceful Ctrl-C)
@@ -260,7 +260,7 @@ def main() -> int:
         type=Path,
         metavar="RAW",
         help="sample the server's GIL holder with py-spy during the burst (raw stacks to RAW) and "
-        "print its time by part (benchmarks/gil_profile.py)",
+        "print its time by part (benchmarks/spy_profile.py)",
     )
     args = ap.parse_args()
     extra = ["--no-cache"] + (["--max-queue", str(args.max_queue)] if args.max_queue else [])
@@ -277,7 +277,7 @@ def main() -> int:
             if note:
                 ROUTES.remove("voicevox")
             with (
-                gil_profile.recording(server.proc.pid, args.gil_profile)
+                spy_profile.recording(server.proc.pid, args.gil_profile)
                 if args.gil_profile
                 else nullcontext()
             ):
@@ -298,7 +298,7 @@ def main() -> int:
     print(table)
     print(f"rejections counted in /metrics (irodori_rejected_total): {counted:.0f}")
     if args.gil_profile:
-        print(gil_profile.table(args.gil_profile, args.requests))
+        print(spy_profile.gil_table(args.gil_profile, args.requests))
     failed = lost or code != EXIT_INTERRUPTED or counted < rejected or (rejected and not args.max_queue)
     if code != EXIT_INTERRUPTED:
         print(f"server exit status {code} (expected {EXIT_INTERRUPTED}: serve's graceful stop on Ctrl-C)")

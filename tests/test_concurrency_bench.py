@@ -63,7 +63,7 @@ def test_smoke_run_tables_per_mode_the_same_audio_the_ceiling_and_the_server(tmp
     cmd = [sys.executable, str(SCRIPT), "--smoke", "--modes", "f,p", "--streams", "1,2", "--lines", "1"]
     cmd += ["--min-lines", "3", "--max-batch", "2", "--no-serial", "--ceiling", "--ceiling-frames", "20"]
     run = subprocess.run(
-        [*cmd, "--server", "4", "--json", str(out)],
+        [*cmd, "--server", "4", "--wait-profile", "2", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=400,
@@ -91,6 +91,12 @@ def test_smoke_run_tables_per_mode_the_same_audio_the_ceiling_and_the_server(tmp
             assert r["audio_s_per_s"] == pytest.approx(r["audio_s"] / r["wall_s"])
             assert r["x_one_stream"] == pytest.approx(r["audio_s_per_s"] / rows[1]["audio_s_per_s"])
             assert 0 < r["p50_s"] <= r["p95_s"]
+    # --wait-profile: py-spy on the run's own threads (its table: where the streams wait)
+    waits = {(w["streams"], w["kind"]): w["table"] for w in report["modes"]["f"]["wait_profile"]}
+    assert set(waits) == {(2, "step"), (2, "line")}  # each --batching kind (the default two)
+    for table in waits.values():
+        assert "| stream |" in table and "| irodori-device |" in table
+        assert "waits in DeviceOwner._submit <- " in table
     server = report["server"]
     assert server["exit"] == 0 and server["note"] is None  # pyopenjtalk here: both routes
     assert {k: (g["requests"], g["ok"], g["rejected"], g["lost"]) for k, g in server["groups"].items()} == {

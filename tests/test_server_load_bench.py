@@ -58,7 +58,7 @@ def test_a_server_without_pyopenjtalk_gets_openai_requests_only_with_a_note(tmp_
 
 def test_the_gil_table_puts_each_sample_in_the_part_nearest_its_leaf(tmp_path: Path) -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
-    import gil_profile
+    import spy_profile
 
     raw = tmp_path / "gil.txt"
     raw.write_text(
@@ -71,14 +71,14 @@ def test_the_gil_table_puts_each_sample_in_the_part_nearest_its_leaf(tmp_path: P
         "thread (11): irodori-synthesis-0;_render (irodori_speaker/synthesis/synthesizer.py:9);count_morae "
         "(irodori_speaker/text/length.py:120) 4\n"
     )
-    table = gil_profile.table(raw, requests=2)
+    table = spy_profile.gil_table(raw, requests=2)
     assert "50 samples at 200/s = 0.25 s holding the GIL, 125.0 ms a request" in table
     assert "| engine (the model's Python: launches, eager ops) | 60% | 75.0 |" in table
     assert "| HTTP (uvicorn, starlette, FastAPI, pydantic) | 20% | 25.0 |" in table
     assert "| server (routes, service, guards) | 12% | 15.0 |" in table
     assert "| text front-end (readings, tokens, length) | 8% | 10.0 |" in table
     assert table.endswith("by thread: irodori-synthesis 68%, MainThread 32%")
-    missing = gil_profile.table(tmp_path / "none.txt", requests=2)
+    missing = spy_profile.gil_table(tmp_path / "none.txt", requests=2)
     assert missing.startswith("GIL profile: no samples (py-spy could not attach")
 
 
@@ -96,3 +96,28 @@ def test_a_burst_with_the_gil_profile_samples_the_real_server(tmp_path: Path) ->
     if "py-spy could not attach" in run.stdout:  # a machine that denies ptrace: said, not hidden
         pytest.skip(run.stdout.split("GIL profile: ")[-1][:300])
     assert "holding the GIL" in run.stdout and "| engine (the model's Python" in run.stdout
+
+
+def test_the_wait_table_says_where_each_thread_group_runs_or_waits(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import spy_profile
+
+    owner = "irodori_speaker/engine/hardware/owner.py"
+    raw = tmp_path / "wait.txt"
+    raw.write_text(
+        "thread (1): stream-0;line (concurrency.py:9);TextEncoders.encode (irodori_speaker/synthesis/"
+        f"encoding.py:70);DeviceOwner.run_batched ({owner}:170);DeviceOwner._submit ({owner}:219);"
+        "wait (threading.py:359) 6\n"
+        "thread (2): stream-1;line (concurrency.py:9);SampleBatcher._gather (irodori_speaker/synthesis/"
+        "batching.py:145);wait (threading.py:359) 3\n"
+        "thread (2): stream-1;line (concurrency.py:9);count_morae (irodori_speaker/text/length.py:120) 1\n"
+        f"thread (3): irodori-device;DeviceOwner._own ({owner}:297);wait (threading.py:359) 3\n"
+        f"thread (3): irodori-device;DeviceOwner._own ({owner}:300);DeviceOwner._do ({owner}:380) 1\n"
+    )
+    table = spy_profile.wait_table(raw)
+    assert (
+        "| stream | 10 | waits in DeviceOwner._submit <- TextEncoders.encode 60%; "
+        "waits in SampleBatcher._gather 30%; runs in count_morae 10% |"
+    ) in table
+    assert "| irodori-device | 4 | waits in DeviceOwner._own 75%; runs in DeviceOwner._do 25% |" in table
+    assert spy_profile.wait_table(tmp_path / "none.txt").startswith("wait profile: no samples")
