@@ -110,6 +110,34 @@ def test_a_start_without_a_graph_runs_eagerly_and_a_grown_pool_drops_them(dit_fi
     torch.testing.assert_close(line.latent(), want[1], atol=1e-4, rtol=1e-4)
 
 
+def test_a_prewarm_after_the_pool_moved_makes_its_graphs_again(dit_fixtures):
+    model, inputs, want = _inputs(dit_fixtures)
+    batcher = _batcher(model, inputs)
+    starts = batcher.starts
+    assert starts is not None
+    made = len(starts)
+    batcher.pool.fix(16, 512, batcher._layout)  # new tensors: the graphs made on the old are stale
+    assert batcher.prewarm_starts(inputs[0][0], CFG, capture=False) == made == len(starts)
+    lines = batcher.start_many([Joining(*args, tag=i) for i, args in enumerate(inputs)])
+    assert starts.replays == 1
+    run_lines(batcher, lines)
+    for line in lines:
+        torch.testing.assert_close(line.latent(), want[line.tag], atol=1e-4, rtol=1e-4)
+
+
+def test_a_line_scaling_its_speaker_keys_from_a_graph_start_equals_it_alone(dit_fixtures):
+    model, inputs, _ = _inputs(dit_fixtures)
+    scaled = SamplerConfig(steps=4, schedule="sway", speaker_kv_scale=1.5, speaker_kv_min_t=0.5)
+    batcher = _batcher(model, inputs)
+    assert batcher.prewarm_starts(inputs[1][0], scaled, capture=False) >= 0
+    line = batcher.start(inputs[1][0], inputs[1][1], scaled, tag=1)
+    assert batcher.starts is not None and batcher.starts.replays == 1
+    run_lines(batcher, [line])
+    with torch.inference_mode():
+        want = sample(model, inputs[1][0], inputs[1][1], scaled)
+    torch.testing.assert_close(line.latent(), want, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CUDA graphs need a GPU (docs/status.md: device call)"
 )

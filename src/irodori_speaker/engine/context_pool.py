@@ -207,6 +207,10 @@ class ContextPool:
             self.keys, self.values, self.mask, self._free = [], [], None, []
             self.generation += 1
 
+    def first_free(self) -> int | None:
+        """A slot no line holds, or None."""
+        return self._find(1)
+
     def _find(self, n: int) -> int | None:
         return _first_run(self._free, n)
 

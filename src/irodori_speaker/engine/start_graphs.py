@@ -162,21 +162,25 @@ class StartGraphs:
         is skipped."""
         if not self.pool.fixed or self.pool.mask is None:
             raise RuntimeError("StartGraphs.prewarm: fix the context pool first")
-        free = self.pool.room([1])
-        self.generation = self.pool.generation
+        if self.pool.generation != self.generation:  # graphs made on tensors the pool let go
+            self._graphs.clear()
+            self.generation = self.pool.generation
+        free = self.pool.first_free()
+        if free is None:
+            return 0
         made = 0
         with torch.inference_mode():
             for n in sorted({1 if n == 1 else batch_bucket(n) for n in lines}):
                 key = self.key([conds] * n, groups)
-                if key in self._graphs or not free:
+                if key in self._graphs:
                     continue
-                graph = self._make(key, conds, graphs)
+                graph = self._make(key, conds, graphs, free)
                 if graph is not None:
                     self._graphs[key] = graph
                     made += 1
         return made
 
-    def _make(self, key: StartKey, like: Conditions, graphs: bool) -> StartGraph | None:
+    def _make(self, key: StartKey, like: Conditions, graphs: bool, free: int) -> StartGraph | None:
         n, shape, groups, _ = key
         padded = _pad_to(like, shape)
         inputs = [None if t is None else t.new_zeros((n, *t.shape[1:])) for t in padded]
@@ -186,8 +190,6 @@ class StartGraphs:
             return None
         sizes = tuple(len(g) for g in groups)
         assert self.pool.mask is not None
-        free = self.pool._find(1)
-        assert free is not None
         # the warm-up run writes every row to one free slot (finite zeros, nobody's line)
         index = torch.full((n * sum(sizes),), free, dtype=torch.long, device=self.pool.mask.device)
         pool, model = self.pool, self.model
