@@ -107,7 +107,10 @@ def test_a_start_without_a_graph_runs_eagerly_and_a_grown_pool_drops_them(dit_fi
     line = batcher.start(*inputs[1], tag=1)
     assert len(starts) == 0 and starts.replays == 1  # every start graph dropped: eager
     run_lines(batcher, [line])
+    assert batcher.graphs is not None and len(batcher.graphs) == 0  # the step's dropped too
     torch.testing.assert_close(line.latent(), want[1], atol=1e-4, rtol=1e-4)
+    # the next prewarm makes the step's graphs again on the moved pool
+    assert batcher.prewarm_graphs(max_rows=16, top_frames=64, length=256, capture=False) > 0
 
 
 def test_a_prewarm_after_the_pool_moved_makes_its_graphs_again(dit_fixtures):

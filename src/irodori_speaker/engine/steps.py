@@ -324,9 +324,8 @@ class StepBatcher:
         in `frame_bucket` steps, contexts up to `length` doubling from `length_bucket`; `capture`: as
         CUDA graphs (else the same static buffers run eagerly). Returns the buckets made."""
         cfg = self.fast.cfg
-        generation = self.pool.generation
         self.pool.fix(max_rows, length, self._layout)
-        if self.graphs is not None and self.pool.generation == generation:
+        if self.graphs is not None and len(self.graphs) and self.graphs.generation == self.pool.generation:
             return 0  # made already on this pool (a later prewarm: another voice's starts)
         self._packed.clear()
         graphs = StepGraphs(
