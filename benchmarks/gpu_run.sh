@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="tests profile codec decode_batch concurrency concurrency2 concurrency_base host_profile cpu_preset news5 news5_batch int4 memory memory_phases memory_budget server_load many_speakers" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="files tests profile codec decode_batch concurrency concurrency2 concurrency_base host_profile cpu_preset news5 news5_batch int4 memory memory_phases memory_budget server_load many_speakers" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -37,6 +37,18 @@ if stage env; then
   { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
     nproc; } 2>&1 | tee "$OUT/env.txt"
+fi
+if stage files; then  # the random full-size files (news5.py's), made once per machine before the
+  # stages that need them: on a fresh machine this took 60 s or more inside the first such stage's
+  # limit (thirteenth session: several stages printed nothing). FILES_FAMILIES: v2 and v4.1-mf
+  timeout "${FILES_S:-300}" python3 - ${FILES_FAMILIES:-v2 v4.1-mf} <<'PY' 2>&1 | tee "$OUT/files.txt"
+import sys, time
+sys.path.insert(0, "benchmarks")
+import news5
+t0 = time.perf_counter()
+news5.prepare_files(int4=True, families=set(sys.argv[1:]))
+print(f"files for {sys.argv[1:]} ready in {time.perf_counter() - t0:.1f} s")
+PY
 fi
 if stage tests; then
   timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts="" $TESTS 2>&1 | tail -40 | tee "$OUT/pytest.txt"
