@@ -141,6 +141,35 @@ def test_a_line_scaling_its_speaker_keys_from_a_graph_start_equals_it_alone(dit_
     torch.testing.assert_close(line.latent(), want, atol=1e-4, rtol=1e-4)
 
 
+def test_the_buckets_share_one_static_buffer_per_condition_shape(dit_fixtures):
+    """Every bucket's graph reads the first rows of one buffer per condition shape: the voice's
+    states once for all buckets and both text rungs, the text's once per rung."""
+    import torch.nn.functional as F
+
+    from irodori_speaker.engine.model import Conditions
+
+    model, inputs, _ = _inputs(dit_fixtures)
+    batcher = _batcher(model, inputs)
+    conds = inputs[0][0]
+    longer = Conditions(  # a text of 70 positions: the 128 rung
+        F.pad(conds.text_state, (0, 0, 0, 70 - conds.text_state.shape[1])),
+        F.pad(conds.text_mask, (0, 70 - conds.text_mask.shape[1]), value=False),
+        conds.speaker_state,
+        conds.speaker_mask,
+    )
+    assert batcher.prewarm_starts(longer, CFG, capture=False) == 4
+    starts = batcher.starts
+    assert starts is not None
+    graphs = list(starts._graphs.values())
+    assert len(graphs) == 8 and {k[1][0] for k in starts._graphs} == {64, 128}
+    storages = [{g.inputs[i].untyped_storage().data_ptr() for g in graphs} for i in range(4)]
+    assert [len(s) for s in storages] == [2, 2, 1, 1]  # text state / mask per rung, the voice's once
+    for (n, *_), g in starts._graphs.items():
+        assert all(t.shape[0] == n and t.is_contiguous() for t in g.inputs if t is not None)
+    lines = batcher.start_many([Joining(longer, inputs[0][1], CFG, tag=0), Joining(*inputs[1], tag=1)])
+    assert starts.replays == 1 and lines[0].held.segments[0] == ("text", 0, 128)
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CUDA graphs need a GPU (docs/status.md: device call)"
 )

@@ -126,6 +126,9 @@ class StartGraphs:
         self.graph_pool = graph_pool  # shared with the sampling graphs: replays never overlap
         self.generation = pool.generation
         self._graphs: dict[StartKey, StartGraph] = {}
+        # static inputs shared by the buckets: one buffer per condition shape and largest bucket,
+        # each bucket's graph reading its first rows (a 30 s voice's states, ~1 MB a line, once)
+        self._buffers: dict[tuple, Tensor] = {}
         self.replays = 0
 
     def __len__(self) -> int:
@@ -151,6 +154,7 @@ class StartGraphs:
         grown since the capture (its tensors moved) drops every graph."""
         if self.pool.generation != self.generation:
             self._graphs.clear()
+            self._buffers.clear()
             return None
         key = self.key(conds, groups)
         return key if key in self._graphs else None
@@ -164,26 +168,36 @@ class StartGraphs:
             raise RuntimeError("StartGraphs.prewarm: fix the context pool first")
         if self.pool.generation != self.generation:  # graphs made on tensors the pool let go
             self._graphs.clear()
+            self._buffers.clear()
             self.generation = self.pool.generation
         free = self.pool.first_free()
-        if free is None:
+        buckets = sorted({1 if n == 1 else batch_bucket(n) for n in lines})
+        if free is None or not buckets:
             return 0
         made = 0
         with torch.inference_mode():
-            for n in sorted({1 if n == 1 else batch_bucket(n) for n in lines}):
+            for n in buckets:
                 key = self.key([conds] * n, groups)
                 if key in self._graphs:
                     continue
-                graph = self._make(key, conds, graphs, free)
+                graph = self._make(key, conds, graphs, free, buckets[-1])
                 if graph is not None:
                     self._graphs[key] = graph
                     made += 1
         return made
 
-    def _make(self, key: StartKey, like: Conditions, graphs: bool, free: int) -> StartGraph | None:
+    def _buffer(self, like: Tensor, rows: int, top: int) -> Tensor:
+        """The first `rows` rows of the shared static buffer of `top` rows shaped like `like`."""
+        key = (tuple(like.shape[1:]), like.dtype, top)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = like.new_zeros((top, *like.shape[1:]))
+        return buf[:rows]
+
+    def _make(self, key: StartKey, like: Conditions, graphs: bool, free: int, top: int) -> StartGraph | None:
         n, shape, groups, _ = key
         padded = _pad_to(like, shape)
-        inputs = [None if t is None else t.new_zeros((n, *t.shape[1:])) for t in padded]
+        inputs = [None if t is None else self._buffer(t, n, top) for t in padded]
         batch = Conditions(*inputs)  # type: ignore[arg-type]
         length, segments = context_layout(self.model, batch)
         if length > self.pool.length:
