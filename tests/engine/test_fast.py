@@ -211,3 +211,49 @@ def test_text_padded_to_the_bucket_encodes_the_same(dit_fixtures):
         padded = model.encode_text(F.pad(ids, (0, 32 - L)), F.pad(mask, (0, 32 - L), value=False))
     torch.testing.assert_close(padded[:, :L][mask], plain[mask], atol=1e-6, rtol=1e-6)
     assert torch.count_nonzero(padded[:, L:]) == 0
+
+
+class _StoodInGraph:
+    """`cuda_graphs.capture` stood in for on the CPU: a replay runs the function again on the
+    static inputs and writes the result where the captured output was."""
+
+    def __init__(self, fn, static) -> None:
+        self.fn, self.static = fn, static
+        self.out = fn(*static).clone()
+
+    def replay(self) -> None:
+        self.out.copy_(self.fn(*self.static))
+
+
+def test_graphs_share_one_static_buffer_per_input_shape(dit_fixtures, monkeypatch):
+    """A voice's states are one buffer for every frame bucket's graph (each replay copies its
+    inputs in first); the latents' differ by bucket; an evicted graph's own buffers go with it.
+    The lines equal the eager sampler's."""
+    import irodori_speaker.engine.fast as fast_module
+
+    def capture(fn, static, pool, *, warm=None):
+        g = _StoodInGraph(fn, static)
+        return g, g.out
+
+    monkeypatch.setattr(fast_module, "capture", capture)
+    model, io, cases = load_kind(dit_fixtures, "v2_base")
+    conds = encode(model, io, FIRST)
+    graphed = FastSampler(model, use_graphs=True, frame_bucket=8, max_graphs=2)
+    monkeypatch.setattr(graphed, "graph_pool", lambda: None)
+    eager = FastSampler(graphed.fast, use_graphs=False)
+    cfg = SamplerConfig(**case_settings(cases["independent"]))
+    for frames in (8, 16, 8):
+        noise = draw_noise(frames, 1, frames, 32)
+        torch.testing.assert_close(graphed.sample(conds, noise, cfg), eager.sample(conds, noise, cfg))
+    assert graphed.captures == 2 and len(graphed._graphs) == 2
+    first, second = graphed._graphs.values()
+    assert first.inputs[3] is second.inputs[3] and first.inputs[1] is second.inputs[1]  # the voice, the text
+    assert first.inputs[0] is not second.inputs[0]  # the latents: 8 and 16 frames
+    for g in (first, second):  # within a graph every input its own (two masks may share a shape)
+        held = [t for t in g.inputs if t is not None]
+        assert len({id(t) for t in held}) == len(held)
+    graphed.sample(conds, draw_noise(24, 1, 24, 32), cfg)  # a third bucket: the 16-frame one goes
+    shapes = {k[1] for k in graphed._statics if k[0] == 0}  # the latents' buffers
+    assert (1, 16, 32) not in shapes and {(1, 8, 32), (1, 24, 32)} <= shapes
+    read = {id(t) for g in graphed._graphs.values() for t in g.inputs if t is not None}
+    assert len(graphed._statics) == len(read)  # every buffer kept is one a kept graph reads

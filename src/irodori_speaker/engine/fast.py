@@ -355,6 +355,10 @@ class FastSampler:
         # bounded set, kept apart from the lines' LRU and never evicted
         self._batch_graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._text_graphs: dict[tuple, _Graph] = {}
+        # the graphs' static inputs, one buffer per shape shared by every graph taking one: each
+        # replay copies its inputs in first, and replays run one at a time (a voice's states were
+        # cloned once per frame bucket, ~0.4 MB a line for a 10 s reference on the full-size v2)
+        self._statics: dict[tuple, Tensor] = {}
         self._pool: Any = None  # one memory pool for every graph: replays are sequential
         self.captures = 0  # sampling graphs captured so far (prewarm reports it)
         self.text_captures = 0  # text-encoder graphs captured so far
@@ -462,6 +466,7 @@ class FastSampler:
         if g is None:
             if B == 1 and len(graphs) >= self.max_graphs:  # batch graphs: warm-up only, a bounded set
                 graphs.popitem(last=False)
+                self._forget_statics()
             # captured without cancel/progress: a replay runs the whole line at once
             g = graphs[key] = self._capture(lambda *xs: self._loop_line(plan, cfg, table, S_pad, *xs), inputs)
             self.captures += 1
@@ -509,11 +514,33 @@ class FastSampler:
         return self._pool
 
     def _capture(self, fn, inputs: list[Tensor | None]) -> _Graph:
-        """Capture `fn(*static_inputs)` as a CUDA graph after a warm-up run (`cuda_graphs.capture`)."""
-        static = [None if t is None else t.clone() for t in inputs]
-        warm = [None if t is None else t.clone() for t in static]
+        """Capture `fn(*static_inputs)` as a CUDA graph after a warm-up run (`cuda_graphs.capture`);
+        its static inputs are the shared buffers of their shapes (`_static`)."""
+        static = [None if t is None else self._static(i, t) for i, t in enumerate(inputs)]
+        warm = [None if t is None else t.clone() for t in inputs]
         graph, out = capture(fn, static, self.graph_pool(), warm=warm)
         return _Graph(graph, static, out)
+
+    def _static(self, index: int, like: Tensor) -> Tensor:
+        """The static buffer of a graph's input `index` of `like`'s shape, dtype and device (made
+        from `like`): by index too, so that two inputs of one graph never share one (a text mask
+        and a voice mask can have one shape)."""
+        key = (index, tuple(like.shape), like.dtype, like.device)
+        buf = self._statics.get(key)
+        if buf is None:
+            buf = self._statics[key] = like.clone()
+        return buf
+
+    def _forget_statics(self) -> None:
+        """Let go of the buffers no kept graph reads (after a single-line graph is evicted)."""
+        kept = {
+            id(t)
+            for table in (self._graphs, self._batch_graphs, self._text_graphs)
+            for g in table.values()
+            for t in g.inputs
+            if t is not None
+        }
+        self._statics = {k: t for k, t in self._statics.items() if id(t) in kept}
 
 
 def _fields(c: Conditions) -> list[Tensor | None]:
