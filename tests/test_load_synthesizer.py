@@ -87,7 +87,8 @@ def test_prewarm_takes_a_batch_graph_for_each_bucket_up_to_max_batch(monkeypatch
 def test_prewarm_takes_the_batch_graphs_of_each_voice_rung_once(monkeypatch, tmp_path, caplog) -> None:
     """A server's voice book: references of 40 and 50 frames share a rung (their lines batch from
     the same graphs), 100 frames is another; a voice that cannot be read is skipped with a warning
-    (its lines raise its own error); the prewarm voice alone gets the single-line graphs."""
+    (its lines raise its own error); the single-line graphs are taken once per context bucket (41
+    and 51 positions share the 64 bucket), the LRU grown to hold them all."""
     from safetensors.torch import save_file
 
     import irodori_speaker.synthesis.prewarm as prewarm
@@ -110,16 +111,22 @@ def test_prewarm_takes_the_batch_graphs_of_each_voice_rung_once(monkeypatch, tmp
     monkeypatch.setattr(
         synth, "sample_latent", lambda conds, *a, **k: lines.append(conds.speaker_state.shape[1])
     )
+    rooms: list[int] = []
+    monkeypatch.setattr(fast, "keep_room", rooms.append)
     with caplog.at_level("WARNING"):
         shapes = prewarm.line_graphs(synth, voices[0], fast, [Voice.from_latent(broken), *voices[1:]])
     assert shapes == 4  # rungs 64 and 128, each at the two text buckets
     assert batches == [41, 41, 101, 101]  # the 50-frame voice and the second 40-frame one: no new shape
-    assert set(lines) == {41} and len(lines) > 2  # single-line graphs: the prewarm voice's only
+    # single-line graphs: the prewarm voice's (41 positions) and the 100-frame voice's (101)
+    assert sorted(set(lines)) == [41, 101] and lines.count(41) == lines.count(101) > 2
+    assert rooms == [lines.count(41), lines.count(101)]  # the LRU grown before each voice's captures
     assert "prewarm skips the voice broken" in caplog.text
     one = dataclasses.replace(synth.preset, max_batch=1)
     monkeypatch.setattr(synth, "preset", one)
     batches.clear()
+    lines.clear()
     assert prewarm.line_graphs(synth, voices[0], fast, voices[1:]) == 0 and batches == []
+    assert sorted(set(lines)) == [41, 101]  # max_batch 1: no batch graphs, every voice's lines
 
 
 def test_load_options_by_name_or_whole_load_the_same(synth):

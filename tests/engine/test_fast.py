@@ -255,5 +255,7 @@ def test_graphs_share_one_static_buffer_per_input_shape(dit_fixtures, monkeypatc
     graphed.sample(conds, draw_noise(24, 1, 24, 32), cfg)  # a third bucket: the 16-frame one goes
     shapes = {k[1] for k in graphed._statics if k[0] == 0}  # the latents' buffers
     assert (1, 16, 32) not in shapes and {(1, 8, 32), (1, 24, 32)} <= shapes
+    graphed.keep_room(3)  # prewarm, before a voice's captures: the LRU grows, none is evicted
+    assert graphed.max_graphs == len(graphed._graphs) + 3 == 5
     read = {id(t) for g in graphed._graphs.values() for t in g.inputs if t is not None}
     assert len(graphed._statics) == len(read)  # every buffer kept is one a kept graph reads

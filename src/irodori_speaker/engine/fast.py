@@ -397,6 +397,17 @@ class FastSampler:
                 self.text_captures += 1
             return g.replay(inputs)[:B].clone(), mask
 
+    def line_shape(self, conds: Conditions) -> tuple:
+        """What a voice's single-line graphs are captured for beyond text and frames: its
+        conditions' lengths on the context bucket (voices of one bucket share the graphs)."""
+        padded = pad_conditions(conds, self.context_bucket)
+        return tuple(None if t is None else (t.shape[1], t.dtype) for t in _fields(padded)[2:])
+
+    def keep_room(self, graphs: int) -> None:
+        """Grow the single-line graphs' LRU so that `graphs` more fit beside those it holds
+        (prewarm, before it captures a voice's: no voice's graphs evict another's)."""
+        self.max_graphs = max(self.max_graphs, len(self._graphs) + graphs)
+
     def batch_shape(self, conds: Conditions, cfg: SamplerConfig) -> tuple:
         """What the batch graphs of lines like `conds` are captured for, beyond rows and frames:
         the plan and the padded conditions' lengths (on their rungs). Lines of texts and voices

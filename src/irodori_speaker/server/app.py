@@ -268,9 +268,10 @@ def _install_errors(app: FastAPI, metrics: Metrics) -> None:
 
 
 def _prewarm(synth: Any, book: VoiceBook) -> float:
-    """Prewarm in the default style's voice, with the batch graphs of every style's voice (lines
-    of the book's voices then batch together: docs/server.md). A style whose voice cannot be made
-    is left out with a warning; its requests get its error."""
+    """Prewarm in the default style's voice, with the graphs of every style's voice (a line of
+    any of them then replays a graph instead of capturing one mid-stream, and lines of the book's
+    voices batch together: docs/server.md). A style whose voice cannot be made is left out with a
+    warning; its requests get its error."""
     voices = []
     for style in book.styles.values():
         try:
@@ -281,8 +282,9 @@ def _prewarm(synth: Any, book: VoiceBook) -> float:
     others = [v for i, v in voices if i != book.default_style]
     batched = int(getattr(getattr(synth, "preset", None), "max_batch", 1) or 1) > 1
     log.info(
-        "prewarming (first-call costs%s; --no-prewarm skips it)",
-        f", the batch graphs of {len(voices)} style voices" if batched else "",
+        "prewarming (first-call costs, the graphs of %d style voices%s; --no-prewarm skips it)",
+        len(voices),
+        " with their batch graphs" if batched else "",
     )
     try:
         return float(synth.prewarm(default, batch_voices=others))

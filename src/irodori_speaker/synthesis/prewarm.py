@@ -3,7 +3,8 @@
 One short dummy synthesis (allocator, kernel selection, autotune); with CUDA graphs every graph
 a real line would otherwise capture mid-stream (a capture stalls every waiting line):
 - the single-line sampling graphs of every frame bucket up to `preset.prewarm_seconds`, for the
-  two shortest text buckets and the prewarm voice;
+  two shortest text buckets, in the prewarm voice and each of `batch_voices` of another
+  context bucket (the LRU grown to hold them all);
 - with `max_batch` > 1 the whole-line batch graphs (per batch bucket and coarse frame bucket) for
   the text rungs 64 and 128 and the prewarm voice and each of `batch_voices` whose batch shape is
   new: a batch's conditions are padded to a rung (`engine.fast.context_rung`), so texts up to 128
@@ -113,26 +114,31 @@ def step_graphs(synth: Synthesizer, fast: FastSampler, voices: Sequence[Any] = (
 
 def line_graphs(synth: Synthesizer, voice: Any, fast: FastSampler, batch_voices: Sequence[Any] = ()) -> int:
     """Capture every frame bucket up to `preset.prewarm_seconds` for the two shortest text buckets
-    and `voice`; with `max_batch` > 1 the batch graphs (`batch_graphs`) of the text rungs 64 and
-    128 for `voice` and each of `batch_voices` whose batch shape is new. Returns the batch shapes
-    prewarmed."""
+    in `voice` and in each of `batch_voices` whose conditions' bucket is new (`line_shape`: a line
+    alone, of any of them, then replays a graph instead of capturing one mid-stream; the LRU grows
+    to hold them all); with `max_batch` > 1 the batch graphs (`batch_graphs`) of the text rungs 64
+    and 128 for each voice whose batch shape is new. Returns the batch shapes prewarmed."""
     cfg = synth.resolve_options()
     top = frames_for_seconds(synth.preset.prewarm_seconds)
     bucket, batches = fast.context_bucket, synth.preset.max_batch > 1
+    frame_buckets = range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket)
+    lines: set = set()
     shapes: set = set()
-    voices = [voice, *(batch_voices if batches else ())]
     with hold_model_lock(), torch.inference_mode():
         if batches:
             text_graphs(synth, bucket, 2 * TEXT_RUNG_LEAST * bucket)
-        for i, v in enumerate(voices):
+        for i, v in enumerate([voice, *batch_voices]):
             states = _states(synth, v, first=i == 0)
             if states is None:
                 continue
-            for tokens in (bucket, 2 * bucket) if i == 0 else ():
-                conds = _conditions(synth, tokens, states)
-                for frames in range(fast.frame_bucket, top + fast.frame_bucket, fast.frame_bucket):
-                    noise = torch.zeros(1, frames, synth.config.latent_dim, device=synth.device)
-                    synth.sample_latent(conds, noise, cfg)
+            if (line := fast.line_shape(_conditions(synth, bucket, states))) not in lines:
+                lines.add(line)
+                fast.keep_room(2 * len(frame_buckets))
+                for tokens in (bucket, 2 * bucket):
+                    conds = _conditions(synth, tokens, states)
+                    for frames in frame_buckets:
+                        noise = torch.zeros(1, frames, synth.config.latent_dim, device=synth.device)
+                        synth.sample_latent(conds, noise, cfg)
             for tokens in (TEXT_RUNG_LEAST * bucket, 2 * TEXT_RUNG_LEAST * bucket) if batches else ():
                 conds = _conditions(synth, tokens, states)
                 if (shape := fast.batch_shape(conds, cfg)) not in shapes:

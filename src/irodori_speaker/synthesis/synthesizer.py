@@ -257,8 +257,10 @@ class Synthesizer:
         the capture of every length bucket up to `preset.prewarm_seconds` for the two shortest
         text buckets and this voice, so no real line pays a capture (and with `max_batch` > 1 the
         batch buckets' graphs). `batch_voices`: the other voices lines will be spoken in (a
-        server's voice book): with `max_batch` > 1 the batch graphs of each one's reference rung
-        too, so their lines batch (synthesis/prewarm.py). `self.prewarm_report` says what was done.
+        server's voice book): their single-line graphs too (once per context bucket; ~0.1 s a
+        graph, 38 a voice at the defaults) and, with `max_batch` > 1, the batch graphs of each
+        one's reference rung, so their lines batch (synthesis/prewarm.py). `self.prewarm_report`
+        says what was done.
         """
         return prewarm_synthesizer(self, voice, batch_voices)
 
