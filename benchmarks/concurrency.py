@@ -10,9 +10,12 @@ server's workers do. Per concurrency N, two runs side by side in this process:
   the design before issue 27);
 - serial: `max_batch` = 1 (one line after another; lines that meet share the device owner);
 - step-eager (only when asked): step, every step launched eagerly instead of from its CUDA graph
-  per (rows, frames, context) bucket (engine/step_graphs.py; CUDA only, elsewhere the same as step).
-`--batching` picks which of step, step-eager and line run (default step and line), serial
-always runs beside them.
+  per (rows, frames, context) bucket (engine/step_graphs.py; CUDA only, elsewhere the same as step);
+- line-filled (only when asked): line, every waiting line in one batch filled up to its bucket
+  (before the fourteenth session; "line" cuts a batch that would be a quarter or more fillers to
+  the bucket below, `engine.batch.lines_to_take`; CUDA only, elsewhere the same as line).
+`--batching` picks which of step, step-eager, line and line-filled run (default step and line),
+serial always runs beside them.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
@@ -103,7 +106,7 @@ from irodori_speaker.synthesis.stepping import StepScheduler  # noqa: E402
 @dataclass
 class Run:
     streams: int
-    batched: str  # "step", "step-eager", "line" or "serial"
+    batched: str  # "step", "step-eager", "line", "line-filled" or "serial"
     ttfa: list[float] = field(default_factory=list)
     audio_s: float = 0.0
     wall_s: float = 0.0
@@ -182,7 +185,11 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
         use_step_graphs(synth, kind == "step", voices)
     else:
         pad = MAX_PADDING[0] if MAX_PADDING[0] is not None else synth.preset.max_padding
-        synth._batcher = SampleBatcher(synth._sample_batch, top, max_padding=pad)
+        fast = synth.fast_sampler  # "line": as the Synthesizer builds it; "line-filled": every
+        graphed = fast is not None and fast.use_graphs  # waiting line in one batch, filled up
+        synth._batcher = SampleBatcher(
+            synth._sample_batch, top, max_padding=pad, fill_buckets=graphed and kind == "line"
+        )
 
 
 def use_step_graphs(synth, on: bool, voices: list) -> None:
@@ -207,7 +214,8 @@ def run(
     synth, voice, family: str, sentences: list[str], streams: int, lines: int, batched: str, device: str
 ) -> Run:
     """`streams` threads, each speaking `lines` sentences (stream i starts at sentence i);
-    `batched`: "step", "step-eager", "line" or "serial" (what samples concurrent lines)."""
+    `batched`: "step", "step-eager", "line", "line-filled" or "serial" (what samples concurrent
+    lines)."""
     use_sampling(synth, batched, streams, voice if isinstance(voice, list) else [voice])
     synth._batcher.batches = {}
     out = Run(streams, batched)
@@ -614,7 +622,8 @@ def main() -> None:
     ap.add_argument(
         "--batching",
         default="step,line",
-        help="which batched sampling runs beside serial: step, step-eager, line (comma-separated)",
+        help="which batched sampling runs beside serial: step, step-eager, line, line-filled "
+        "(comma-separated)",
     )
     ap.add_argument("--max-batch", type=int, default=16, help="the preset max_batch: the largest batch")
     ap.add_argument(

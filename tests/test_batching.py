@@ -215,3 +215,40 @@ def test_a_line_far_shorter_than_the_rest_waits_for_its_own_batch():
     assert [o[1] for o in out] == [0, 1, 2, 3, 4]
     # the long lines go together, the short ones together: no batch pads more than it computes
     assert sorted(batches) == [[10, 12], [90, 95, 100]]
+
+
+def test_a_batch_mostly_fillers_is_cut_to_the_bucket_below():
+    """With graphs the sampler fills a batch up to its bucket: ten lines would be sampled as 16
+    rows, 6 of them fillers; they go as 8 and then 2 (both buckets, no filler)."""
+    from irodori_speaker.engine.batch import lines_to_take
+
+    assert [lines_to_take(n) for n in range(1, 18)] == [
+        1,
+        2,
+        2,
+        4,
+        4,
+        4,
+        7,
+        8,
+        8,
+        8,
+        8,
+        8,
+        13,
+        14,
+        15,
+        16,
+        16,
+    ]
+    for fill, want in ((True, [2, 8]), (False, [10])):
+        sizes: list[int] = []
+
+        def run(reqs, cancel, progress, sizes=sizes):
+            sizes.append(len(reqs))
+            return [r.conds for r in reqs]
+
+        batcher = SampleBatcher(run, max_batch=16, fill_buckets=fill)
+        out = _batcher_run_in_threads(batcher, ["k"] * 10)
+        assert [o[1] for o in out] == list(range(10))  # every line its own result
+        assert sorted(sizes) == want

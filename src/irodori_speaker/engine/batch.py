@@ -119,6 +119,25 @@ def batch_bucket(rows: int) -> int:
     return -(-rows // 16) * 16
 
 
+#: a graphed batch filled with at least this fraction of filler rows is cut to the bucket below
+#: instead, the rest left for the next batch: the sampling graph's time grows about linearly with
+#: its rows from 4 up (H200, 150-frame v2 lines: 28.1 / 49.7 / 94.0 ms at 4 / 8 / 16 rows,
+#: benchmarks/RESULTS.md "The ceiling"), so 10 lines took 94 ms filled to 16 and 67 ms as 8 + 2
+MAX_FILL = 0.25
+
+
+def lines_to_take(n: int) -> int:
+    """How many of `n` lines that could share a graphed batch to sample now: all, unless filling
+    them up to their bucket (`batch_bucket`) would make `MAX_FILL` or more of its rows fillers;
+    then the largest bucket below (3 -> 2, 5 or 6 -> 4, 9-12 -> 8, 17-24 -> 16)."""
+    if n <= 2:
+        return n
+    top = batch_bucket(n)
+    if (top - n) / top < MAX_FILL:
+        return n
+    return max(b for b in (1, *BATCH_BUCKETS) if b <= n)
+
+
 def fill_batch(
     conds: Conditions, noise: Tensor, lengths: Sequence[int], rows: int
 ) -> tuple[Conditions, Tensor, list[int]]:

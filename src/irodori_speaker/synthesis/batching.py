@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cancel import Cancelled, CancelToken, check
+from ..engine.batch import lines_to_take
 from ..engine.hardware.owner import DEVICE
 from ..lanes import NORMAL_LANE
 
@@ -97,7 +98,13 @@ class SampleBatcher(CountsPreparing):
     per request and is called on the device owner (engine/hardware/owner.py)."""
 
     def __init__(
-        self, run: RunBatch, max_batch: int = 1, *, max_padding: float = 0.5, gather_s: float = 0.25
+        self,
+        run: RunBatch,
+        max_batch: int = 1,
+        *,
+        max_padding: float = 0.5,
+        gather_s: float = 0.25,
+        fill_buckets: bool = False,
     ) -> None:
         super().__init__()
         self._run = run
@@ -106,6 +113,9 @@ class SampleBatcher(CountsPreparing):
         # than the others wait for a batch of their own: padding is computed, not free)
         self.max_padding = max_padding
         self.gather_s = gather_s  # the longest a line waits for others still encoding their text
+        # the sampler fills a batch up to its bucket (CUDA graphs): a batch that would be mostly
+        # fillers is cut to the bucket below, the rest sampled next (engine.batch.lines_to_take)
+        self.fill_buckets = fill_buckets
         self._waiting: list[SampleRequest] = []
         self.batches: dict[int, int] = {}  # batch size -> how many batches ran with it
 
@@ -165,7 +175,7 @@ class SampleBatcher(CountsPreparing):
                 continue
             batch.append(r)
             longest, total = top, total + r.length
-        return batch
+        return batch[: lines_to_take(len(batch))] if self.fill_buckets else batch
 
     def _lead(self, req: SampleRequest) -> None:
         with self._cond:

@@ -145,8 +145,12 @@ class Synthesizer:
                 release=self._release_lines,
             )
         else:
+            fast = self.fast_sampler  # its graphs fill a batch up to its bucket: cut, not filled
             self._batcher = SampleBatcher(
-                self._sample_batch, self.preset.max_batch, max_padding=self.preset.max_padding
+                self._sample_batch,
+                self.preset.max_batch,
+                max_padding=self.preset.max_padding,
+                fill_buckets=fast is not None and fast.use_graphs,
             )
         codec_device = getattr(codec, "device", None)
         if self.preset.codec_channels_last and hasattr(codec, "use_channels_last"):
