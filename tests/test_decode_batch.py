@@ -121,10 +121,11 @@ def _decode_jobs(monkeypatch) -> list[tuple[int, float | None]]:
     seen: list[tuple[int, float | None]] = []
     real = DEVICE.run_batched
 
-    def recorded(key, item, many, cancel=None, priority=1, *, limit=8, deadline=None):
+    def recorded(key, item, many, cancel=None, priority=1, *, limit=8, deadline=None, take=None):
         if key[0] == "decode":
             seen.append((priority, deadline))
-        return real(key, item, many, cancel, priority, limit=limit, deadline=deadline)
+            assert take is None  # the CPU's codec has no graphs: a batch is not filled, none cut
+        return real(key, item, many, cancel, priority, limit=limit, deadline=deadline, take=take)
 
     monkeypatch.setattr(DEVICE, "run_batched", recorded)
     return seen
@@ -196,6 +197,7 @@ def test_graphed_window_batches_replay_prewarms_graphs_and_equal_each_window_alo
     cuda.prewarm()
     codec, n = cuda.codec, cuda._window_lengths()[0]
     assert cuda._decode_rows() and codec._graphs.held((4, n)) is not None  # batch graphs from prewarm
+    assert codec.fills_batches()  # so decoding cuts a mostly-filler batch (engine.batch.lines_to_take)
     captures = codec._graphs.captures
     gen = torch.Generator().manual_seed(2)
     z = [torch.randn(1, codec.latent_channels, n, generator=gen).cuda() for _ in range(3)]

@@ -357,6 +357,25 @@ def test_jobs_of_one_kind_queued_together_run_as_one_call():
     assert owner.run_batched("a", 7, many) == 70 and calls[-1] == [7]  # alone: inline, one item
 
 
+def test_take_says_how_many_of_the_jobs_that_could_meet_go_in_one_call():
+    """Decode windows where graphs fill a call up to its bucket: three queued windows go as two
+    and then one (`engine.batch.lines_to_take`), not as four rows one of them a filler."""
+    from irodori_speaker.engine.batch import lines_to_take
+
+    owner = DeviceOwner()
+    calls: list[list] = []
+
+    def many(items):
+        calls.append(list(items))
+        return [x * 10 for x in items]
+
+    def submit(x):
+        return lambda o: o.run_batched("w", x, many, limit=4, take=lines_to_take)
+
+    assert queue_then_release(owner, [submit(1), submit(2), submit(3)]) == [10, 20, 30]
+    assert sorted(map(len, calls)) == [1, 2] and owner.jobs_run == 3
+
+
 def test_a_batch_that_raises_runs_its_jobs_alone_so_only_the_bad_one_fails():
     owner = DeviceOwner()
     sizes: list[int] = []

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.batch import lines_to_take
 from ..engine.codec.streaming import window_frames
 from ..engine.hardware.owner import DEVICE, NORMAL, URGENT
 from ..errors import AudioError
@@ -104,6 +105,9 @@ def decode_chunks(
         return
     windows = codec.stream_windows(rendered.decode_frames, chunk, first_chunk_frames=first, growth=growth)
     hop, limit, sr = codec.hop_length, max(1, int(preset.decode_batch)), codec.sample_rate
+    # windows of lines that meet go as one batch; where graphs fill it up to its bucket, one that
+    # would be a quarter or more fillers is cut to the bucket below (3 windows: 2, then 1)
+    take = lines_to_take if getattr(codec, "fills_batches", lambda: False)() else None
     held: list[Any] = []  # the latent as the decoder takes it, made by the first window's job
 
     def source() -> Any:
@@ -133,6 +137,7 @@ def decode_chunks(
             priority,
             limit=limit,
             deadline=deadline,
+            take=take,
         )
         launched += min(copy.tensor.shape[0], keep)
         return copy

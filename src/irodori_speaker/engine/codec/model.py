@@ -217,6 +217,10 @@ class DACVAE(nn.Module):
             out = self._decode_frames(zs)
         return [out[i : i + 1, :, a:b].contiguous() for i, (_, a, b) in enumerate(windows)]
 
+    def fills_batches(self) -> bool:
+        """Whether `decode_window_batch` fills a batch up to its bucket (its graphs replay)."""
+        return self._graphed()
+
     def _graphed(self) -> bool:
         """Whether window decodes may replay graphs (inputs are on the codec's device once checked;
         the last window is then stretched to a graphed length: without graphs wasted work)."""

@@ -80,6 +80,7 @@ class Job(Generic[T]):
     item: Any = None
     many: Callable[[list[Any]], list[Any]] | None = None
     limit: int = 1  # the most jobs of its key in one call
+    take: Callable[[int], int] | None = None  # of n jobs of its key that could run, how many do
     result: Any = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -163,16 +164,20 @@ class DeviceOwner:
         *,
         limit: int = 8,
         deadline: float | None = None,
+        take: Callable[[int], int] | None = None,
     ) -> T:
         """`many([item, ...])[i]`: this job's result, computed in one call with the other jobs of
         `key` queued when the owner reaches it (at most `limit`, the URGENT ones first), by the
         first one's `many`: a key names one kind of work, whoever submits it. `many` takes the
         items in a list and returns one result each, in order. Alone (or inline) it is
-        `many([item])[0]`. If a call of several raises, each job runs again alone."""
+        `many([item])[0]`. If a call of several raises, each job runs again alone. `take(n)`: of
+        the n jobs that could go in one call, how many do (the rest wait for the next call; e.g.
+        `engine.batch.lines_to_take`, where a call is filled up to a graph's bucket)."""
         job: Job[T] = Job(
             lambda: many([item])[0], cancel, priority, time.monotonic() if deadline is None else deadline
         )
         job.key, job.item, job.many, job.limit = key, item, many, max(1, int(limit))
+        job.take = take
         return self._submit(job)
 
     def queued(self) -> int:
@@ -359,7 +364,10 @@ class DeviceOwner:
         with self._cond:
             normal = sorted(e for e in self._normal if e[2].key == job.key)  # by (due, arrival)
             same = [j for j in self._urgent if j.key == job.key] + [j for _, _, j in normal]
-            for other in same[: job.limit - 1]:
+            n = 1 + len(same[: job.limit - 1])
+            if job.take is not None:
+                n = max(1, min(n, job.take(n)))
+            for other in same[: n - 1]:
                 self._take(other)
                 batch.append(other)
         return batch
