@@ -128,3 +128,17 @@ def test_a_ray_that_cannot_start_is_one_line(tmp_path: Path) -> None:
         shutil.rmtree(long_tmp, ignore_errors=True)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "error: Ray Serve did not start: validate_socket_filename failed" in r.stderr
+
+
+def test_serve_ray_gives_rays_proxy_time_to_start_on_a_busy_machine() -> None:
+    """Ray Serve's proxy readiness check (5 s, three misses and it is restarted) failed `serve
+    --ray` on a loaded 2-core CI runner; the app sets 30 s before Ray starts, a user's value wins."""
+    name = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+    code = f"import os, irodori_speaker.server.ray_app; print(os.environ[{name!r}])"
+    for env, want in (({}, "30"), ({name: "7"}, "7")):
+        environ = {k: v for k, v in os.environ.items() if k != name}
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env={**environ, **env}, timeout=120
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.strip() == want

@@ -15,11 +15,18 @@ not ours.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+# Ray Serve gives its HTTP proxy 5 s to answer each readiness check and restarts it after three
+# misses; on a machine busy with a stream (OBS, an LLM) or a loaded CI runner it missed them and
+# `serve --ray` failed to start ("The actor died unexpectedly"). Read by Ray's workers at import,
+# so set before Ray starts; a value the user set wins.
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
 
 import ray  # type: ignore[import-not-found,unused-ignore]
 from fastapi import FastAPI
