@@ -77,6 +77,12 @@ def together(synth, jobs, *, tokens=None, progress=None):
     return results
 
 
+def test_only_graphed_sampling_cuts_batches_to_their_bucket(synth):
+    """Only CUDA graphs fill a batch up to its bucket, so only then is a batch cut to one: the
+    CPU's batcher keeps every waiting line (the rule itself: the tests below)."""
+    assert synth._batcher.fill_buckets is False and not synth._graphed()
+
+
 def test_lines_waiting_together_are_sampled_as_one_batch_and_sound_as_alone(synth):
     alone = [synth.synthesize(t, options=opts(seed=i)) for i, t in enumerate(TEXTS)]
     assert all(r.record.extra["sample_batch"] == 1 for r in alone)

@@ -97,6 +97,10 @@ def test_lines_of_the_prewarmed_batch_voices_batch_from_their_rungs_graphs(tmp_p
     synth.prewarm(voices[0], batch_voices=voices[1:])
     assert synth.prewarm_report["batch_voice_shapes"] == 4  # rungs 64 and 128, two text buckets each
     fast = synth.fast_sampler
+    # single-line graphs: two voice buckets (41 and 51 positions share 64; 101 is 128), two text
+    # buckets, every frame bucket up to 3 s; and batches cut to their bucket (graphs fill them)
+    lines = len(range(fast.frame_bucket, 75 + fast.frame_bucket, fast.frame_bucket))
+    assert len(fast._graphs) == 2 * 2 * lines and synth._batcher.fill_buckets
     graphs = len(fast._batch_graphs)
     monkeypatch.setattr(fast, "_one_by_one", lambda *a: pytest.fail("a batch ran line by line"))
     cfg = synth.resolve_options(SynthesisOptions(seed=1))

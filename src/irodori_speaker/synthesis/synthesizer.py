@@ -145,12 +145,11 @@ class Synthesizer:
                 release=self._release_lines,
             )
         else:
-            fast = self.fast_sampler  # its graphs fill a batch up to its bucket: cut, not filled
             self._batcher = SampleBatcher(
                 self._sample_batch,
                 self.preset.max_batch,
                 max_padding=self.preset.max_padding,
-                fill_buckets=fast is not None and fast.use_graphs,
+                fill_buckets=self._graphed(),  # a batch filled up to its bucket: cut, not filled
             )
         codec_device = getattr(codec, "device", None)
         if self.preset.codec_channels_last and hasattr(codec, "use_channels_last"):
@@ -166,12 +165,13 @@ class Synthesizer:
     def fast_sampler(self):
         """The preset's fast sampling path (None when the preset uses the reference loop)."""
         if self._fast is None and self.preset.fast_path:
-            self._fast = FastSampler(
-                self.model,
-                use_graphs=self.preset.cuda_graphs and self.device.type == "cuda",
-                upload=DEVICE.upload,
-            )
+            self._fast = FastSampler(self.model, use_graphs=self._graphed(), upload=DEVICE.upload)
         return self._fast
+
+    def _graphed(self) -> bool:
+        """Whether sampling replays CUDA graphs (the fast sampler, built on first use: a caller
+        may still change the model, as FP8 quantisation does, before any line)."""
+        return bool(self.preset.fast_path and self.preset.cuda_graphs and self.device.type == "cuda")
 
     # ---- public API -------------------------------------------------------------------------
     @property
