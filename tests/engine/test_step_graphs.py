@@ -69,7 +69,8 @@ def test_lines_stepped_through_the_buckets_equal_each_line_alone(dit_fixtures):
         tick += 1
     assert batcher.graphs is not None and batcher.graphs.replays == batcher.steps_run  # every step
     rows = {b[0] for b in buckets if b is not None}
-    assert rows - {1, 2, 4, 8, 16} == set() and len(rows) > 1
+    assert rows - {1, 2, 3, 4, 6, 8, 12, 16} == set() and len(rows) > 1
+    assert rows & {3, 6, 12}  # three rows a line (CFG): buckets of three times a power of two
     assert buckets and all(b is not None and b[1] >= 48 for b in buckets)  # frames to the bucket
     assert max(filled) > 0 and min(filled) >= 0  # rows filled up to their bucket
     for line in lines:
@@ -130,3 +131,25 @@ def test_captured_step_graphs_equal_the_eager_step_on_cuda(dit_fixtures):
         outs.append([line.latent() for line in lines])
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_rows_are_filled_to_powers_of_two_and_three_times_them():
+    """16 v2 lines (three rows each with CFG) are 48 rows: one bucket, not 64 rows a quarter of
+    them fillers."""
+    from irodori_speaker.engine.step_graphs import rows_bucket
+
+    assert [rows_bucket(n) for n in (1, 3, 5, 7, 9, 13, 17, 25, 33, 48, 49, 97, 129)] == [
+        1,
+        3,
+        6,
+        8,
+        12,
+        16,
+        24,
+        32,
+        48,
+        48,
+        64,
+        128,
+        160,
+    ]

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .batch import batch_bucket
 from .context_pool import ContextPool
 from .cuda_graphs import capture
 from .fast import FastDiT, round_up
@@ -40,9 +39,19 @@ from .model import ContextKV
 Bucket = tuple[int, int, int]  # (rows, frames, context positions)
 
 
+#: a step's rows are filled up to one of these: the powers of two and three times them. A v2 line
+#: with CFG is three rows, so 16 lines are 48 rows, which the powers of two alone ran as 64 (a
+#: quarter fillers: the forward's time grows with its rows); a line batch's cut to its bucket
+#: (`engine.batch.lines_to_take`) does not apply here, every live line steps
+STEP_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
 def rows_bucket(rows: int) -> int:
-    """1 for one row, else the batch bucket holding `rows` (engine/batch.py)."""
-    return 1 if rows <= 1 else batch_bucket(rows)
+    """The smallest of `STEP_ROWS` holding `rows` (past the largest: `rows` rounded up to 32)."""
+    for bucket in STEP_ROWS:
+        if bucket >= rows:
+            return bucket
+    return -(-rows // 32) * 32
 
 
 @dataclass(eq=False)
@@ -93,7 +102,7 @@ class StepGraphs:
 
     def bucket(self, rows: int, frames: int, length: int) -> Bucket:
         """The bucket of a forward of `rows` rows, `frames` latent frames, contexts up to `length`:
-        rows as batch buckets, frames in `frame_bucket` steps, context positions doubling from
+        rows as `STEP_ROWS`, frames in `frame_bucket` steps, context positions doubling from
         `length_bucket` up to the pool's length (a short line's masked keys cost attention work,
         a bucket per step of them would cost graphs)."""
         positions = self.length_bucket

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..cancel import Cancelled, CancelToken
-from .batch import BATCH_BUCKETS, frame_mask, present_conditions, stack_conditions
+from .batch import frame_mask, present_conditions, stack_conditions
 from .context_pool import ContextPool, Held
 from .fast import FastDiT, pad_conditions, round_up
 from .layers import rope_tables
@@ -50,7 +50,7 @@ from .sampler import (
     plan_for,
 )
 from .start_graphs import StartGraphs, context_layout, plan_groups, pool_layout, write_contexts
-from .step_graphs import StepGraphs, rows_bucket
+from .step_graphs import STEP_ROWS, StepGraphs, rows_bucket
 
 
 class Joining(NamedTuple):
@@ -335,7 +335,7 @@ class StepBatcher:
             length_bucket=length_bucket,
             graph_pool=graph_pool,
         )
-        rows = [1, *(b for b in BATCH_BUCKETS if b <= rows_bucket(max_rows))]
+        rows = [b for b in STEP_ROWS if b <= rows_bucket(max_rows)]
         step = frame_bucket * cfg.latent_patch_size
         made = graphs.prewarm(
             rows,
