@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from graph_cases import stood_in_capture
 from irodori_speaker import LoadOptions
 from irodori_speaker.engine.hardware.presets import base_preset
 from irodori_speaker.errors import InputError
@@ -158,16 +159,6 @@ def test_bad_load_options_fail_before_anything_loads(monkeypatch):
     assert LoadOptions().given() == {} and LoadOptions(backend="cpu").given() == {"backend": "cpu"}
 
 
-class _EagerGraph:
-    """A CUDA graph stood in for on the CPU: its replay runs the captured function again."""
-
-    def __init__(self, fn) -> None:
-        self.fn = fn
-
-    def replay(self) -> None:
-        self.fn()
-
-
 def test_prewarm_with_step_batching_takes_each_voices_start_graphs(monkeypatch, tmp_path) -> None:
     """Step batching: prewarm fixes the pool, makes the step's buckets and, for the prewarm voice
     and each batch voice, the line starts' buckets at the text rungs 64 and 128; a line of a
@@ -182,12 +173,8 @@ def test_prewarm_with_step_batching_takes_each_voices_start_graphs(monkeypatch, 
     from irodori_speaker.engine.sampler import draw_noise
     from irodori_speaker.engine.steps import Joining
 
-    def capture(fn, static, pool, *, warm=None):
-        out = fn(*static)
-        return _EagerGraph(lambda: fn(*static)), out
-
-    monkeypatch.setattr(step_graphs, "capture", capture)
-    monkeypatch.setattr(start_graphs, "capture", capture)
+    monkeypatch.setattr(step_graphs, "capture", stood_in_capture)
+    monkeypatch.setattr(start_graphs, "capture", stood_in_capture)
     synth = load_synthesizer(
         tiny_random="v2", backend="cpu", max_batch=4, step_batching=True, voice_cache_dir=False
     )

@@ -6,6 +6,7 @@ import pytest
 import torch
 from dit_cases import KINDS, case_settings, encode, load_kind
 
+from graph_cases import stood_in_capture
 from irodori_speaker.cancel import CancelToken
 from irodori_speaker.engine.fast import FastDiT, FastSampler, pad_conditions
 from irodori_speaker.engine.model import rope_tables
@@ -213,29 +214,13 @@ def test_text_padded_to_the_bucket_encodes_the_same(dit_fixtures):
     assert torch.count_nonzero(padded[:, L:]) == 0
 
 
-class _StoodInGraph:
-    """`cuda_graphs.capture` stood in for on the CPU: a replay runs the function again on the
-    static inputs and writes the result where the captured output was."""
-
-    def __init__(self, fn, static) -> None:
-        self.fn, self.static = fn, static
-        self.out = fn(*static).clone()
-
-    def replay(self) -> None:
-        self.out.copy_(self.fn(*self.static))
-
-
 def test_graphs_share_one_static_buffer_per_input_shape(dit_fixtures, monkeypatch):
     """A voice's states are one buffer for every frame bucket's graph (each replay copies its
     inputs in first); the latents' differ by bucket; an evicted graph's own buffers go with it.
     The lines equal the eager sampler's."""
     import irodori_speaker.engine.fast as fast_module
 
-    def capture(fn, static, pool, *, warm=None):
-        g = _StoodInGraph(fn, static)
-        return g, g.out
-
-    monkeypatch.setattr(fast_module, "capture", capture)
+    monkeypatch.setattr(fast_module, "capture", stood_in_capture)
     model, io, cases = load_kind(dit_fixtures, "v2_base")
     conds = encode(model, io, FIRST)
     graphed = FastSampler(model, use_graphs=True, frame_bucket=8, max_graphs=2)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from dit_cases import encode, load_kind
 
+from graph_cases import captured_equals_eager
 from irodori_speaker.engine.fast import FastDiT
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
 from irodori_speaker.engine.steps import Joining, StepBatcher, run_lines
@@ -175,12 +176,12 @@ def test_the_buckets_share_one_static_buffer_per_condition_shape(dit_fixtures):
 )
 def test_captured_start_graphs_equal_the_eager_start_on_cuda(dit_fixtures):
     model, inputs, _ = _inputs(dit_fixtures, device="cuda")
-    outs = []
-    for capture in (False, True):
+
+    def run(capture: bool) -> list:
         batcher = _batcher(model, inputs, capture=capture)
         lines = batcher.start_many([Joining(*args, tag=i) for i, args in enumerate(inputs)])
         assert batcher.starts is not None and batcher.starts.replays == 1
         run_lines(batcher, lines)
-        outs.append([line.latent() for line in lines])
-    for a, b in zip(*outs):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        return [line.latent() for line in lines]
+
+    captured_equals_eager(run)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from dit_cases import encode, load_kind
 
+from graph_cases import captured_equals_eager
 from irodori_speaker.engine.fast import FastDiT
 from irodori_speaker.engine.sampler import SamplerConfig, draw_noise, sample
 from irodori_speaker.engine.steps import Joining, StepBatcher, run_lines
@@ -122,15 +123,15 @@ def test_a_context_longer_than_the_pool_grows_it_and_drops_the_graphs(dit_fixtur
 )
 def test_captured_step_graphs_equal_the_eager_step_on_cuda(dit_fixtures):
     model, moved, _ = _inputs(dit_fixtures, device="cuda")
-    outs = []
-    for capture in (False, True):
+
+    def run(capture: bool) -> list:
         batcher = _prewarmed(model, capture=capture)
         lines = [batcher.start(*args, tag=i) for i, args in enumerate(moved)]
         run_lines(batcher, lines)
         assert batcher.graphs.replays == batcher.steps_run
-        outs.append([line.latent() for line in lines])
-    for a, b in zip(*outs):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        return [line.latent() for line in lines]
+
+    captured_equals_eager(run)
 
 
 def test_rows_are_filled_to_powers_of_two_and_three_times_them():
