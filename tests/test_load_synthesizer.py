@@ -159,7 +159,7 @@ def test_bad_load_options_fail_before_anything_loads(monkeypatch):
     assert LoadOptions().given() == {} and LoadOptions(backend="cpu").given() == {"backend": "cpu"}
 
 
-def test_prewarm_with_step_batching_takes_each_voices_start_graphs(monkeypatch, tmp_path) -> None:
+def test_prewarm_with_step_batching_takes_each_voices_start_graphs(monkeypatch, tmp_path, caplog) -> None:
     """Step batching: prewarm fixes the pool, makes the step's buckets and, for the prewarm voice
     and each batch voice, the line starts' buckets at the text rungs 64 and 128; a line of a
     prewarmed voice with 70 text tokens then starts from a graph (the capture stood in for: CUDA
@@ -187,7 +187,11 @@ def test_prewarm_with_step_batching_takes_each_voices_start_graphs(monkeypatch, 
         path = tmp_path / f"ref{frames}.safetensors"
         save_file({"latent": torch.randn(frames, synth.config.latent_dim)}, str(path))
         voices.append(Voice.from_latent(path))
-    steps, starts = prewarm.step_graphs(synth, fast, voices)
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"not a safetensors file")
+    with caplog.at_level("WARNING"):  # skipped quietly: line_graphs, run before, warned of it
+        steps, starts = prewarm.step_graphs(synth, fast, [*voices, Voice.from_latent(broken)])
+    assert "prewarm skips" not in caplog.text
     batcher = synth._steps
     assert batcher is not None and batcher.pool.fixed and steps == len(batcher.graphs) > 0
     assert batcher.starts is not None and starts == len(batcher.starts) > 0

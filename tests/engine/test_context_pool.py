@@ -9,7 +9,7 @@ import itertools
 
 import torch
 
-from irodori_speaker.engine.context_pool import ContextPool, PoolLayout
+from irodori_speaker.engine.context_pool import ContextPool, Held, PoolLayout
 from irodori_speaker.engine.model import ContextKV
 
 LAYERS, H, DH = 2, 3, 4
@@ -21,6 +21,24 @@ def _context(rows: int, length: int, seed: int) -> ContextKV:
     values = [torch.randn(rows, H, length, DH, generator=gen) for _ in range(LAYERS)]
     mask = torch.rand(rows, length, generator=gen) > 0.3
     return ContextKV(keys, values, mask, [("text", 0, length)])
+
+
+def _hold(pool: ContextPool, groups: list[ContextKV], lines: int = 1) -> list[Held]:
+    """Hold `lines` lines whose contexts come batched as one call per guidance group gives them
+    (group g's row j * lines + i is line i's branch j), through the pool's own take / index /
+    write, as `engine.start_graphs.write_contexts` does with the model's."""
+    k = groups[0].keys[0]
+    layout = PoolLayout(len(groups[0].keys), int(k.shape[1]), int(k.shape[3]), k.dtype, k.device)
+    sizes = tuple(int(g.mask.shape[0]) // lines for g in groups)
+    held = pool.take(sizes, lines, int(groups[0].mask.shape[1]), groups[0].segments, layout)
+    index, start = pool.index(held), 0
+    for group in groups:
+        rows = index[start : start + int(group.mask.shape[0])]
+        start += int(group.mask.shape[0])
+        pool.write_mask(rows, group.mask)
+        for layer, (keys, values) in enumerate(zip(group.keys, group.values)):
+            pool.write_layer(layer, rows, keys, values)
+    return held
 
 
 def _same(got: ContextKV, want: ContextKV) -> None:
@@ -35,7 +53,7 @@ def test_held_contexts_read_back_as_written_and_stay_so_as_the_pool_grows():
     held, grew = [], []
     for groups in written:  # more slots, then a longer context, then room to spare
         before = pool.generation
-        held += pool.hold(groups)
+        held += _hold(pool, groups)
         grew.append(pool.generation > before)
         for h, want in zip(held, written):  # every line so far, through its re-pointed views
             for got, w in zip(h.context.groups, want):
@@ -49,12 +67,12 @@ def test_held_contexts_read_back_as_written_and_stay_so_as_the_pool_grows():
 
 def test_slots_given_back_are_reused_and_an_empty_pool_lets_its_memory_go():
     pool = ContextPool(min_slots=4)
-    (a,) = pool.hold([_context(2, 6, 0)])
-    (b,) = pool.hold([_context(2, 6, 1)])
+    (a,) = _hold(pool, [_context(2, 6, 0)])
+    (b,) = _hold(pool, [_context(2, 6, 1)])
     slots = pool.slots
     pool.release(a)
     pool.release(a)  # again: nothing
-    (c,) = pool.hold([_context(2, 6, 2)])
+    (c,) = _hold(pool, [_context(2, 6, 2)])
     assert c.start == a.start and pool.slots == slots  # a's slots, no growth
     with torch.no_grad():  # a line scaling its own context (speaker K/V) touches its slots only
         c.context.groups[0].keys[0].mul_(0)
@@ -67,9 +85,9 @@ def test_slots_given_back_are_reused_and_an_empty_pool_lets_its_memory_go():
 def test_lines_arriving_together_are_held_from_their_batched_rows():
     """As `context_kv` gives a group for 3 lines of 2 branches: row j * 3 + i is line i's branch j."""
     pool = ContextPool(min_slots=1)
-    (alone,) = pool.hold([_context(1, 7, 9)])  # a line already held: the batch goes around it
+    (alone,) = _hold(pool, [_context(1, 7, 9)])  # a line already held: the batch goes around it
     groups = [_context(6, 5, 0), _context(3, 5, 1)]  # two branches, then one
-    held = pool.hold(groups, lines=3)
+    held = _hold(pool, groups, lines=3)
     assert [h.sizes for h in held] == [(2, 1)] * 3
     for i, h in enumerate(held):
         for g, (got, batched) in enumerate(zip(h.context.groups, groups)):
@@ -90,13 +108,13 @@ def test_a_fixed_pool_keeps_its_tensors_and_fits_lines_in_scattered_free_slots()
     pool = ContextPool()
     pool.fix(6, 8, PoolLayout(LAYERS, H, DH, torch.float32, torch.device("cpu")))
     keys, generation = pool.keys[0], pool.generation
-    held = pool.hold([_context(6, 8, 0)], lines=6)  # six one-row lines fill it
+    held = _hold(pool, [_context(6, 8, 0)], lines=6)  # six one-row lines fill it
     assert pool.room([1]) == 0
     for h in held[::2]:  # free slots 0, 2, 4: three, none next to another
         pool.release(h)
     assert pool.room([2]) == 0 and pool.room([1, 1, 1, 1]) == 3
     written = _context(3, 5, 1)
-    again = pool.hold([written], lines=3)  # each line in a slot of its own: no growth
+    again = _hold(pool, [written], lines=3)  # each line in a slot of its own: no growth
     assert pool.generation == generation and pool.keys[0] is keys
     assert sorted(h.start for h in again) == [0, 2, 4]
     for i, h in enumerate(again):
@@ -112,5 +130,5 @@ def test_a_fixed_pool_keeps_its_tensors_and_fits_lines_in_scattered_free_slots()
     for h in again + held[1::2]:
         pool.release(h)
     assert pool.held == 0 and pool.keys[0] is keys  # empty, its memory kept (graphs read it)
-    pool.hold([_context(1, 12, 2)])  # longer than its length: it grows after all
+    _hold(pool, [_context(1, 12, 2)])  # longer than its length: it grows after all
     assert pool.generation != generation and pool.length == 12

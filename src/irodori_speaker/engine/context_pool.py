@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .config import ModelConfig
 from .model import ContextKV
 from .sampler import LineContext
 
@@ -174,28 +175,6 @@ class ContextPool:
         if tail:
             self.mask[:, length:].index_fill_(0, index, False)
 
-    def hold(self, groups: list[ContextKV], lines: int = 1) -> list[Held]:
-        """Hold `lines` lines whose contexts come batched, as one `context_kv` call per guidance
-        group gives them: group g's row j * lines + i is line i's branch j (one context length
-        for all). One copy per layer for all the lines; each line's `Held.context` views its
-        consecutive slots."""
-        sizes = tuple(int(g.mask.shape[0]) // lines for g in groups)
-        length = int(groups[0].mask.shape[1])
-        held = self.take(sizes, lines, length, groups[0].segments, layout_of(groups[0]))
-        try:
-            index, start = self.index(held), 0
-            for group in groups:
-                rows = index[start : start + int(group.mask.shape[0])]
-                start += int(group.mask.shape[0])
-                self.write_mask(rows, group.mask)
-                for layer, (k, v) in enumerate(zip(group.keys, group.values)):
-                    self.write_layer(layer, rows, k, v)
-        except BaseException:
-            for h in held:
-                self.release(h)
-            raise
-        return held
-
     def release(self, held: Held) -> None:
         """Give a line's slots back (once; again is a no-op); an empty pool lets its memory go."""
         if held not in self._held:
@@ -284,10 +263,10 @@ class PoolLayout(NamedTuple):
     dtype: torch.dtype
     device: torch.device
 
-
-def layout_of(ctx: ContextKV) -> PoolLayout:
-    k = ctx.keys[0]
-    return PoolLayout(len(ctx.keys), int(k.shape[1]), int(k.shape[3]), k.dtype, k.device)
+    @classmethod
+    def of(cls, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> PoolLayout:
+        """The pool's tensors for a model of `cfg`: its layers, heads and head size."""
+        return cls(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype, torch.device(device))
 
 
 def _first_run(free: list[bool], n: int) -> int | None:

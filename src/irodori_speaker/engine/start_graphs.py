@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .batch import batch_bucket, present_conditions
-from .context_pool import ContextPool, Held, PoolLayout
+from .context_pool import ContextPool, Held
 from .cuda_graphs import capture
 from .fast import TEXT_RUNG_LEAST, context_rung, round_up
 from .model import Conditions, TextToLatentRFDiT, context_segments
@@ -242,9 +242,3 @@ class StartGraphs:
         segments (the pool's `take` needs them before the replay)."""
         g = self._graphs[key]
         return g.sizes, g.length, g.segments
-
-
-def pool_layout(model: TextToLatentRFDiT, dtype: torch.dtype, device: torch.device | str) -> PoolLayout:
-    """The pool's tensors for `model`'s layers: per layer (slots, heads, length, head_dim)."""
-    cfg = model.cfg
-    return PoolLayout(cfg.num_layers, cfg.num_heads, cfg.head_dim, dtype, torch.device(device))

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ..cancel import Cancelled, CancelToken
 from .batch import frame_mask, present_conditions, stack_conditions
-from .context_pool import ContextPool, Held
+from .context_pool import ContextPool, Held, PoolLayout
 from .fast import FastDiT, pad_conditions, round_up
 from .layers import rope_tables
 from .model import Conditions, ContextKV
@@ -49,7 +49,7 @@ from .sampler import (
     initial_x,
     plan_for,
 )
-from .start_graphs import StartGraphs, context_layout, plan_groups, pool_layout, write_contexts
+from .start_graphs import StartGraphs, context_layout, plan_groups, write_contexts
 from .step_graphs import STEP_ROWS, StepGraphs, rows_bucket
 
 
@@ -125,7 +125,7 @@ class StepBatcher:
         self._packed: dict[tuple, _Packed] = {}  # each group's row table and masks, by its make-up
         self.graphs: StepGraphs | None = None  # prewarm_graphs: the forward's buckets (CUDA graphs)
         self.starts: StartGraphs | None = None  # prewarm_starts: the line starts' buckets
-        self._layout = pool_layout(fast.model, fast.dtype, fast.device)
+        self._layout = PoolLayout.of(fast.cfg, fast.dtype, fast.device)
         # every plan's modulation table stacked (steps, layers, 6, D): a step gathers its rows' in
         # one op; each table's first row by its id (the tables are kept, FastDiT.plan_table)
         self._tables: Tensor | None = None

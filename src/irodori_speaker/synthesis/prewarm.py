@@ -105,7 +105,7 @@ def step_graphs(synth: Synthesizer, fast: FastSampler, voices: Sequence[Any] = (
         starts = 0
         with torch.inference_mode():
             for i, v in enumerate(voices):
-                states = _states(synth, v, first=i == 0)
+                states = _states(synth, v, first=i == 0, warn=False)  # line_graphs warned already
                 for tokens in (TEXT_RUNG_LEAST * bucket, 2 * TEXT_RUNG_LEAST * bucket) if states else ():
                     conds = _conditions(synth, tokens, states)
                     starts += batcher.prewarm_starts(conds, cfg, capture=True)
@@ -163,15 +163,17 @@ def text_graphs(synth: Synthesizer, bucket: int, longest: int) -> None:
             synth._encoders.text_states([ids] * rows, [torch.ones_like(ids, dtype=torch.bool)] * rows)
 
 
-def _states(synth: Synthesizer, voice: Any, first: bool) -> Any:
-    """A voice's states; a batch voice that cannot be read: None, with a warning (the prewarm
-    voice's error is raised: it is the one the caller asked for)."""
+def _states(synth: Synthesizer, voice: Any, first: bool, warn: bool = True) -> Any:
+    """A voice's states; a batch voice that cannot be read: None, with a warning (`warn`: once,
+    by the first stage that meets it); the prewarm voice's error is raised: it is the one the
+    caller asked for."""
     if first:
         return synth.voices.states(voice)
     try:
         return synth.voices.states(voice)
     except IrodoriError as e:
-        log.warning("prewarm skips the voice %s: %s", getattr(voice, "name", None) or voice, e)
+        if warn:
+            log.warning("prewarm skips the voice %s: %s", getattr(voice, "name", None) or voice, e)
         return None
 
 
