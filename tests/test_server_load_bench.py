@@ -17,10 +17,10 @@ SCRIPT = REPO / "benchmarks" / "server_load.py"
 pytestmark = pytest.mark.slow
 
 
-def _burst(tmp_path: Path, pythonpath: str) -> tuple[subprocess.CompletedProcess, dict]:
-    out = tmp_path / "server_load.json"
+def _server_load(args: list[str], pythonpath: str) -> subprocess.CompletedProcess:
+    """benchmarks/server_load.py with `args`, which must succeed."""
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "-n", "4", "--full", "smoke", "--json", str(out)],
+        [sys.executable, str(SCRIPT), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -28,6 +28,12 @@ def _burst(tmp_path: Path, pythonpath: str) -> tuple[subprocess.CompletedProcess
         check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    return run
+
+
+def _burst(tmp_path: Path, pythonpath: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "server_load.json"
+    run = _server_load(["-n", "4", "--full", "smoke", "--json", str(out)], pythonpath)
     return run, json.loads(out.read_text())
 
 
@@ -83,16 +89,7 @@ def test_the_gil_table_puts_each_sample_in_the_part_nearest_its_leaf(tmp_path: P
 
 
 def test_a_burst_with_the_gil_profile_samples_the_real_server(tmp_path: Path) -> None:
-    out = tmp_path / "gil.txt"
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), "-n", "8", "--gil-profile", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    run = _server_load(["-n", "8", "--gil-profile", str(tmp_path / "gil.txt")], str(REPO / "src"))
     if "py-spy could not attach" in run.stdout:  # a machine that denies ptrace: said, not hidden
         pytest.skip(run.stdout.split("GIL profile: ")[-1][:300])
     assert "holding the GIL" in run.stdout and "| engine (the model's Python" in run.stdout
