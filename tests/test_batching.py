@@ -50,16 +50,18 @@ def opts(**kw) -> SynthesisOptions:
     return SynthesisOptions(**{"seed": 5, "steps": 4, **kw})
 
 
-def together(synth, jobs, *, tokens=None, progress=None):
-    """Run `jobs` [(text, options)] from one thread each, all waiting before any starts.
-    Returns each job's result or the exception it raised."""
+def together(synth, jobs, *, tokens=None, progress=None, voice=None):
+    """Run `jobs` [(text, options)] from one thread each (in `voice`), all waiting before any
+    starts. Returns each job's result or the exception it raised."""
     results: list = [None] * len(jobs)
     tokens = tokens or [None] * len(jobs)
 
     def work(i):
         text, o = jobs[i]
         try:
-            results[i] = synth.synthesize(text, options=o, cancel=tokens[i], progress=(progress or {}).get(i))
+            results[i] = synth.synthesize(
+                text, voice, options=o, cancel=tokens[i], progress=(progress or {}).get(i)
+            )
         except Exception as e:
             results[i] = e
 

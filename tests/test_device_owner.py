@@ -180,18 +180,32 @@ def _our_callers() -> str:
     return " < ".join(f"{f.filename.rsplit('irodori_speaker')[1]}:{f.lineno}" for f in ours[:-5:-1])
 
 
-def _warm_lines(backend: str, step_batching: bool):
-    """A prewarmed synthesizer whose four lines met on the owner once (every shape seen), and
-    those lines, to meet again under watch."""
+def _reference_voice(synth, folder, caption: str | None = None):
+    """A voice of a saved random reference latent (and `caption`)."""
+    from irodori_speaker import Voice
+    from irodori_speaker.synthesis.voices import save_latent, with_caption
+
+    path = folder / "ref.safetensors"
+    save_latent(torch.randn(24, synth.config.latent_dim, generator=torch.Generator().manual_seed(3)), path)
+    voice = Voice.from_latent(path)
+    return voice if caption is None else with_caption(voice, caption)
+
+
+def _warm_lines(backend: str, step_batching: bool, folder):
+    """A prewarmed synthesizer whose four lines (in a reference voice) met on the owner once
+    (every shape seen), those lines and their voice, to meet again under watch."""
     synth = _load(backend, max_batch=8, step_batching=step_batching)
-    synth.prewarm()
+    voice = _reference_voice(synth, folder)
+    synth.prewarm(voice)
     jobs = [(TEXTS[i], opts(seed=i + 1, steps=4)) for i in range(4)]
-    together(synth, jobs)
-    return synth, jobs
+    together(synth, jobs, voice=voice)
+    return synth, jobs, voice
 
 
 @pytest.mark.parametrize("step_batching", [False, True], ids=["line-batches", "steps"])
-def test_lines_that_meet_read_no_tensor_value_on_the_owner_thread(irodori_home, monkeypatch, step_batching):
+def test_lines_that_meet_read_no_tensor_value_on_the_owner_thread(
+    irodori_home, monkeypatch, tmp_path, step_batching
+):
     """The CPU half of the CUDA sync check below, for CI: every op the owner's rounds dispatch is
     watched, with every tensor treated as a device one (`may_read` says no), and none may read a
     value to the host (`.item()`, `int(t)`, a 0-d tensor as an index, a boolean mask's nonzero): on
@@ -201,7 +215,7 @@ def test_lines_that_meet_read_no_tensor_value_on_the_owner_thread(irodori_home, 
 
     from irodori_speaker.engine import encoders
 
-    synth, jobs = _warm_lines("cpu", step_batching)
+    synth, jobs, voice = _warm_lines("cpu", step_batching, tmp_path)
     reads: set[str] = set()
 
     class Watch(TorchDispatchMode):
@@ -219,20 +233,50 @@ def test_lines_that_meet_read_no_tensor_value_on_the_owner_thread(irodori_home, 
     monkeypatch.setattr(encoders, "_on_host", lambda t: False)
     monkeypatch.setattr(DEVICE, "_round", watched)
     batches = DEVICE.batches_run
-    results = together(synth, jobs)
+    results = together(synth, jobs, voice=voice)
     assert all(not isinstance(r, Exception) for r in results), results
     assert DEVICE.batches_run > batches  # they met on the owner (jobs of several lines as one)
     assert not reads, sorted(reads)
 
 
+@pytest.mark.parametrize("kind", ["v2", "v2-voicedesign"])
+def test_a_voice_already_heard_costs_its_line_no_tensor_op(irodori_home, tmp_path, kind):
+    """A line in a kept voice finds its states by host work alone (content key, caption text):
+    no latent re-read and uploaded, no caption tokenised into tensors. On CUDA each line's upload
+    of its reference latent from pageable memory drained the GPU in the encoders' job on the owner
+    (the sync test above missed it: its lines had no voice)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    synth = _load("cpu", tiny_random=kind)
+    voice = _reference_voice(synth, tmp_path, caption="明るい声で")
+    first = synth.voices.states(voice)
+    ops: list[str] = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        again = synth.voices.states(voice)
+        by_path = synth.voices.states(str(voice.latent)) if kind == "v2" else again
+    assert again is first and not ops, ops
+    assert by_path is first  # the same file given as a path is the same voice
+    if kind == "v2-voicedesign":  # another caption is another voice
+        other = synth.voices.states(_reference_voice(synth, tmp_path, caption="低い声で"))
+        assert other is not first
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (its sync debug mode)")
 @pytest.mark.parametrize("step_batching", [False, True], ids=["line-batches", "steps"])
-def test_lines_that_meet_on_cuda_sync_nothing_on_the_owner_thread(irodori_home, step_batching):
+def test_lines_that_meet_on_cuda_sync_nothing_on_the_owner_thread(irodori_home, tmp_path, step_batching):
     """CUDA's sync debug mode names every synchronising call; none may come from the owner thread
-    while lines meet there (their decode windows batched, the v4.1-MF predictor included)."""
+    while lines meet there (their decode windows batched, the v4.1-MF predictor included), in a
+    reference voice (its latent was uploaded from pageable memory in every line's encoders' job
+    until the fifteenth session)."""
     import warnings
 
-    synth, jobs = _warm_lines("cuda", step_batching)  # every shape once (allocator growth)
+    synth, jobs, voice = _warm_lines("cuda", step_batching, tmp_path)  # every shape once
     syncs: set[str] = set()
     shown = warnings.showwarning
 
@@ -245,7 +289,7 @@ def test_lines_that_meet_on_cuda_sync_nothing_on_the_owner_thread(irodori_home, 
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.showwarning = note
-            results = together(synth, jobs)
+            results = together(synth, jobs, voice=voice)
     finally:
         torch.cuda.set_sync_debug_mode("default")
         warnings.showwarning = shown

@@ -25,6 +25,7 @@ import torch
 from ..audio.signal import prepare_reference
 from ..engine.config import DEFAULT_REF_MAX_SECONDS
 from ..engine.hardware.lock import hold_model_lock
+from ..engine.hardware.owner import DEVICE
 from ..errors import InputError
 from ..options import SynthesisRecord
 from ..text.normalize import normalize_or_raise
@@ -69,22 +70,25 @@ class VoiceConditions:
     def states(self, voice: Any, record: SynthesisRecord | None = None) -> tuple[bool, Any]:
         """(whether a reference is used, the speaker / caption states) of `voice`: they do not
         depend on the text, so they are encoded once per voice and kept (a few voices, least
-        recently used dropped). With the model lock held."""
-        content, ref = self.reference(voice, record)
-        caption = self.caption(voice)
-        cap_ids = caption[0]
-        key = (
-            content,
-            None if cap_ids is None else tuple(cap_ids[0].tolist()),
-            str(self.model.in_proj.weight.dtype),
-        )
+        recently used dropped). With the model lock held.
+
+        A kept voice is found by host work alone (its content key, its caption's text): its
+        latent is not read again nor uploaded. This runs in the encoders' job on the device
+        owner, where a plain upload from pageable memory waits for the GPU to drain; a voice
+        not kept goes up through the owner's pinned upload (`DEVICE.upload`)."""
+        voice = _as_voice(voice)
+        content = self.reference_key(voice, record)
+        caption = self.caption_text(voice)
+        key = (content, caption, str(self.model.in_proj.weight.dtype))
         hit = self._kept.pop(key, None)
         if hit is None:
+            ref = None if content is None else self._latent(voice, record)
+            cap = (None, None) if caption is None else self._caption_tokens(caption)
             ref_mask = (
                 None if ref is None else torch.ones(ref.shape[:2], dtype=torch.bool, device=self.device)
             )
             with torch.inference_mode():
-                hit = (ref is not None, self.model.encode_voice(1, ref, ref_mask, *caption))
+                hit = (ref is not None, self.model.encode_voice(1, ref, ref_mask, *cap))
         self._kept[key] = hit
         while len(self._kept) > VOICE_STATES_KEPT:
             self._kept.pop(next(iter(self._kept)))
@@ -95,21 +99,25 @@ class VoiceConditions:
         self._kept.clear()
 
     def reference(self, voice: Any, record: SynthesisRecord | None = None) -> tuple[str | None, Any]:
-        """(the voice's content key, its reference latent), or (None, None) when it has none
-        used. With the model lock held."""
-        if voice is None:
-            return None, None
-        if isinstance(voice, (str, os.PathLike)):
-            voice = Voice.from_path(voice)
-        if not isinstance(voice, Voice):
-            raise InputError(f"voice must be a Voice, a path or None, got {type(voice).__name__}")
-        if not voice.has_reference:
-            return None, None
+        """(the voice's content key, its reference latent on the model's device), or (None, None)
+        when it has none used. With the model lock held."""
+        voice = _as_voice(voice)
+        content = self.reference_key(voice, record)
+        return (None, None) if content is None else (content, self._latent(voice, record))
+
+    def reference_key(self, voice: Voice | None, record: SynthesisRecord | None = None) -> str | None:
+        """The content key of the reference `voice` gives the model (host work: its file's
+        memoised hash), or None when it has none used (a record notes a reference ignored)."""
+        if voice is None or not voice.has_reference:
+            return None
         if not self.model.cfg.speaker_enabled:
             if record is not None:
                 record.warnings.append("this model has no speaker branch: the reference voice is ignored")
-            return None, None
-        content = voice.content_key()  # hashes in-memory audio: once per line
+            return None
+        return voice.content_key()  # hashes in-memory audio: once per line
+
+    def _latent(self, voice: Voice, record: SynthesisRecord | None) -> Any:
+        """The voice's reference latent (1, T, C) on the model's device, in its dtype."""
         # several clips: joined up to the model's cap (v4: its ref_max_seconds); v2 / v3 cut a
         # recording to 30 s and use a saved latent whole, as before
         many = len(voice.clips) > 1
@@ -122,24 +130,29 @@ class VoiceConditions:
             total += latent.shape[0]
             if cap is not None and total >= cap:  # later clips are not used: not even encoded
                 break
-        joined = join_reference_clips(latents, cap)
-        return content, joined[None].to(self.device, self.model.in_proj.weight.dtype)
+        joined = join_reference_clips(latents, cap)[None].to(self.model.in_proj.weight.dtype)
+        return DEVICE.upload(joined, self.device)
 
     def caption(self, voice: Any) -> tuple[Any, Any]:
         """The voice's caption as (ids, mask) on the model's device, or (None, None) without one
         (or on a model without a caption branch)."""
+        caption = self.caption_text(_as_voice(voice))
+        return (None, None) if caption is None else self._caption_tokens(caption)
+
+    def caption_text(self, voice: Voice | None) -> str | None:
+        """The caption as the caption encoder reads it (normalised for v2 / v3, stripped for v4),
+        or None without one (or on a model without a caption branch). Host work."""
         caption = getattr(voice, "caption", None)
         if not self.model.cfg.caption_enabled or not caption:
-            return None, None
-        max_len = self.inference.max_caption_len or self.inference.max_text_len or 256
+            return None
         if self.model.cfg.pretrained_text:  # v4 only strips the caption; empty: no caption
-            caption = caption.strip()
-            if not caption:
-                return None, None
-        else:
-            caption = normalize_or_raise(caption)
+            return caption.strip() or None
+        return normalize_or_raise(caption)
+
+    def _caption_tokens(self, caption: str) -> tuple[Any, Any]:
+        max_len = self.inference.max_caption_len or self.inference.max_text_len or 256
         ids, mask = self.caption_tokenizer.batch([caption], max_len=max_len)
-        return ids.to(self.device), mask.to(self.device)
+        return DEVICE.upload(ids, self.device), DEVICE.upload(mask, self.device)
 
     def _clip_latent(self, clip: Any, record: SynthesisRecord | None) -> Any:
         """One clip's latent (T, C) on the CPU: a saved latent read once, a recording encoded once
@@ -176,3 +189,12 @@ class VoiceConditions:
         with torch.inference_mode():
             latent = self.codec.encode(x)[0].float()
         return latent.cpu()
+
+
+def _as_voice(voice: Any) -> Voice | None:
+    """`voice` as a Voice (a path read as one), or None."""
+    if voice is None or isinstance(voice, Voice):
+        return voice
+    if isinstance(voice, (str, os.PathLike)):
+        return Voice.from_path(voice)
+    raise InputError(f"voice must be a Voice, a path or None, got {type(voice).__name__}")
