@@ -1,0 +1,46 @@
+"""benchmarks/decode_frames.py: the frames a line's stream windows decode (host arithmetic)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_frames.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("decode_frames_bench", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_windows_decode_every_frame_and_the_context_on_top():
+    mod = _module()
+    for frames in (5, 9, 37, 66, 118, 190, 252, 400):
+        got, windows, _ = mod.decoded(frames, 50, 8, None)
+        # at least every frame once; at most each window's frames plus both contexts and a stretch
+        assert frames <= got <= frames + windows * (2 * RECEPTIVE_FIELD_FRAMES + 50)
+        assert got == frames if frames <= 8 else got > frames
+
+
+def test_the_plan_never_decodes_more_than_the_preset_windows_nor_fewer_than_the_line():
+    mod = _module()
+    lengths = (40, 66, 116, 216)
+    for frames in range(1, 400, 7):
+        plan = mod.planned(frames, 8, lengths)
+        assert frames <= plan <= mod.decoded(frames, 50, 8, None)[0], frames
+
+
+def test_the_table_prints_a_row_per_config_and_the_plan():
+    cmd = [sys.executable, str(SCRIPT), "--configs", "50:8:-,100:8:3"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| chunks") or line.startswith("| plan")]
+    assert len(rows) == 3, out
+    ratios = [float(r.split("|")[4]) for r in rows]
+    assert all(x >= 1 for x in ratios) and ratios[2] <= ratios[0], out
