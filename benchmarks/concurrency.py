@@ -430,7 +430,10 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     if mode.device == "cuda" and device != "cuda":
         raise SystemExit(f"mode {key} needs CUDA")
     files = news5.prepare_files(int4=mode.int4, smoke=args.smoke, families={mode.family})
-    synth, voice = news5.build(mode, files, args.int4_impl, max_batch=args.max_batch)
+    tails = tuple(int(x) for x in args.tail_windows.split(",")) if args.tail_windows else ()
+    synth, voice = news5.build(
+        mode, files, args.int4_impl, max_batch=args.max_batch, stream_tail_windows=tails
+    )
     voices = reference_cuts(voice, args.voices)
     MAX_PADDING[0] = args.max_padding
     DECODE_BATCH[0] = args.decode_batch or synth.preset.decode_batch
@@ -452,7 +455,7 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     print(
         f"# torch {torch.__version__}; {torch.get_num_threads()} threads; "
         f"line batches' max_padding {MAX_PADDING[0] or synth.preset.max_padding}; thread switch interval "
-        f"{1e3 * sys.getswitchinterval():g} ms"
+        f"{1e3 * sys.getswitchinterval():g} ms; stream windows {synth._window_lengths()}"
     )
     if len(voices) > 1:
         cuts = [int(synth.voices.states(v)[1][0].shape[1]) for v in voices]
@@ -618,6 +621,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--decode-batch", type=int, help="stream windows decoded as one batch (default: the preset's)"
+    )
+    ap.add_argument(
+        "--tail-windows",
+        default="",
+        help="the preset's stream_tail_windows: shorter graphed lengths a line's last window may "
+        "take (e.g. 40; benchmarks/decode_frames.py); run with and without for the A/B",
     )
     ap.add_argument(
         "--batching",

@@ -63,7 +63,7 @@ def test_smoke_run_tables_per_mode_the_same_audio_the_ceiling_and_the_server(tmp
     cmd = [sys.executable, str(SCRIPT), "--smoke", "--modes", "f,p", "--streams", "1,2", "--lines", "1"]
     cmd += ["--min-lines", "3", "--max-batch", "2", "--no-serial", "--ceiling", "--ceiling-frames", "20"]
     run = subprocess.run(
-        [*cmd, "--server", "4", "--wait-profile", "2", "--json", str(out)],
+        [*cmd, "--server", "4", "--wait-profile", "2", "--tail-windows", "40", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=400,
@@ -74,6 +74,7 @@ def test_smoke_run_tables_per_mode_the_same_audio_the_ceiling_and_the_server(tmp
     report = json.loads(out.read_text())
     assert list(report["modes"]) == ["f", "p"]  # one table each: v2 and v4.1-MF, the CPU presets
     assert run.stdout.count("| underruns (lines) | errors |") == 2
+    assert run.stdout.count("stream windows [16, 41, 40]") == 2  # --tail-windows: the preset's field
     v2, mf = report["modes"]["f"], report["modes"]["p"]
     assert (v2["family"], mf["family"]) == ("v2", "v4.1-mf")
     # the same latent frames per sentence in both modes (the v4 line asks for v2's estimate) ...

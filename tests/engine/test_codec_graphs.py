@@ -398,3 +398,54 @@ def test_what_stands_before_frame_0_changes_no_kept_sample(frames: int) -> None:
     hop = codec.hop_length
     got = codec._decode_window(torch.cat((noise, z[..., :hi]), -1), (start - lo) * hop, (end - lo) * hop)
     torch.testing.assert_close(got, want[..., start * hop : end * hop], atol=ATOL, rtol=0)
+
+
+def test_a_lines_last_window_takes_the_shortest_tail_length_that_holds_it() -> None:
+    """`tail_lengths`: the last window is stretched only as far as the shortest given length that
+    holds it (the middle length where none does); every other window is as before."""
+    for frames in range(9, 240):
+        plain = streaming.chunk_windows(frames, 50, 8, 8)
+        tails = streaming.chunk_windows(frames, 50, 8, 8, tail_lengths=(40, 24))
+        assert tails[:-1] == plain[:-1]
+        own = streaming.chunk_windows(frames, 50, 8, 8, stretch_last=False)[-1]
+        lo, start, end, hi = tails[-1]
+        need = own[3] - own[0]
+        if len(tails) > 1:
+            want = 24 if need <= 24 else 40 if need <= 40 else 66
+            assert (start, end, hi) == own[1:] and hi - lo == (want if start >= 8 else hi - max(0, hi - want))
+            assert lo <= start - 8 or lo == 0  # the context it needs, or all the frames there are
+        else:
+            assert tails == plain
+
+
+@pytest.mark.parametrize("frames", [9, 23, 37, 75, 121])
+def test_tail_windows_join_to_the_one_pass_decode(frames: int) -> None:
+    codec = _codec()
+    lat = _latent(frames, seed=frames)
+    z = codec._check_latent(lat)
+    windows = streaming.chunk_windows(frames, 50, 8, 8, tail_lengths=(40,))
+    parts = list(streaming.decode_windows(codec._decode_window, z, windows, codec.hop_length, None))
+    torch.testing.assert_close(torch.cat(parts, -1), codec.decode(lat), atol=ATOL, rtol=0)
+
+
+def test_a_synthesizers_tail_windows_are_graphed_and_sound_the_same(irodori_home) -> None:
+    """`preset.stream_tail_windows`: prewarm's window lengths take them, a streamed line's last
+    window replays one (the codec's graphs stood in for on the CPU) and the audio is unchanged."""
+    import numpy as np
+
+    from irodori_speaker.options import SynthesisOptions
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    audio, keys = [], []
+    for tails in ((), (40,)):  # 40: any last window after the first (at most 25 + 8 frames)
+        synth = load_synthesizer(
+            tiny_random=True, backend="cpu", voice_cache_dir=False, stream_tail_windows=tails
+        )
+        assert synth._window_lengths() == [16, 41, *tails]  # the CPU preset's windows: 8, then 25
+        cap = FakeCapture(synth.codec._decode_frames)
+        synth.codec._graphs = _cache(cap, max_graphs=8, capture_on_use=1)
+        opts = SynthesisOptions(seed=3, steps=2, seconds=2.2)
+        audio.append(np.concatenate(list(synth.stream("こんにちは", options=opts))))
+        keys.append({n for _, n in cap.keys})
+    assert 40 not in keys[0] and 40 in keys[1], keys
+    np.testing.assert_allclose(audio[1], audio[0], atol=1e-5)

@@ -103,7 +103,10 @@ def decode_chunks(
         audio = DEVICE.run(lambda: _decode_many(codec, [whole_piece])[0], cancel)
         yield _finite(audio.wait(cancel).numpy()), True
         return
-    windows = codec.stream_windows(rendered.decode_frames, chunk, first_chunk_frames=first, growth=growth)
+    tails = tuple(preset.stream_tail_windows)
+    windows = codec.stream_windows(
+        rendered.decode_frames, chunk, first_chunk_frames=first, growth=growth, tail_lengths=tails
+    )
     hop, limit, sr = codec.hop_length, max(1, int(preset.decode_batch)), codec.sample_rate
     # windows of lines that meet go as one batch; where graphs fill it up to its bucket, one that
     # would be a quarter or more fillers is cut to the bucket below (3 windows: 2, then 1)

@@ -269,12 +269,14 @@ class Synthesizer:
         return prewarm_synthesizer(self, voice, batch_voices)
 
     def _window_lengths(self) -> list[int]:
-        """The stream's window lengths (frames) that get graphs: its first and middle windows."""
-        return stream_window_lengths(
+        """The stream's window lengths (frames) that get graphs: its first and middle windows, and
+        the shorter lengths a line's last window may take (`preset.stream_tail_windows`)."""
+        lengths = stream_window_lengths(
             self.preset.stream_chunk_frames,
             first_chunk_frames=self.preset.stream_first_chunk_frames,
             growth=self.preset.stream_chunk_growth,
         )
+        return list(dict.fromkeys([*lengths, *self.preset.stream_tail_windows]))
 
     def _decode_rows(self) -> list[int]:
         """The batch buckets of stream windows decoded together (`preset.decode_batch`)."""

@@ -168,10 +168,13 @@ class DACVAE(nn.Module):
         context_frames: int = RECEPTIVE_FIELD_FRAMES,
         first_chunk_frames: int | None = None,
         growth: float | None = None,
+        tail_lengths: Sequence[int] = (),
     ) -> list[Window]:
         """The windows (lo, start, end, hi) `decode_stream` walks for a latent of `frames` frames
         (host arithmetic), for callers that decode them themselves: a window decodes
-        `z[..., lo:hi]` and keeps samples [(start - lo) * hop, (end - lo) * hop)."""
+        `z[..., lo:hi]` and keeps samples [(start - lo) * hop, (end - lo) * hop). With graphs a
+        line's last window takes the middle length, or the shortest of `tail_lengths` that holds
+        it (`chunk_windows`)."""
         return chunk_windows(
             frames,
             chunk_frames,
@@ -179,6 +182,7 @@ class DACVAE(nn.Module):
             first_chunk_frames,
             growth=growth,
             stretch_last=self._graphed(),
+            tail_lengths=tail_lengths,
         )
 
     def decode_window_batch(self, windows: Sequence[tuple[Tensor, int, int]]) -> list[Tensor]:

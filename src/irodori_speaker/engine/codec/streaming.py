@@ -8,7 +8,7 @@ one-pass decode (docs/codec.md). `DACVAE.decode_stream` / `decode_chunked` walk 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -67,6 +67,7 @@ def chunk_windows(
     *,
     growth: float | None = None,
     stretch_last: bool = True,
+    tail_lengths: Sequence[int] = (),
 ) -> list[Window]:
     """(lo, start, end, hi) per chunk: emit frames [start, end), decode [lo, hi).
 
@@ -82,6 +83,9 @@ def chunk_windows(
     least `context_frames` in: their samples depend on frames from 0 on only, at every layer, so
     what stands before frame 0 changes nothing (a short line's eager window took ~28 ms of the
     owner thread under cProfile at 16 streams on the H100; RESULTS.md, twelfth session).
+    `tail_lengths`: shorter graphed lengths the last window may take instead, the shortest that
+    holds it (a line's tail of a few frames then decodes 40 frames, not 66: the windows decoded
+    news5 1.59x over, 1.44x with a 40; benchmarks/decode_frames.py).
     """
     first = stream_args(chunk_frames, context_frames, first_chunk_frames, growth)
     middle = chunk_frames + 2 * context_frames
@@ -90,7 +94,8 @@ def chunk_windows(
         end = min(start + size, frames)
         lo, hi = max(0, start - context_frames), min(frames, end + context_frames)
         if stretch_last and start > 0 and end == frames and hi - lo < middle:
-            lo = hi - middle if start >= context_frames else max(0, hi - middle)
+            length = min((n for n in tail_lengths if hi - lo <= n < middle), default=middle)
+            lo = hi - length if start >= context_frames else max(0, hi - length)
         windows.append((lo, start, end, hi))
         start = end
         size = _next_chunk(size, chunk_frames, growth)

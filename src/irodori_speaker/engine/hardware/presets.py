@@ -42,6 +42,12 @@ class Preset:
     # where decode is slow next to real time, each window decodes while the shorter chunk before
     # it plays, and the longer windows later cost less context overhead
     stream_chunk_growth: float | None = None
+    # with codec graphs: shorter window lengths a line's last window may take (graphed too)
+    # instead of being stretched to the middle windows' length (engine/codec/streaming.py
+    # `chunk_windows`): fewer frames decoded for the same audio, e.g. (40,): news5 decoded 1.44x
+    # its frames instead of 1.59x (benchmarks/decode_frames.py). Off until measured on a GPU
+    # (`concurrency.py --tail-windows 40`); more window lengths also split the batches of windows
+    stream_tail_windows: tuple[int, ...] = ()
     # CPU threads for torch; None: $IRODORI_THREADS, else half the CPUs this process may use
     # (cpu_features.choose_threads: a streaming PC is shared; torch's thread per core collapsed)
     threads: int | None = None
