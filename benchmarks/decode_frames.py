@@ -6,11 +6,11 @@ the frames decoded beyond the line's own are GPU time spent twice. Each window c
 of context a side (`RECEPTIVE_FIELD_FRAMES`), and with graphs a line's last window is stretched
 left to the middle windows' length to replay their graph (`codec.streaming.chunk_windows`).
 
-Per window configuration (chunk frames, first chunk, growth): the window lengths that need
-graphs, the frames decoded for the lines, their ratio to the lines' frames, and the windows.
-The last rows are a plan not built: after the first window, windows chosen among a few graphed
-lengths (`--lengths`) by a small search for the fewest decoded frames, the last one stretched to
-the shortest length that covers the rest.
+Per window configuration (chunk frames, first chunk, growth, and the preset's
+`stream_tail_windows`: shorter lengths the last window may take): the window lengths, the frames
+decoded for the lines, their ratio to the lines' frames, and the windows. The last rows are a
+plan not built: after the first window, windows chosen among a few graphed lengths (`--lengths`)
+by a small search for the fewest decoded frames, the last one the shortest that covers the rest.
 
     python benchmarks/decode_frames.py
     python benchmarks/decode_frames.py --frames 37,190,252,118,118 --lengths 40,66,116,216
@@ -36,9 +36,11 @@ C = RECEPTIVE_FIELD_FRAMES
 NEWS5_FRAMES = "37,190,252,118,118"
 
 
-def decoded(frames: int, chunk: int, first: int | None, growth: float | None) -> tuple[int, int, set[int]]:
+def decoded(
+    frames: int, chunk: int, first: int | None, growth: float | None, tails: tuple[int, ...] = ()
+) -> tuple[int, int, set[int]]:
     """(frames decoded, windows, window lengths) of one line streamed with these arguments."""
-    windows = chunk_windows(frames, chunk, C, first, growth=growth, stretch_last=True)
+    windows = chunk_windows(frames, chunk, C, first, growth=growth, stretch_last=True, tail_lengths=tails)
     lengths = {hi - lo for lo, _, _, hi in windows}
     return sum(hi - lo for lo, _, _, hi in windows), len(windows), lengths
 
@@ -70,8 +72,9 @@ def main() -> None:
     ap.add_argument("--frames", default=NEWS5_FRAMES, help="the lines' latent frames (comma-separated)")
     ap.add_argument(
         "--configs",
-        default="50:8:-,50:8:3,100:8:3,150:8:3,200:8:3",
-        help="chunk:first:growth per row ('-': no growth); the first is the CUDA preset's",
+        default="50:8:-,50:8:-:40,50:8:3,100:8:3,150:8:3,200:8:3",
+        help="chunk:first:growth[:tail+tail...] per row ('-': no growth; tails: the preset's "
+        "stream_tail_windows); the first is the CUDA preset's",
     )
     ap.add_argument("--lengths", default="40,66,116,216", help="window lengths of the plan's rows")
     args = ap.parse_args()
@@ -81,12 +84,14 @@ def main() -> None:
     print("| windows | window lengths | frames decoded | x the lines' frames | windows |")
     print("|---|---|---|---|---|")
     for config in args.configs.split(","):
-        chunk, first, growth = config.split(":")
+        chunk, first, growth, *rest = config.split(":")
         g = None if growth == "-" else float(growth)
-        rows = [decoded(n, int(chunk), int(first), g) for n in lines]
+        tails = tuple(int(x) for x in rest[0].split("+")) if rest else ()
+        rows = [decoded(n, int(chunk), int(first), g, tails) for n in lines]
         frames = sum(r[0] for r in rows)
         lengths = sorted(set().union(*(r[2] for r in rows)))
         name = f"chunks {chunk}, first {first}" + (f", growth {growth}" if g else "")
+        name += f", tail windows {list(tails)}" if tails else ""
         print(f"| {name} | {lengths} | {frames} | {frames / total:.2f} | {sum(r[1] for r in rows)} |")
     lengths = tuple(int(x) for x in args.lengths.split(","))
     for first in sorted({int(c.split(":")[1]) for c in args.configs.split(",")}):

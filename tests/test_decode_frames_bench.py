@@ -38,9 +38,11 @@ def test_the_plan_never_decodes_more_than_the_preset_windows_nor_fewer_than_the_
 
 
 def test_the_table_prints_a_row_per_config_and_the_plan():
-    cmd = [sys.executable, str(SCRIPT), "--configs", "50:8:-,100:8:3"]
+    cmd = [sys.executable, str(SCRIPT), "--configs", "50:8:-,50:8:-:40,100:8:3"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = [line for line in out.splitlines() if line.startswith("| chunks") or line.startswith("| plan")]
-    assert len(rows) == 3, out
+    assert len(rows) == 4, out
+    assert "tail windows [40]" in rows[1] and "40" in rows[1].split("|")[2]
     ratios = [float(r.split("|")[4]) for r in rows]
-    assert all(x >= 1 for x in ratios) and ratios[2] <= ratios[0], out
+    # the preset's tail windows and the plan decode fewer frames than the preset's windows
+    assert all(x >= 1 for x in ratios) and ratios[1] < ratios[0] and ratios[3] <= ratios[1], out
