@@ -15,7 +15,11 @@ server's workers do. Per concurrency N, two runs side by side in this process:
   (before the fourteenth session; "line" cuts a batch that would be a quarter or more fillers to
   the bucket below, `engine.batch.lines_to_take`; CUDA only, elsewhere the same as line).
 `--batching` picks which of step, step-eager, line and line-filled run (default step and line),
-serial always runs beside them.
+serial always runs beside them. A kind may end in "@N" (e.g. "line@2"): the run with the device
+owner's queue depth N (the preset's owner_queue_depth: the owner waits for the GPU once N of its
+launches are unfinished there, so the backlog queues on the host where lines batch; without it,
+0, the owner launches every job the moment it comes); the row's "owner waited" column is its
+time spent so.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
@@ -120,6 +124,7 @@ class Run:
     owner_busy_s: float = 0.0  # the device owner's host time in rounds (engine/hardware/owner.py)
     owner_rounds: int = 0
     owner_batched: tuple[int, int] = (0, 0)  # the owner's calls that served several jobs, and those jobs
+    owner_waited_s: float = 0.0  # the owner's time waiting for the GPU's queue (a queue depth)
     error_text: list[str] = field(default_factory=list)
     start: float = 0.0  # perf_counter when the streams were let go
     chunks: list[tuple[float, int]] = field(default_factory=list)  # (perf_counter, samples) of every chunk
@@ -172,7 +177,11 @@ DECODE_BATCH: list[int | None] = [None]  # --decode-batch (windows decoded toget
 
 def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     """Put the sampling under test in place on `synth` (a measurement knob: the preset's max_batch,
-    what prewarm captured batch graphs for, caps the batch); `voices`: those the streams speak."""
+    what prewarm captured batch graphs for, caps the batch); `voices`: those the streams speak.
+    A kind may end in "@N": the device owner's queue depth N for the run (the preset's
+    owner_queue_depth; "line@2"), else none (0)."""
+    kind, _, depth = kind.partition("@")
+    DEVICE.queue_depth = int(depth or 0)
     top = min(streams, synth.preset.max_batch) if kind != "serial" else 1
     synth._encoders.max_batch = top  # lines' text encoders batch no further (serial stays serial)
     # decode windows of lines that meet: one by one when serial (the baseline), else as asked
@@ -270,7 +279,7 @@ def run(
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    busy0, rounds0 = DEVICE.busy_s, DEVICE.rounds
+    busy0, rounds0, waited0 = DEVICE.busy_s, DEVICE.rounds, DEVICE.depth_wait_s
     batched0 = (DEVICE.batches_run, DEVICE.batched_jobs)
     start.wait()
     t0 = out.start = time.perf_counter()
@@ -280,6 +289,7 @@ def run(
     out.wall_s = time.perf_counter() - t0
     out.owner_busy_s, out.owner_rounds = DEVICE.busy_s - busy0, DEVICE.rounds - rounds0
     out.owner_batched = (DEVICE.batches_run - batched0[0], DEVICE.batched_jobs - batched0[1])
+    out.owner_waited_s = DEVICE.depth_wait_s - waited0
     if device == "cuda":
         out.peak_mb = torch.cuda.max_memory_allocated() / 2**20
     out.batches = dict(sorted(synth._batcher.batches.items()))
@@ -468,9 +478,10 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         "| streams | sampling | lines | audio s | wall s | audio s/s | x serial | x 1 stream "
         "| all live: audio s/s (x 1 stream) | TTFA p50 ms "
         "| TTFA p95 ms | underruns (lines) | errors | text / sampling / decode ms a line "
-        "| batches (size: count) | owner busy % (rounds) | owner batched calls (jobs) | peak MiB |"
+        "| batches (size: count) | owner busy % (rounds) | owner batched calls (jobs) "
+        "| owner waited % | peak MiB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     default_switch = sys.getswitchinterval()
     intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [None]
     current = None
@@ -500,7 +511,8 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
                 f"{r.per_line_ms('decode'):.1f} "
                 f"| {' '.join(f'{k}:{v}' for k, v in r.batches.items())} "
                 f"| {100 * r.owner_busy_s / r.wall_s:.0f} ({r.owner_rounds}) "
-                f"| {r.owner_batched[0]} ({r.owner_batched[1]}) | {r.peak_mb:.0f} |",
+                f"| {r.owner_batched[0]} ({r.owner_batched[1]}) "
+                f"| {100 * r.owner_waited_s / r.wall_s:.0f} | {r.peak_mb:.0f} |",
                 flush=True,
             )
             for text in sorted(set(r.error_text))[:3]:
@@ -632,7 +644,7 @@ def main() -> None:
         "--batching",
         default="step,line",
         help="which batched sampling runs beside serial: step, step-eager, line, line-filled "
-        "(comma-separated)",
+        "(comma-separated), each optionally with @N: the device owner's queue depth (line@2)",
     )
     ap.add_argument("--max-batch", type=int, default=16, help="the preset max_batch: the largest batch")
     ap.add_argument(

@@ -152,3 +152,22 @@ def test_owner_time_labels_and_times_the_owners_jobs_by_kind() -> None:
     shares = [int(v[2].rstrip(" |")) for k, v in rows.items() if k not in ("what", "---")]
     assert 98 <= sum(shares) <= 102
     assert "_round" not in DEVICE.__dict__ and "_do" not in DEVICE.__dict__  # put back
+
+
+def test_a_kind_with_a_depth_runs_under_that_owner_queue_depth(irodori_home) -> None:
+    """ "line@3": line batches with the device owner's queue depth 3; a kind without one: none."""
+    from irodori_speaker.engine.hardware.owner import DEVICE
+    from irodori_speaker.synthesis.batching import SampleBatcher
+    from irodori_speaker.synthesis.loading import load_synthesizer
+    from irodori_speaker.synthesis.stepping import StepScheduler
+
+    conc = _module()
+    synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=4)
+    try:
+        conc.use_sampling(synth, "line@3", 4, [None])
+        assert DEVICE.queue_depth == 3
+        assert isinstance(synth._batcher, SampleBatcher) and synth._batcher.max_batch == 4
+        conc.use_sampling(synth, "step", 4, [None])
+        assert DEVICE.queue_depth == 0 and isinstance(synth._batcher, StepScheduler)
+    finally:
+        DEVICE.queue_depth = 0

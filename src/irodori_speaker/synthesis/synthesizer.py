@@ -159,6 +159,8 @@ class Synthesizer:
             # lengths (a line's last window) stay eager: a capture mid-stream would cost more
             shapes = len(self._window_lengths()) * (1 + len(self._decode_rows()))
             codec.use_graphs(True, capture_on_use=None, max_graphs=max(8, shapes))
+        if self.device.type == "cuda" and self.preset.owner_queue_depth:
+            DEVICE.queue_depth = self.preset.owner_queue_depth  # one owner: process-wide
         self.prewarm_report: dict[str, Any] = {}
 
     @property

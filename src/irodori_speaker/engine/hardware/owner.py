@@ -30,6 +30,14 @@ Jobs of one kind (`run_batched`: the decode windows of one length, the text enco
 together run as one call: every line that is waiting is served by one launch of a batch. A batch
 that raises runs its jobs again one by one, so an error reaches only the line that caused it.
 
+A queue depth (`queue_depth`, the preset's `owner_queue_depth`; 0: none) bounds how far the owner
+runs ahead of the GPU: with that many of its launches unfinished there, it waits for the oldest
+before taking the next job. Without a bound, under many streams the GPU is the bottleneck and the
+owner, never waiting, launches each job the moment it comes: the backlog sits in the GPU's queue,
+where no two lines meet in a batch and a new line's first audio queues behind every line's windows
+(fifteenth session: GPU busy 87 %, the owner idle 75 %, batches of 1-8 lines). With a bound, the
+backlog waits here, where jobs of one kind run as one call and URGENT ones go first.
+
 Both threads start with work and end when idle for `linger_s`, so no thread outlives the lines.
 """
 
@@ -115,8 +123,14 @@ class HostCopy:
 class DeviceOwner:
     """The process's device thread (`DEVICE`); see the module's docstring."""
 
-    def __init__(self, linger_s: float = 0.05) -> None:
+    def __init__(self, linger_s: float = 0.05, queue_depth: int = 0) -> None:
         self.linger_s = linger_s
+        # the most of the owner's launches the device may hold unfinished before it waits (0: none)
+        self.queue_depth = queue_depth
+        self._launched: deque[Any] = deque()  # a mark (a recorded CUDA event) after each launch
+        self._mark: Callable[[], Any] = _device_mark
+        self.depth_waits = 0  # how often the owner waited for the device's queue to shorten
+        self.depth_wait_s = 0.0  # and for how long (not counted in busy_s)
         self._cond = threading.Condition()
         self._urgent: deque[Job] = deque()
         self._normal: list[tuple[float, int, Job]] = []  # a heap by (when due, arrival order)
@@ -304,9 +318,9 @@ class DeviceOwner:
                             self._thread = None
                             return
                 with MODEL_LOCK, torch.inference_mode(), no_device_reads():
-                    t0 = time.perf_counter()
+                    t0, waited = time.perf_counter(), self.depth_wait_s
                     self._round()
-                    self.busy_s += time.perf_counter() - t0
+                    self.busy_s += time.perf_counter() - t0 - (self.depth_wait_s - waited)
                     self.rounds += 1
         except BaseException as e:  # a bug past every job's own handling: nothing may hang on it
             log.exception("the device owner failed; its queued lines fail with it")
@@ -325,25 +339,56 @@ class DeviceOwner:
     def _round(self) -> None:
         """Urgent jobs, one step of every stepper, then the NORMAL jobs queued before the step
         by when due (while lines are stepped, only those due)."""
-        while (job := self._pop_urgent()) is not None:
+        while self._room() and (job := self._pop_urgent()) is not None:
             self._do(job)
+            self._note_launch()
         stepping = False
         for stepper in list(self._steppers):
             if stepper.has_work():
                 stepping = True
+                self._room()
                 try:
                     stepper.iterate()
                 except Exception as e:  # its lines fail, the owner and other lines go on
                     log.exception("a step failed past its own handling")
                     stepper.fail(e)
+                self._note_launch()
         with self._cond:  # one step of work left no trace: forget it (no reference kept)
             self._steppers = [s for s in self._steppers if s.has_work()]
             n = len(self._normal)
         for _ in range(n):
+            self._room()
             job = self._pop_urgent() or self._pop_normal(due_only=stepping)
             if job is None:
                 break
             self._do(job)
+            self._note_launch()
+
+    def _room(self) -> bool:
+        """With a queue depth, wait until fewer than `queue_depth` of the owner's launches are
+        unfinished on the device (the jobs that arrive meanwhile queue here, where they batch and
+        URGENT ones go first). Always True (it reads as a condition in `_round`'s loop)."""
+        if self.queue_depth <= 0:
+            return True
+        launched = self._launched
+        while launched and _finished(launched[0]):
+            launched.popleft()
+        if len(launched) >= self.queue_depth:
+            t0 = time.perf_counter()
+            while len(launched) >= self.queue_depth:
+                mark = launched.popleft()
+                try:
+                    mark.synchronize()
+                except Exception:  # a device error: the line whose copy fails raises it
+                    log.debug("waiting for a launch failed", exc_info=True)
+            self.depth_waits += 1
+            self.depth_wait_s += time.perf_counter() - t0
+        return True
+
+    def _note_launch(self) -> None:
+        """Mark the end of what the owner just launched (with a queue depth; on CUDA)."""
+        if self.queue_depth > 0 and (mark := self._mark()) is not None:
+            self._launched.append(mark)
 
     def _pop_urgent(self) -> Job | None:
         with self._cond:
@@ -429,6 +474,25 @@ class DeviceOwner:
             except Exception as e:  # a device error: the line that waits for it raises it
                 copy.error = e
             copy._ready.set()
+
+
+def _device_mark() -> Any:
+    """A CUDA event recorded on the current stream, or None where CUDA is not in use (nothing
+    queued: a CPU job's work is done when it returns)."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def _finished(mark: Any) -> bool:
+    try:
+        return bool(mark.query())
+    except Exception:  # a device error: forget the mark (the line's own copy raises it)
+        return True
 
 
 DEVICE = DeviceOwner()

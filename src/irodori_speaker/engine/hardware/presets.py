@@ -92,6 +92,12 @@ class Preset:
     # 4.05 against 5.24 ms a line on the H200, `concurrency.py --ceiling`); off on the CPU, where a
     # batched convolution measured no faster (benchmarks/RESULTS.md)
     decode_batch: int = 1
+    # CUDA, lines meeting on the device owner: the most of its launches the GPU may hold unfinished
+    # before the owner waits for the oldest (engine/hardware/owner.py): the backlog then waits on
+    # the host, where lines batch and a new line's first audio goes first, not in the GPU's queue.
+    # 0: no bound (the owner never waits). Process-wide (one owner): a CUDA Synthesizer with a
+    # non-zero value sets it. 0 until measured on a GPU (`concurrency.py --batching line,line@2`)
+    owner_queue_depth: int = 0
     # the GPU memory budget in bytes (None: none), set at load from LoadOptions.max_gpu_memory;
     # max_batch and prewarm_seconds are then within it (engine/hardware/memory.py)
     max_gpu_memory: int | None = None
@@ -284,6 +290,12 @@ def select_preset(backend: str = "auto", **overrides) -> Preset:
     stream_args(preset.stream_chunk_frames, 0, preset.stream_first_chunk_frames, preset.stream_chunk_growth)
     for field in ("device", "codec_device"):
         _check_device(field, getattr(preset, field))
+    depth = preset.owner_queue_depth
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+        raise BackendError(
+            f"owner_queue_depth must be an integer >= 0, got {depth!r}",
+            hint="0: no bound; 2 lets the GPU hold two of the owner's launches",
+        )
     if preset.int8_linears and torch.device(preset.device).type != "cpu":
         raise BackendError(
             f"int8_linears runs on the CPU only, not on {preset.device!r}",
