@@ -144,6 +144,23 @@ def test_depth_two_lets_two_launches_through_before_waiting():
     assert ran == [3]
 
 
+def test_a_job_that_launched_nothing_takes_no_place_in_the_depth():
+    """A line sampled meanwhile in another line's batch finds its own job empty
+    (synthesis/batching.py): were it marked, the owner would wait with the GPU one job short."""
+    gpu = _GpuQueue()
+    owner = _owner(2, gpu)
+    _first_launch(owner)
+    empty = _in_thread(lambda: owner.run(owner.launched_nothing))
+    empty[0].join(20)
+    assert len(gpu.marks) == 1
+    third = _in_thread(lambda: owner.run(lambda: "third"))
+    third[0].join(10)
+    try:
+        assert third[1] == ["third"] and not gpu.marks[0].waited.is_set()
+    finally:
+        gpu.finish(all_later=True)
+
+
 def test_without_a_depth_the_owner_marks_and_waits_for_nothing():
     gpu = _GpuQueue()
     owner = _owner(0, gpu)

@@ -131,7 +131,7 @@ class SampleBatcher(CountsPreparing):
             self._waiting.append(req)
         try:
             self._gather(req)
-            DEVICE.run(lambda: None if req.done else self._lead(req), req.cancel)
+            DEVICE.run(lambda: DEVICE.launched_nothing() if req.done else self._lead(req), req.cancel)
         finally:
             with self._cond:
                 if not req.taken:  # cancelled while waiting: nobody runs it
@@ -180,6 +180,7 @@ class SampleBatcher(CountsPreparing):
     def _lead(self, req: SampleRequest) -> None:
         with self._cond:
             if req.cancel is not None and req.cancel.cancelled:  # cancelled just now: run nothing
+                DEVICE.launched_nothing()
                 return
             batch = self._pick(req)
             for r in batch:

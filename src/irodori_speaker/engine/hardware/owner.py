@@ -128,6 +128,7 @@ class DeviceOwner:
         # the most of the owner's launches the device may hold unfinished before it waits (0: none)
         self.queue_depth = queue_depth
         self._launched: deque[Any] = deque()  # a mark (a recorded CUDA event) after each launch
+        self._nothing = False  # the job running now said it launched nothing
         self._mark: Callable[[], Any] = _device_mark
         self.depth_waits = 0  # how often the owner waited for the device's queue to shorten
         self.depth_wait_s = 0.0  # and for how long (not counted in busy_s)
@@ -340,8 +341,7 @@ class DeviceOwner:
         """Urgent jobs, one step of every stepper, then the NORMAL jobs queued before the step
         by when due (while lines are stepped, only those due)."""
         while self._room() and (job := self._pop_urgent()) is not None:
-            self._do(job)
-            self._note_launch()
+            self._note_launch(self._do(job))
         stepping = False
         for stepper in list(self._steppers):
             if stepper.has_work():
@@ -352,7 +352,7 @@ class DeviceOwner:
                 except Exception as e:  # its lines fail, the owner and other lines go on
                     log.exception("a step failed past its own handling")
                     stepper.fail(e)
-                self._note_launch()
+                self._note_launch(True)
         with self._cond:  # one step of work left no trace: forget it (no reference kept)
             self._steppers = [s for s in self._steppers if s.has_work()]
             n = len(self._normal)
@@ -361,8 +361,7 @@ class DeviceOwner:
             job = self._pop_urgent() or self._pop_normal(due_only=stepping)
             if job is None:
                 break
-            self._do(job)
-            self._note_launch()
+            self._note_launch(self._do(job))
 
     def _room(self) -> bool:
         """With a queue depth, wait until fewer than `queue_depth` of the owner's launches are
@@ -385,10 +384,19 @@ class DeviceOwner:
             self.depth_wait_s += time.perf_counter() - t0
         return True
 
-    def _note_launch(self) -> None:
-        """Mark the end of what the owner just launched (with a queue depth; on CUDA)."""
-        if self.queue_depth > 0 and (mark := self._mark()) is not None:
+    def _note_launch(self, ran: bool) -> None:
+        """Mark the end of what the owner just launched (with a queue depth; on CUDA), unless the
+        job ran nothing or said it launched nothing (`launched_nothing`)."""
+        nothing, self._nothing = self._nothing, False
+        if ran and not nothing and self.queue_depth > 0 and (mark := self._mark()) is not None:
             self._launched.append(mark)
+
+    def launched_nothing(self) -> None:
+        """Called by a job that found nothing to launch (a line sampled meanwhile in another
+        line's batch): it takes no place in the queue depth (a mark after it would end with the
+        work before it and make the owner wait for that with the GPU's queue one job short)."""
+        if threading.current_thread() is self._thread:
+            self._nothing = True
 
     def _pop_urgent(self) -> Job | None:
         with self._cond:
@@ -417,7 +425,9 @@ class DeviceOwner:
                 batch.append(other)
         return batch
 
-    def _do(self, job: Job) -> None:
+    def _do(self, job: Job) -> bool:
+        """Run `job` (with its batch); False if nothing ran (every job cancelled before it started)."""
+        self._nothing = False
         batch = [j for j in self._batch_of(job) if not self._dropped(j)]
         if len(batch) > 1:
             assert job.many is not None
@@ -429,7 +439,7 @@ class DeviceOwner:
                 log.debug("a batch of %d raised; its jobs run one by one", len(batch), exc_info=True)
                 for j in batch:
                     self._do_one(j)
-                return
+                return True
             self.batches_run += 1
             self.batched_jobs += len(batch)
             self.jobs_run += len(batch)
@@ -438,6 +448,7 @@ class DeviceOwner:
                 j.done.set()
         elif batch:
             self._do_one(batch[0])
+        return bool(batch)
 
     @staticmethod
     def _dropped(job: Job) -> bool:
