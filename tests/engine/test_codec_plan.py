@@ -3,12 +3,13 @@ first chunk, windows of a few graphed lengths only, the fewest frames decoded, t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 
 import pytest
 import torch
-from test_codec_graphs import ATOL, _codec, _latent
+from test_codec_graphs import ATOL, FakeCapture, _cache, _codec, _latent
 
 from irodori_speaker.engine.codec import stream_window_lengths, streaming
 from irodori_speaker.errors import InputError
@@ -166,6 +167,16 @@ def test_a_plan_with_growth_is_an_input_error() -> None:
         stream_window_lengths(50, C, 8, 3.0, plan_lengths=(40,))
 
 
+def test_a_preset_with_a_bad_plan_fails_before_any_model() -> None:
+    from irodori_speaker.engine.hardware.presets import select_preset
+
+    with pytest.raises(InputError, match=">= 17"):
+        select_preset("cpu", stream_window_plan=(16,))
+    with pytest.raises(InputError, match="growth"):
+        select_preset("cpu", stream_chunk_growth=2.0, stream_window_plan=(40,))
+    assert select_preset("cpu", stream_window_plan=CUDA_PLAN).stream_window_plan == CUDA_PLAN
+
+
 # --------------------------------------------------------------------------- the audio
 
 
@@ -185,3 +196,44 @@ def test_a_planned_stream_joins_to_the_one_pass_decode(
     windows = _planned(frames, first, lengths)
     parts = list(streaming.decode_windows(codec._decode_window, z, windows, codec.hop_length, None))
     torch.testing.assert_close(torch.cat(parts, -1), codec.decode(lat), atol=ATOL, rtol=0)
+
+
+def test_a_synthesizers_plan_is_prewarmed_replayed_and_sounds_the_same(irodori_home) -> None:
+    """`preset.stream_window_plan`: prewarm captures the plan's lengths (the codec's graphs stood in
+    for on the CPU), a streamed line's every window replays one (none eager) and the audio is
+    the same as without a plan."""
+    import numpy as np
+
+    from irodori_speaker.options import SynthesisOptions
+    from irodori_speaker.synthesis.loading import load_synthesizer
+    from irodori_speaker.synthesis.prewarm import codec_graphs
+
+    audio, replayed = [], []
+    for plan in ((), (24, 40)):
+        synth = load_synthesizer(
+            tiny_random=True, backend="cpu", voice_cache_dir=False, stream_window_plan=plan
+        )
+        # the CPU preset's windows: 8, then 25 (41); with the plan its first window, then 24 and 40
+        assert synth._window_lengths() == ([16, 41] if not plan else [16, 24, 40])
+        synth.preset = dataclasses.replace(synth.preset, codec_graphs=True)
+        lengths: list[int] = []  # the window lengths replayed
+        cap = FakeCapture(
+            lambda z, decode=synth.codec._decode_frames, lengths=lengths: (
+                lengths.append(z.shape[-1]) or decode(z)
+            )
+        )
+        synth.codec._graphs = _cache(cap, max_graphs=8, capture_on_use=None)  # as the synthesizer's
+        assert codec_graphs(synth) == len(synth._window_lengths())
+        assert cap.keys == [(1, n) for n in synth._window_lengths()]
+        eager: list[int] = []
+        decode = synth.codec._decode_frames
+        synth.codec._decode_frames = lambda z, decode=decode, eager=eager: (
+            eager.append(z.shape[-1]) or decode(z)
+        )
+        lengths.clear()  # the capture's own run
+        opts = SynthesisOptions(seed=3, steps=2, seconds=2.2)
+        audio.append(np.concatenate(list(synth.stream("こんにちは", options=opts))))
+        assert not eager, eager  # every window a prewarmed length
+        replayed.append(lengths)
+    assert 41 in replayed[0] and 41 not in replayed[1] and set(replayed[1]) <= {16, 24, 40}, replayed
+    np.testing.assert_allclose(audio[1], audio[0], atol=1e-5)

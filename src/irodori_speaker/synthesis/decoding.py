@@ -79,13 +79,14 @@ def decode_chunks(
     Each window is a job of the device owner, copied to the host without waiting where the
     owner ran it (CUDA); then the next window is launched before this one is read."""
     first = growth = None
+    plan: tuple[int, ...] = ()  # a window plan is the stream's policy, as first and growth are
     if opts.chunk_frames is not None:
         chunk = opts.chunk_frames
     elif whole:
         chunk = preset.decode_chunk_frames
     else:
         chunk, first = preset.stream_chunk_frames, preset.stream_first_chunk_frames
-        growth = preset.stream_chunk_growth
+        growth, plan = preset.stream_chunk_growth, tuple(preset.stream_window_plan)
     total = rendered.samples
 
     def latent() -> Any:
@@ -105,7 +106,12 @@ def decode_chunks(
         return
     tails = tuple(preset.stream_tail_windows)
     windows = codec.stream_windows(
-        rendered.decode_frames, chunk, first_chunk_frames=first, growth=growth, tail_lengths=tails
+        rendered.decode_frames,
+        chunk,
+        first_chunk_frames=first,
+        growth=growth,
+        tail_lengths=tails,
+        plan_lengths=plan,
     )
     hop, limit, sr = codec.hop_length, max(1, int(preset.decode_batch)), codec.sample_rate
     # windows of lines that meet go as one batch; where graphs fill it up to its bucket, one that

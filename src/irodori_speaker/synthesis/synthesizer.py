@@ -272,13 +272,16 @@ class Synthesizer:
 
     def _window_lengths(self) -> list[int]:
         """The stream's window lengths (frames) that get graphs: its first and middle windows, and
-        the shorter lengths a line's last window may take (`preset.stream_tail_windows`)."""
+        the shorter lengths a line's last window may take (`preset.stream_tail_windows`); with a
+        window plan (`preset.stream_window_plan`) its first window and the plan's lengths."""
+        plan = tuple(self.preset.stream_window_plan)
         lengths = stream_window_lengths(
             self.preset.stream_chunk_frames,
             first_chunk_frames=self.preset.stream_first_chunk_frames,
             growth=self.preset.stream_chunk_growth,
+            plan_lengths=plan,
         )
-        return list(dict.fromkeys([*lengths, *self.preset.stream_tail_windows]))
+        return list(dict.fromkeys([*lengths, *(() if plan else self.preset.stream_tail_windows)]))
 
     def _decode_rows(self) -> list[int]:
         """The batch buckets of stream windows decoded together (`preset.decode_batch`)."""

@@ -169,12 +169,13 @@ class DACVAE(nn.Module):
         first_chunk_frames: int | None = None,
         growth: float | None = None,
         tail_lengths: Sequence[int] = (),
+        plan_lengths: Sequence[int] = (),
     ) -> list[Window]:
         """The windows (lo, start, end, hi) `decode_stream` walks for a latent of `frames` frames
         (host arithmetic), for callers that decode them themselves: a window decodes
         `z[..., lo:hi]` and keeps samples [(start - lo) * hop, (end - lo) * hop). With graphs a
         line's last window takes the middle length, or the shortest of `tail_lengths` that holds
-        it (`chunk_windows`)."""
+        it; with `plan_lengths` the windows after the first take those lengths (`chunk_windows`)."""
         return chunk_windows(
             frames,
             chunk_frames,
@@ -183,6 +184,7 @@ class DACVAE(nn.Module):
             growth=growth,
             stretch_last=self._graphed(),
             tail_lengths=tail_lengths,
+            plan_lengths=plan_lengths,
         )
 
     def decode_window_batch(self, windows: Sequence[tuple[Tensor, int, int]]) -> list[Tensor]:

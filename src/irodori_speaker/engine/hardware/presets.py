@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ...errors import BackendError
-from ..codec.streaming import stream_args
+from ..codec.streaming import RECEPTIVE_FIELD_FRAMES, plan_args, stream_args
 from .cpu_features import CpuFeatures, choose_threads, cpu_features
 
 #: FP8 tensor cores: Ada (sm_89) and Hopper (sm_90) onwards (engine/quant/fp8.py uses the same).
@@ -48,6 +48,14 @@ class Preset:
     # its frames instead of 1.59x (benchmarks/decode_frames.py). Off until measured on a GPU
     # (`concurrency.py --tail-windows 40`); more window lengths also split the batches of windows
     stream_tail_windows: tuple[int, ...] = ()
+    # with codec graphs: a window plan, the window lengths (each graphed at prewarm) that the rest
+    # of a line after its first chunk is cut into with the fewest frames decoded (`chunk_windows`
+    # `plan_lengths`; stream_chunk_frames and stream_tail_windows then unused, not with
+    # stream_chunk_growth): news5 decoded 1.30x its frames with (40, 66, 116, 216) instead of 1.59x
+    # (benchmarks/decode_frames.py), the same audio. Off until measured on a GPU
+    # (`concurrency.py --window-plan 40,66,116,216`): more lengths split the batches of windows, and
+    # the longest counts in the memory budget's window (engine/hardware/memory.py)
+    stream_window_plan: tuple[int, ...] = ()
     # CPU threads for torch; None: $IRODORI_THREADS, else half the CPUs this process may use
     # (cpu_features.choose_threads: a streaming PC is shared; torch's thread per core collapsed)
     threads: int | None = None
@@ -288,6 +296,7 @@ def select_preset(backend: str = "auto", **overrides) -> Preset:
     choose_threads(preset.threads)  # a bad threads= or $IRODORI_THREADS fails here, before any model
     # the stream's own checks, before any model loads
     stream_args(preset.stream_chunk_frames, 0, preset.stream_first_chunk_frames, preset.stream_chunk_growth)
+    plan_args(preset.stream_window_plan, RECEPTIVE_FIELD_FRAMES, preset.stream_chunk_growth)
     for field in ("device", "codec_device"):
         _check_device(field, getattr(preset, field))
     depth = preset.owner_queue_depth
