@@ -290,3 +290,23 @@ def test_the_window_batch_gets_what_the_sampling_leaves():
     assert alone.decode_batch == 1 and "stream windows" not in alone.describe()  # no lines meet
     sizes = {plan_budget(b * GIB // 4, 80 * GIB, GIB, cfg, None, preset).decode_batch for b in range(8, 40)}
     assert 1 in sizes and 4 in sizes  # some budget between holds the sampling but fewer windows
+
+
+def test_a_window_plans_longest_window_counts_in_the_window_batch():
+    """With a window plan (`stream_window_plan`) the graphed windows reach its longest length (216
+    frames against the middle 66): the decode's reserve and the window batch are sized from that; a
+    plan within the middle length changes nothing."""
+    cfg, preset = ModelConfig(), dataclasses.replace(base_preset("cuda"), max_batch=8)
+    plan = dataclasses.replace(preset, stream_window_plan=(40, 66, 116, 216))
+    short = dataclasses.replace(preset, stream_window_plan=(40, 66))
+    budgets = [b * GIB // 4 for b in range(8, 80)]
+    plain = [plan_budget(b, 80 * GIB, GIB, cfg, None, preset) for b in budgets]
+    assert [plan_budget(b, 80 * GIB, GIB, cfg, None, short) for b in budgets] == plain
+    # the sampling batch is chosen first (a larger reserve may lower it, leaving more to the windows)
+    got = [
+        (p.max_batch, p.decode_batch)
+        for p in (plan_budget(b, 80 * GIB, GIB, cfg, None, plan) for b in budgets)
+    ]
+    want = [(p.max_batch, p.decode_batch) for p in plain]
+    assert all(g <= w for g, w in zip(got, want, strict=True)) and got != want
+    assert got[-1] == want[-1] == (8, 4)  # a roomy budget holds them all

@@ -213,8 +213,9 @@ def plan_budget(
             chunk = preset.stream_chunk_frames  # exact (engine/codec/streaming.py), far less memory
         # a whole line's decode (or one chunk's window), and the codec graphs' shared pool
         reserve += codec_bytes(codec, longest if chunk is None else chunk + CODEC_CONTEXT_FRAMES, width)
-        if preset.codec_graphs:
-            window = codec_bytes(codec, preset.stream_chunk_frames + CODEC_CONTEXT_FRAMES, width)
+        if preset.codec_graphs:  # the longest window graphed: the middle one's, or a plan's longest
+            middle = preset.stream_chunk_frames + CODEC_CONTEXT_FRAMES
+            window = codec_bytes(codec, max((middle, *preset.stream_window_plan)), width)
             reserve += window
 
     def per_line(seconds: float) -> int:
