@@ -8,9 +8,10 @@ left to the middle windows' length to replay their graph (`codec.streaming.chunk
 
 Per window configuration (chunk frames, first chunk, growth, and the preset's
 `stream_tail_windows`: shorter lengths the last window may take): the window lengths, the frames
-decoded for the lines, their ratio to the lines' frames, and the windows. The last rows are a
-plan not built: after the first window, windows chosen among a few graphed lengths (`--lengths`)
-by a small search for the fewest decoded frames, the last one the shortest that covers the rest.
+decoded for the lines, their ratio to the lines' frames, and the windows. The last rows are the
+preset's window plan (`stream_window_plan`, `chunk_windows`' `plan_lengths`), per first chunk of
+the rows above: after the first window, windows of a few graphed lengths (`--lengths`) with the
+fewest frames decoded. Every row goes through the product's `chunk_windows`.
 
     python benchmarks/decode_frames.py
     python benchmarks/decode_frames.py --frames 37,190,252,118,118 --lengths 40,66,116,216
@@ -19,7 +20,6 @@ by a small search for the fewest decoded frames, the last one the shortest that 
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from pathlib import Path
 
@@ -37,34 +37,20 @@ NEWS5_FRAMES = "37,190,252,118,118"
 
 
 def decoded(
-    frames: int, chunk: int, first: int | None, growth: float | None, tails: tuple[int, ...] = ()
+    frames: int,
+    chunk: int,
+    first: int | None,
+    growth: float | None,
+    tails: tuple[int, ...] = (),
+    plan: tuple[int, ...] = (),
 ) -> tuple[int, int, set[int]]:
-    """(frames decoded, windows, window lengths) of one line streamed with these arguments."""
-    windows = chunk_windows(frames, chunk, C, first, growth=growth, stretch_last=True, tail_lengths=tails)
+    """(frames decoded, windows, window lengths) of one line streamed with these arguments (with
+    graphs: `stretch_last`)."""
+    windows = chunk_windows(
+        frames, chunk, C, first, growth=growth, stretch_last=True, tail_lengths=tails, plan_lengths=plan
+    )
     lengths = {hi - lo for lo, _, _, hi in windows}
     return sum(hi - lo for lo, _, _, hi in windows), len(windows), lengths
-
-
-def planned(frames: int, first: int, lengths: tuple[int, ...]) -> int:
-    """Frames decoded when, after a first window of `first` frames (+ context), the rest is cut
-    into windows of the given lengths with the fewest frames decoded: a middle window of length L
-    gives L - 2C frames, the last one (the line's end: no right context) up to L - C."""
-
-    @functools.cache
-    def rest(r: int) -> int:
-        if r <= 0:
-            return 0
-        best = min((L for L in lengths if r <= L - C), default=None)
-        for L in lengths:
-            if L - 2 * C > 0 and r > L - 2 * C:
-                total = L + rest(r - (L - 2 * C))
-                best = total if best is None else min(best, total)
-        assert best is not None, "a window length must exceed twice the context"
-        return best
-
-    if frames <= first:  # one window, the whole line
-        return frames
-    return first + C + rest(frames - first)
 
 
 def main() -> None:
@@ -76,28 +62,31 @@ def main() -> None:
         help="chunk:first:growth[:tail+tail...] per row ('-': no growth; tails: the preset's "
         "stream_tail_windows); the first is the CUDA preset's",
     )
-    ap.add_argument("--lengths", default="40,66,116,216", help="window lengths of the plan's rows")
+    ap.add_argument(
+        "--lengths", default="40,66,116,216", help="the window plan's lengths (stream_window_plan)"
+    )
     args = ap.parse_args()
     lines = [int(x) for x in args.frames.split(",")]
     total = sum(lines)
     print(f"# {len(lines)} lines of {lines} latent frames ({total}); context {C} frames a side")
     print("| windows | window lengths | frames decoded | x the lines' frames | windows |")
     print("|---|---|---|---|---|")
+    plan = tuple(int(x) for x in args.lengths.split(","))
+    rows = []
     for config in args.configs.split(","):
         chunk, first, growth, *rest = config.split(":")
         g = None if growth == "-" else float(growth)
         tails = tuple(int(x) for x in rest[0].split("+")) if rest else ()
-        rows = [decoded(n, int(chunk), int(first), g, tails) for n in lines]
-        frames = sum(r[0] for r in rows)
-        lengths = sorted(set().union(*(r[2] for r in rows)))
         name = f"chunks {chunk}, first {first}" + (f", growth {growth}" if g else "")
         name += f", tail windows {list(tails)}" if tails else ""
-        print(f"| {name} | {lengths} | {frames} | {frames / total:.2f} | {sum(r[1] for r in rows)} |")
-    lengths = tuple(int(x) for x in args.lengths.split(","))
+        rows.append((name, [decoded(n, int(chunk), int(first), g, tails) for n in lines]))
     for first in sorted({int(c.split(":")[1]) for c in args.configs.split(",")}):
-        frames = sum(planned(n, first, lengths) for n in lines)
-        name = f"plan (not built): first {first}, then of {list(lengths)}"
-        print(f"| {name} | - | {frames} | {frames / total:.2f} | - |")
+        name = f"window plan {list(plan)}, first {first}"
+        rows.append((name, [decoded(n, first, first, None, plan=plan) for n in lines]))
+    for name, windows in rows:
+        frames = sum(r[0] for r in windows)
+        lengths = sorted(set().union(*(r[2] for r in windows)))
+        print(f"| {name} | {lengths} | {frames} | {frames / total:.2f} | {sum(r[1] for r in windows)} |")
 
 
 if __name__ == "__main__":

@@ -33,16 +33,19 @@ def test_the_plan_never_decodes_more_than_the_preset_windows_nor_fewer_than_the_
     mod = _module()
     lengths = (40, 66, 116, 216)
     for frames in range(1, 400, 7):
-        plan = mod.planned(frames, 8, lengths)
+        plan, _, used = mod.decoded(frames, 50, 8, None, plan=lengths)
         assert frames <= plan <= mod.decoded(frames, 50, 8, None)[0], frames
+        assert used <= {16, *lengths} or frames < 16, (frames, used)  # the first window, then the plan's
 
 
 def test_the_table_prints_a_row_per_config_and_the_plan():
     cmd = [sys.executable, str(SCRIPT), "--configs", "50:8:-,50:8:-:40,100:8:3"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    rows = [line for line in out.splitlines() if line.startswith("| chunks") or line.startswith("| plan")]
+    rows = [line for line in out.splitlines() if line.startswith(("| chunks", "| window plan"))]
     assert len(rows) == 4, out
     assert "tail windows [40]" in rows[1] and "40" in rows[1].split("|")[2]
+    assert rows[3].split("|")[2].strip() == "[16, 40, 66, 116, 216]", out
     ratios = [float(r.split("|")[4]) for r in rows]
     # the preset's tail windows and the plan decode fewer frames than the preset's windows
     assert all(x >= 1 for x in ratios) and ratios[1] < ratios[0] and ratios[3] <= ratios[1], out
+    assert (ratios[0], ratios[3]) == (1.59, 1.30), out  # news5's lines
