@@ -441,8 +441,14 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         raise SystemExit(f"mode {key} needs CUDA")
     files = news5.prepare_files(int4=mode.int4, smoke=args.smoke, families={mode.family})
     tails = tuple(int(x) for x in args.tail_windows.split(",")) if args.tail_windows else ()
+    plan = tuple(int(x) for x in args.window_plan.split(",")) if args.window_plan else ()
     synth, voice = news5.build(
-        mode, files, args.int4_impl, max_batch=args.max_batch, stream_tail_windows=tails
+        mode,
+        files,
+        args.int4_impl,
+        max_batch=args.max_batch,
+        stream_tail_windows=tails,
+        stream_window_plan=plan,
     )
     voices = reference_cuts(voice, args.voices)
     MAX_PADDING[0] = args.max_padding
@@ -465,7 +471,8 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     print(
         f"# torch {torch.__version__}; {torch.get_num_threads()} threads; "
         f"line batches' max_padding {MAX_PADDING[0] or synth.preset.max_padding}; thread switch interval "
-        f"{1e3 * sys.getswitchinterval():g} ms; stream windows {synth._window_lengths()}"
+        f"{1e3 * sys.getswitchinterval():g} ms; stream windows {synth._window_lengths()}; "
+        f"window plan {list(synth.preset.stream_window_plan) or 'none'}"
     )
     if len(voices) > 1:
         cuts = [int(synth.voices.states(v)[1][0].shape[1]) for v in voices]
@@ -639,6 +646,13 @@ def main() -> None:
         default="",
         help="the preset's stream_tail_windows: shorter graphed lengths a line's last window may "
         "take (e.g. 40; benchmarks/decode_frames.py); run with and without for the A/B",
+    )
+    ap.add_argument(
+        "--window-plan",
+        default="",
+        help="the preset's stream_window_plan: the window lengths a line after its first chunk is "
+        "cut into, the fewest frames decoded (e.g. 40,66,116,216; benchmarks/decode_frames.py); "
+        "run with and without for the A/B",
     )
     ap.add_argument(
         "--batching",

@@ -74,7 +74,7 @@ def test_smoke_run_tables_per_mode_the_same_audio_the_ceiling_and_the_server(tmp
     report = json.loads(out.read_text())
     assert list(report["modes"]) == ["f", "p"]  # one table each: v2 and v4.1-MF, the CPU presets
     assert run.stdout.count("| underruns (lines) | errors |") == 2
-    assert run.stdout.count("stream windows [16, 41, 40]") == 2  # --tail-windows: the preset's field
+    assert run.stdout.count("stream windows [16, 41, 40]; window plan none") == 2  # --tail-windows
     v2, mf = report["modes"]["f"], report["modes"]["p"]
     assert (v2["family"], mf["family"]) == ("v2", "v4.1-mf")
     # the same latent frames per sentence in both modes (the v4 line asks for v2's estimate) ...
@@ -117,6 +117,24 @@ def test_smoke_run_tables_per_mode_the_same_audio_the_ceiling_and_the_server(tmp
         assert c["audio_s_per_s"] == pytest.approx(c["rows"] * audio_s / (total / 1e3))
     one = ceiling[0]
     assert one["sampling_only_audio_s_per_s"] == pytest.approx(one["audio_s_per_s"])
+
+
+@pytest.mark.slow
+def test_window_plan_flag_is_the_presets_field_and_in_the_header() -> None:
+    """`--window-plan`: the preset's stream_window_plan (prewarm's lengths: the first window and the
+    plan's, no middle one), in the header; tails given beside it are not used."""
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--modes", "f", "--streams", "1", "--lines", "1"]
+    cmd += ["--min-lines", "1", "--no-serial", "--server", "0", "--tail-windows", "30"]
+    run = subprocess.run(
+        [*cmd, "--window-plan", "24,40"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "stream windows [16, 24, 40]; window plan [24, 40]" in run.stdout, run.stdout[:3000]
 
 
 def test_owner_time_labels_and_times_the_owners_jobs_by_kind() -> None:
