@@ -57,20 +57,26 @@ def test_v4_lines_ask_for_v2s_seconds_estimate_as_news5_does() -> None:
     assert v4.seconds == mod.news5.estimate_seconds(text) and v4.seed == 7
 
 
-@pytest.mark.slow
-def test_smoke_run_tables_per_mode_the_same_audio_the_ceiling_and_the_server(tmp_path: Path) -> None:
-    out = tmp_path / "concurrency.json"
-    cmd = [sys.executable, str(SCRIPT), "--smoke", "--modes", "f,p", "--streams", "1,2", "--lines", "1"]
-    cmd += ["--min-lines", "3", "--max-batch", "2", "--no-serial", "--ceiling", "--ceiling-frames", "20"]
+def _smoke(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
+    """The script on the tiny-random files (`--smoke`), checked to exit cleanly."""
     run = subprocess.run(
-        [*cmd, "--server", "4", "--wait-profile", "2", "--tail-windows", "40", "--json", str(out)],
+        [sys.executable, str(SCRIPT), "--smoke", *args],
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=timeout,
         env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
         check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    return run
+
+
+@pytest.mark.slow
+def test_smoke_run_tables_per_mode_the_same_audio_the_ceiling_and_the_server(tmp_path: Path) -> None:
+    out = tmp_path / "concurrency.json"
+    cmd = ["--modes", "f,p", "--streams", "1,2", "--lines", "1", "--min-lines", "3", "--max-batch", "2"]
+    cmd += ["--no-serial", "--ceiling", "--ceiling-frames", "20", "--server", "4", "--wait-profile", "2"]
+    run = _smoke([*cmd, "--tail-windows", "40", "--json", str(out)], timeout=400)
     report = json.loads(out.read_text())
     assert list(report["modes"]) == ["f", "p"]  # one table each: v2 and v4.1-MF, the CPU presets
     assert run.stdout.count("| underruns (lines) | errors |") == 2
@@ -123,17 +129,8 @@ def test_smoke_run_tables_per_mode_the_same_audio_the_ceiling_and_the_server(tmp
 def test_window_plan_flag_is_the_presets_field_and_in_the_header() -> None:
     """`--window-plan`: the preset's stream_window_plan (prewarm's lengths: the first window and the
     plan's, no middle one), in the header; tails given beside it are not used."""
-    cmd = [sys.executable, str(SCRIPT), "--smoke", "--modes", "f", "--streams", "1", "--lines", "1"]
-    cmd += ["--min-lines", "1", "--no-serial", "--server", "0", "--tail-windows", "30"]
-    run = subprocess.run(
-        [*cmd, "--window-plan", "24,40"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    cmd = ["--modes", "f", "--streams", "1", "--lines", "1", "--min-lines", "1", "--no-serial"]
+    run = _smoke([*cmd, "--server", "0", "--tail-windows", "30", "--window-plan", "24,40"], timeout=300)
     assert "stream windows [16, 24, 40]; window plan [24, 40]" in run.stdout, run.stdout[:3000]
 
 
