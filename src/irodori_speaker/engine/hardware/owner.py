@@ -340,7 +340,10 @@ class DeviceOwner:
     def _round(self) -> None:
         """Urgent jobs, one step of every stepper, then the NORMAL jobs queued before the step
         by when due (while lines are stepped, only those due)."""
-        while self._room() and (job := self._pop_urgent()) is not None:
+        while True:
+            self._room()
+            if (job := self._pop_urgent()) is None:
+                break
             self._note_launch(self._do(job))
         stepping = False
         for stepper in list(self._steppers):
@@ -363,12 +366,12 @@ class DeviceOwner:
                 break
             self._note_launch(self._do(job))
 
-    def _room(self) -> bool:
+    def _room(self) -> None:
         """With a queue depth, wait until fewer than `queue_depth` of the owner's launches are
         unfinished on the device (the jobs that arrive meanwhile queue here, where they batch and
-        URGENT ones go first). Always True (it reads as a condition in `_round`'s loop)."""
+        URGENT ones go first)."""
         if self.queue_depth <= 0:
-            return True
+            return
         launched = self._launched
         while launched and _finished(launched[0]):
             launched.popleft()
@@ -382,7 +385,6 @@ class DeviceOwner:
                     log.debug("waiting for a launch failed", exc_info=True)
             self.depth_waits += 1
             self.depth_wait_s += time.perf_counter() - t0
-        return True
 
     def _note_launch(self, ran: bool) -> None:
         """Mark the end of what the owner just launched (with a queue depth; on CUDA), unless the
