@@ -124,6 +124,16 @@ def decode_chunks(
             held.append(codec.decoder_input(latent(), check_finite=False))
         return held[0]
 
+    # eager channels-last decodes: the chunks from one stateful stream (each frame decoded once),
+    # made by the first chunk's job; each chunk a job of its own (a line's state is its own)
+    stateful = preset.stream_stateful and getattr(codec, "streams_statefully", lambda: False)()
+    streams: list[Any] = []
+
+    def stream_samples(a: int, b: int, keep: int) -> Any:
+        if not streams:
+            streams.append(codec.line_stream(source()))
+        return DEVICE.to_host(streams[0].samples(a, b)[0, 0, :keep].float())
+
     line = playback if playback is not None else Playback()
     before = line.samples  # the line's audio ahead of this piece
     launched = 0  # samples of the windows launched so far
@@ -136,18 +146,16 @@ def decode_chunks(
         keep = total - launched
         # a streamed window is needed when the line's audio before it has played
         deadline = None if whole else line.deadline(before + launched, sr)
-        item = _Window(source, lo, hi, (start - lo) * hop, (end - lo) * hop, keep)
-        key = ("decode", id(codec), hi - lo)
-        copy = DEVICE.run_batched(
-            key,
-            item,
-            lambda items: _decode_many(codec, items),
-            cancel,
-            priority,
-            limit=limit,
-            deadline=deadline,
-            take=take,
-        )
+        if stateful:
+            a, b = start * hop, end * hop
+            copy = DEVICE.run(lambda: stream_samples(a, b, keep), cancel, priority, deadline)
+        else:
+            item = _Window(source, lo, hi, (start - lo) * hop, (end - lo) * hop, keep)
+            key = ("decode", id(codec), hi - lo)
+            many = lambda items: _decode_many(codec, items)  # noqa: E731
+            copy = DEVICE.run_batched(
+                key, item, many, cancel, priority, limit=limit, deadline=deadline, take=take
+            )
         launched += min(copy.tensor.shape[0], keep)
         return copy
 

@@ -143,7 +143,7 @@ class ChannelsLastDecoder:
         self.steps: list[tuple[_Conv, bool, Tensor | None, bool]] = []
         blocks = [m for m in decoder.model[1:] if isinstance(m, DecoderBlock)]
         head_snake = decoder.head.pre[0]
-        first_alpha = blocks[0].block["0"].alpha
+        first_alpha = _alpha(blocks[0].block["0"])
         for i, block in enumerate(blocks):
             after = blocks[i + 1].block["0"] if i + 1 < len(blocks) else head_snake
             units: list[ResidualUnit] = [block.block[k] for k in ("4", "5", "8")]  # type: ignore[misc]

@@ -21,6 +21,7 @@ from .config import CodecConfig
 from .fast import ChannelsLastDecoder, supports_channels_last
 from .graphs import GraphCache, WindowGraph, capture_graph
 from .layers import Decoder, Encoder, VAEBottleneck
+from .stateful import LineStream
 from .streaming import RECEPTIVE_FIELD_FRAMES, Window, check_int, chunk_windows, decode_windows
 
 __all__ = ["DACVAE"]
@@ -149,11 +150,28 @@ class DACVAE(nn.Module):
         after it grow by that factor up to `chunk_frames` (see `chunk_windows`).
         `cancel` is checked before each chunk (`Cancelled`). Arguments are
         checked on the call, not on the first `next()`. With `use_graphs`,
-        `stream_window_lengths` gives the window lengths to pass to `prewarm_graphs`.
+        `stream_window_lengths` gives the window lengths to pass to `prewarm_graphs`. Where the
+        decode runs eagerly on the channels-last path (`line_stream`), the same chunks come from a
+        stateful stream: each frame decoded once, not with a window's context.
         """
         z = self._check_latent(latent)
         windows = self.stream_windows(z.shape[-1], chunk_frames, context_frames, first_chunk_frames, growth)
-        return decode_windows(self._decode_window, z, windows, self.hop_length, cancel)
+        stream = self.line_stream(z) if context_frames == RECEPTIVE_FIELD_FRAMES else None
+        return decode_windows(self._decode_window, z, windows, self.hop_length, cancel, stream)
+
+    def line_stream(self, z: Tensor) -> LineStream | None:
+        """A stateful stream of `z` (B, codebook_dim, T) as `decoder_input` gives it, where one
+        applies: the channels-last decoder, run eagerly (no CUDA graphs: a push's shapes follow its
+        frames). Its `samples(a, b)` is the audio a window keeping samples [a, b) gives, with every
+        frame decoded once (`codec.stateful`; docs/codec.md "Stateful stream")."""
+        if not self.streams_statefully():
+            return None
+        assert self._channels_last is not None
+        return LineStream(self._channels_last, z.transpose(1, 2), self.hop_length)
+
+    def streams_statefully(self) -> bool:
+        """Whether `line_stream` applies (host state only): channels-last, no graphs."""
+        return self._channels_last is not None and not self._graphed()
 
     def decoder_input(self, latent: Tensor, *, check_finite: bool = True) -> Tensor:
         """`latent` (B, T, codebook_dim) checked and as the decoder takes it: (B, codebook_dim, T)
@@ -240,7 +258,8 @@ class DACVAE(nn.Module):
         windows = chunk_windows(z.shape[-1], chunk_frames, context_frames, stretch_last=self._graphed())
         out = torch.empty(z.shape[0], 1, z.shape[-1] * self.hop_length, device=z.device)
         pos = 0
-        for piece in decode_windows(self._decode_window, z, windows, self.hop_length, None):
+        stream = self.line_stream(z) if context_frames == RECEPTIVE_FIELD_FRAMES else None
+        for piece in decode_windows(self._decode_window, z, windows, self.hop_length, None, stream):
             out[:, :, pos : pos + piece.shape[-1]] = piece
             pos += piece.shape[-1]
         return out

@@ -232,12 +232,17 @@ def decode_windows(
     windows: list[Window],
     hop: int,
     cancel: CancelToken | None,
+    stream: Any = None,
 ) -> Iterator[Tensor]:
-    """Each window's kept samples, in order: `decode_window(z[..., lo:hi], a, b)` gives samples [a, b)."""
+    """Each window's kept samples, in order: `decode_window(z[..., lo:hi], a, b)` gives samples [a, b);
+    with a `stream` (`stateful.LineStream`), `stream.samples` gives the same samples instead."""
     for lo, start, end, hi in windows:
         check(cancel)
         # no_grad is entered and left around each chunk: a mode held across `yield`
         # would leak into the consumer's code.
         with torch.no_grad():
-            piece = decode_window(window_frames(z, lo, hi), (start - lo) * hop, (end - lo) * hop)
+            if stream is not None:
+                piece = stream.samples(start * hop, end * hop).contiguous()
+            else:
+                piece = decode_window(window_frames(z, lo, hi), (start - lo) * hop, (end - lo) * hop)
         yield piece

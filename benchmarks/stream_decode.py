@@ -1,0 +1,126 @@
+"""A line's streamed decode: windows with 8 frames of context a side against the stateful stream.
+
+Both cut the line into the same chunks (the preset's first chunk, chunk frames and growth,
+`codec.stream_windows`). The windows decode each chunk with its context and drop the context's
+audio; the stateful stream (`engine/codec/stateful.py`) keeps each conv's left context and
+pushes the frames each chunk needs, so the line's frames are decoded once. Full-size codec
+(random weights, the real shapes) on the channels-last decoder, in the device's codec dtype (bf16
+on a CPU with native bf16, as the CPU preset; fp16 on CUDA, eager: no graphs). Each line runs both
+ways in turn, `--repeat` times; the table gives the medians of wall and process CPU time (on a
+shared machine `--threads 1`'s CPU time is the steadier measure), their ratios, the frames the
+windows decoded and the largest difference between the two audios.
+
+    python benchmarks/stream_decode.py                        # news5's lines, the CPU preset's chunks
+    python benchmarks/stream_decode.py --frames 37,118 --chunk 25 --first 8 --growth 0 --repeat 5
+    python benchmarks/stream_decode.py --fp32 --chunk 25 --growth 0   # a CPU without native bf16
+
+`--fp32`: the codec in fp32, as the CPU preset runs it where bf16 is not native; there the preset
+decodes on the (B, C, T) decoder (channels-last measured no faster in fp32), so the windows column
+runs on that decoder and the stateful column on the channels-last one (a copy of the same weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+try:
+    import irodori_speaker  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+import torch
+
+from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
+from irodori_speaker.engine.codec.stateful import StatefulDecode
+from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES, decode_windows
+from irodori_speaker.engine.hardware.presets import cpu_preset_fields
+
+NEWS5_FRAMES = "37,190,252,118,118"  # news5's lines (decode_frames.py)
+
+
+def windowed(codec, z: torch.Tensor, windows) -> torch.Tensor:
+    return torch.cat(list(decode_windows(codec._decode_window, z, windows, codec.hop_length, None)), -1)
+
+
+def stateful(codec, lat: torch.Tensor, windows) -> torch.Tensor:
+    z = lat.to(codec.device, codec.dtype)
+    stream = StatefulDecode(codec._channels_last, 1, codec.dtype, codec.device)
+    pushed, out = 0, []
+    for _, _, end, _ in windows:
+        upto = min(z.shape[1], end + RECEPTIVE_FIELD_FRAMES)
+        piece = z[:, pushed:upto]
+        out.append(stream.finish(piece) if upto == z.shape[1] else stream.push(piece))
+        pushed = upto
+        if stream.finished:
+            break
+    return torch.cat(out, -1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--frames", default=NEWS5_FRAMES)
+    ap.add_argument("--chunk", type=int, default=None, help="chunk frames (default: the preset's)")
+    ap.add_argument("--first", type=int, default=8)
+    ap.add_argument("--growth", type=float, default=None, help="0: none (default: the preset's)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--fp32", action="store_true", help="fp32 codec, windows on the (B, C, T) decoder")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    cuda = torch.cuda.is_available()
+    fields = cpu_preset_fields()
+    dtype = torch.float32 if args.fp32 else torch.float16 if cuda else fields["codec_dtype"]
+    chunk = args.chunk or (50 if cuda else fields["stream_chunk_frames"])
+    growth = fields["stream_chunk_growth"] if args.growth is None and not cuda else (args.growth or None)
+    device = "cuda" if cuda else "cpu"
+    state = random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False)
+    codec = codec_from_state_dict(state, FULL_CODEC_KWARGS, device=device, dtype=dtype)
+    assert codec.use_channels_last()
+    windows_codec = codec
+    if args.fp32:
+        windows_codec = codec_from_state_dict(state, FULL_CODEC_KWARGS, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    layout = "(B, C, T) decoder" if args.fp32 else "channels-last decoder"
+    print(f"device {device}, codec {dtype}, threads {torch.get_num_threads()}, windows on the {layout}, ")
+    print(f"chunks first {args.first}, then {chunk} (growth {growth}), {args.repeat} runs each way,", end="")
+    print(" medians\n")
+    print("| line frames | chunks | windows: frames decoded | windows ms | stateful ms | windows / stateful |"
+          " CPU ms: windows / stateful (ratio) | max abs diff |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    total = [0.0, 0.0, 0.0, 0.0]
+    with torch.inference_mode():
+        for frames in (int(f) for f in args.frames.split(",")):
+            lat = torch.randn(1, frames, 32, generator=torch.Generator().manual_seed(frames))
+            windows = codec.stream_windows(frames, chunk, first_chunk_frames=args.first, growth=growth)
+            z = codec.decoder_input(lat)
+            runs = (
+                lambda z=z, w=windows: windowed(windows_codec, z, w),
+                lambda lat=lat, w=windows: stateful(codec, lat, w),
+            )
+            outs = [run() for run in runs]  # first-call costs
+            times: list[list[tuple[float, float]]] = [[], []]
+            for _ in range(args.repeat):
+                for i, run in enumerate(runs):  # in turn: a busy spell of the machine hits both
+                    sync()
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    outs[i] = run()
+                    sync()
+                    times[i].append((time.perf_counter() - t0, time.process_time() - c0))
+            (mw, cw), (ms, cs) = ([statistics.median(x) * 1e3 for x in zip(*t)] for t in times)
+            total = [a + b for a, b in zip(total, (mw, ms, cw, cs))]
+            decoded = sum(hi - lo for lo, _, _, hi in windows)
+            diff = (outs[0] - outs[1]).abs().max().item()
+            print(f"| {frames} | {len(windows)} | {decoded} ({decoded / frames:.2f}x) | {mw:.1f} | {ms:.1f} "
+                  f"| {mw / ms:.2f} | {cw:.0f} / {cs:.0f} ({cw / cs:.2f}) | {diff:.2e} |")  # fmt: skip
+    mw, ms, cw, cs = total
+    print(f"| all |  |  | {mw:.1f} | {ms:.1f} | {mw / ms:.2f} | {cw:.0f} / {cs:.0f} ({cw / cs:.2f}) |  |")
+
+
+if __name__ == "__main__":
+    main()
