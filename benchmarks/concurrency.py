@@ -434,6 +434,10 @@ def reference_cuts(voice, count: int) -> list:
     return out
 
 
+def _plan(text: str) -> tuple[int, ...]:
+    return () if text.strip().lower() in ("", "none") else tuple(int(x) for x in text.split(","))
+
+
 def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     """Mode `key`'s table (every concurrency, batched and serial) and its --profile / --ceiling."""
     mode = news5.modes_for(device)[key]
@@ -441,14 +445,10 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         raise SystemExit(f"mode {key} needs CUDA")
     files = news5.prepare_files(int4=mode.int4, smoke=args.smoke, families={mode.family})
     tails = tuple(int(x) for x in args.tail_windows.split(",")) if args.tail_windows else ()
-    plan = tuple(int(x) for x in args.window_plan.split(",")) if args.window_plan else ()
+    # the preset's plan unless one is given ("none": the windows without a plan)
+    plan = {} if args.window_plan is None else {"stream_window_plan": _plan(args.window_plan)}
     synth, voice = news5.build(
-        mode,
-        files,
-        args.int4_impl,
-        max_batch=args.max_batch,
-        stream_tail_windows=tails,
-        stream_window_plan=plan,
+        mode, files, args.int4_impl, max_batch=args.max_batch, stream_tail_windows=tails, **plan
     )
     voices = reference_cuts(voice, args.voices)
     MAX_PADDING[0] = args.max_padding
@@ -649,10 +649,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--window-plan",
-        default="",
+        default=None,
         help="the preset's stream_window_plan: the window lengths a line after its first chunk is "
-        "cut into, the fewest frames decoded (e.g. 40,66,116,216; benchmarks/decode_frames.py); "
-        "run with and without for the A/B",
+        "cut into, the fewest frames decoded (e.g. 40,66,116,216; benchmarks/decode_frames.py), or "
+        "'none' for 50-frame windows; default: the preset's (CUDA: 40,66,116). Run two for the A/B",
     )
     ap.add_argument(
         "--batching",

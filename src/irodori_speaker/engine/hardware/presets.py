@@ -51,10 +51,8 @@ class Preset:
     # with codec graphs: a window plan, the window lengths (each graphed at prewarm) that the rest
     # of a line after its first chunk is cut into with the fewest frames decoded (`chunk_windows`
     # `plan_lengths`; stream_chunk_frames and stream_tail_windows then unused, not with
-    # stream_chunk_growth): news5 decoded 1.30x its frames with (40, 66, 116, 216) instead of 1.59x
-    # (benchmarks/decode_frames.py), the same audio. Off until measured on a GPU
-    # (`concurrency.py --window-plan 40,66,116,216`): more lengths split the batches of windows, and
-    # the longest counts in the memory budget's window (engine/hardware/memory.py)
+    # stream_chunk_growth); the longest counts in the memory budget's window (engine/hardware/
+    # memory.py). The CUDA preset's is (40, 66, 116), measured there
     stream_window_plan: tuple[int, ...] = ()
     # where the codec decodes eagerly on the channels-last path (no codec graphs: the bf16 CPU
     # preset), a line's chunks come from one stateful stream that carries each conv's left context
@@ -111,7 +109,9 @@ class Preset:
     # before the owner waits for the oldest (engine/hardware/owner.py): the backlog then waits on
     # the host, where lines batch and a new line's first audio goes first, not in the GPU's queue.
     # 0: no bound (the owner never waits). Process-wide (one owner): a CUDA Synthesizer with a
-    # non-zero value sets it. 0 until measured on a GPU (`concurrency.py --batching line,line@2`)
+    # non-zero value sets it. 0: depth 2 measured slower (H200, (o), 16 streams 648 against 679
+    # audio s/s, 64 streams 718 against 890 with 37 lines underrun; p95 first audio 103 against 127
+    # ms at 16; RESULTS.md seventeenth session, `concurrency.py --batching line,line@2`)
     owner_queue_depth: int = 0
     # the GPU memory budget in bytes (None: none), set at load from LoadOptions.max_gpu_memory;
     # max_batch and prewarm_seconds are then within it (engine/hardware/memory.py)
@@ -158,6 +158,11 @@ def base_preset(name: str) -> Preset:
             codec_channels_last=True,  # decode 37-44 % faster on every news5 line (H200, RESULTS.md)
             decode_batch=4,
             serve_streams=16,
+            # news5 decodes 1.33x its frames in these windows, 1.59x in 50-frame ones: one stream
+            # 1.12-1.13x the audio s/s, 16 streams 1.01x (e) / 1.24x (o), 64 streams 1.01x / 1.17x,
+            # no underrun; with 216 added one stream was faster still, but 64 streams underran
+            # (10 and 31 lines) (H200, RESULTS.md seventeenth session)
+            stream_window_plan=(40, 66, 116),
             # graphed windows do not take the stateful stream, and eagerly on the H200 it decoded
             # news5 26x slower than eager windows (cuDNN at its pushes' odd lengths, not looked
             # into; RESULTS.md seventeenth session): off where graphs are switched off too
