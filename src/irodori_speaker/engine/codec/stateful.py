@@ -1,8 +1,8 @@
 """A streamed decode that carries each conv's left context instead of decoding it again.
 
 `streaming.chunk_windows` decodes every window with 8 latent frames of context a side and drops
-their audio: news5's lines in the CUDA preset's windows decode 1.59x their frames, a short line in
-the bf16 CPU preset's 8/24/50 windows up to 2.4x. Here each conv of the channels-last decoder
+their audio: news5's lines in 8/50-frame windows decode 1.59x their frames, a 37-frame line in
+the bf16 CPU preset's 8/24/50 windows 1.78x. Here each conv of the channels-last decoder
 (`fast.ChannelsLastDecoder`) keeps the input samples its next outputs still need, each residual
 unit keeps the residual its branch has not caught up with, and a push of latent frames runs every
 layer on what is new only. Every layer emits the outputs whose inputs are all in, so the audio
@@ -21,7 +21,7 @@ Per layer, with outputs numbered from 0 as in a one-pass decode:
 
 Rows of one stream advance together (one line, or lines pushed in step). No CUDA graphs yet: a
 push's shapes follow its frames (the first and last pushes differ from the middle ones), so the
-stream is for decodes that run eagerly (the CPU, MPS; docs/codec.md "Stateful stream").
+stream is for decodes that run eagerly (the bf16 CPU preset; docs/codec.md "Stateful stream").
 """
 
 from __future__ import annotations
