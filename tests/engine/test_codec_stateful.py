@@ -204,3 +204,65 @@ def test_the_synthesizer_streams_the_same_chunks_either_way(irodori_home, statef
     np.testing.assert_allclose(whole, want_whole, atol=1e-5)
     np.testing.assert_allclose(np.concatenate(chunks), whole, atol=1e-5)
     assert (windows == []) == stateful and want_windows
+
+
+def test_a_line_cancelled_mid_stream_stops_within_one_chunk_and_frees_the_lock(irodori_home) -> None:
+    """As tests/speaker/test_decode_cancel.py on the windows: a whole line decoded in 25-frame
+    chunks from the stateful stream, cancelled after its first chunk, stops there; the next line plays."""
+    import asyncio
+    import threading
+
+    from irodori_speaker.engine.hardware.lock import MODEL_LOCK
+    from irodori_speaker.options import SynthesisOptions
+    from irodori_speaker.outputs import NullOutput
+    from irodori_speaker.speaker import Speaker, UtteranceState
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, codec_channels_last=True)
+    assert synth.codec.streams_statefully() and synth.preset.decode_chunk_frames == 25
+    chunks: list[int] = []  # the latent frames pushed when each chunk was handed out
+    hooks: list = []
+    real = LineStream.samples
+
+    def samples(self, a: int, b: int) -> torch.Tensor:
+        out = real(self, a, b)
+        chunks.append(self.pushed)
+        for hook in hooks:
+            hook(len(chunks))
+        return out
+
+    long = SynthesisOptions(steps=2, seconds=8.0, seed=3, tail_trim=False)  # 200 frames: 8 chunks
+
+    async def body():
+        loop = asyncio.get_running_loop()
+        async with Speaker(synth, output=NullOutput(), streaming=False, options=long) as s:
+            h = s.enqueue("止めるまで長く話し続ける台詞です。")
+            cancelled = threading.Event()
+
+            def cancel_after_first_chunk(n: int) -> None:
+                if n == 1:  # on the device owner's side: cancel from the event loop
+                    loop.call_soon_threadsafe(lambda: (h.cancel(), cancelled.set()))
+                    assert cancelled.wait(10)
+
+            hooks.append(cancel_after_first_chunk)
+            await h.wait()
+
+            def take_the_lock() -> list[int]:
+                assert MODEL_LOCK.acquire(timeout=60)
+                try:
+                    return list(chunks)
+                finally:
+                    MODEL_LOCK.release()
+
+            decoded = await loop.run_in_executor(None, take_the_lock)
+            hooks.clear()
+            nxt = await s.say("次の台詞", options=SynthesisOptions(steps=2, seconds=0.4, seed=1))
+            return h.state, decoded, nxt.state
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LineStream, "samples", samples)
+        state, decoded, next_state = asyncio.run(asyncio.wait_for(body(), 100))
+    assert state == UtteranceState.CANCELLED
+    # one chunk: its 25 frames and 8 of right context pushed, far from the line's 200
+    assert decoded == [25 + 8], decoded
+    assert next_state == UtteranceState.PLAYED
