@@ -21,7 +21,8 @@ Per layer, with outputs numbered from 0 as in a one-pass decode:
 
 Rows of one stream advance together (one line, or lines pushed in step). No CUDA graphs yet: a
 push's shapes follow its frames (the first and last pushes differ from the middle ones), so the
-stream is for decodes that run eagerly (the bf16 CPU preset; docs/codec.md "Stateful stream").
+stream is for decodes that run eagerly, and only on the CPU (eagerly on the H200 it was 26x
+slower than the windows; docs/codec.md "Stateful stream").
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..fused import conv_epilogue, fused_available, run_or_fall_back
+from ..fused import conv_epilogue, fused_available
 from .fast import ChannelsLastDecoder, _Conv, _head, epilogue_torch
 from .streaming import RECEPTIVE_FIELD_FRAMES
 
@@ -155,11 +156,9 @@ class StatefulDecode:
         if self.finished:
             raise RuntimeError("the stream is finished")
         self.finished = final
-        if fused_available(z.device):
-            return run_or_fall_back(
-                lambda: self._layers(z, final, conv_epilogue), lambda: self._layers(z, final, epilogue_torch)
-            )
-        return self._layers(z, final, epilogue_torch)
+        # no `run_or_fall_back` as the windows have: a push changes the carried state, so a push
+        # that failed half way cannot run again on the torch path
+        return self._layers(z, final, conv_epilogue if fused_available(z.device) else epilogue_torch)
 
     def _layers(self, z: Tensor, final: bool, epilogue: Epilogue) -> Tensor:
         d = self.decoder

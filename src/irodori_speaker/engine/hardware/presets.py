@@ -54,12 +54,13 @@ class Preset:
     # stream_chunk_growth); the longest counts in the memory budget's window (engine/hardware/
     # memory.py). The CUDA preset's is (40, 66, 116), measured there
     stream_window_plan: tuple[int, ...] = ()
-    # where the codec decodes eagerly on the channels-last path (no codec graphs: the bf16 CPU
-    # preset), a line's chunks come from one stateful stream that carries each conv's left context
-    # (engine/codec/stateful.py): every frame decoded once, not again as the next window's context.
-    # The same chunks and audio (up to rounding); news5's lines decoded 1.35x faster (a 37-frame
-    # line 1.64x) on one core of the dev CPU in bf16 (benchmarks/stream_decode.py, RESULTS.md
-    # seventeenth session). False: the windows
+    # where the codec decodes on the channels-last path on the CPU (the bf16 CPU preset; a GPU
+    # replays graphed windows, and eagerly there the stream was 26x slower), a line's chunks come
+    # from one stateful stream that carries each conv's left context (engine/codec/stateful.py):
+    # every frame decoded once, not again as the next window's context. The same chunks and audio
+    # (up to rounding); news5's lines decoded 1.35x faster (a 37-frame line 1.64x) on one core of
+    # the dev CPU in bf16 (benchmarks/stream_decode.py, RESULTS.md seventeenth session).
+    # False: the windows
     stream_stateful: bool = True
     # CPU threads for torch; None: $IRODORI_THREADS, else half the CPUs this process may use
     # (cpu_features.choose_threads: a streaming PC is shared; torch's thread per core collapsed)
@@ -163,10 +164,6 @@ def base_preset(name: str) -> Preset:
             # no underrun; with 216 added one stream was faster still, but 64 streams underran
             # (10 and 31 lines) (H200, RESULTS.md seventeenth session)
             stream_window_plan=(40, 66, 116),
-            # graphed windows do not take the stateful stream, and eagerly on the H200 it decoded
-            # news5 26x slower than eager windows (cuDNN at its pushes' odd lengths, not looked
-            # into; RESULTS.md seventeenth session): off where graphs are switched off too
-            stream_stateful=False,
         )
     if name == "mps":
         # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision
