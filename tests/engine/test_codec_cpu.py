@@ -43,9 +43,13 @@ def test_bf16_channels_last_decodes_as_the_eager_bf16_decoder():
     # measured 1.2e-2 between the two
     assert _rel(fast.decode(lat), want) < 3e-2
     whole = fast.decode(lat)
-    torch.testing.assert_close(fast.decode_chunked(lat, 5), whole, atol=1e-6, rtol=0)
+    # chunked and streamed on the CPU come from the stateful stream (engine/codec/stateful.py):
+    # the same sums from convs of other lengths, so bf16 rounds a few of them the other way
+    # (measured 1.1e-4 relative L2, 100x below bf16's own 1.2e-2 against fp32)
+    assert fast.streams_statefully()
+    assert _rel(fast.decode_chunked(lat, 5), whole) < 1e-3
     streamed = torch.cat(list(fast.decode_stream(lat, 7, first_chunk_frames=3)), dim=-1)
-    torch.testing.assert_close(streamed, whole, atol=1e-6, rtol=0)
+    assert streamed.shape == whole.shape and _rel(streamed, whole) < 1e-3
 
 
 def test_bf16_channels_last_is_within_bf16_rounding(eager):
