@@ -165,7 +165,9 @@ SLOW_TESTS = (
 )
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
+    # the slow marks before `-m` deselects by them; the xdist groups after xdist's own hook
     root = Path(str(config.rootpath))
     for item in items:
         where = Path(str(item.fspath)).relative_to(root).as_posix()
@@ -173,3 +175,27 @@ def pytest_collection_modifyitems(config, items):
         module = any(where == m or (m.endswith("/") and where.startswith(m)) for m in SLOW_MODULES)
         if module or node.startswith(SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
+    result = yield
+    keep_xdist_groups(config, items)
+    return result
+
+
+def keep_xdist_groups(config, items) -> None:
+    """`--dist loadgroup` on pytest 9.2: pytest-xdist 3.8 tells the scheduler a test's group by
+    rewriting `item._nodeid` to end in `@group`, which pytest 9.2 no longer reads (its node ids are
+    structured, `item._id`; pytest-xdist#1386). Every group was handed out test by test: the docs
+    commands, which must run in order in one directory, ran on both workers, and a module-scoped
+    server started on each. The suffix goes where pytest reads it, as xdist meant; nothing to do
+    where xdist's rewrite took (an older pytest, a fixed xdist)."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers under loadgroup
+        return
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # pytest < 9.2: xdist's rewrite works
+        return
+    for item in items:
+        marks = item.iter_markers("xdist_group")
+        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
+        suffix = "@" + "_".join(sorted(names))
+        if names and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)

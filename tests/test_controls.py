@@ -4,6 +4,8 @@ the one pipeline, measured on the output audio (tiny random model; pitch on real
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import math
 from typing import Any
 
@@ -237,11 +239,35 @@ def test_pitch_without_pyworld_is_a_clear_error_before_any_work(monkeypatch):
     SynthesisOptions(pitch=0.0)  # no shift asked: nothing needed
 
 
+@functools.cache  # one synthesis for every pitch test
 def hts_speech() -> np.ndarray:
     pyopenjtalk = pytest.importorskip("pyopenjtalk")
     x, sr = pyopenjtalk.tts("こんにちは、今日はいい天気ですね。配信に来てくれてありがとう。")
     assert sr == SR
-    return (np.asarray(x, np.float64) / 32768.0).astype(np.float32)
+    speech = (np.asarray(x, np.float64) / 32768.0).astype(np.float32)
+    speech.flags.writeable = False  # shared by the pitch tests: a write in place fails, never leaks
+    return speech
+
+
+#: Harvest tracks by (audio bytes, floor, ceil): each pitch test measures the same input speech
+#: (~1.5 s a track, 2-4 times a test); a changed output is a new key, analysed afresh.
+_HARVESTS: dict[tuple[bytes, float, float], np.ndarray] = {}
+
+
+def harvest_f0(x: np.ndarray, floor: float, ceil: float) -> np.ndarray:
+    """Harvest's f0 (Hz, 0 where unvoiced) per 5 ms frame."""
+    import warnings
+
+    key = (hashlib.sha256(np.ascontiguousarray(x).tobytes()).digest() + str(x.dtype).encode(), floor, ceil)
+    if key not in _HARVESTS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            import pyworld
+
+        f0 = pyworld.harvest(x.astype(np.float64), SR, frame_period=5.0, f0_floor=floor, f0_ceil=ceil)[0]
+        f0.flags.writeable = False
+        _HARVESTS[key] = f0
+    return _HARVESTS[key]
 
 
 def median_f0_shift_cents(before: np.ndarray, after: np.ndarray) -> float:
@@ -250,16 +276,7 @@ def median_f0_shift_cents(before: np.ndarray, after: np.ndarray) -> float:
     two tracks' medians is not used: the estimator's octave errors on 5-12 % of the frames move
     the rank of the median of a spread-out f0 track by up to ~90 cents either way
     (benchmarks/pitch_shift.py prints both)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        import pyworld
-
-    def f0(x):
-        return pyworld.harvest(x.astype(np.float64), SR, frame_period=5.0, f0_floor=60.0, f0_ceil=1000.0)[0]
-
-    a, b = f0(before), f0(after)
+    a, b = harvest_f0(before, 60.0, 1000.0), harvest_f0(after, 60.0, 1000.0)
     n = min(len(a), len(b))
     voiced = (a[:n] > 0) & (b[:n] > 0)
     assert voiced.mean() > 0.5
@@ -282,13 +299,7 @@ def test_pitch_moves_the_median_f0_of_real_speech_and_keeps_the_length(semitones
 def f0_cents(x: np.ndarray, floor: float = 71.0, ceil: float = 1200.0) -> np.ndarray:
     """Harvest f0 per 5 ms frame in cents re 1 Hz (0 where unvoiced); the shift's floor, and a
     ceiling of 1200 Hz for the raised peaks."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        import pyworld
-
-    f0 = pyworld.harvest(x.astype(np.float64), SR, frame_period=5.0, f0_floor=floor, f0_ceil=ceil)[0]
+    f0 = harvest_f0(x, floor, ceil)
     return np.where(f0 > 0, 1200 * np.log2(np.maximum(f0, 1e-9)), 0.0)
 
 

@@ -20,6 +20,8 @@ from irodori_speaker.engine.tiny import TINY_CONFIGS
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "roofline.py"
+# one xdist worker runs this module, so its smoke run (a subprocess, `smoke`) runs once
+pytestmark = pytest.mark.xdist_group(__name__)
 
 
 @pytest.fixture(scope="module")

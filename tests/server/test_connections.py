@@ -13,6 +13,9 @@ import time
 import pytest
 from server_helpers import httpx, start_server
 
+# one xdist worker runs this module, so its module-scoped server starts once (tests/server/conftest.py)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 SOCKETS = 400  # more than the per-client bound (256): the bound must make room, not refuse
 
 

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from server_helpers import httpx, start_server
 
+# one xdist worker runs this module, so its module-scoped servers starts once (tests/server/conftest.py)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 LONG = "今日はいい天気ですね、散歩に行きましょう。" * 20  # many pieces at speed 0.25
 
 

@@ -9,6 +9,8 @@ from server_helpers import httpx
 
 openai = pytest.importorskip("openai")
 av = pytest.importorskip("av")
+# one xdist worker runs this module, so its module-scoped server starts once (tests/server/conftest.py)
+pytestmark = pytest.mark.xdist_group(__name__)
 
 TEXT = "こんにちは、今日はいい天気ですね。散歩に行きましょう。"
 

@@ -12,6 +12,8 @@ from onscreen_helpers import LiveSpeaker, chromium, screenshot, wait_for
 from server_helpers import free_port
 
 pytest.importorskip("pyopenjtalk")  # word timing needs the ja extra
+# one xdist worker runs this module: its module-scoped Speaker and browser start once (conftest.py)
+pytestmark = pytest.mark.xdist_group(__name__)
 
 FIRST = "みなさん、こんばんは、今夜も始めていきます。"
 LINE = "今日はいい天気ですね、みんなで散歩に行きましょう。"

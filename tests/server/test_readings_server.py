@@ -10,6 +10,8 @@ import pytest
 from server_helpers import start_server
 
 pytest.importorskip("pyopenjtalk")
+# one xdist worker runs this module, so its module-scoped server starts once (tests/server/conftest.py)
+pytestmark = pytest.mark.xdist_group(__name__)
 
 
 def moras(url: str, text: str) -> str:

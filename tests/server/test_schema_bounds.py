@@ -64,3 +64,17 @@ def test_an_audio_query_refuses_only_what_means_nothing():
             S.AudioQuery(**{**base, field: value})
     with pytest.raises(ValidationError, match="pitchScale"):
         S.AudioQuery(**{**base, "pitchScale": float("nan")})
+
+
+def test_the_studios_speed_refuses_0_as_the_audio_querys_does():
+    """`AppState.options` divides by the speed: the studio's 0 was a ZeroDivisionError, a 500
+    (test_schemathesis.py found it); its body refuses 0 and below, and takes what the options
+    reach through duration_scale."""
+    from pydantic import ValidationError
+
+    from irodori_speaker.server.studio import SpeakBody
+
+    for bad in (0, -1.0):
+        with pytest.raises(ValidationError, match="speed"):
+            SpeakBody(text="あ", speed=bad)
+    assert SpeakBody(text="あ", speed=0.1).speed == 0.1

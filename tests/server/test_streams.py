@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 from server_helpers import httpx, start_server, wav_info
 
+# one xdist worker runs this module, so its module-scoped servers starts once (tests/server/conftest.py)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 TEXTS = ["こんにちは、今日もよろしく。", "ニュースの時間です。", "明日は晴れるでしょう。", "ありがとう！"]
 
 

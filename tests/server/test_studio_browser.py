@@ -13,6 +13,8 @@ from irodori_speaker.options import SynthesisOptions
 from irodori_speaker.synthesis.loading import load_synthesizer
 
 pytest.importorskip("pyopenjtalk")  # readings and the dictionary need the ja extra
+# one xdist worker runs this module: its module-scoped Speaker and browser start once (conftest.py)
+pytestmark = pytest.mark.xdist_group(__name__)
 
 TEXT = "蒼月ソラです、よろしくお願いします！"
 SPOKEN = "こんにちは、今日もよろしくお願いします！"

@@ -14,6 +14,9 @@ from server_helpers import httpx, wav_info
 vvclient = pytest.importorskip("vvclient")
 from irodori_speaker.server import schemas as S  # noqa: E402
 
+# one xdist worker runs this module, so its module-scoped server starts once (tests/server/conftest.py)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 TEXT = "こんにちは、今日はいい天気ですね。"
 
 

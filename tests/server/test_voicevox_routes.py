@@ -16,6 +16,9 @@ from server_helpers import httpx, start_server, wav_info
 
 from irodori_speaker.options import SynthesisOptions
 
+# one xdist worker runs this module, so its module-scoped server starts once (tests/server/conftest.py)
+pytestmark = pytest.mark.xdist_group(__name__)
+
 TEXT = "ストリーミングで読み上げます。続きもあります。"
 
 

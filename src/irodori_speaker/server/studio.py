@@ -66,7 +66,8 @@ class Studio:
 
 
 class Controls(BaseModel):
-    speed: float = 1.0
+    # above 0, as VOICEVOX's speedScale: AppState.options divides by it (0 was a 500)
+    speed: float = Field(1.0, gt=0)
     pitch: float = 0.0
     intonation: float = 1.0
     volume: float = 0.0
