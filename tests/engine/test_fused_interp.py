@@ -13,7 +13,10 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed (the 'cuda' / 'dev' extra)")
 
 
-# a hang guard, not a speed bound: ~2 minutes on a quiet 2-core machine, past pytest's 300 s on a busy one
+# a hang guard, not a speed bound: ~2 minutes on a quiet 2-core machine, past pytest's 300 s on a busy one.
+# Its own xdist group: `--dist loadgroup` sends groups out before single tests, so the suite's
+# longest test starts early instead of running on after everything else is done
+@pytest.mark.xdist_group("fused-interp")
 @pytest.mark.timeout(1800)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU test_fused.py runs natively")
 def test_fused_kernels_in_the_interpreter():
