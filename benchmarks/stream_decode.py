@@ -35,29 +35,22 @@ except ImportError:
 import torch
 
 from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
-from irodori_speaker.engine.codec.stateful import StatefulDecode
-from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES, decode_windows
+from irodori_speaker.engine.codec.stateful import LineStream
+from irodori_speaker.engine.codec.streaming import decode_windows
 from irodori_speaker.engine.hardware.presets import cpu_preset_fields
 
 NEWS5_FRAMES = "37,190,252,118,118"  # news5's lines (decode_frames.py)
 
 
-def windowed(codec, z: torch.Tensor, windows) -> torch.Tensor:
-    return torch.cat(list(decode_windows(codec._decode_window, z, windows, codec.hop_length, None)), -1)
+def windowed(codec, z: torch.Tensor, windows, stream: LineStream | None = None) -> torch.Tensor:
+    """The line's chunks as the codec walks them: each window decoded, or from `stream`."""
+    pieces = decode_windows(codec._decode_window, z, windows, codec.hop_length, None, stream)
+    return torch.cat(list(pieces), -1)
 
 
-def stateful(codec, lat: torch.Tensor, windows) -> torch.Tensor:
-    z = lat.to(codec.device, codec.dtype)
-    stream = StatefulDecode(codec._channels_last, 1, codec.dtype, codec.device)
-    pushed, out = 0, []
-    for _, _, end, _ in windows:
-        upto = min(z.shape[1], end + RECEPTIVE_FIELD_FRAMES)
-        piece = z[:, pushed:upto]
-        out.append(stream.finish(piece) if upto == z.shape[1] else stream.push(piece))
-        pushed = upto
-        if stream.finished:
-            break
-    return torch.cat(out, -1)
+def stateful(codec, z: torch.Tensor, windows) -> torch.Tensor:
+    """The same chunks from the product's stateful stream (`LineStream`, one a line)."""
+    return windowed(codec, z, windows, LineStream(codec._channels_last, z.transpose(1, 2), codec.hop_length))
 
 
 def main() -> None:
@@ -101,7 +94,7 @@ def main() -> None:
             z = codec.decoder_input(lat)
             runs = (
                 lambda z=z, w=windows: windowed(windows_codec, z, w),
-                lambda lat=lat, w=windows: stateful(codec, lat, w),
+                lambda z=z, w=windows: stateful(codec, z, w),
             )
             outs = [run() for run in runs]  # first-call costs
             times: list[list[tuple[float, float]]] = [[], []]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,9 @@ from torch import Tensor
 
 from ...cancel import CancelToken, check
 from ...errors import InputError
+
+if TYPE_CHECKING:  # stateful imports this module
+    from .stateful import LineStream
 
 __all__ = [
     "RECEPTIVE_FIELD_FRAMES",
@@ -232,7 +235,7 @@ def decode_windows(
     windows: list[Window],
     hop: int,
     cancel: CancelToken | None,
-    stream: Any = None,
+    stream: LineStream | None = None,
 ) -> Iterator[Tensor]:
     """Each window's kept samples, in order: `decode_window(z[..., lo:hi], a, b)` gives samples [a, b);
     with a `stream` (`stateful.LineStream`), `stream.samples` gives the same samples instead."""
