@@ -44,7 +44,8 @@ NEWS5_FRAMES = "37,190,252,118,118"  # news5's lines (decode_frames.py)
 
 def windowed(codec, z: torch.Tensor, windows, stream: LineStream | None = None) -> torch.Tensor:
     """The line's chunks as the codec walks them: each window decoded, or from `stream`."""
-    pieces = decode_windows(codec._decode_window, z, windows, codec.hop_length, None, stream)
+    samples = stream.samples if stream is not None else None
+    pieces = decode_windows(codec._decode_window, z, windows, codec.hop_length, None, samples)
     return torch.cat(list(pieces), -1)
 
 

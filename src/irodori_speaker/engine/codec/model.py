@@ -157,7 +157,8 @@ class DACVAE(nn.Module):
         z = self._check_latent(latent)
         windows = self.stream_windows(z.shape[-1], chunk_frames, context_frames, first_chunk_frames, growth)
         stream = self.line_stream(z) if context_frames == RECEPTIVE_FIELD_FRAMES else None
-        return decode_windows(self._decode_window, z, windows, self.hop_length, cancel, stream)
+        samples = stream.samples if stream is not None else None
+        return decode_windows(self._decode_window, z, windows, self.hop_length, cancel, samples)
 
     def line_stream(self, z: Tensor) -> LineStream | None:
         """A stateful stream of `z` (B, codebook_dim, T) as `decoder_input` gives it, where one
@@ -260,7 +261,8 @@ class DACVAE(nn.Module):
         out = torch.empty(z.shape[0], 1, z.shape[-1] * self.hop_length, device=z.device)
         pos = 0
         stream = self.line_stream(z) if context_frames == RECEPTIVE_FIELD_FRAMES else None
-        for piece in decode_windows(self._decode_window, z, windows, self.hop_length, None, stream):
+        samples = stream.samples if stream is not None else None
+        for piece in decode_windows(self._decode_window, z, windows, self.hop_length, None, samples):
             out[:, :, pos : pos + piece.shape[-1]] = piece
             pos += piece.shape[-1]
         return out

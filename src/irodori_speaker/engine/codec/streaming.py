@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -18,9 +18,6 @@ from torch import Tensor
 
 from ...cancel import CancelToken, check
 from ...errors import InputError
-
-if TYPE_CHECKING:  # stateful imports this module
-    from .stateful import LineStream
 
 __all__ = [
     "RECEPTIVE_FIELD_FRAMES",
@@ -235,17 +232,17 @@ def decode_windows(
     windows: list[Window],
     hop: int,
     cancel: CancelToken | None,
-    stream: LineStream | None = None,
+    stream_samples: Callable[[int, int], Tensor] | None = None,
 ) -> Iterator[Tensor]:
     """Each window's kept samples, in order: `decode_window(z[..., lo:hi], a, b)` gives samples [a, b);
-    with a `stream` (`stateful.LineStream`), `stream.samples` gives the same samples instead."""
+    `stream_samples(a, b)` (a `stateful.LineStream`'s `samples`) gives the same samples instead."""
     for lo, start, end, hi in windows:
         check(cancel)
         # no_grad is entered and left around each chunk: a mode held across `yield`
         # would leak into the consumer's code.
         with torch.no_grad():
-            if stream is not None:
-                piece = stream.samples(start * hop, end * hop).contiguous()
+            if stream_samples is not None:
+                piece = stream_samples(start * hop, end * hop).contiguous()
             else:
                 piece = decode_window(window_frames(z, lo, hi), (start - lo) * hop, (end - lo) * hop)
         yield piece
