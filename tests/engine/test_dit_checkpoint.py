@@ -141,3 +141,36 @@ def test_an_int4_file_is_refused_with_the_loader_that_reads_it(dit_fixtures, tmp
     assert "load_int4_model" in (info.value.hint or "")
     loaded = load_int4_model(dst, dtype="fp32")
     assert loaded.quantized and isinstance(loaded.model.blocks[0].attention.wq, Int4Linear)
+
+
+def test_loading_a_model_does_not_import_torch_dynamo(tmp_path):
+    """The loaders build on the meta device; `normal_` there would import torch._dynamo (about 1.2 s
+    of CPU in every process that loads a model: every `say`, every test process)."""
+    import subprocess
+    import sys
+
+    from irodori_speaker.engine.quant.quantize import quantize_checkpoint
+    from irodori_speaker.engine.tiny import tiny_random_files
+
+    models = [tiny_random_files(kind, tmp_path).model for kind in ("v2", "v4", "v4-large")]
+    quantize_checkpoint(models[1], tmp_path / "int4.safetensors", method="rtn", report_errors=False)
+    code = f"""
+import sys
+from irodori_speaker.engine.checkpoint import load_checkpoint
+from irodori_speaker.engine.quant.checkpoint import load_int4_checkpoint, model_from_int4
+for path in {[str(m) for m in models]!r}:
+    load_checkpoint(path)
+model_from_int4(load_int4_checkpoint({str(tmp_path / "int4.safetensors")!r}), "int4", dequantize="all")
+print("torch._dynamo" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"]
+
+
+def test_embeddings_built_on_a_real_device_are_still_initialised():
+    from irodori_speaker.engine.layers import Embedding
+
+    torch.manual_seed(0)
+    table = Embedding(1000, 8)
+    assert 0.9 < float(table.weight.detach().std()) < 1.1  # nn.Embedding's N(0, 1)
+    assert Embedding(10, 8, device="meta").weight.is_meta

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .layers import RMSNorm, SwiGLU, apply_rope, rope_tables
+from .layers import Embedding, RMSNorm, SwiGLU, apply_rope, rope_tables
 
 # ---------------------------------------------------------------------------------------------
 # Building blocks
@@ -130,7 +130,7 @@ class TextEncoder(nn.Module):
 
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, mlp_hidden: int, eps: float) -> None:
         super().__init__()
-        self.text_embedding = nn.Embedding(vocab, dim)
+        self.text_embedding = Embedding(vocab, dim)
         self.blocks = nn.ModuleList(TextBlock(dim, heads, mlp_hidden, eps) for _ in range(layers))
 
     def run_blocks(self, x: Tensor, mask: Tensor) -> Tensor:

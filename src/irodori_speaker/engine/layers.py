@@ -12,6 +12,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+class Embedding(nn.Embedding):
+    """`nn.Embedding` that leaves a meta-device table uninitialised: `normal_` on the meta device
+    runs torch's Python reference, whose first call imports torch._dynamo (about 1.2 s of CPU in
+    every process that loads a model; the checkpoint loaders build on the meta device)."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 class RMSNorm(nn.Module):
     """RMS norm over the last dim, computed in float32; weight shape (dim,) or (heads, head_dim)."""
 

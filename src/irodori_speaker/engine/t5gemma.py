@@ -45,7 +45,8 @@ class ScaledEmbedding(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.eoi_embedding = nn.Parameter(torch.zeros(cfg.hidden_size))
-        nn.init.normal_(self.weight)
+        if not self.weight.is_meta:  # as layers.Embedding: meta's normal_ imports torch._dynamo
+            nn.init.normal_(self.weight)
         self.scale = cfg.hidden_size**0.5
         self.eoi = cfg.eoi_token_index
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .backbone_config import BackboneConfig, TextBackboneConfig
-from .layers import RMSNorm, apply_rotate_half, rotate_half_tables, window_masks
+from .layers import Embedding, RMSNorm, apply_rotate_half, rotate_half_tables, window_masks
 from .t5gemma import T5Gemma2TextEncoder
 
 
@@ -37,7 +37,7 @@ class LayerNorm(nn.Module):
 class Embeddings(nn.Module):
     def __init__(self, cfg: BackboneConfig) -> None:
         super().__init__()
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.norm = LayerNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
 
     def forward(self, ids: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ from torch import nn
 
 from ...errors import QuantError
 from ..checkpoint import LoadedModel, build_model, config_from_metadata, resolve_dtype
+from ..layers import Embedding
 from ..t5gemma import ScaledEmbedding
 from .formats import GPTQ_FORMATS, GPTQPacked, RTNPacked, warn_if_corrupted
 from .layers import (
@@ -393,9 +394,7 @@ def apply_int4(
                     ep, scale=emb.scale, eoi=emb.eoi, device=device, act_dtype=act_dtype
                 )
         elif expand(name):
-            new = nn.Embedding(
-                ep.rows, ep.cols, device="meta", padding_idx=cast(nn.Embedding, emb).padding_idx
-            )
+            new = Embedding(ep.rows, ep.cols, device="meta", padding_idx=cast(nn.Embedding, emb).padding_idx)
             new.weight = nn.Parameter(ep.dequantize(act_dtype).to(device), requires_grad=False)
         else:
             new = PackedEmbedding(ep, device=device, act_dtype=act_dtype)
