@@ -41,12 +41,20 @@ def test_the_server_imports_nothing_from_the_command_line():
 
 def test_serve_turns_its_flags_into_settings_that_pickle(tmp_path):
     argv = ["serve", "--tiny-random", "--no-cache", "--no-prewarm", "--replicas", "2", "--voices", "v.toml"]
-    argv += ["--user-dict", "d.sqlite3", "--no-read-numbers", "--backend", "cpu"]
+    argv += ["--user-dict", "d.sqlite3", "--no-read-numbers", "--backend", "cpu", "--read-timeout", "2.5"]
     settings = settings_from_args(build_parser().parse_args(argv))
+    assert settings.read_timeout_s == 2.5 and ServerSettings().read_timeout_s == 10.0
     assert settings.load["tiny_random"] is True and settings.load["backend"] == "cpu"  # the default kind
     assert (settings.voices, settings.user_dict, settings.replicas) == ("v.toml", "d.sqlite3", 2)
     assert not settings.cache and not settings.prewarm and dict(settings.readings) == {"read_numbers": False}
     assert pickle.loads(pickle.dumps(settings)) == settings  # what a Ray Serve replica is handed
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_read_timeout_that_is_no_number_of_seconds_is_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["serve", "--read-timeout", value])
+    assert e.value.code == 2 and "--read-timeout" in capsys.readouterr().err
 
 
 def test_build_app_serves_the_voice_configs_readings_under_the_settings(tmp_path):

@@ -69,6 +69,14 @@ def register(sub: Any) -> None:
         help="open connections (default 1024; at the cap an idle one is closed to make room)",
     )
     g.add_argument(
+        "--read-timeout",
+        type=_positive_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="a request must arrive whole within this of its first byte; a silent connection is "
+        "closed after it (default 10)",
+    )
+    g.add_argument(
         "--strict-speakers",
         action="store_true",
         help="an unknown VOICEVOX style id is a 422 (default: the default voice speaks it)",
@@ -112,6 +120,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
+
+
 def api_key(args: argparse.Namespace) -> str | None:
     """The key from --api-key-file, --api-key or $IRODORI_API_KEY (in that order)."""
     if args.api_key_file:
@@ -137,6 +155,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_text_chars=args.max_text_chars,
         max_input_chars=args.max_input_chars,
         max_connections=args.max_connections,
+        read_timeout_s=args.read_timeout,
         strict_speakers=args.strict_speakers,
         presets=args.presets,
         max_body_bytes=args.max_body_bytes,
