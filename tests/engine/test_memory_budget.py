@@ -16,6 +16,7 @@ from irodori_speaker.engine.batch import BATCH_BUCKETS
 from irodori_speaker.engine.codec.config import FULL_CODEC_KWARGS, TINY_CODEC_KWARGS, CodecConfig
 from irodori_speaker.engine.config import InferenceConfig, ModelConfig
 from irodori_speaker.engine.fast import FastSampler
+from irodori_speaker.engine.hardware import memory
 from irodori_speaker.engine.hardware.memory import (
     activation_bytes_per_line,
     budget_errors,
@@ -265,8 +266,7 @@ def test_a_codec_on_the_cpu_leaves_its_decode_out_of_the_budget():
 
 
 def test_a_tight_budget_decodes_whole_lines_in_chunks():
-    # 50-frame windows: the CUDA preset's plan reaches 116 frames, whose reserve takes the second line
-    # of this 4 GiB budget (docs/status.md, known gaps)
+    # 50-frame windows (the CUDA preset's plan is cut at this budget: the next test)
     preset = dataclasses.replace(base_preset("cuda"), max_batch=64, stream_window_plan=())
     cfg = ModelConfig()
     assert preset.decode_chunk_frames is None  # the CUDA preset decodes a whole line in one pass
@@ -315,3 +315,54 @@ def test_a_window_plans_longest_window_counts_in_the_window_batch():
     want = [(p.max_batch, p.decode_batch) for p in plain]
     assert all(g <= w for g, w in zip(got, want, strict=True)) and got != want
     assert got[-1] == want[-1] == (8, 4)  # a roomy budget holds them all
+
+
+def test_a_window_plan_is_cut_where_its_longest_window_would_cost_a_line_of_batch():
+    """Sampling rows first: at 4 GiB the CUDA preset's 116-frame window graph would leave one line of
+    sampling batch where 50-frame windows leave two; the plan loses its lengths past the middle
+    window (66 frames), and apply_budget hands the cut plan on. A roomy budget keeps the plan whole."""
+    cfg = ModelConfig()
+    preset = dataclasses.replace(base_preset("cuda"), max_batch=64)
+    assert preset.stream_window_plan == (40, 66, 116) and preset.codec_graphs
+    plain = plan_budget(4 * GIB, 80 * GIB, GIB, cfg, None, dataclasses.replace(preset, stream_window_plan=()))
+    # what the whole plan would give: its reserve, as the planner counted it before the cut
+    whole = memory._plan_budget(4 * GIB, 80 * GIB, GIB, cfg, None, preset, "", None, (40, 66, 116))
+    assert whole.max_batch < plain.max_batch == 2
+    tight = plan_budget(4 * GIB, 80 * GIB, GIB, cfg, None, preset)
+    assert tight.stream_window_plan == (40, 66) and tight.max_batch == plain.max_batch
+    assert "stream window plan cut to (40, 66)" in tight.describe()
+    roomy = plan_budget(64 * GIB, 80 * GIB, GIB, cfg, None, preset)
+    assert roomy.stream_window_plan is None and "plan" not in roomy.describe()
+    # a longer plan is cut only as far as it must be: each budget keeps the longest plan whose
+    # window leaves the batch of 50-frame windows
+    long = dataclasses.replace(preset, stream_window_plan=(40, 66, 116, 216))
+    none = dataclasses.replace(long, stream_window_plan=())
+    cuts = set()
+    for budget in (q * GIB // 4 for q in range(12, 97)):  # 3 to 24 GiB
+        got = plan_budget(budget, 80 * GIB, GIB, cfg, None, long)
+        kept = got.stream_window_plan if got.stream_window_plan is not None else long.stream_window_plan
+        base = plan_budget(budget, 80 * GIB, GIB, cfg, None, none)
+        assert got.max_batch == base.max_batch
+        longer = [n for n in long.stream_window_plan if n not in kept]
+        if longer:  # the next length would have cost a line
+            cuts.add(kept)
+            over = memory._plan_budget(budget, 80 * GIB, GIB, cfg, None, long, "", None, (*kept, min(longer)))
+            assert over.max_batch < base.max_batch
+    assert cuts == {(40, 66), (40, 66, 116)}  # cut to the middle window, and only the 216 dropped
+    # no codec graphs: no window graph to hold, nothing cut
+    eager = dataclasses.replace(preset, codec_graphs=False)
+    assert plan_budget(4 * GIB, 80 * GIB, GIB, cfg, None, eager).stream_window_plan is None
+
+
+def test_apply_budget_hands_on_the_cut_plan(monkeypatch):
+    from irodori_speaker.engine.hardware.memory import apply_budget
+    from irodori_speaker.options.memory import parse_memory_budget
+
+    fake = _FakeCuda(total=80 * GIB, allocated=GIB)
+    fake.install(monkeypatch)
+    preset = dataclasses.replace(base_preset("cuda"), max_batch=64)
+    capped, plan = apply_budget(preset, parse_memory_budget("4GiB"), ModelConfig(), InferenceConfig())
+    assert plan.stream_window_plan == (40, 66) == capped.stream_window_plan
+    assert fake.fraction is not None
+    capped, plan = apply_budget(preset, parse_memory_budget("64GiB"), ModelConfig(), InferenceConfig())
+    assert capped.stream_window_plan == (40, 66, 116) and plan.stream_window_plan is None

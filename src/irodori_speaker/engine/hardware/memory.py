@@ -176,11 +176,16 @@ class BudgetPlan:
     text: str  # the budget as given
     decode_chunk_frames: int | None = None  # whole lines decoded in chunks of this many frames
     decode_batch: int = 1  # stream windows of lines that meet decoded as one batch of up to this
+    # the preset's window plan, less the lengths whose graphs would cost sampling rows (None: as is)
+    stream_window_plan: tuple[int, ...] | None = None
 
     def describe(self) -> str:
         chunks = f", decode in {self.decode_chunk_frames}-frame chunks" if self.decode_chunk_frames else ""
         if self.decode_batch > 1:
             chunks += f", stream windows decoded {self.decode_batch} at a time"
+        if self.stream_window_plan is not None:
+            plan = ", ".join(map(str, self.stream_window_plan)) or "none"
+            chunks += f", stream window plan cut to ({plan})"
         return (
             f"GPU memory budget {format_bytes(self.budget)} of {format_bytes(self.total)} "
             f"({self.text}): model {format_bytes(self.resident)}, ~{format_bytes(self.per_line)} per line; "
@@ -199,7 +204,42 @@ def plan_budget(
     codec: CodecConfig | None = None,
 ) -> BudgetPlan:
     """The batch size and graph length `budget` allows beside `resident` bytes (pure arithmetic);
-    `codec`: the codec's config (None: the released codec's)."""
+    `codec`: the codec's config (None: the released codec's).
+
+    Sampling rows come before decode windows: where the graph of a window plan's longest window
+    would take a line from the sampling batch, the plan loses its longest lengths until the batch is
+    what it would be without them (the plan's windows save decode time; a line of batch saves more
+    under load)."""
+    plan = tuple(preset.stream_window_plan)
+    whole = _plan_budget(budget, total, resident, config, inference, preset, text, codec, plan)
+    middle = preset.stream_chunk_frames + CODEC_CONTEXT_FRAMES
+    if not preset.codec_graphs or max(plan, default=0) <= middle:
+        return whole
+    least = _plan_budget(
+        budget, total, resident, config, inference, preset, text, codec, tuple(n for n in plan if n <= middle)
+    )
+    if whole.max_batch >= least.max_batch:
+        return whole
+    for cut in sorted({n for n in plan if n > middle}, reverse=True)[1:]:
+        kept = tuple(n for n in plan if n <= cut)
+        trimmed = _plan_budget(budget, total, resident, config, inference, preset, text, codec, kept)
+        if trimmed.max_batch >= least.max_batch:
+            return dataclasses.replace(trimmed, stream_window_plan=kept)
+    return dataclasses.replace(least, stream_window_plan=tuple(n for n in plan if n <= middle))
+
+
+def _plan_budget(
+    budget: int,
+    total: int,
+    resident: int,
+    config: ModelConfig,
+    inference: InferenceConfig | None,
+    preset: Any,
+    text: str,
+    codec: CodecConfig | None,
+    window_plan: tuple[int, ...],
+) -> BudgetPlan:
+    """`plan_budget` for the stream window plan `window_plan`."""
     dtype_bytes = torch.finfo(preset.dtype).bits // 8 if preset.dtype.is_floating_point else 2
     ctx = context_tokens(config, inference)
     longest = math.ceil(MAX_SECONDS * FRAMES_PER_SECOND)
@@ -215,7 +255,7 @@ def plan_budget(
         reserve += codec_bytes(codec, longest if chunk is None else chunk + CODEC_CONTEXT_FRAMES, width)
         if preset.codec_graphs:  # the longest window graphed: the middle one's, or a plan's longest
             middle = preset.stream_chunk_frames + CODEC_CONTEXT_FRAMES
-            window = codec_bytes(codec, max((middle, *preset.stream_window_plan)), width)
+            window = codec_bytes(codec, max((middle, *window_plan)), width)
             reserve += window
 
     def per_line(seconds: float) -> int:
@@ -268,6 +308,8 @@ def apply_budget(
         decode_batch=plan.decode_batch,
         max_gpu_memory=limit,
     )
+    if plan.stream_window_plan is not None:
+        capped = dataclasses.replace(capped, stream_window_plan=plan.stream_window_plan)
     return capped, plan
 
 
