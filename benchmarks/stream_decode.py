@@ -13,10 +13,13 @@ windows decoded and the largest difference between the two audios.
     python benchmarks/stream_decode.py                        # news5's lines, the CPU preset's chunks
     python benchmarks/stream_decode.py --frames 37,118 --chunk 25 --first 8 --growth 0 --repeat 5
     python benchmarks/stream_decode.py --fp32 --chunk 25 --growth 0   # a CPU without native bf16
+    python benchmarks/stream_decode.py --fp32 --chunk 25 --growth 0 --first 0   # its whole lines
+    python benchmarks/stream_decode.py --frames 37,118 --repeat 3 --profile 20   # where the time goes
 
-`--fp32`: the codec in fp32, as the CPU preset runs it where bf16 is not native; there the preset
-decodes on the (B, C, T) decoder (channels-last measured no faster in fp32), so the windows column
-runs on that decoder and the stateful column on the channels-last one (a copy of the same weights).
+`--fp32`: the codec in fp32, as the CPU preset runs it where bf16 is not native; before the
+eighteenth session that preset decoded windows on the (B, C, T) decoder (channels-last measured no
+faster in fp32), so the windows column runs on that decoder and the stateful column on the
+channels-last one (a copy of the same weights), the preset's path since.
 """
 
 from __future__ import annotations
@@ -58,11 +61,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", default=NEWS5_FRAMES)
     ap.add_argument("--chunk", type=int, default=None, help="chunk frames (default: the preset's)")
-    ap.add_argument("--first", type=int, default=8)
+    ap.add_argument("--first", type=int, default=8, help="first chunk frames (0: none)")
     ap.add_argument("--growth", type=float, default=None, help="0: none (default: the preset's)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--fp32", action="store_true", help="fp32 codec, windows on the (B, C, T) decoder")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the table: the first line once each way under torch.profiler, its N costliest ops",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -91,7 +101,8 @@ def main() -> None:
     with torch.inference_mode():
         for frames in (int(f) for f in args.frames.split(",")):
             lat = torch.randn(1, frames, 32, generator=torch.Generator().manual_seed(frames))
-            windows = codec.stream_windows(frames, chunk, first_chunk_frames=args.first, growth=growth)
+            first = args.first or None
+            windows = codec.stream_windows(frames, chunk, first_chunk_frames=first, growth=growth)
             z = codec.decoder_input(lat)
             runs = (
                 lambda z=z, w=windows: windowed(windows_codec, z, w),
@@ -114,6 +125,35 @@ def main() -> None:
                   f"| {mw / ms:.2f} | {cw:.0f} / {cs:.0f} ({cw / cs:.2f}) | {diff:.2e} |")  # fmt: skip
     mw, ms, cw, cs = total
     print(f"| all |  |  | {mw:.1f} | {ms:.1f} | {mw / ms:.2f} | {cw:.0f} / {cs:.0f} ({cw / cs:.2f}) |  |")
+    if args.profile:
+        frames = int(args.frames.split(",")[0])
+        lat = torch.randn(1, frames, 32, generator=torch.Generator().manual_seed(frames))
+        windows = codec.stream_windows(frames, chunk, first_chunk_frames=args.first or None, growth=growth)
+        z = codec.decoder_input(lat)
+        for name, run in (
+            ("windows", lambda: windowed(windows_codec, z, windows)),
+            ("stateful", lambda: stateful(codec, z, windows)),
+        ):
+            profile(name, run, args.profile, cuda)
+
+
+def profile(name: str, run, top: int, cuda: bool) -> None:
+    """One run of `run` under torch.profiler: its `top` costliest ops (device time on a GPU: why an
+    eager stream is slow there, docs/status.md), and how many kernels and ops it launched."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with torch.inference_mode():
+        run()  # first-call costs (cuDNN's algorithm search) outside the profile
+        with torch_profile(activities=activities) as prof:
+            run()
+            if cuda:
+                torch.cuda.synchronize()
+    events = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    print(f"\n{name}: {sum(e.count for e in events)} op calls")
+    print(events.table(sort_by=key, row_limit=top))
 
 
 if __name__ == "__main__":

@@ -25,8 +25,16 @@ from test_batching import TEXTS, opts, together
 def synth(irodori_home):
     from irodori_speaker.synthesis.loading import load_synthesizer
 
+    # windows, as on a GPU (where they batch): not the CPU preset's stateful stream, whose chunks
+    # are each a job of their own line (the deadlines below are computed alike for both)
     return load_synthesizer(
-        tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=8, max_padding=100.0, decode_batch=4
+        tiny_random=True,
+        backend="cpu",
+        voice_cache_dir=False,
+        max_batch=8,
+        max_padding=100.0,
+        decode_batch=4,
+        stream_stateful=False,
     )
 
 
@@ -108,7 +116,9 @@ def test_lines_that_meet_sound_as_alone_with_decode_batches_on(synth):
 def test_with_decode_batch_1_no_windows_meet_in_one_call(irodori_home):
     from irodori_speaker.synthesis.loading import load_synthesizer
 
-    synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, decode_batch=1)
+    synth = load_synthesizer(
+        tiny_random=True, backend="cpu", voice_cache_dir=False, decode_batch=1, stream_stateful=False
+    )
     sizes = _spy_batches(synth.codec)
     n = 40
     rendered = [Rendered(torch.zeros(1, n, synth.config.latent_dim), n, n * synth.codec.hop_length)] * 3
@@ -165,6 +175,40 @@ def test_only_a_lines_first_window_is_urgent_and_later_pieces_count_from_its_sta
     # (it is needed no sooner than 1.5 s after the line started, less the margin)
     later = [d for p, d in seen if p == 1]
     assert later and max(later) >= t0 + 1.5 - MARGIN_S, (max(later) - t0, sizes)
+
+
+def test_the_stateful_streams_chunks_carry_the_same_priorities_and_deadlines(synth, monkeypatch):
+    """On the CPU preset's stateful stream each chunk is a job of its own (no batch): the first
+    URGENT, the later ones NORMAL with their line's playback deadline, as the windows have."""
+    import dataclasses
+
+    from irodori_speaker.synthesis.decoding import MARGIN_S, Playback
+
+    assert synth.codec.streams_statefully()
+    preset = dataclasses.replace(synth.preset, stream_stateful=True)
+    seen: list[tuple[int, float | None]] = []
+    real = DEVICE.run
+
+    def recorded(fn, cancel=None, priority=1, deadline=None):
+        seen.append((priority, deadline))
+        return real(fn, cancel, priority, deadline)
+
+    monkeypatch.setattr(DEVICE, "run", recorded)
+    monkeypatch.setattr(DEVICE, "run_batched", lambda *a, **k: pytest.fail("a window was batched"))
+    n = 90
+    latent = torch.randn(1, n, synth.config.latent_dim, generator=torch.Generator().manual_seed(3))
+    line = Playback()
+    with torch.inference_mode():
+        chunks = list(
+            decode_chunks(synth.codec, preset, Rendered(latent, n, n * 1920), opts(), None, False, line)
+        )
+    assert [len(c) // 1920 for c, _ in chunks] == [8, 25, 25, 25, 7]
+    assert seen[0] == (0, None) and len(seen) == len(chunks)
+    handed = 0
+    for (priority, deadline), (chunk, _) in zip(seen[1:], chunks):
+        handed += len(chunk)
+        assert priority == 1 and deadline is not None
+        assert deadline <= line.started + handed / synth.sample_rate - MARGIN_S + 1e-6
 
 
 def test_a_non_finite_latent_is_a_clear_error_and_not_a_device_read(synth):

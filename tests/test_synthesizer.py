@@ -293,15 +293,24 @@ def test_fast_path_and_reference_loop_give_the_same_audio(synth, tiny_cache):
 
 
 def _count_windows(synth, monkeypatch) -> list[int]:
-    """The frames of each window the codec decodes from now on (appended as they are decoded)."""
+    """The frames of each window the codec decodes from now on (appended as they are decoded): a
+    window's frames with its context, or on the stateful stream (the CPU preset's) the frames of
+    the chunk asked of it."""
+    from irodori_speaker.engine.codec.stateful import LineStream
+
     windows: list[int] = []
-    real = synth.codec._decode_window
+    real, samples = synth.codec._decode_window, LineStream.samples
 
     def counting(z, a, b):
         windows.append(z.shape[-1])
         return real(z, a, b)
 
+    def asked(stream, a, b):
+        windows.append((b - a) // HOP)
+        return samples(stream, a, b)
+
     monkeypatch.setattr(synth.codec, "_decode_window", counting)
+    monkeypatch.setattr(LineStream, "samples", asked)
     return windows
 
 
@@ -343,21 +352,24 @@ def test_voice_states_are_encoded_once_per_voice(synth, tmp_path, monkeypatch):
     np.testing.assert_array_equal(synth.synthesize("一行目です。", a, opts(seconds=1.0)).audio, first)
 
 
-def test_growing_stream_chunks_join_and_skip_the_stretched_last_window(synth, monkeypatch):
+@pytest.mark.parametrize("stateful", [False, True], ids=["windows", "stateful"])
+def test_growing_stream_chunks_join_and_skip_the_stretched_last_window(synth, monkeypatch, stateful):
     """`stream_chunk_growth`: 8, 16, 20, 20, ... frames; without graphs (the CPU) the last window
-    is not stretched left, so no frame is decoded twice more than its context needs."""
+    is not stretched left, so no frame is decoded twice more than its context needs. The stateful
+    stream (the CPU preset's) is asked for the same chunks."""
     import dataclasses
 
     windows = _count_windows(synth, monkeypatch)
-    monkeypatch.setattr(
-        synth, "preset", dataclasses.replace(synth.preset, stream_chunk_frames=20, stream_chunk_growth=2.0)
-    )
+    growing = dict(stream_chunk_frames=20, stream_chunk_growth=2.0, stream_stateful=stateful)
+    monkeypatch.setattr(synth, "preset", dataclasses.replace(synth.preset, **growing))
     o = opts(seed=3, seconds=3.0, tail_trim=False)
     chunks = list(synth.stream("ストリーミングでも同じ音です。", options=o))
     frames = sum(len(c) for c in chunks) // HOP
     assert [len(c) // HOP for c in chunks] == [8, 16, 20, 20, frames - 64][: len(chunks)]
     assert len(chunks) == 5 and frames - 64 < 20
-    # windows: each chunk with its 8 context frames on both sides, the line's ends cut them
-    assert windows == [16, 32, 36, 36, frames - 64 + 8]
+    if stateful:  # each frame decoded once: the stream is asked for the chunks themselves
+        assert windows == [8, 16, 20, 20, frames - 64]
+    else:  # windows: each chunk with its 8 context frames on both sides, the line's ends cut them
+        assert windows == [16, 32, 36, 36, frames - 64 + 8]
     whole = synth.synthesize("ストリーミングでも同じ音です。", options=o).audio
     np.testing.assert_allclose(np.concatenate(chunks), whole, atol=1e-5)

@@ -66,25 +66,26 @@ def test_the_first_processor_and_its_model_are_read():
 
 
 @pytest.mark.parametrize(
-    ("text", "dtype", "int8", "channels_last"),
+    ("text", "dtype", "int8"),
     [
-        (SAPPHIRE_RAPIDS, torch.bfloat16, True, True),
-        (ZEN4, torch.bfloat16, True, True),
-        (ALDER_LAKE, torch.float32, True, False),
-        (CASCADE_LAKE, torch.float32, True, False),
-        (HASWELL, torch.float32, False, False),
-        (ARM, torch.float32, False, False),
+        (SAPPHIRE_RAPIDS, torch.bfloat16, True),
+        (ZEN4, torch.bfloat16, True),
+        (ALDER_LAKE, torch.float32, True),
+        (CASCADE_LAKE, torch.float32, True),
+        (HASWELL, torch.float32, False),
+        (ARM, torch.float32, False),
     ],
 )
-def test_the_preset_picks_each_trick_only_with_its_instructions(text, dtype, int8, channels_last):
+def test_the_preset_picks_each_trick_only_with_its_instructions(text, dtype, int8):
     picks = cpu_preset_fields(parse_cpuinfo(text))
+    bf16 = dtype == torch.bfloat16
     assert picks == {
         "dtype": dtype,
         "codec_dtype": dtype,
         "int8_linears": int8,
-        "codec_channels_last": channels_last,
-        "stream_chunk_frames": 50 if channels_last else 25,
-        "stream_chunk_growth": 3.0 if channels_last else None,
+        "codec_channels_last": True,  # every CPU: the stateful stream needs it (fp32 too)
+        "stream_chunk_frames": 50 if bf16 else 25,
+        "stream_chunk_growth": 3.0 if bf16 else None,
     }
 
 
@@ -156,7 +157,7 @@ def test_select_preset_reads_this_cpus_flags_and_every_field_overrides(monkeypat
     assert _picks(off) == (torch.float32, torch.float32, False, False)
     monkeypatch.setattr(presets, "cpu_features", lambda: parse_cpuinfo(HASWELL))
     plain = select_preset("cpu")
-    assert (plain.dtype, plain.int8_linears, plain.codec_channels_last) == (torch.float32, False, False)
+    assert (plain.dtype, plain.int8_linears, plain.codec_channels_last) == (torch.float32, False, True)
     assert select_preset("cpu", int8_linears=True).int8_linears  # asked for: given, the flags aside
 
 
@@ -164,7 +165,7 @@ def test_the_test_suite_sees_a_cpu_without_the_flags():
     # conftest sets IRODORI_CPU_FLAGS=none: every test's CPU preset is the fp32 one, on any machine
     assert cf.cpu_features().flags == frozenset()
     cpu = select_preset("cpu")
-    assert _picks(cpu) == (torch.float32, torch.float32, False, False)
+    assert _picks(cpu) == (torch.float32, torch.float32, False, True)
 
 
 def test_env_names_the_flags_or_none(monkeypatch, tmp_path):
@@ -226,8 +227,9 @@ def test_int8_linears_are_refused_off_the_cpu(monkeypatch):
 
 def test_audio_flags_name_every_switch_that_changes_the_sound():
     cpu = select_preset("cpu")
-    assert cpu.audio_flags() == []
-    on = cpu.with_overrides(int8_linears=True, codec_channels_last=True, codec_int4=True)
+    assert cpu.audio_flags() == ["codec_channels_last"]  # the channels-last decoder's rounding
+    assert select_preset("cpu", codec_channels_last=False).audio_flags() == []
+    on = cpu.with_overrides(int8_linears=True, codec_int4=True)
     assert on.audio_flags() == ["codec_int4", "int8_linears", "codec_channels_last"]
     assert set(AUDIO_FLAGS) == {"int4", "fp8", "codec_int4", "int8_linears", "codec_channels_last"}
 

@@ -22,6 +22,7 @@ OPTS = SynthesisOptions(seed=3, seconds=1.0)
 
 
 def _render(**fields):
+    fields.setdefault("codec_channels_last", False)  # the (B, C, T) decoder unless a row asks
     synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, **fields)
     done = {"int8_linears": sum(isinstance(m, Int8Linear) for m in synth.model.modules())}  # by the loader
     assert apply_cpu_tricks(synth.model, synth.preset).get("int8_linears", 0) == 0  # idempotent
@@ -78,7 +79,7 @@ def test_each_trick_renders_close_to_fp32(reference, fields, latent_tol, audio_t
     if fields.get("int8_linears"):
         assert done["int8_linears"] == 2 * 8  # the tiny model's 2 blocks x 8 per-step linears
         assert isinstance(synth.model.blocks[0].mlp.w1, Int8Linear)
-    assert synth.codec.channels_last == bool(fields.get("codec_channels_last"))
+    assert synth.codec.channels_last == bool(fields.get("codec_channels_last", False))
     assert synth.model.in_proj.weight.dtype == fields["dtype"]
     assert synth.codec.dtype == fields["codec_dtype"]
     assert len(audio) == len(ref_audio) and bool(audio.abs().max() > 0)
@@ -89,7 +90,8 @@ def test_each_trick_renders_close_to_fp32(reference, fields, latent_tol, audio_t
 def test_the_cache_key_tells_the_tricks_apart(reference):
     from irodori_speaker.engine.hardware.presets import select_preset
 
-    plain, tricks = select_preset("cpu"), select_preset("cpu", int8_linears=True, codec_channels_last=True)
+    plain = select_preset("cpu", codec_channels_last=False)
+    tricks = select_preset("cpu", int8_linears=True, codec_channels_last=True)
     assert plain.audio_flags() == [] and tricks.audio_flags() == ["int8_linears", "codec_channels_last"]
 
 

@@ -210,8 +210,12 @@ def test_a_synthesizers_plan_is_prewarmed_replayed_and_sounds_the_same(irodori_h
 
     audio, replayed = [], []
     for plan in ((), (24, 40)):
-        synth = load_synthesizer(
-            tiny_random=True, backend="cpu", voice_cache_dir=False, stream_window_plan=plan
+        synth = load_synthesizer(  # windows, as on a GPU: not the CPU's stateful stream
+            tiny_random=True,
+            backend="cpu",
+            voice_cache_dir=False,
+            stream_window_plan=plan,
+            stream_stateful=False,
         )
         # the CPU preset's windows: 8, then 25 (41); with the plan its first window, then 24 and 40
         assert synth._window_lengths() == ([16, 41] if not plan else [16, 24, 40])

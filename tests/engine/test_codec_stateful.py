@@ -207,8 +207,9 @@ def test_the_synthesizer_streams_the_same_chunks_either_way(irodori_home, statef
 
 
 def test_a_line_cancelled_mid_stream_stops_within_one_chunk_and_frees_the_lock(irodori_home) -> None:
-    """As tests/speaker/test_decode_cancel.py on the windows: a whole line decoded in 25-frame
-    chunks from the stateful stream, cancelled after its first chunk, stops there; the next line plays."""
+    """As tests/speaker/test_decode_cancel.py: a whole line decoded from the stateful stream (in a
+    streamed line's chunks, 8 then 25 frames), cancelled after its first chunk, stops there; the
+    next line plays."""
     import asyncio
     import threading
 
@@ -236,6 +237,7 @@ def test_a_line_cancelled_mid_stream_stops_within_one_chunk_and_frees_the_lock(i
     async def body():
         loop = asyncio.get_running_loop()
         async with Speaker(synth, output=NullOutput(), streaming=False, options=long) as s:
+            chunks.clear()  # the prewarm line's
             h = s.enqueue("止めるまで長く話し続ける台詞です。")
             cancelled = threading.Event()
 
@@ -263,6 +265,6 @@ def test_a_line_cancelled_mid_stream_stops_within_one_chunk_and_frees_the_lock(i
         mp.setattr(LineStream, "samples", samples)
         state, decoded, next_state = asyncio.run(asyncio.wait_for(body(), 100))
     assert state == UtteranceState.CANCELLED
-    # one chunk: its 25 frames and 8 of right context pushed, far from the line's 200
-    assert decoded == [25 + 8], decoded
+    # one chunk: its 8 frames and 8 of right context pushed, far from the line's 200
+    assert decoded == [8 + 8], decoded
     assert next_state == UtteranceState.PLAYED

@@ -1,6 +1,7 @@
 """Issue 12: with `streaming=False` (a whole line decoded at once, as the CPU preset does) a line
 cancelled during its decode stops within one decode chunk and frees the model lock; the old
-one-pass decode ran to the end holding it (1.6-2.1 s on a CPU) while the next reply waited."""
+one-pass decode ran to the end holding it (1.6-2.1 s on a CPU) while the next reply waited.
+The CPU preset decodes on the stateful stream in a streamed line's chunks (8, then 25 frames)."""
 
 from __future__ import annotations
 
@@ -20,26 +21,41 @@ LONG = SynthesisOptions(steps=2, seconds=8.0, seed=3, tail_trim=False)  # 200 la
 
 
 @pytest.fixture
-def counted_decode(synth):
-    """Count the latent frames every codec window decodes; `on_window` runs after each one."""
+def counted_decode(synth, monkeypatch):
+    """Count the latent frames every codec window decodes (on the CPU preset's stateful stream:
+    the frames of each chunk asked of it); the hooks run after each one."""
+    from irodori_speaker.engine.codec.stateful import LineStream
+
     codec = synth.codec
     seen: list[int] = []
     hooks: list = []
 
-    def window(z, a, b):
-        out = type(codec)._decode_window(codec, z, a, b)
-        seen.append(int(z.shape[-1]))
+    def counted(frames: int) -> None:
+        seen.append(frames)
         for hook in hooks:
             hook(len(seen))
+
+    def window(z, a, b):
+        out = type(codec)._decode_window(codec, z, a, b)
+        counted(int(z.shape[-1]))
         return out
 
-    codec._decode_window = window  # the instance attribute shadows the method
+    samples = LineStream.samples
+
+    def chunk(stream, a, b):
+        out = samples(stream, a, b)
+        counted((b - a) // codec.hop_length)
+        return out
+
+    monkeypatch.setattr(codec, "_decode_window", window)  # the instance attribute shadows the method
+    monkeypatch.setattr(LineStream, "samples", chunk)
     yield seen, hooks
-    del codec._decode_window
 
 
 def test_the_cpu_preset_decodes_a_whole_line_in_bounded_chunks(synth):
+    # on the (B, C, T) windows in 25-frame chunks; on the stateful stream in a streamed line's
     assert synth.preset.name == "cpu" and synth.preset.decode_chunk_frames == 25
+    assert synth.preset.stream_stateful and synth.codec.streams_statefully()
 
 
 def test_a_line_cancelled_mid_decode_stops_within_one_chunk_and_frees_the_lock(run, synth, counted_decode):
@@ -76,9 +92,9 @@ def test_a_line_cancelled_mid_decode_stops_within_one_chunk_and_frees_the_lock(r
 
     state, decoded, next_state = run(body(), timeout=100)
     assert state == UtteranceState.CANCELLED
-    # one window decoded (25 frames + 8 of right context), then the cancel was seen: far from
-    # the 200 frames a one-pass decode goes through
-    assert len(decoded) == 1 and decoded[0] <= 25 + 8 < total, decoded
+    # one chunk decoded (the stream's first, 8 frames), then the cancel was seen: far from the
+    # 200 frames a one-pass decode goes through
+    assert decoded == [8] and total > 8 + 8, decoded
     assert next_state == UtteranceState.PLAYED
 
 
@@ -86,8 +102,9 @@ def test_a_whole_line_decoded_in_chunks_equals_the_streamed_line(synth, counted_
     seen, _ = counted_decode
     opts = SynthesisOptions(steps=2, seconds=3.0, seed=7, tail_trim=False)
     whole = synth.synthesize("分けても同じ音です。", options=opts).audio
-    assert len(seen) == 3  # 75 frames in three 25-frame windows
+    assert seen == [8, 25, 25, 17]  # 75 frames in a streamed line's chunks
     import numpy as np
 
     streamed = np.concatenate(list(synth.stream("分けても同じ音です。", options=opts)))
-    np.testing.assert_allclose(whole, streamed, atol=1e-5)
+    assert seen == [8, 25, 25, 17] * 2
+    np.testing.assert_array_equal(whole, streamed)  # the same chunks: the same samples

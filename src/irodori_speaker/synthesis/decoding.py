@@ -80,9 +80,13 @@ def decode_chunks(
     owner ran it (CUDA); then the next window is launched before this one is read."""
     first = growth = None
     plan: tuple[int, ...] = ()  # a window plan is the stream's policy, as first and growth are
+    # eager channels-last decodes: the chunks from one stateful stream (each frame decoded once).
+    # A whole line takes a streamed line's chunks there: a push's rounding follows its length,
+    # so the same chunks make a whole line the same samples as the line streamed
+    stateful = preset.stream_stateful and getattr(codec, "streams_statefully", lambda: False)()
     if opts.chunk_frames is not None:
         chunk = opts.chunk_frames
-    elif whole:
+    elif whole and not stateful:
         chunk = preset.decode_chunk_frames
     else:
         chunk, first = preset.stream_chunk_frames, preset.stream_first_chunk_frames
@@ -124,9 +128,8 @@ def decode_chunks(
             held.append(codec.decoder_input(latent(), check_finite=False))
         return held[0]
 
-    # eager channels-last decodes: the chunks from one stateful stream (each frame decoded once),
-    # made by the first chunk's job; each chunk a job of its own (a line's state is its own)
-    stateful = preset.stream_stateful and getattr(codec, "streams_statefully", lambda: False)()
+    # the stateful stream is made by the first chunk's job; each chunk a job of its own (a line's
+    # state is its own)
     streams: list[Any] = []
 
     def stream_samples(a: int, b: int, keep: int) -> Any:

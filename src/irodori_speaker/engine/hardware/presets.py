@@ -54,13 +54,13 @@ class Preset:
     # stream_chunk_growth); the longest counts in the memory budget's window (engine/hardware/
     # memory.py). The CUDA preset's is (40, 66, 116), measured there
     stream_window_plan: tuple[int, ...] = ()
-    # where the codec decodes on the channels-last path on the CPU (the bf16 CPU preset; a GPU
-    # replays graphed windows, and eagerly there the stream was 26x slower), a line's chunks come
-    # from one stateful stream that carries each conv's left context (engine/codec/stateful.py):
-    # every frame decoded once, not again as the next window's context. The same chunks and audio
-    # (up to rounding); news5's lines decoded 1.35x faster (a 37-frame line 1.64x) on one core of
-    # the dev CPU in bf16 (benchmarks/stream_decode.py, RESULTS.md seventeenth session).
-    # False: the windows
+    # where the codec decodes on the channels-last path on the CPU (the CPU preset; a GPU replays
+    # graphed windows, and eagerly there the stream was 26x slower), a line's chunks come from one
+    # stateful stream that carries each conv's left context (engine/codec/stateful.py): every
+    # frame decoded once, not again as the next window's context. The same chunks and audio (up to
+    # rounding); a whole line takes a streamed line's chunks, so the two are the same samples.
+    # news5's lines decoded 1.35x faster (a 37-frame line 1.64x) on one core of the dev CPU in
+    # bf16, 1.64x in fp32 (benchmarks/stream_decode.py, RESULTS.md). False: the windows
     stream_stateful: bool = True
     # CPU threads for torch; None: $IRODORI_THREADS, else half the CPUs this process may use
     # (cpu_features.choose_threads: a streaming PC is shared; torch's thread per core collapsed)
@@ -185,8 +185,8 @@ def cpu_preset_fields(features: CpuFeatures | None = None) -> dict[str, Any]:
     - bf16 DiT and codec with native bf16 dot products (AMX-BF16 or AVX512-BF16); without them
       oneDNN emulates bf16 and it is slower than fp32;
     - int8 linears with native int8 dot products (AMX-INT8, AVX512-VNNI or AVX-VNNI);
-    - the channels-last decoder (`codec_channels_last`) with the bf16 codec, where it was measured
-      faster (in fp32 on the CPU it was not);
+    - the channels-last decoder (`codec_channels_last`) on every CPU: the stateful stream
+      (`stream_stateful`) runs on it, each frame decoded once (fp32 too: news5 1.64x streamed, 1.60x whole);
     - stream windows 8, 24, then 50 frames (`stream_chunk_growth`) where bf16 makes decode fast
       enough that each window is ready before the chunk before it has played: a 50-frame window
       costs 1.32x its audio in decoded frames, a 25-frame one 1.64x (slower CPUs keep 8 then 25).
@@ -198,7 +198,7 @@ def cpu_preset_fields(features: CpuFeatures | None = None) -> dict[str, Any]:
         "dtype": torch.bfloat16 if bf16 else torch.float32,
         "codec_dtype": torch.bfloat16 if bf16 else torch.float32,
         "int8_linears": f.int8_matmul,
-        "codec_channels_last": bf16,
+        "codec_channels_last": True,
         "stream_chunk_frames": 50 if bf16 else 25,
         "stream_chunk_growth": 3.0 if bf16 else None,
     }
