@@ -35,7 +35,9 @@ class Preset:
     steps: int = 8
     schedule: str = "sway"
     sway_coeff: float = -1.0
-    decode_chunk_frames: int | None = None  # None: decode a line in one pass
+    # whole lines decoded in windows of this many frames (None: in one pass); on the stateful
+    # stream (`stream_stateful`) a whole line takes a streamed line's chunks instead
+    decode_chunk_frames: int | None = None
     stream_chunk_frames: int = 25  # streaming decode: 1 s of audio per chunk ...
     stream_first_chunk_frames: int | None = 8  # ... after a short first chunk (first audio sooner)
     # chunks after the first grow by this factor up to stream_chunk_frames (None: straight there);
