@@ -18,6 +18,7 @@ is no such cap: the budget is logged as not applicable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -211,21 +212,23 @@ def plan_budget(
     what it would be without them (the plan's windows save decode time; a line of batch saves more
     under load)."""
     plan = tuple(preset.stream_window_plan)
-    whole = _plan_budget(budget, total, resident, config, inference, preset, text, codec, plan)
+    with_plan = functools.partial(
+        _plan_budget, budget, total, resident, config, inference, preset, text, codec
+    )
+    whole = with_plan(plan)
     middle = preset.stream_chunk_frames + CODEC_CONTEXT_FRAMES
     if not preset.codec_graphs or max(plan, default=0) <= middle:
         return whole
-    least = _plan_budget(
-        budget, total, resident, config, inference, preset, text, codec, tuple(n for n in plan if n <= middle)
-    )
+    shortest = tuple(n for n in plan if n <= middle)  # no window past the middle one's
+    least = with_plan(shortest)
     if whole.max_batch >= least.max_batch:
         return whole
     for cut in sorted({n for n in plan if n > middle}, reverse=True)[1:]:
         kept = tuple(n for n in plan if n <= cut)
-        trimmed = _plan_budget(budget, total, resident, config, inference, preset, text, codec, kept)
+        trimmed = with_plan(kept)
         if trimmed.max_batch >= least.max_batch:
             return dataclasses.replace(trimmed, stream_window_plan=kept)
-    return dataclasses.replace(least, stream_window_plan=tuple(n for n in plan if n <= middle))
+    return dataclasses.replace(least, stream_window_plan=shortest)
 
 
 def _plan_budget(
@@ -307,9 +310,10 @@ def apply_budget(
         decode_chunk_frames=plan.decode_chunk_frames,
         decode_batch=plan.decode_batch,
         max_gpu_memory=limit,
+        stream_window_plan=preset.stream_window_plan
+        if plan.stream_window_plan is None
+        else plan.stream_window_plan,
     )
-    if plan.stream_window_plan is not None:
-        capped = dataclasses.replace(capped, stream_window_plan=plan.stream_window_plan)
     return capped, plan
 
 
