@@ -311,7 +311,9 @@ def test_the_loader_swaps_the_linears_with_fp8(tmp_path, monkeypatch, fp8_allowe
     synth = load_synthesizer(tiny_random=True, backend="cpu", fp8=True, voice_cache_dir=False)
     assert synth.preset.fp8 and isinstance(synth.model.blocks[0].attention.wq, Fp8Linear)
     assert not any(isinstance(m, Fp8Linear) for m in plain.model.modules())
-    assert sorted(synth.identity["precision"]) == sorted([*plain.identity["precision"], "fp8"])
+    *head, last = plain.identity["precision"]
+    assert last == "codec_channels_last"  # the CPU preset's; flags in AUDIO_FLAGS' order
+    assert synth.identity["precision"] == [*head, "fp8", last]
     a = synth.synthesize("テストです。", options={"seed": 1}).audio
     b = plain.synthesize("テストです。", options={"seed": 1}).audio
     assert (
@@ -333,11 +335,12 @@ def test_an_int4_file_with_fp8_is_refused(tmp_path, dit_fixtures, fp8_allowed_he
 
 
 def test_fp8_enters_the_phrase_cache_key(synth):
-    plain = synth.identity["precision"]
+    *head, last = synth.identity["precision"]
+    assert last == "codec_channels_last"  # the CPU preset's; flags in AUDIO_FLAGS' order
     real = synth.preset
     try:
         synth.preset = dataclasses.replace(real, fp8=True)
-        assert sorted(synth.identity["precision"]) == sorted([*plain, "fp8"])
+        assert synth.identity["precision"] == [*head, "fp8", last]
     finally:
         synth.preset = real
 
