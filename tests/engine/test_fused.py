@@ -289,14 +289,17 @@ def test_fused_velocity_matches_the_v4_fixtures(kind):
 @pytest.mark.parametrize(
     "residual, snake, keep", [(False, False, True), (False, True, False), (True, True, True)]
 )
-def test_conv_epilogue_matches_the_torch_path(dtype, residual, snake, keep):
+@pytest.mark.parametrize("shape", [(37, 200), (2, 23, 96)])
+def test_conv_epilogue_matches_the_torch_path(dtype, residual, snake, keep, shape):
+    """Rows of one size (200 channels: no power of two) and the decoder's (B, T, 96) activations;
+    the element count is no multiple of the kernel's block."""
     from irodori_speaker.engine.codec.fast import epilogue_torch
 
     torch.manual_seed(4)
-    C, N = 200, 37  # C over one block and not a multiple of it
-    y = _randn(N, C, dtype=dtype)
+    C = shape[-1]
+    y = _randn(*shape, dtype=dtype)
     bias = _randn(C, dtype=dtype)
-    res = _randn(N, C, dtype=dtype) if residual else None
+    res = _randn(*shape, dtype=dtype) if residual else None
     alpha = (torch.rand(1, C, 1, device=DEV) * 3 + 1e-3) if snake else None  # fp32, as the codec keeps it
     h, s = fu.conv_epilogue(y, bias, res, alpha, keep)
     want_h, want_s = epilogue_torch(y, bias, res, alpha, keep)
