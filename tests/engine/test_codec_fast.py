@@ -210,3 +210,29 @@ def test_the_full_size_decoder_runs_its_slow_cudnn_conv_as_a_gemm_on_cuda() -> N
         codec.use_channels_last(False)
         want = codec.decode(z).float()
     assert (got - want).abs().max() < 5e-3
+
+
+@pytest.mark.parametrize(("dilation", "frames", "phases"), [(3, 90, 3), (9, 99, 9), (9, 96, 3), (9, 100, 1)])
+def test_a_dilated_conv_in_phases_equals_the_conv(dilation: int, frames: int, phases: int) -> None:
+    """Samples (T / P, P) as an NHWC image: dilation d along T is d / P along its height; P is the
+    dilation where it divides T, else 3 (the decoder's 9 at a length not a multiple of 9), else none."""
+    from irodori_speaker.engine.codec.fast import _Conv
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(16, 24, 7, padding=3 * dilation, dilation=dilation)
+    x = torch.randn(2, frames, 16)  # (B, T, C)
+    want = torch.nn.functional.conv1d(x.transpose(1, 2), conv.weight, None, 1, 3 * dilation, dilation)
+    fast = _Conv.of(conv)
+    assert fast.phases(frames) == phases
+    if phases > 1:
+        got = fast.phase_conv(x, phases)
+        assert got.shape == want.transpose(1, 2).shape
+        torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_only_dilated_stride_one_convs_run_in_phases() -> None:
+    from irodori_speaker.engine.codec.fast import _Conv
+
+    assert _Conv.of(torch.nn.Conv1d(4, 4, 7, padding=3)).phases(90) == 1  # dilation 1
+    assert _Conv.of(torch.nn.ConvTranspose1d(4, 4, 4, stride=2, padding=1)).phases(90) == 1
+    assert _Conv.of(torch.nn.Conv1d(4, 4, 7, padding=9, dilation=3)).phases(91) == 1  # 91 = 7 x 13

@@ -88,6 +88,36 @@ class _Conv:
         out.as_gemm = as_gemm and out.gemm_able()
         return out
 
+    def phases(self, T: int) -> int:
+        """How many phases a dilated stride-1 conv over T samples runs as (1: as itself).
+
+        Samples t = h x P + w of (B, T, C) memory are the (h, w) of an NHWC (B, C, T / P, P) image,
+        so a conv of dilation d along T is one of dilation d / P along its height: the same sums,
+        no copy, and cuDNN picks its dilation-1 or -3 kernels. On an H100, 16 windows of 66 frames:
+        the dilation-9 convs 1.3-3.3x faster (the 384-channel one, which cuDNN ran so slowly in
+        NHWC that it was a GEMM, 0.41 against the GEMM's 1.33 ms), dilation 3 1.2-1.7x but 0.88x at
+        96 channels; a window 1.17x faster in all (`benchmarks/codec_roofline.py`, RESULTS.md
+        nineteenth session). P: the dilation where it divides T, else 3 where that divides both
+        (the decoder's 9 at a length not a multiple of 9: every stream window's T is a multiple of 3).
+        """
+        d = self.dilation
+        if self.transposed or self.stride != 1 or d == 1 or self.padding % d:
+            return 1
+        for p in (d, 3):
+            if d % p == 0 and T % p == 0 and self.padding % p == 0:
+                return p
+        return 1
+
+    def phase_conv(self, x: Tensor, phases: int) -> Tensor:
+        """The conv over (B, T, Cin) as one over (T / phases, phases) (`phases`): (B, T, Cout)."""
+        B, T, C = x.shape
+        x4 = x.contiguous().view(B, T // phases, phases, C).permute(0, 3, 1, 2)  # NHWC, no copy
+        w = self.weight
+        w4 = w.as_strided((*w.shape, 1), (*w.stride(), w.stride(2)))  # (Cout, Cin, K, 1), NHWC
+        pad, dil = self.padding // phases, self.dilation // phases
+        y4 = nn.functional.conv2d(x4, w4, None, 1, (pad, 0), (dil, 1))
+        return y4.permute(0, 2, 3, 1).reshape(B, T, y4.shape[1])
+
     def gemm_able(self) -> bool:
         """Whether `as_gemm` applies: a stride-1 conv with more than one tap (im2col)."""
         return not self.transposed and self.stride == 1 and self.kernel > 1
@@ -97,6 +127,9 @@ class _Conv:
         B, T, C = x.shape
         if self.kernel == 1 and not self.transposed:
             return torch.matmul(x, self.weight[:, :, 0].t())
+        phases = self.phases(T) if x.is_cuda else 1  # on the CPU unmeasured: as before
+        if phases > 1:
+            return self.phase_conv(x, phases)
         if self.as_gemm:  # (B, T_out, K * Cin) windows x (K * Cin, Cout); weight memory is (Cout, K, Cin)
             xp = nn.functional.pad(x, (0, 0, self.padding, self.padding)).contiguous()
             t_out = xp.shape[1] - self.dilation * (self.kernel - 1)
@@ -186,6 +219,7 @@ class ChannelsLastDecoder:
 #: at a 37-frame window and 59 ms at 116 frames, against 0.08 / 0.15 ms as one GEMM, while every
 #: other conv stayed under 0.35 ms (H200, cuDNN of torch 2.11; `codec_speed.py --conv-table`,
 #: benchmarks/RESULTS.md). Elsewhere cuDNN is 1.1-4x faster than the GEMM, so only these run as one.
+#: On CUDA a dilated conv runs in phases (`_Conv.phases`) where the length allows, before this.
 CUDNN_SLOW_NHWC = {(384, 7, 9)}
 
 
