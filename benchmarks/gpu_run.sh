@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="files tests profile codec decode_batch concurrency concurrency2 concurrency_base host_profile cpu_preset news5 news5_batch int4 memory memory_phases memory_budget server_load many_speakers" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="files tests profile codec decode_batch roofline concurrency concurrency2 concurrency_base host_profile cpu_preset news5 news5_batch int4 memory memory_phases memory_budget server_load many_speakers" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -61,6 +61,12 @@ if stage codec; then
 fi
 if stage decode_batch; then  # stream windows of several lines in one batch vs one by one (graphs)
   timeout "${DECODE_BATCH_S:-120}" python3 benchmarks/decode_batch.py ${DECODE_BATCH_ARGS:-} 2>&1 | tee "$OUT/decode_batch.txt" | tail -12
+fi
+if stage roofline; then  # a window's decode op by op against the roofline; runs split by ';' in ROOF_RUNS
+  i=0; IFS=';' read -ra runs <<< "${ROOF_RUNS:---rows 16}"
+  for a in "${runs[@]}"; do i=$((i+1))
+    timeout "${ROOF_S:-150}" python3 benchmarks/codec_roofline.py $a 2>&1 | tee "$OUT/roofline$i.txt" | tail -18
+  done
 fi
 if stage concurrency; then  # many streams: batched vs serial side by side (benchmarks/concurrency.py)
   timeout "${CONC_S:-300}" python3 benchmarks/concurrency.py ${CONC_ARGS:---streams 1,4,16,64 --lines 3 --server 0} --json "$OUT/concurrency.json" 2>&1 | tee "$OUT/concurrency.txt" | tail -20
