@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, next((a[6:] for a in sys.argv if a.startswith("--src=")), sys.path[0]))
 
 from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
-from irodori_speaker.engine.codec.fast import ChannelsLastDecoder, _Conv, _head
-from irodori_speaker.engine.fused import conv_epilogue
+from irodori_speaker.engine.codec.fast import ChannelsLastDecoder, _Conv, _head, epilogue_torch
+from irodori_speaker.engine.fused import conv_epilogue, fused_available
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -78,15 +78,16 @@ def conv_cost(conv: _Conv, x: torch.Tensor, y: torch.Tensor) -> tuple[float, flo
 def decode(d: ChannelsLastDecoder, z: torch.Tensor, ledger: Ledger) -> tuple[torch.Tensor, float]:
     """`ChannelsLastDecoder._run` op by op into `ledger`; returns the audio and the fused-unit floor bytes."""
     es = z.element_size()
+    epilogue = conv_epilogue if fused_available(z.device) else epilogue_torch  # as the decoder picks
     stage = "in"
     x = ledger.run(
         "conv k1", stage, lambda: d.in_proj(z.contiguous()), *conv_cost(d.in_proj, z, d.in_proj(z))
     )
-    x, _ = ledger.run("epilogue", stage, lambda: conv_epilogue(x, d.in_proj.bias, None, None, True),
+    x, _ = ledger.run("epilogue", stage, lambda: epilogue(x, d.in_proj.bias, None, None, True),
                       2 * x.numel() * es, 0.0)  # fmt: skip
     y = d.first(x)
     y = ledger.run("conv k7 (gemm)", stage, lambda: d.first(x), *conv_cost(d.first, x, y))
-    _, s = ledger.run("epilogue", stage, lambda: conv_epilogue(y, d.first.bias, None, d.first_alpha, False),
+    _, s = ledger.run("epilogue", stage, lambda: epilogue(y, d.first.bias, None, d.first_alpha, False),
                       2 * y.numel() * es, 0.0)  # fmt: skip
     # the fused floor: in_proj, the first conv and the head as they are; each unit one kernel
     fused_bytes = sum(r[1] for r in ledger.rows.values())
@@ -110,7 +111,7 @@ def decode(d: ChannelsLastDecoder, z: torch.Tensor, ledger: Ledger) -> tuple[tor
         passes = 2 + (1 if residual else 0) + (1 if keep else 0) - (0 if alpha is not None else 1)
         h, s = ledger.run(
             "epilogue", stage,
-            lambda y=y, conv=conv, residual=residual, alpha=alpha, keep=keep, x=x: conv_epilogue(
+            lambda y=y, conv=conv, residual=residual, alpha=alpha, keep=keep, x=x: epilogue(
                 y, conv.bias, x if residual else None, alpha, keep
             ),
             passes * y.numel() * es, 0.0,
