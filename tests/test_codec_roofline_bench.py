@@ -3,24 +3,17 @@ textbook ones. The timing itself needs CUDA events (a GPU benchmark); here a hos
 
 from __future__ import annotations
 
-import importlib.util
 import time
-from pathlib import Path
 
 import torch
 
+from bench_script import load
 from irodori_speaker.engine.codec import TINY_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
 from irodori_speaker.engine.codec.fast import _Conv
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "codec_roofline.py"
-
 
 def _module():
-    spec = importlib.util.spec_from_file_location("codec_roofline_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("codec_roofline")
 
 
 def test_conv_costs_are_the_textbook_ones():

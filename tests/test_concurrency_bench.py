@@ -4,7 +4,6 @@ clock: checks the script, times nothing)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench_script import load
 from irodori_speaker.engine.duration import HOP
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,13 +20,7 @@ SCRIPT = REPO / "benchmarks" / "concurrency.py"
 
 
 def _module():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("concurrency_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load("concurrency")
 
 
 def test_busy_time_is_the_union_of_intervals_and_gaps_lie_between_them() -> None:

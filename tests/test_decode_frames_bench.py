@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+from bench_script import load
 from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_frames.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("decode_frames_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("decode_frames")
 
 
 def test_windows_decode_every_frame_and_the_context_on_top():
