@@ -127,7 +127,7 @@ class _Conv:
         B, T, C = x.shape
         if self.kernel == 1 and not self.transposed:
             return torch.matmul(x, self.weight[:, :, 0].t())
-        phases = self.phases(T) if x.is_cuda else 1  # on the CPU unmeasured: as before
+        phases = self.phases(T) if x.is_cuda else 1  # the CPU's convs ran slower so (phase_convs.py)
         if phases > 1:
             return self.phase_conv(x, phases)
         if self.as_gemm:  # (B, T_out, K * Cin) windows x (K * Cin, Cout); weight memory is (Cout, K, Cin)
