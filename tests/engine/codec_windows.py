@@ -19,3 +19,13 @@ def eager_graph_windows(codec, latent: torch.Tensor, chunk: int, first: int | No
         z.shape[-1], chunk, streaming.RECEPTIVE_FIELD_FRAMES, first, stretch_last=True
     )
     return list(streaming.decode_windows(codec._decode_window, z, windows, codec.hop_length, None))
+
+
+def window_synth(**fields):
+    """The tiny random Synthesizer on the CPU, decoding in windows as on a GPU (not the CPU preset's
+    stateful stream), with these preset fields."""
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    return load_synthesizer(
+        tiny_random=True, backend="cpu", voice_cache_dir=False, stream_stateful=False, **fields
+    )

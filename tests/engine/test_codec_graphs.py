@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from codec_windows import eager_graph_windows
+from codec_windows import eager_graph_windows, window_synth
 
 from irodori_speaker.engine.codec import (
     DACVAE,
@@ -434,17 +434,10 @@ def test_a_synthesizers_tail_windows_are_graphed_and_sound_the_same(irodori_home
     import numpy as np
 
     from irodori_speaker.options import SynthesisOptions
-    from irodori_speaker.synthesis.loading import load_synthesizer
 
     audio, keys = [], []
     for tails in ((), (40,)):  # 40: any last window after the first (at most 25 + 8 frames)
-        synth = load_synthesizer(  # windows, as on a GPU: not the CPU's stateful stream
-            tiny_random=True,
-            backend="cpu",
-            voice_cache_dir=False,
-            stream_tail_windows=tails,
-            stream_stateful=False,
-        )
+        synth = window_synth(stream_tail_windows=tails)
         assert synth._window_lengths() == [16, 41, *tails]  # the CPU preset's windows: 8, then 25
         cap = FakeCapture(synth.codec._decode_frames)
         synth.codec._graphs = _cache(cap, max_graphs=8, capture_on_use=1)

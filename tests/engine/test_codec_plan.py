@@ -9,6 +9,7 @@ import itertools
 
 import pytest
 import torch
+from codec_windows import window_synth
 from test_codec_graphs import ATOL, FakeCapture, _cache, _codec, _latent
 
 from irodori_speaker.engine.codec import stream_window_lengths, streaming
@@ -205,18 +206,11 @@ def test_a_synthesizers_plan_is_prewarmed_replayed_and_sounds_the_same(irodori_h
     import numpy as np
 
     from irodori_speaker.options import SynthesisOptions
-    from irodori_speaker.synthesis.loading import load_synthesizer
     from irodori_speaker.synthesis.prewarm import codec_graphs
 
     audio, replayed = [], []
     for plan in ((), (24, 40)):
-        synth = load_synthesizer(  # windows, as on a GPU: not the CPU's stateful stream
-            tiny_random=True,
-            backend="cpu",
-            voice_cache_dir=False,
-            stream_window_plan=plan,
-            stream_stateful=False,
-        )
+        synth = window_synth(stream_window_plan=plan)
         # the CPU preset's windows: 8, then 25 (41); with the plan its first window, then 24 and 40
         assert synth._window_lengths() == ([16, 41] if not plan else [16, 24, 40])
         synth.preset = dataclasses.replace(synth.preset, codec_graphs=True)
