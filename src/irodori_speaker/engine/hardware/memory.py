@@ -18,7 +18,6 @@ is no such cap: the budget is logged as not applicable.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import os
@@ -211,12 +210,45 @@ def plan_budget(
     would take a line from the sampling batch, the plan loses its longest lengths until the batch is
     what it would be without them (the plan's windows save decode time; a line of batch saves more
     under load)."""
-    plan = tuple(preset.stream_window_plan)
-    with_plan = functools.partial(
-        _plan_budget, budget, total, resident, config, inference, preset, text, codec
-    )
-    whole = with_plan(plan)
+    dtype_bytes = torch.finfo(preset.dtype).bits // 8 if preset.dtype.is_floating_point else 2
+    ctx = context_tokens(config, inference)
+    longest = math.ceil(MAX_SECONDS * FRAMES_PER_SECOND)
+    codec = codec or CodecConfig.from_kwargs(FULL_CODEC_KWARGS)
+    width = torch.finfo(preset.codec_dtype).bits // 8
     middle = preset.stream_chunk_frames + CODEC_CONTEXT_FRAMES
+
+    def per_line(seconds: float) -> int:
+        frames = math.ceil(seconds * FRAMES_PER_SECOND)
+        return activation_bytes_per_line(config, frames, context=ctx, dtype_bytes=dtype_bytes)
+
+    def with_plan(window_plan: tuple[int, ...]) -> BudgetPlan:
+        reserve, chunk = FIXED_RESERVE, preset.decode_chunk_frames
+        decode_batch = max(1, min(int(preset.decode_batch), int(preset.max_batch)))
+        window = 0  # one stream window's decode with graphs (their pool), or none
+        if torch.device(preset.codec_device or preset.device).type == "cuda":
+            if chunk is None and codec_bytes(codec, longest, width) > budget // DECODE_SHARE:
+                chunk = preset.stream_chunk_frames  # exact (engine/codec/streaming.py), far less memory
+            # a whole line's decode (or one chunk's window), and the codec graphs' shared pool
+            reserve += codec_bytes(codec, longest if chunk is None else chunk + CODEC_CONTEXT_FRAMES, width)
+            if preset.codec_graphs:  # the longest window graphed: the middle one's, or a plan's longest
+                window = codec_bytes(codec, max((middle, *window_plan)), width)
+                reserve += window
+        # the graph pool holds the longest captured shape; a longer line (up to 30 s) runs eagerly
+        seconds, longest_line = float(preset.prewarm_seconds), per_line(MAX_SECONDS)
+        while seconds > 1 and resident + reserve + per_line(seconds) + longest_line > budget:
+            seconds = max(1.0, seconds / 2)
+        each = per_line(seconds) + longest_line
+        batch = max_batch_within(budget, resident, each, reserve, int(preset.max_batch))
+        if window:  # windows of lines that meet decode as one batch, in what the sampling leaves
+            left = budget - resident - reserve - (batch_bucket(batch) if batch > 1 else 1) * each
+            rows = batch_bucket(decode_batch) if decode_batch > 1 else 1
+            while rows > 1 and (rows - 1) * window > left:
+                rows //= 2
+            decode_batch = min(decode_batch, rows)
+        return BudgetPlan(budget, total, resident, each, batch, seconds, text, chunk, decode_batch)
+
+    plan = tuple(preset.stream_window_plan)
+    whole = with_plan(plan)
     if not preset.codec_graphs or max(plan, default=0) <= middle:
         return whole
     shortest = tuple(n for n in plan if n <= middle)  # no window past the middle one's
@@ -229,55 +261,6 @@ def plan_budget(
         if trimmed.max_batch >= least.max_batch:
             return dataclasses.replace(trimmed, stream_window_plan=kept)
     return dataclasses.replace(least, stream_window_plan=shortest)
-
-
-def _plan_budget(
-    budget: int,
-    total: int,
-    resident: int,
-    config: ModelConfig,
-    inference: InferenceConfig | None,
-    preset: Any,
-    text: str,
-    codec: CodecConfig | None,
-    window_plan: tuple[int, ...],
-) -> BudgetPlan:
-    """`plan_budget` for the stream window plan `window_plan`."""
-    dtype_bytes = torch.finfo(preset.dtype).bits // 8 if preset.dtype.is_floating_point else 2
-    ctx = context_tokens(config, inference)
-    longest = math.ceil(MAX_SECONDS * FRAMES_PER_SECOND)
-    codec = codec or CodecConfig.from_kwargs(FULL_CODEC_KWARGS)
-    width = torch.finfo(preset.codec_dtype).bits // 8
-    reserve, chunk = FIXED_RESERVE, preset.decode_chunk_frames
-    decode_batch = max(1, min(int(preset.decode_batch), int(preset.max_batch)))
-    window = 0  # one stream window's decode with graphs (their pool), or none
-    if torch.device(preset.codec_device or preset.device).type == "cuda":
-        if chunk is None and codec_bytes(codec, longest, width) > budget // DECODE_SHARE:
-            chunk = preset.stream_chunk_frames  # exact (engine/codec/streaming.py), far less memory
-        # a whole line's decode (or one chunk's window), and the codec graphs' shared pool
-        reserve += codec_bytes(codec, longest if chunk is None else chunk + CODEC_CONTEXT_FRAMES, width)
-        if preset.codec_graphs:  # the longest window graphed: the middle one's, or a plan's longest
-            middle = preset.stream_chunk_frames + CODEC_CONTEXT_FRAMES
-            window = codec_bytes(codec, max((middle, *window_plan)), width)
-            reserve += window
-
-    def per_line(seconds: float) -> int:
-        frames = math.ceil(seconds * FRAMES_PER_SECOND)
-        return activation_bytes_per_line(config, frames, context=ctx, dtype_bytes=dtype_bytes)
-
-    # the graph pool holds the longest captured shape; a longer line (up to 30 s) runs eagerly
-    seconds, longest_line = float(preset.prewarm_seconds), per_line(MAX_SECONDS)
-    while seconds > 1 and resident + reserve + per_line(seconds) + longest_line > budget:
-        seconds = max(1.0, seconds / 2)
-    each = per_line(seconds) + longest_line
-    batch = max_batch_within(budget, resident, each, reserve, int(preset.max_batch))
-    if window:  # windows of lines that meet decode as one batch, in what the sampling leaves
-        left = budget - resident - reserve - (batch_bucket(batch) if batch > 1 else 1) * each
-        rows = batch_bucket(decode_batch) if decode_batch > 1 else 1
-        while rows > 1 and (rows - 1) * window > left:
-            rows //= 2
-        decode_batch = min(decode_batch, rows)
-    return BudgetPlan(budget, total, resident, each, batch, seconds, text, chunk, decode_batch)
 
 
 def apply_budget(
