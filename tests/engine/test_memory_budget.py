@@ -16,7 +16,6 @@ from irodori_speaker.engine.batch import BATCH_BUCKETS
 from irodori_speaker.engine.codec.config import FULL_CODEC_KWARGS, TINY_CODEC_KWARGS, CodecConfig
 from irodori_speaker.engine.config import InferenceConfig, ModelConfig
 from irodori_speaker.engine.fast import FastSampler
-from irodori_speaker.engine.hardware import memory
 from irodori_speaker.engine.hardware.memory import (
     activation_bytes_per_line,
     budget_errors,
@@ -326,7 +325,7 @@ def test_a_window_plan_is_cut_where_its_longest_window_would_cost_a_line_of_batc
     assert preset.stream_window_plan == (40, 66, 116) and preset.codec_graphs
     plain = plan_budget(4 * GIB, 80 * GIB, GIB, cfg, None, dataclasses.replace(preset, stream_window_plan=()))
     # what the whole plan would give: its reserve, as the planner counted it before the cut
-    whole = memory._plan_budget(4 * GIB, 80 * GIB, GIB, cfg, None, preset, "", None, (40, 66, 116))
+    whole = plan_budget(4 * GIB, 80 * GIB, GIB, cfg, None, preset, cut=False)
     assert whole.max_batch < plain.max_batch == 2
     tight = plan_budget(4 * GIB, 80 * GIB, GIB, cfg, None, preset)
     assert tight.stream_window_plan == (40, 66) and tight.max_batch == plain.max_batch
@@ -346,7 +345,8 @@ def test_a_window_plan_is_cut_where_its_longest_window_would_cost_a_line_of_batc
         longer = [n for n in long.stream_window_plan if n not in kept]
         if longer:  # the next length would have cost a line
             cuts.add(kept)
-            over = memory._plan_budget(budget, 80 * GIB, GIB, cfg, None, long, "", None, (*kept, min(longer)))
+            longer_plan = dataclasses.replace(long, stream_window_plan=(*kept, min(longer)))
+            over = plan_budget(budget, 80 * GIB, GIB, cfg, None, longer_plan, cut=False)
             assert over.max_batch < base.max_batch
     assert cuts == {(40, 66), (40, 66, 116)}  # cut to the middle window, and only the 216 dropped
     # no codec graphs: no window graph to hold, nothing cut

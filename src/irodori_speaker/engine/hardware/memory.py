@@ -202,6 +202,8 @@ def plan_budget(
     preset: Any,
     text: str = "",
     codec: CodecConfig | None = None,
+    *,
+    cut: bool = True,
 ) -> BudgetPlan:
     """The batch size and graph length `budget` allows beside `resident` bytes (pure arithmetic);
     `codec`: the codec's config (None: the released codec's).
@@ -209,7 +211,7 @@ def plan_budget(
     Sampling rows come before decode windows: where the graph of a window plan's longest window
     would take a line from the sampling batch, the plan loses its longest lengths until the batch is
     what it would be without them (the plan's windows save decode time; a line of batch saves more
-    under load)."""
+    under load). `cut=False`: the preset's plan as it is, whatever its windows cost."""
     dtype_bytes = torch.finfo(preset.dtype).bits // 8 if preset.dtype.is_floating_point else 2
     ctx = context_tokens(config, inference)
     longest = math.ceil(MAX_SECONDS * FRAMES_PER_SECOND)
@@ -249,7 +251,7 @@ def plan_budget(
 
     plan = tuple(preset.stream_window_plan)
     whole = with_plan(plan)
-    if not preset.codec_graphs or max(plan, default=0) <= middle:
+    if not cut or not preset.codec_graphs or max(plan, default=0) <= middle:
         return whole
     shortest = tuple(n for n in plan if n <= middle)  # no window past the middle one's
     least = with_plan(shortest)
