@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense fp16 TFLOP/s")
     ap.add_argument("--shapes", default=None, help="ROWSxFRAMES,...: only the graphed window's ms per shape")
     ap.add_argument("--no-phases", action="store_true", help="dilated convs not in phases (_Conv.phases)")
-    ap.add_argument("--fuse-units", action="store_true", help="--shapes: residual units fused (fused.residual_unit)")
+    ap.add_argument("--fuse-units", action="store_true", help="residual units fused (fused.residual_unit)")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA benchmark"
     if args.no_phases:
