@@ -140,7 +140,8 @@ def shape_table(codec, shapes: list, args: argparse.Namespace) -> None:
     import irodori_speaker
 
     codec.use_graphs(True, capture_on_use=None, max_graphs=len(shapes))
-    print(f"engine {Path(irodori_speaker.__file__).parent}{' (no phases)' if args.no_phases else ''}")
+    flags = (" (no phases)" if args.no_phases else "") + (" (units fused)" if args.fuse_units else "")
+    print(f"engine {Path(irodori_speaker.__file__).parent}{flags}")
     print("| rows x frames | graphed ms | ms a window |")
     print("|---|---|---|")
     for rows, frames in shapes:
@@ -165,6 +166,7 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense fp16 TFLOP/s")
     ap.add_argument("--shapes", default=None, help="ROWSxFRAMES,...: only the graphed window's ms per shape")
     ap.add_argument("--no-phases", action="store_true", help="dilated convs not in phases (_Conv.phases)")
+    ap.add_argument("--fuse-units", action="store_true", help="residual units fused (fused.residual_unit)")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA benchmark"
     if args.no_phases:
@@ -173,6 +175,8 @@ def main() -> None:
         random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False), FULL_CODEC_KWARGS, device="cuda"
     ).to(DTYPES[args.dtype])
     assert codec.use_channels_last(True) and codec._channels_last is not None
+    if args.fuse_units:
+        codec._channels_last.fuse_units = True
     if args.shapes:
         shape_table(codec, [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")], args)
         return
