@@ -329,7 +329,8 @@ def test_residual_unit_matches_the_unfused_unit(dtype, C, dilation, keep):
         _, mid = epilogue_torch(c7(s), c7.bias, None, a7, False)
         assert mid is not None
         want_h, want_s = epilogue_torch(c1(mid), c1.bias, x, an, True)
-        h, out = fu.residual_unit(s, c7.weight, c7.bias, a7, dilation, c1.weight, c1.bias, x, an, keep)
+        packed = fu.pack_residual_unit(c7.weight, c1.weight)
+        h, out = fu.residual_unit(s, packed, c7.bias, a7, dilation, c1.bias, x, an, keep)
     assert out.dtype == dtype and out.shape == s.shape and (h is not None) == keep
     assert want_h is not None and want_s is not None
     if h is not None:

@@ -352,42 +352,43 @@ if HAS_TRITON:
     @triton.jit
     def _residual_unit_kernel(
         s_ptr, w7_ptr, b7_ptr, a7_ptr, w1_ptr, b1_ptr, x_ptr, an_ptr, h_ptr, o_ptr, T,
-        C: tl.constexpr, CP: tl.constexpr, DIL: tl.constexpr, KEEP_H: tl.constexpr,
-        BT: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr, INTERP_BF16: tl.constexpr,
+        C: tl.constexpr, CP: tl.constexpr, KP: tl.constexpr, KC: tl.constexpr, DIL: tl.constexpr,
+        KEEP_H: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+        STAGES: tl.constexpr, INTERP_BF16: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(1).to(tl.int64)
         t = tl.program_id(0) * BT + tl.arange(0, BT)
         ch = tl.arange(0, CP)
         cm = ch < C
         row0 = b * T * C
-        # the dilated conv: 7 taps, each the input shifted by (k - 3) x DIL times its (C, C) weight
+        # the dilated conv: 7 taps x KC chunks of BK input channels, one pipelined loop (the loads
+        # of the next chunks in flight while this one's product runs); the weight packed
+        # (7, KP, CP) with zeros past C (`pack_residual_unit`), so its loads need no mask
         acc = tl.zeros((BT, CP), dtype=tl.float32)
-        for k in tl.static_range(7):
+        for i in tl.range(0, 7 * KC, num_stages=STAGES):
+            k = i // KC
+            kc = (i - k * KC) * BK + tl.arange(0, BK)
             tt = t + (k - 3) * DIL
             tm = (tt >= 0) & (tt < T)  # the conv's zero padding
-            for c0 in tl.static_range(0, CP, BK):
-                kc = c0 + tl.arange(0, BK)
-                km = kc < C
-                a = tl.load(
-                    s_ptr + row0 + tt[:, None] * C + kc[None, :], mask=tm[:, None] & km[None, :], other=0.0
-                )
-                # weight (Cout, Cin, 7) in NHWC strides: element (n, c, k) at n * 7C + k * C + c
-                wp = w7_ptr + ch[None, :] * (7 * C) + k * C + kc[:, None]
-                w = tl.load(wp, mask=km[:, None] & cm[None, :], other=0.0)
-                if INTERP_BF16:
-                    acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
-                else:
-                    acc += tl.dot(a, w)
+            a = tl.load(
+                s_ptr + row0 + tt[:, None] * C + kc[None, :], mask=tm[:, None] & (kc < C)[None, :], other=0.0
+            )
+            w = tl.load(w7_ptr + (k * KP + kc)[:, None] * CP + ch[None, :])
+            if INTERP_BF16:
+                acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
+            else:
+                acc += tl.dot(a, w)
         y = acc + tl.load(b7_ptr + ch, mask=cm, other=0.0).to(tl.float32)[None, :]
         a7 = tl.load(a7_ptr + ch, mask=cm, other=1.0)[None, :]
         sn = tl.sin(a7 * y)
         mid = round_to(y + sn * sn * (1.0 / (a7 + 1e-9)), s_ptr.dtype.element_ty, INTERP_BF16)
-        # the 1-tap conv on it, BN output channels at a time, each with its epilogue
+        # the 1-tap conv on it (weight packed (CP, CP)), BN output channels at a time, each with
+        # its epilogue
         valid = t < T
         for n0 in tl.static_range(0, CP, BN):
             n = n0 + tl.arange(0, BN)
             nm = n < C
-            w1 = tl.load(w1_ptr + n[None, :] * C + ch[:, None], mask=cm[:, None] & nm[None, :], other=0.0)
+            w1 = tl.load(w1_ptr + ch[:, None] * CP + n[None, :])
             if INTERP_BF16:
                 acc2 = tl.dot(mid.to(tl.float32), w1.to(tl.float32))
             else:
@@ -428,41 +429,64 @@ def conv_epilogue(
     return (h if keep else None), (s if alpha is not None else None)
 
 
+def pack_residual_unit(weight7: Tensor, weight1: Tensor) -> tuple[Tensor, Tensor]:
+    """A residual unit's conv weights as `residual_unit` reads them: the 7-tap one (C, C, 7) as
+    (7, KP, CP) [tap, in, out], the 1-tap one (C, C, 1) as (CP, CP) [in, out], zero padded (KP: C
+    to a multiple of 64, CP: to a power of two)."""
+    C = weight7.shape[0]
+    kp, cp = -(-C // 64) * 64, max(16, triton.next_power_of_2(C))
+    w7 = weight7.new_zeros(7, kp, cp)
+    w7[:, :C, :C] = weight7.permute(2, 1, 0)
+    w1 = weight1.new_zeros(cp, cp)
+    w1[:C, :C] = weight1[:, :, 0].t()
+    return w7, w1
+
+
+#: (BT, BK, BN, warps, stages): samples a tile, input channels a chunk, output channels of the
+#: 1-tap conv at a time, and the launch's warps and pipeline stages
+UnitConfig = tuple[int, int, int, int, int]
+
+
+def residual_unit_config(C: int) -> UnitConfig:
+    """The block configuration `residual_unit` takes for a unit of C channels."""
+    return (64, 32, 64, 4, 3) if C <= 128 else (64, 64, 64, 8, 3)
+
+
 def residual_unit(
     s: Tensor,
-    weight7: Tensor,
+    packed: tuple[Tensor, Tensor],
     bias7: Tensor,
     alpha7: Tensor,
     dilation: int,
-    weight1: Tensor,
     bias1: Tensor,
     residual: Tensor,
     alpha_next: Tensor,
     keep: bool,
     *,
-    block_t: int = 64,
+    config: UnitConfig | None = None,
 ) -> tuple[Tensor | None, Tensor]:
     """A codec residual unit in one kernel, on (B, T, C) channels-last activations: the 7-tap conv
     of `dilation` on `s` (zero padded), bias, Snake, the 1-tap conv, bias, the residual, then the
     next Snake. Returns (h if `keep`, s'). Unfused that is two convs and two epilogues, ten passes
     over the activation; here four (s with its halo, the residual, h and s' written).
 
-    `weight7` (C, C, 7) and `weight1` (C, C, 1) as `codec.fast._Conv` holds them (NHWC strides).
-    fp16 / bf16; C at most 256 (the decoder's 96- and 192-channel stages)."""
+    `packed`: the two convs' weights from `pack_residual_unit`. fp16 / bf16; C at most 256 (the
+    decoder's 96- and 192-channel stages)."""
     B, T, C = s.shape
+    w7, w1 = packed
     assert s.dtype in (torch.float16, torch.bfloat16) and C <= 256
-    assert weight7.shape == (C, C, 7) and weight7.stride() == (7 * C, 1, C)
+    kp, cp = w7.shape[1], w7.shape[2]
+    assert w7.shape[0] == 7 and w1.shape == (cp, cp) and kp >= C and cp >= C
+    bt, bk, bn, warps, stages = config or residual_unit_config(C)
+    bk, bn = min(bk, kp), min(bn, cp)
     s, residual = s.contiguous(), residual.contiguous()
-    w1 = weight1[:, :, 0]
-    assert w1.is_contiguous()
-    cp = max(16, triton.next_power_of_2(C))
     h = torch.empty_like(s) if keep else s
     out = torch.empty_like(s)
-    grid = (triton.cdiv(T, block_t), B)
+    grid = (triton.cdiv(T, bt), B)
     _residual_unit_kernel[grid](
-        s, weight7, bias7, alpha7.reshape(C).float().contiguous(), w1, bias1, residual,
+        s, w7, bias7, alpha7.reshape(C).float().contiguous(), w1, bias1, residual,
         alpha_next.reshape(C).float().contiguous(), h, out, T,
-        C=C, CP=cp, DIL=dilation, KEEP_H=keep, BT=block_t, BK=min(cp, 32), BN=min(cp, 64),
-        INTERP_BF16=interp_bf16(s), num_warps=4 if cp <= 128 else 8,
+        C=C, CP=cp, KP=kp, KC=-(-C // bk), DIL=dilation, KEEP_H=keep, BT=bt, BK=bk, BN=bn,
+        STAGES=stages, INTERP_BF16=interp_bf16(s), num_warps=warps,
     )  # fmt: skip
     return (h if keep else None), out

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..fused import conv_epilogue, fused_available, residual_unit, run_or_fall_back
+from ..fused import conv_epilogue, fused_available, pack_residual_unit, residual_unit, run_or_fall_back
 from .layers import Decoder, DecoderBlock, ResidualUnit, Snake
 
 __all__ = ["ChannelsLastDecoder", "epilogue_torch", "supports_channels_last"]
@@ -195,8 +195,24 @@ class ChannelsLastDecoder:
         self.head_weight, self.head_bias = head_conv.weight, head_conv.bias
         self.head_padding = int(head_conv.padding[0])  # type: ignore[arg-type,index]
         # each residual unit of the high-rate stages as one kernel (`fused.residual_unit`): off
-        # until a GPU measures it (docs/status.md, the fused-unit branch)
-        self.fuse_units = False
+        # until a GPU measures it (docs/status.md, the fused-unit branch); its packed weights by
+        # the dilated conv's place in `steps`, made when switched on (never inside a graph capture)
+        self._packs: dict[int, tuple[Tensor, Tensor]] | None = None
+
+    @property
+    def fuse_units(self) -> bool:
+        return self._packs is not None
+
+    @fuse_units.setter
+    def fuse_units(self, on: bool) -> None:
+        self._packs = None
+        if on:
+            steps = self.steps
+            self._packs = {
+                i: pack_residual_unit(conv.weight, steps[i + 1][0].weight)
+                for i, (conv, _, _, _) in enumerate(steps)
+                if not conv.transposed and conv.kernel > 1 and conv.weight.shape[0] <= FUSED_UNIT_WIDTH
+            }
 
     def __call__(self, z: Tensor) -> Tensor:
         """(B, T, latent_channels) in the codec dtype -> (B, 1, hop * T) float32 audio."""
@@ -215,15 +231,14 @@ class ChannelsLastDecoder:
         x, _ = epilogue(self.in_proj(z.contiguous()), self.in_proj.bias, None, None, True)
         assert x is not None
         _, s = epilogue(self.first(x), self.first.bias, None, self.first_alpha, False)
-        steps = iter(self.steps)
-        for conv, residual, alpha, keep in steps:
+        steps = enumerate(self.steps)
+        packs = self._packs if unit and self._packs is not None else {}
+        for i, (conv, residual, alpha, keep) in steps:
             assert s is not None
-            if unit and not conv.transposed and conv.kernel > 1 and s.shape[-1] <= FUSED_UNIT_WIDTH:
-                tail, _, nxt, keep = next(steps)  # the unit's 1-tap conv, with the residual
+            if i in packs:
+                _, (tail, _, nxt, keep) = next(steps)  # the unit's 1-tap conv, with the residual
                 assert alpha is not None and nxt is not None and x is not None
-                h, s = residual_unit(
-                    s, conv.weight, conv.bias, alpha, conv.dilation, tail.weight, tail.bias, x, nxt, keep
-                )
+                h, s = residual_unit(s, packs[i], conv.bias, alpha, conv.dilation, tail.bias, x, nxt, keep)
             else:
                 h, s = epilogue(conv(s), conv.bias, x if residual else None, alpha, keep)
             if keep:  # the next unit's residual
