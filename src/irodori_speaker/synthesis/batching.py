@@ -8,8 +8,13 @@ such job to run takes every line waiting at that moment whose plan matches its o
 masked, `engine.batch`) and hands each line its rows. A line whose line was taken finds it done
 when its own job runs.
 
-Only what is already waiting is batched: a line alone starts at once, as before, with its
-CUDA graph. In a batch a line is cancelled on its own (its rows are dropped when the batch
+Only what is already waiting is batched, unless `admit_s` is set: then a line whose sampling
+would start while the device still runs other lines' work, with fewer lines waiting than are
+in flight (`CountsPreparing.line`: from a piece's encoders to its last window), waits up to
+`admit_s` for more to join (issue 27: under many streams the lines that happened to wait
+together were 1-2, and a batch of 8 costs a line a quarter of its sampling alone). The GPU is
+busy meanwhile: a batch launched later, not a GPU left idle. A line alone starts at once, as
+before, with its CUDA graph. In a batch a line is cancelled on its own (its rows are dropped when the batch
 ends); the batch stops early only when every line in it is cancelled. Progress callbacks of
 the lines in a batch are called from the owner thread.
 """
@@ -18,7 +23,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +87,19 @@ class CountsPreparing:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._preparing = 0
+        self._flying = 0  # lines between a piece's encoders and its last window (`line`)
+
+    @contextmanager
+    def line(self) -> Iterator[None]:
+        """Count a piece in flight while its caller renders and decodes it."""
+        with self._cond:
+            self._flying += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._flying -= 1
+                self._cond.notify_all()
 
     def _prepare(self, prepare: Callable[[], SampleRequest]) -> SampleRequest:
         with self._cond:
@@ -105,6 +124,7 @@ class SampleBatcher(CountsPreparing):
         max_padding: float = 0.5,
         gather_s: float = 0.25,
         fill_buckets: bool = False,
+        admit_s: float = 0.0,
     ) -> None:
         super().__init__()
         self._run = run
@@ -116,6 +136,9 @@ class SampleBatcher(CountsPreparing):
         # the sampler fills a batch up to its bucket (CUDA graphs): a batch that would be mostly
         # fillers is cut to the bucket below, the rest sampled next (engine.batch.lines_to_take)
         self.fill_buckets = fill_buckets
+        # the longest a line waits for lines in flight to join its batch while the device is busy
+        self.admit_s = admit_s
+        DEVICE.track_busy = DEVICE.track_busy or admit_s > 0
         self._waiting: list[SampleRequest] = []
         self.batches: dict[int, int] = {}  # batch size -> how many batches ran with it
 
@@ -129,8 +152,10 @@ class SampleBatcher(CountsPreparing):
         req = self._prepare(prepare)
         with self._cond:
             self._waiting.append(req)
+            self._cond.notify_all()
         try:
             self._gather(req)
+            self._admit(req)
             DEVICE.run(lambda: DEVICE.launched_nothing() if req.done else self._lead(req), req.cancel)
         finally:
             with self._cond:
@@ -153,6 +178,21 @@ class SampleBatcher(CountsPreparing):
                 if left <= 0:
                     return
                 self._cond.wait(min(left, 0.01))
+                check(req.cancel)
+
+    def _admit(self, req: SampleRequest) -> None:
+        """Wait (at most `admit_s`) while the device is busy and fewer lines of its key wait than
+        are in flight (`line`); not on the owner thread, nor with batching off."""
+        if self.admit_s <= 0 or self.max_batch <= 1 or DEVICE.on_owner():
+            return
+        deadline = time.monotonic() + self.admit_s
+        with self._cond:
+            while not req.taken and DEVICE.device_busy():
+                waiting = sum(1 for r in self._waiting if r.key == req.key)
+                left = deadline - time.monotonic()
+                if waiting >= min(self.max_batch, self._flying) or left <= 0:
+                    return
+                self._cond.wait(min(left, 0.0005))
                 check(req.cancel)
 
     def _pick(self, req: SampleRequest) -> list[SampleRequest]:

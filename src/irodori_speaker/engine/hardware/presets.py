@@ -102,6 +102,10 @@ class Preset:
     step_batching: bool = False
     # a batch's padded frames at most this fraction of its real ones (not tuned: batching is off)
     max_padding: float = 0.5
+    # line batches: the longest (s) a line's sampling waits, while the device is busy, for lines in
+    # flight to join its batch (synthesis/batching.py `SampleBatcher.admit_s`); 0: none (only the
+    # lines already waiting batch)
+    sample_admit_s: float = 0.0
     # stream windows of one length from lines that meet on the device owner decode as one batch of
     # up to this many (synthesis/decoding.py); with codec graphs prewarm captures a graph per batch
     # bucket up to it. 1: each window alone. On in the CUDA preset (16 windows in one batch took
