@@ -104,7 +104,9 @@ class Preset:
     max_padding: float = 0.5
     # line batches: the longest (s) a line's sampling waits, while the device is busy, for lines in
     # flight to join its batch (synthesis/batching.py `SampleBatcher.admit_s`); 0: none (only the
-    # lines already waiting batch)
+    # lines already waiting batch). Off: 15 ms measured 1.02-1.06x at 16 streams (o) with p95 first
+    # audio no worse, but 0.92-1.03x at 64 with 8 lines underrun in one of two runs (H100,
+    # RESULTS.md twentieth session, `concurrency.py --batching line,line~15`)
     sample_admit_s: float = 0.0
     # stream windows of one length from lines that meet on the device owner decode as one batch of
     # up to this many (synthesis/decoding.py); with codec graphs prewarm captures a graph per batch
