@@ -278,8 +278,7 @@ def busy_device(monkeypatch):
 
 def _in_flight(batcher, arrive_after: list[float], tokens=None):
     """One thread per line, each in flight (`line()`) from the start; line i asks for its sampling
-    after `arrive_after[i]` s. Returns each line's (request, result) or exception, and the sizes
-    of the batches that ran."""
+    after `arrive_after[i]` s. Returns each line's (request, result) or exception."""
     n = len(arrive_after)
     out: list = [None] * n
     tokens = tokens or [None] * n

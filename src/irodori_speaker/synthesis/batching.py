@@ -13,10 +13,12 @@ would start while the device still runs other lines' work, with fewer lines wait
 in flight (`CountsPreparing.line`: from a piece's encoders to its last window), waits up to
 `admit_s` for more to join (issue 27: under many streams the lines that happened to wait
 together were 1-2, and a batch of 8 costs a line a quarter of its sampling alone). The GPU is
-busy meanwhile: a batch launched later, not a GPU left idle. A line alone starts at once, as
-before, with its CUDA graph. In a batch a line is cancelled on its own (its rows are dropped when the batch
-ends); the batch stops early only when every line in it is cancelled. Progress callbacks of
-the lines in a batch are called from the owner thread.
+busy meanwhile: a batch launched later, not a GPU left idle. Off in every preset (at 64 streams
+it underran lines: benchmarks/RESULTS.md "Twentieth session").
+
+A line alone starts at once, as before, with its CUDA graph. In a batch a line is cancelled on
+its own (its rows are dropped when the batch ends); the batch stops early only when every line
+in it is cancelled. Progress callbacks of the lines in a batch are called from the owner thread.
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ class SampleBatcher(CountsPreparing):
         self.fill_buckets = fill_buckets
         # the longest a line waits for lines in flight to join its batch while the device is busy
         self.admit_s = admit_s
+        # the owner marks its launches from now on (a CUDA event each) so that `_admit` can ask
         DEVICE.track_busy = DEVICE.track_busy or admit_s > 0
         self._waiting: list[SampleRequest] = []
         self.batches: dict[int, int] = {}  # batch size -> how many batches ran with it

@@ -128,8 +128,8 @@ class DeviceOwner:
         # the most of the owner's launches the device may hold unfinished before it waits (0: none)
         self.queue_depth = queue_depth
         self._launched: deque[Any] = deque()  # a mark (a recorded CUDA event) after each launch
-        # a mark after the owner's every launch, its latest kept (`device_busy`), while a sampler
-        # asks (`SampleBatcher.admit_s`)
+        # a mark after the owner's every launch, its latest kept (`device_busy`), once a sampler
+        # with admission asked for it (`SampleBatcher.admit_s`; for the process's life)
         self.track_busy = False
         self._last_mark: Any = None
         self._nothing = False  # the job running now said it launched nothing
