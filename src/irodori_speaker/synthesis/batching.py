@@ -170,32 +170,31 @@ class SampleBatcher(CountsPreparing):
         return req, req.result
 
     def _gather(self, req: SampleRequest) -> None:
-        """Wait (bounded) until no line is encoding, unless this is the owner thread
-        (the encoders would wait for it) or batching is off."""
-        if self.max_batch <= 1 or DEVICE.on_owner():
-            return
-        deadline = time.monotonic() + self.gather_s
-        with self._cond:
-            while self._preparing and not req.taken:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._cond.wait(min(left, 0.01))
-                check(req.cancel)
+        """Wait (at most `gather_s`) until no line is encoding."""
+        self._wait(req, self.gather_s, 0.01, lambda: self._preparing > 0)
 
     def _admit(self, req: SampleRequest) -> None:
         """Wait (at most `admit_s`) while the device is busy and fewer lines of its key wait than
-        are in flight (`line`); not on the owner thread, nor with batching off."""
-        if self.admit_s <= 0 or self.max_batch <= 1 or DEVICE.on_owner():
+        are in flight (`line`); the device is polled, so the wait wakes every `poll` s."""
+
+        def few() -> bool:
+            waiting = sum(1 for r in self._waiting if r.key == req.key)
+            return waiting < min(self.max_batch, self._flying) and DEVICE.device_busy()
+
+        self._wait(req, self.admit_s, 0.0005, few)
+
+    def _wait(self, req: SampleRequest, seconds: float, poll: float, pending: Callable[[], bool]) -> None:
+        """Wait under `_cond` while `pending()` and `req` is not taken, at most `seconds`; not on the
+        owner thread (the lines it waits for would wait for it), nor with batching off."""
+        if seconds <= 0 or self.max_batch <= 1 or DEVICE.on_owner():
             return
-        deadline = time.monotonic() + self.admit_s
+        deadline = time.monotonic() + seconds
         with self._cond:
-            while not req.taken and DEVICE.device_busy():
-                waiting = sum(1 for r in self._waiting if r.key == req.key)
+            while not req.taken and pending():
                 left = deadline - time.monotonic()
-                if waiting >= min(self.max_batch, self._flying) or left <= 0:
+                if left <= 0:
                     return
-                self._cond.wait(min(left, 0.0005))
+                self._cond.wait(min(left, poll))
                 check(req.cancel)
 
     def _pick(self, req: SampleRequest) -> list[SampleRequest]:
