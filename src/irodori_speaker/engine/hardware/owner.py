@@ -391,8 +391,8 @@ class DeviceOwner:
             self.depth_wait_s += time.perf_counter() - t0
 
     def _note_launch(self, ran: bool) -> None:
-        """Mark the end of what the owner just launched (with a queue depth; on CUDA), unless the
-        job ran nothing or said it launched nothing (`launched_nothing`)."""
+        """Mark the end of what the owner just launched (with a queue depth or `track_busy`; on
+        CUDA), unless the job ran nothing or said it launched nothing (`launched_nothing`)."""
         nothing, self._nothing = self._nothing, False
         if not ran or nothing or (self.queue_depth <= 0 and not self.track_busy):
             return
