@@ -365,6 +365,17 @@ def test_a_full_batch_starts_without_waiting_out_admit_s(busy_device):
     assert sorted(sizes) == [1, 2]
 
 
+def test_admission_tops_up_only_batches_smaller_than_admit_up_to(busy_device):
+    """With `admit_up_to` 2, a line that finds another already waiting starts at once, though a
+    third is still in flight; without it, the two wait for the third."""
+    for up_to, want in ((2, [2, 1]), (0, [3])):
+        sizes: list[int] = []
+        batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0, admit_up_to=up_to)
+        out = _in_flight(batcher, [0.0, 0.1, 1.0])
+        assert [o[1] for o in out] == [0, 1, 2]
+        assert sizes == want, up_to
+
+
 def test_a_line_cancelled_while_admitted_leaves_and_the_other_goes_on(busy_device):
     sizes: list[int] = []
     batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0)
@@ -381,9 +392,9 @@ def test_the_synthesizer_counts_its_pieces_in_flight_and_takes_the_presets_admis
 
     synth = load_synthesizer(
         tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=4, step_batching=False,
-        sample_admit_s=0.005,
+        sample_admit_s=0.005, sample_admit_up_to=4,
     )  # fmt: skip
-    assert synth._batcher.admit_s == 0.005
+    assert synth._batcher.admit_s == 0.005 and synth._batcher.admit_up_to == 4
     seen: list[int] = []
     stream = synth.stream(TEXTS[0], None, opts())
     next(iter(stream))

@@ -10,11 +10,13 @@ when its own job runs.
 
 Only what is already waiting is batched, unless `admit_s` is set: then a line whose sampling
 would start while the device still runs other lines' work, with fewer lines waiting than are
-in flight (`CountsPreparing.line`: from a piece's encoders to its last window), waits up to
-`admit_s` for more to join (issue 27: under many streams the lines that happened to wait
-together were 1-2, and a batch of 8 costs a line a quarter of its sampling alone). The GPU is
-busy meanwhile: a batch launched later, not a GPU left idle. Off in every preset (at 64 streams
-it underran lines: benchmarks/RESULTS.md "Twentieth session").
+in flight (`CountsPreparing.line`: from a piece's encoders to its last window) and than
+`admit_up_to`, waits up to `admit_s` for more to join (issue 27: under many streams the lines
+that happened to wait together were 1-2, and a batch of 8 costs a line a quarter of its sampling
+alone). The GPU is busy meanwhile: a batch launched later, not a GPU left idle. `admit_up_to`
+lets admission top up small batches only: at 64 streams, where batches of 8-16 form by
+themselves, holding them back for a full one underran lines (benchmarks/RESULTS.md "Twentieth
+session"). Off in every preset.
 
 A line alone starts at once, as before, with its CUDA graph. In a batch a line is cancelled on
 its own (its rows are dropped when the batch ends); the batch stops early only when every line
@@ -127,6 +129,7 @@ class SampleBatcher(CountsPreparing):
         gather_s: float = 0.25,
         fill_buckets: bool = False,
         admit_s: float = 0.0,
+        admit_up_to: int = 0,
     ) -> None:
         super().__init__()
         self._run = run
@@ -140,6 +143,8 @@ class SampleBatcher(CountsPreparing):
         self.fill_buckets = fill_buckets
         # the longest a line waits for lines in flight to join its batch while the device is busy
         self.admit_s = admit_s
+        # admission waits only while fewer lines than this wait (0: up to a full batch)
+        self.admit_up_to = admit_up_to
         # the owner marks its launches from now on (a CUDA event each) so that `_admit` can ask
         DEVICE.track_busy = DEVICE.track_busy or admit_s > 0
         self._waiting: list[SampleRequest] = []
@@ -175,11 +180,12 @@ class SampleBatcher(CountsPreparing):
 
     def _admit(self, req: SampleRequest) -> None:
         """Wait (at most `admit_s`) while the device is busy and fewer lines of its key wait than
-        are in flight (`line`); the device is polled, so the wait wakes every `poll` s."""
+        are in flight (`line`) and than `admit_up_to`; the device is polled every 0.5 ms."""
+        top = min(self.max_batch, self.admit_up_to or self.max_batch)
 
         def few() -> bool:
             waiting = sum(1 for r in self._waiting if r.key == req.key)
-            return waiting < min(self.max_batch, self._flying) and DEVICE.device_busy()
+            return waiting < min(top, self._flying) and DEVICE.device_busy()
 
         self._wait(req, self.admit_s, 0.0005, few)
 
