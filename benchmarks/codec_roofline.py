@@ -12,10 +12,11 @@ its input and residual once and writes h and s once: the fusion `docs/status.md`
     python benchmarks/codec_roofline.py                      # 16 windows of 66 frames
     python benchmarks/codec_roofline.py --rows 1 --peak-tbs 4.8 --peak-tflops 989   # H200 peaks
     python benchmarks/codec_roofline.py --src=OLD/src          # an older tree's decoder, same script
-    python benchmarks/codec_roofline.py --shapes 1x16,4x66,16x66 [--no-phases] [--src=OLD/src]
+    python benchmarks/codec_roofline.py --shapes 1x16,4x66,16x66 [--no-phases] [--exact-sin] [--src=OLD/src]
 
 `--shapes`: only the graphed window per rows x frames (ms, ms a window), the A/B table of a change;
-`--no-phases`: dilated convs as themselves, not in phases (`_Conv.phases`).
+`--no-phases`: dilated convs as themselves, not in phases (`_Conv.phases`); `--exact-sin`: Snake's
+sine in the codec kernels from libdevice's `sinf`, not the GPU's approximation (`fused.APPROX_SIN`).
 
 Peaks default to an H100 SXM's (3.35 TB/s HBM3, 989 TFLOP/s dense fp16 with fp32 accumulation).
 """
@@ -34,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, next((a[6:] for a in sys.argv if a.startswith("--src=")), sys.path[0]))
 
+from irodori_speaker.engine import fused
 from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
 from irodori_speaker.engine.codec.fast import ChannelsLastDecoder, _Conv, _head, epilogue_torch
 from irodori_speaker.engine.fused import conv_epilogue, fused_available
@@ -141,7 +143,8 @@ def shape_table(codec, shapes: list, args: argparse.Namespace) -> None:
 
     codec.use_graphs(True, capture_on_use=None, max_graphs=len(shapes))
     flags = (" (no phases)" if args.no_phases else "") + (" (units fused)" if args.fuse_units else "")
-    print(f"engine {Path(irodori_speaker.__file__).parent}{flags}")
+    sine = "approximate" if getattr(fused, "APPROX_SIN", False) else "exact"
+    print(f"engine {Path(irodori_speaker.__file__).parent}{flags}, {sine} sine")
     print("| rows x frames | graphed ms | ms a window |")
     print("|---|---|---|")
     for rows, frames in shapes:
@@ -167,10 +170,15 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="ROWSxFRAMES,...: only the graphed window's ms per shape")
     ap.add_argument("--no-phases", action="store_true", help="dilated convs not in phases (_Conv.phases)")
     ap.add_argument("--fuse-units", action="store_true", help="residual units fused (fused.residual_unit)")
+    ap.add_argument("--exact-sin", action="store_true", help="Snake's exact sine (fused.APPROX_SIN off)")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA benchmark"
     if args.no_phases:
         _Conv.phases = lambda self, T: 1  # type: ignore[method-assign]
+    if args.exact_sin:
+        if not hasattr(fused, "APPROX_SIN"):
+            sys.exit("--exact-sin: this tree's engine has only the exact sine")
+        fused.APPROX_SIN = False
     codec = codec_from_state_dict(
         random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False), FULL_CODEC_KWARGS, device="cuda"
     ).to(DTYPES[args.dtype])
@@ -195,6 +203,7 @@ def main() -> None:
         graphed.run("graphed", "", lambda: codec._decode_window(z, 0, samples), 0.0, 0.0)
         graphed_ms = graphed.rows[("graphed", "")][0]
     name = torch.cuda.get_device_name() + (f" (engine from {args.src})" if args.src else "")
+    name += ", exact sine" if not getattr(fused, "APPROX_SIN", False) else ", approximate sine"
     import irodori_speaker
 
     print(f"engine: {Path(irodori_speaker.__file__).parent}")

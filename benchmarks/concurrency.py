@@ -15,11 +15,14 @@ server's workers do. Per concurrency N, two runs side by side in this process:
   (before the fourteenth session; "line" cuts a batch that would be a quarter or more fillers to
   the bucket below, `engine.batch.lines_to_take`; CUDA only, elsewhere the same as line).
 `--batching` picks which of step, step-eager, line and line-filled run (default step and line),
-serial always runs beside them. A kind may end in "@N" (e.g. "line@2"): the run with the device
-owner's queue depth N (the preset's owner_queue_depth: the owner waits for the GPU once N of its
-launches are unfinished there, so the backlog queues on the host where lines batch; without it,
-0, the owner launches every job the moment it comes); the row's "owner waited" column is its
-time spent so.
+serial always runs beside them. A line kind may end in "~MS" (e.g. "line~4"): the run with
+lines waiting up to MS ms, while the GPU is busy, for lines in flight to join their sampling
+batch (the preset's sample_admit_s, `synthesis/batching.py`), "~MS/N" only while fewer than N
+lines wait (its sample_admit_up_to; "line~15/4"). A kind may end in "@N" (e.g.
+"line@2"): the run with the device owner's queue depth N (the preset's owner_queue_depth: the
+owner waits for the GPU once N of its launches are unfinished there, so the backlog queues on the
+host where lines batch; without it, 0, the owner launches every job the moment it comes); the
+row's "owner waited" column is its time spent so.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
@@ -179,9 +182,12 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     """Put the sampling under test in place on `synth` (a measurement knob: the preset's max_batch,
     what prewarm captured batch graphs for, caps the batch); `voices`: those the streams speak.
     A kind may end in "@N": the device owner's queue depth N for the run (the preset's
-    owner_queue_depth; "line@2"), else none (0)."""
+    owner_queue_depth; "line@2"), else none (0); a line kind may end in "~MS" (before any "@"):
+    its admission wait in ms ("line~4": `SampleBatcher.admit_s` 0.004), else the preset's, and
+    "~MS/N" admits only while fewer than N lines wait ("line~15/4": `admit_up_to` 4)."""
     kind, _, depth = kind.partition("@")
     DEVICE.queue_depth = int(depth or 0)
+    kind, _, admit = kind.partition("~")
     top = min(streams, synth.preset.max_batch) if kind != "serial" else 1
     synth._encoders.max_batch = top  # lines' text encoders batch no further (serial stays serial)
     # decode windows of lines that meet: one by one when serial (the baseline), else as asked
@@ -196,8 +202,15 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
         pad = MAX_PADDING[0] if MAX_PADDING[0] is not None else synth.preset.max_padding
         fast = synth.fast_sampler  # "line": as the Synthesizer builds it; "line-filled": every
         graphed = fast is not None and fast.use_graphs  # waiting line in one batch, filled up
+        admit, _, up_to = admit.partition("/")
+        admit_s = float(admit) / 1e3 if admit else synth.preset.sample_admit_s
         synth._batcher = SampleBatcher(
-            synth._sample_batch, top, max_padding=pad, fill_buckets=graphed and kind == "line"
+            synth._sample_batch,
+            top,
+            max_padding=pad,
+            fill_buckets=graphed and kind == "line",
+            admit_s=admit_s,
+            admit_up_to=int(up_to) if up_to else synth.preset.sample_admit_up_to,
         )
 
 
@@ -658,7 +671,8 @@ def main() -> None:
         "--batching",
         default="step,line",
         help="which batched sampling runs beside serial: step, step-eager, line, line-filled "
-        "(comma-separated), each optionally with @N: the device owner's queue depth (line@2)",
+        "(comma-separated), each optionally with @N: the device owner's queue depth (line@2); a line "
+        "kind with ~MS: its lines' admission wait in ms (line~4), ~MS/N: while fewer than N wait",
     )
     ap.add_argument("--max-batch", type=int, default=16, help="the preset max_batch: the largest batch")
     ap.add_argument(

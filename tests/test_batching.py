@@ -260,3 +260,145 @@ def test_a_batch_mostly_fillers_is_cut_to_the_bucket_below():
         out = _batcher_run_in_threads(batcher, ["k"] * 10)
         assert [o[1] for o in out] == list(range(10))  # every line its own result
         assert sorted(sizes) == want
+
+
+# ---- admission (`SampleBatcher.admit_s`) ----------------------------------------------------
+# On the CPU a job's work is done when it returns, so the device is never busy there
+# (`DeviceOwner.device_busy`); these tests stand in a busy GPU by patching it: the only mock here.
+
+
+@pytest.fixture
+def busy_device(monkeypatch):
+    from irodori_speaker.engine.hardware.owner import DEVICE
+
+    state = {"busy": True}
+    monkeypatch.setattr(DEVICE, "device_busy", lambda: state["busy"])
+    return state
+
+
+def _in_flight(batcher, arrive_after: list[float], tokens=None):
+    """One thread per line, each in flight (`line()`) from the start; line i asks for its sampling
+    after `arrive_after[i]` s. Returns each line's (request, result) or exception."""
+    n = len(arrive_after)
+    out: list = [None] * n
+    tokens = tokens or [None] * n
+    inside = threading.Barrier(n)
+
+    def work(i):
+        with batcher.line():
+            inside.wait()
+            time.sleep(arrive_after[i])
+
+            def prepare():
+                return SampleRequest(conds=i, noise=None, cfg=None, key="k", cancel=tokens[i])
+
+            try:
+                out[i] = batcher.sample(prepare)
+            except Exception as e:
+                out[i] = e
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    return out
+
+
+def _sizes_run(sizes: list[int]):
+    def run(reqs, cancel, progress):
+        sizes.append(len(reqs))
+        return [r.conds for r in reqs]
+
+    return run
+
+
+def test_a_line_waits_for_a_line_in_flight_while_the_device_is_busy(busy_device):
+    sizes: list[int] = []
+    batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=20.0)
+    out = _in_flight(batcher, [0.0, 0.3])
+    assert [o[1] for o in out] == [0, 1]
+    assert sizes == [2] and batcher.batches == {2: 1}  # the first waited for the second
+    assert batcher._flying == 0
+
+
+def test_without_admission_lines_in_flight_sample_apart(busy_device):
+    sizes: list[int] = []
+    batcher = SampleBatcher(_sizes_run(sizes), max_batch=8)  # admit_s 0: the default
+    out = _in_flight(batcher, [0.0, 0.3])
+    assert [o[1] for o in out] == [0, 1]
+    assert sizes == [1, 1]
+
+
+def test_admission_ends_when_the_device_goes_idle(busy_device):
+    """A line that waits starts as soon as the device has nothing left to run: a batch later, not
+    a GPU left idle."""
+    sizes: list[int] = []
+    batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0)
+    threading.Timer(0.2, lambda: busy_device.update(busy=False)).start()
+    out = _in_flight(batcher, [0.0, 5.0])  # the second arrives long after the device went idle
+    assert [o[1] for o in out] == [0, 1]
+    assert sizes == [1, 1]
+
+
+def test_admission_is_bounded_by_admit_s(busy_device):
+    sizes: list[int] = []
+    batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=0.2)
+    out = _in_flight(batcher, [0.0, 3.0])  # far later than admit_s
+    assert [o[1] for o in out] == [0, 1]
+    assert sizes == [1, 1]
+
+
+def test_a_line_alone_in_flight_does_not_wait(busy_device):
+    sizes: list[int] = []
+    batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0)
+    out = _in_flight(batcher, [0.0])  # would hang the join for a minute if it waited
+    assert out[0][1] == 0 and sizes == [1]
+
+
+def test_a_full_batch_starts_without_waiting_out_admit_s(busy_device):
+    sizes: list[int] = []
+    batcher = SampleBatcher(_sizes_run(sizes), max_batch=2, admit_s=60.0)
+    out = _in_flight(batcher, [0.0, 0.2, 0.2])  # three in flight, a batch holds two
+    assert [o[1] for o in out] == [0, 1, 2]
+    assert sorted(sizes) == [1, 2]
+
+
+def test_admission_tops_up_only_batches_smaller_than_admit_up_to(busy_device):
+    """With `admit_up_to` 2, a line that finds another already waiting starts at once, though a
+    third is still in flight; without it, the two wait for the third."""
+    for up_to, want in ((2, [2, 1]), (0, [3])):
+        sizes: list[int] = []
+        batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0, admit_up_to=up_to)
+        out = _in_flight(batcher, [0.0, 0.1, 1.0])
+        assert [o[1] for o in out] == [0, 1, 2]
+        assert sizes == want, up_to
+
+
+def test_a_line_cancelled_while_admitted_leaves_and_the_other_goes_on(busy_device):
+    sizes: list[int] = []
+    batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0)
+    token = CancelToken()
+    threading.Timer(0.3, token.cancel).start()
+    out = _in_flight(batcher, [0.0, 1.0], tokens=[token, None])
+    assert isinstance(out[0], Cancelled)
+    assert out[1][1] == 1 and sizes == [1]
+    assert batcher._waiting == []
+
+
+def test_the_synthesizer_counts_its_pieces_in_flight_and_takes_the_presets_admission(irodori_home):
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    synth = load_synthesizer(
+        tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=4, step_batching=False,
+        sample_admit_s=0.005, sample_admit_up_to=4,
+    )  # fmt: skip
+    assert synth._batcher.admit_s == 0.005 and synth._batcher.admit_up_to == 4
+    seen: list[int] = []
+    stream = synth.stream(TEXTS[0], None, opts())
+    next(iter(stream))
+    seen.append(synth._batcher._flying)
+    stream.close()  # a stream dropped mid-line leaves nothing counted
+    synth.synthesize(TEXTS[1], None, options=opts())
+    assert seen == [1] and synth._batcher._flying == 0

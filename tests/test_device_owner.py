@@ -388,6 +388,31 @@ def test_a_host_copy_whose_wait_failed_raises_in_its_line():
     owner._waiter.join(2)
 
 
+def test_the_device_is_never_busy_on_the_cpu():
+    owner = DeviceOwner()
+    owner.track_busy = True
+    _through_owner(owner, [lambda: torch.randn(64, 64) @ torch.randn(64, 64)] * 2)
+    assert not owner.device_busy()  # a CPU job's work is done when it returns: no admission wait
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (work still running after its launch)")
+def test_the_device_is_busy_while_the_owners_last_launch_runs_on_cuda():
+    a = torch.randn(4096, 4096, device="cuda")
+    owner = DeviceOwner()
+    owner.track_busy = True
+
+    def job():
+        b = a
+        for _ in range(40):  # tens of ms of queued work
+            b = torch.tanh(b @ a) * 0.01
+        return b
+
+    out = _through_owner(owner, [job, job])
+    assert owner.device_busy()  # just launched, still running
+    out[-1].sum().item()  # wait for it
+    assert not owner.device_busy()
+
+
 def test_jobs_of_one_kind_queued_together_run_as_one_call():
     owner = DeviceOwner()
     calls: list[list] = []

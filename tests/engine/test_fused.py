@@ -356,3 +356,26 @@ def test_the_decoder_with_fused_units_decodes_as_without():
     err_fused, err_unfused = ((x - want).abs().max().item() for x in (fused_units, unfused))
     assert 0 < (fused_units - unfused).abs().max().item() < 2e-3  # it ran, and rounds alike
     assert err_fused < 1.5 * err_unfused + 1e-4
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="the approximate sine is the GPU's (the interpreter has none)")
+def test_the_approximate_sine_stays_within_its_bound(monkeypatch):
+    """On the GPU Snake's sine is `sin.approx.f32` (absolute error 2^-20.5 for |x| < 100 pi, PTX
+    ISA): in fp32 a Snake output then differs from the exact sine's by at most 2 min(1/a, |h|)
+    2^-20.5 plus fp32 rounding, here over arguments |a h| up to ~250 and alphas down to 1e-3."""
+    torch.manual_seed(5)
+    C = 96
+    y = torch.randn(4, 1000, C, device=DEV) * 15
+    bias = torch.zeros(C, device=DEV)
+    alpha = torch.rand(1, C, 1, device=DEV) * 3 + 1e-3
+    alpha[0, :8, 0] = 1e-3  # tiny alphas: sin(a h)^2 / a is where an absolute error could grow
+    y[..., :8] *= 0.01
+    assert fu.APPROX_SIN
+    h, s_approx = fu.conv_epilogue(y, bias, None, alpha, keep=True)
+    monkeypatch.setattr(fu, "APPROX_SIN", False)
+    _, s_exact = fu.conv_epilogue(y, bias, None, alpha, keep=True)
+    assert h is not None and s_approx is not None and s_exact is not None
+    assert not torch.equal(s_approx, s_exact)  # the flag reaches the kernel
+    a = alpha.reshape(C)
+    bound = 2 * torch.minimum(1 / a, h.abs()) * 2**-20.5 + 4 * s_exact.abs() * 2**-23 + 1e-7
+    assert ((s_approx - s_exact).abs() <= bound).all()

@@ -20,6 +20,22 @@ LINE = "今日はいい天気ですね、みんなで散歩に行きましょう
 LONG = "それでは次のお便りを読んでいきます、ペンネームはるかぜさんからいただきました。"
 KANA = "こんにちは、おげんきですか"
 LAG_MS = 100.0
+# the page's own heartbeat: a 5 ms interval that keeps every gap between its ticks over 20 ms, and
+# how many ticks ran. A word shown late while the page ran no task at all between its time and
+# 100 ms before it was shown is the browser starved of CPU (seen twice in CI on 2 cores beside 2
+# test workers), not the overlay: `assert_on_time` tells the two apart
+HEARTBEAT = """
+if (!window.__beat) {
+  const beat = window.__beat = { gaps: [], ticks: 0, since: performance.now() };
+  let last = performance.now();
+  setInterval(() => {
+    const now = performance.now();
+    if (now - last > 20) beat.gaps.push([last, now]);
+    beat.ticks += 1;
+    last = now;
+  }, 5);
+}
+"""
 SHOWN_ALL = "return window.__irodori.log.filter(e => e.id === arguments[0]).length >= arguments[1]"
 
 
@@ -40,6 +56,7 @@ def page(live):
         driver.execute_cdp_cmd("Emulation.setDefaultBackgroundColorOverride", backdrop)
         driver.get(live.url + "/overlay?hold=300&fade=100&mouth=1&size=64")
         connected(driver)
+        driver.execute_script(HEARTBEAT)
         yield driver
     finally:
         driver.quit()
@@ -49,6 +66,23 @@ def connected(driver) -> None:
     wait_for(driver, "return document.body.dataset.state === 'connected'")
     # the page's clock is mapped onto the feed's once a few pings came back
     wait_for(driver, "return window.__irodori.feed.bestRtt < 1e9")
+
+
+def assert_on_time(driver, log: list[dict], what) -> None:
+    """Every entry of `log` shown within LAG_MS of its time, except one shown late while the page
+    ran nothing from its time until LAG_MS before it was shown (a heartbeat gap covers that span;
+    the heartbeat itself must have ticked at least every 20 ms on average, so its gaps are rare)."""
+    beat = driver.execute_script("return window.__beat || null")
+    assert beat is not None and beat["ticks"] > 0
+    elapsed = driver.execute_script("return performance.now()") - beat["since"]
+    assert elapsed / beat["ticks"] < 20.0, beat["ticks"]  # the heartbeat ran at its pace
+
+    def starved(e: dict) -> bool:
+        return any(a <= e["target"] and b >= e["shown"] - LAG_MS for a, b in beat["gaps"])
+
+    lags = [e["lag"] for e in log]
+    late = [e for e in log if abs(e["lag"]) >= LAG_MS]
+    assert all(e["lag"] > 0 and starved(e) for e in late), (what, lags, beat["gaps"][-5:])
 
 
 def shown(driver, uid: int) -> list[dict]:
@@ -73,8 +107,7 @@ def test_every_word_in_order_within_100_ms_of_its_time_then_cleared(live, page):
         assert [e["text"] for e in log] == [w.text for w in words]  # every word, in order, once
         assert [e["index"] for e in log] == [w.index for w in words]
         assert [e["t"] for e in log] == pytest.approx([w.time for w in words], abs=1e-6)  # the event's time
-        lags = [e["lag"] for e in log]
-        assert max(abs(x) for x in lags) < LAG_MS, (line.id, lags)
+        assert_on_time(page, log, line.id)
     # cleared after the line (hold 300 ms, fade 100 ms)
     wait_for(page, "return document.getElementById('caption').textContent === ''", 10)
     assert shot.stat().st_size > 0
@@ -118,4 +151,4 @@ def test_a_kana_only_line_is_shown_mora_by_mora(live, page):
     assert {e["kind"] for e in log} == {"mora"}
     assert len(log) > len(words)  # more pieces than words: こ ん に ち は ...
     assert "".join(e["text"] for e in log) == "".join(w.text for w in words)
-    assert max(abs(e["lag"]) for e in log) < LAG_MS
+    assert_on_time(page, log, utt.id)

@@ -37,6 +37,7 @@ T = TypeVar("T")
 if HAS_TRITON:
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 
     from .kernels.triton_common import round_to
 
@@ -293,17 +294,41 @@ def swiglu(u: Tensor, hidden: int) -> Tensor:
 # ------------------------------------------------------------------------------------- codec Snake
 
 
+#: Snake's sine in the codec kernels is the GPU's approximation (`sin.approx.f32`, PTX ISA: absolute
+#: error 2^-20.5 for |x| < 100 pi, so a Snake output is off by about 2 |x| 2^-20.5, far below an
+#: fp16 / bf16 rounding) rather than libdevice's `sinf`: the exact sine took ~4x the instructions of
+#: the whole epilogue (its reduction and slow path), enough to make the flat epilogue compute-bound
+#: on Hopper (benchmarks/codec_roofline.py `--exact-sin` measures both). False: the exact sine.
+#: The interpreter has no fast sine, so it always takes the exact one.
+APPROX_SIN = True
+
+
+def approx_sin(t: Tensor) -> bool:
+    """The APPROX_SIN flag of a kernel on `t`'s device: on the GPU unless switched off."""
+    return APPROX_SIN and t.device.type == "cuda"
+
+
 if HAS_TRITON:
 
     @triton.jit
-    def _snake_kernel(x_ptr, a_ptr, y_ptr, C, T, BLOCK: tl.constexpr, INTERP_BF16: tl.constexpr):
+    def _snake_of(x, a, APPROX_SIN: tl.constexpr):
+        """Snake in fp32: x + sin(a x)^2 / a (the codec's; a is its channel's alpha)."""
+        if APPROX_SIN:
+            sn = libdevice.fast_sinf(a * x)
+        else:
+            sn = tl.sin(a * x)
+        return x + sn * sn * (1.0 / (a + 1e-9))
+
+    @triton.jit
+    def _snake_kernel(
+        x_ptr, a_ptr, y_ptr, C, T, BLOCK: tl.constexpr, INTERP_BF16: tl.constexpr, APPROX_SIN: tl.constexpr
+    ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)  # (batch, channel) row of a contiguous (B, C, T)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = offs < T
         a = tl.load(a_ptr + row % C)
         x = tl.load(x_ptr + row * T + offs, mask=m, other=0.0).to(tl.float32)
-        s = tl.sin(a * x)
-        y = x + s * s * (1.0 / (a + 1e-9))
+        y = _snake_of(x, a, APPROX_SIN)
         tl.store(y_ptr + row * T + offs, round_to(y, y_ptr.dtype.element_ty, INTERP_BF16), mask=m)
 
 
@@ -314,7 +339,9 @@ def snake(x: Tensor, alpha: Tensor) -> Tensor:
     a = alpha.reshape(C).float().contiguous()
     y = torch.empty_like(x)
     block = 2048
-    _snake_kernel[(B * C, triton.cdiv(T, block))](x, a, y, C, T, BLOCK=block, INTERP_BF16=interp_bf16(x))
+    _snake_kernel[(B * C, triton.cdiv(T, block))](
+        x, a, y, C, T, BLOCK=block, INTERP_BF16=interp_bf16(x), APPROX_SIN=approx_sin(x)
+    )
     return y
 
 
@@ -327,7 +354,7 @@ if HAS_TRITON:
     def _conv_epilogue_kernel(
         y_ptr, b_ptr, r_ptr, a_ptr, h_ptr, s_ptr, total,
         C: tl.constexpr, HAS_RES: tl.constexpr, KEEP_H: tl.constexpr, SNAKE: tl.constexpr,
-        BLOCK: tl.constexpr, INTERP_BF16: tl.constexpr,
+        BLOCK: tl.constexpr, INTERP_BF16: tl.constexpr, APPROX_SIN: tl.constexpr,
     ):  # fmt: skip
         # flat over the (rows, C) elements: contiguous vector loads whatever C is. A 2D tile of a
         # power-of-two width left lanes idle at C = 96 / 192 and reached 2.2 of the H100's 3.35
@@ -344,9 +371,7 @@ if HAS_TRITON:
         if KEEP_H:
             tl.store(h_ptr + offs, round_to(h, h_ptr.dtype.element_ty, INTERP_BF16), mask=m)
         if SNAKE:
-            a = tl.load(a_ptr + c, mask=m, other=1.0)
-            sn = tl.sin(a * h)
-            s = h + sn * sn * (1.0 / (a + 1e-9))
+            s = _snake_of(h, tl.load(a_ptr + c, mask=m, other=1.0), APPROX_SIN)
             tl.store(s_ptr + offs, round_to(s, s_ptr.dtype.element_ty, INTERP_BF16), mask=m)
 
     @triton.jit
@@ -354,7 +379,7 @@ if HAS_TRITON:
         s_ptr, w7_ptr, b7_ptr, a7_ptr, w1_ptr, b1_ptr, x_ptr, an_ptr, h_ptr, o_ptr, T,
         C: tl.constexpr, CP: tl.constexpr, KP: tl.constexpr, KC: tl.constexpr, DIL: tl.constexpr,
         KEEP_H: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
-        STAGES: tl.constexpr, INTERP_BF16: tl.constexpr,
+        STAGES: tl.constexpr, INTERP_BF16: tl.constexpr, APPROX_SIN: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(1).to(tl.int64)
         t = tl.program_id(0) * BT + tl.arange(0, BT)
@@ -380,8 +405,7 @@ if HAS_TRITON:
                 acc += tl.dot(a, w)
         y = acc + tl.load(b7_ptr + ch, mask=cm, other=0.0).to(tl.float32)[None, :]
         a7 = tl.load(a7_ptr + ch, mask=cm, other=1.0)[None, :]
-        sn = tl.sin(a7 * y)
-        mid = round_to(y + sn * sn * (1.0 / (a7 + 1e-9)), s_ptr.dtype.element_ty, INTERP_BF16)
+        mid = round_to(_snake_of(y, a7, APPROX_SIN), s_ptr.dtype.element_ty, INTERP_BF16)
         # the 1-tap conv on it (weight packed (CP, CP)), BN output channels at a time, each with
         # its epilogue
         valid = t < T
@@ -400,8 +424,7 @@ if HAS_TRITON:
             if KEEP_H:
                 tl.store(h_ptr + offs, round_to(hh, h_ptr.dtype.element_ty, INTERP_BF16), mask=m)
             an = tl.load(an_ptr + n, mask=nm, other=1.0)[None, :]
-            sn2 = tl.sin(an * hh)
-            so = hh + sn2 * sn2 * (1.0 / (an + 1e-9))
+            so = _snake_of(hh, an, APPROX_SIN)
             tl.store(o_ptr + offs, round_to(so, o_ptr.dtype.element_ty, INTERP_BF16), mask=m)
 
 
@@ -424,7 +447,7 @@ def conv_epilogue(
     _conv_epilogue_kernel[(triton.cdiv(total, block),)](
         y, bias, r, a, h, s, total,
         C=C, HAS_RES=residual is not None, KEEP_H=keep, SNAKE=alpha is not None,
-        BLOCK=block, INTERP_BF16=interp_bf16(y), num_warps=8,
+        BLOCK=block, INTERP_BF16=interp_bf16(y), APPROX_SIN=approx_sin(y), num_warps=8,
     )  # fmt: skip
     return (h if keep else None), (s if alpha is not None else None)
 
@@ -487,6 +510,6 @@ def residual_unit(
         s, w7, bias7, alpha7.reshape(C).float().contiguous(), w1, bias1, residual,
         alpha_next.reshape(C).float().contiguous(), h, out, T,
         C=C, CP=cp, KP=kp, KC=-(-C // bk), DIL=dilation, KEEP_H=keep, BT=bt, BK=bk, BN=bn,
-        STAGES=stages, INTERP_BF16=interp_bf16(s), num_warps=warps,
+        STAGES=stages, INTERP_BF16=interp_bf16(s), APPROX_SIN=approx_sin(s), num_warps=warps,
     )  # fmt: skip
     return (h if keep else None), out

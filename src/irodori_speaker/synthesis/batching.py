@@ -8,17 +8,27 @@ such job to run takes every line waiting at that moment whose plan matches its o
 masked, `engine.batch`) and hands each line its rows. A line whose line was taken finds it done
 when its own job runs.
 
-Only what is already waiting is batched: a line alone starts at once, as before, with its
-CUDA graph. In a batch a line is cancelled on its own (its rows are dropped when the batch
-ends); the batch stops early only when every line in it is cancelled. Progress callbacks of
-the lines in a batch are called from the owner thread.
+Only what is already waiting is batched, unless `admit_s` is set: then a line whose sampling
+would start while the device still runs other lines' work, with fewer lines waiting than are
+in flight (`CountsPreparing.line`: from a piece's encoders to its last window) and than
+`admit_up_to`, waits up to `admit_s` for more to join (issue 27: under many streams the lines
+that happened to wait together were 1-2, and a batch of 8 costs a line a quarter of its sampling
+alone). The GPU is busy meanwhile: a batch launched later, not a GPU left idle. `admit_up_to`
+lets admission top up small batches only: at 64 streams, where batches of 8-16 form by
+themselves, holding them back for a full one underran lines (benchmarks/RESULTS.md "Twentieth
+session"). Off in every preset.
+
+A line alone starts at once, as before, with its CUDA graph. In a batch a line is cancelled on
+its own (its rows are dropped when the batch ends); the batch stops early only when every line
+in it is cancelled. Progress callbacks of the lines in a batch are called from the owner thread.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +91,19 @@ class CountsPreparing:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._preparing = 0
+        self._flying = 0  # lines between a piece's encoders and its last window (`line`)
+
+    @contextmanager
+    def line(self) -> Iterator[None]:
+        """Count a piece in flight while its caller renders and decodes it."""
+        with self._cond:
+            self._flying += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._flying -= 1
+                self._cond.notify_all()
 
     def _prepare(self, prepare: Callable[[], SampleRequest]) -> SampleRequest:
         with self._cond:
@@ -105,6 +128,8 @@ class SampleBatcher(CountsPreparing):
         max_padding: float = 0.5,
         gather_s: float = 0.25,
         fill_buckets: bool = False,
+        admit_s: float = 0.0,
+        admit_up_to: int = 0,
     ) -> None:
         super().__init__()
         self._run = run
@@ -116,6 +141,12 @@ class SampleBatcher(CountsPreparing):
         # the sampler fills a batch up to its bucket (CUDA graphs): a batch that would be mostly
         # fillers is cut to the bucket below, the rest sampled next (engine.batch.lines_to_take)
         self.fill_buckets = fill_buckets
+        # the longest a line waits for lines in flight to join its batch while the device is busy
+        self.admit_s = admit_s
+        # admission waits only while fewer lines than this wait (0: up to a full batch)
+        self.admit_up_to = admit_up_to
+        # the owner marks its launches from now on (a CUDA event each) so that `_admit` can ask
+        DEVICE.track_busy = DEVICE.track_busy or admit_s > 0
         self._waiting: list[SampleRequest] = []
         self.batches: dict[int, int] = {}  # batch size -> how many batches ran with it
 
@@ -129,8 +160,10 @@ class SampleBatcher(CountsPreparing):
         req = self._prepare(prepare)
         with self._cond:
             self._waiting.append(req)
+            self._cond.notify_all()
         try:
             self._gather(req)
+            self._admit(req)
             DEVICE.run(lambda: DEVICE.launched_nothing() if req.done else self._lead(req), req.cancel)
         finally:
             with self._cond:
@@ -142,17 +175,32 @@ class SampleBatcher(CountsPreparing):
         return req, req.result
 
     def _gather(self, req: SampleRequest) -> None:
-        """Wait (bounded) until no line is encoding, unless this is the owner thread
-        (the encoders would wait for it) or batching is off."""
-        if self.max_batch <= 1 or DEVICE.on_owner():
+        """Wait (at most `gather_s`) until no line is encoding."""
+        self._wait(req, self.gather_s, 0.01, lambda: self._preparing > 0)
+
+    def _admit(self, req: SampleRequest) -> None:
+        """Wait (at most `admit_s`) while the device is busy and fewer lines of its key wait than
+        are in flight (`line`) and than `admit_up_to`; the device is polled every 0.5 ms."""
+        top = min(self.max_batch, self.admit_up_to or self.max_batch)
+
+        def few() -> bool:
+            waiting = sum(1 for r in self._waiting if r.key == req.key)
+            return waiting < min(top, self._flying) and DEVICE.device_busy()
+
+        self._wait(req, self.admit_s, 0.0005, few)
+
+    def _wait(self, req: SampleRequest, seconds: float, poll: float, pending: Callable[[], bool]) -> None:
+        """Wait under `_cond` while `pending()` and `req` is not taken, at most `seconds`; not on the
+        owner thread (the lines it waits for would wait for it), nor with batching off."""
+        if seconds <= 0 or self.max_batch <= 1 or DEVICE.on_owner():
             return
-        deadline = time.monotonic() + self.gather_s
+        deadline = time.monotonic() + seconds
         with self._cond:
-            while self._preparing and not req.taken:
+            while not req.taken and pending():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
-                self._cond.wait(min(left, 0.01))
+                self._cond.wait(min(left, poll))
                 check(req.cancel)
 
     def _pick(self, req: SampleRequest) -> list[SampleRequest]:

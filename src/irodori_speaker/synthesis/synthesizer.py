@@ -150,6 +150,8 @@ class Synthesizer:
                 self.preset.max_batch,
                 max_padding=self.preset.max_padding,
                 fill_buckets=self._graphed(),  # a batch filled up to its bucket: cut, not filled
+                admit_s=self.preset.sample_admit_s,
+                admit_up_to=self.preset.sample_admit_up_to,
             )
         codec_device = getattr(codec, "device", None)
         if self.preset.codec_channels_last and hasattr(codec, "use_channels_last"):
@@ -495,25 +497,26 @@ class Synthesizer:
         for i, piece in enumerate(pieces):
             first, last = i == 0, i == len(pieces) - 1
             step = line_progress.step(i) if line_progress is not None else None
-            rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, step)
-            t_dec = time.perf_counter()
-            chunks = decode_chunks(self.codec, self.preset, rendered, opts, cancel, whole, playback)
-            if gained:
-                chunks = PieceGain(opts, record.warnings).chunks(chunks)
-            elif post:  # decode the whole piece, then process it
-                parts = [c for c, _ in chunks]
-                whole_piece = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-                t_post = time.perf_counter()
-                chunks = iter([(process_piece(whole_piece, SAMPLE_RATE, opts, record.warnings), True)])
-                spent = time.perf_counter() - t_post
-                record.timings["controls"] = record.timings.get("controls", 0.0) + spent
-                t_dec += spent  # the decode's time is without it
-            head = True  # each chunk goes out as soon as it is decoded (the first one is first audio)
-            for chunk, chunk_is_last in chunks:
-                yield _fade_edges(chunk, fade_in=head and not first, fade_out=chunk_is_last and not last)
-                head = False
-            record.samples += rendered.samples
-            record.timings["decode"] = record.timings.get("decode", 0.0) + (time.perf_counter() - t_dec)
+            with self._batcher.line():  # in flight: lines about to sample may wait for it
+                rendered = self._render(piece, voice_states, record.seed, opts, record, cancel, step)
+                t_dec = time.perf_counter()
+                chunks = decode_chunks(self.codec, self.preset, rendered, opts, cancel, whole, playback)
+                if gained:
+                    chunks = PieceGain(opts, record.warnings).chunks(chunks)
+                elif post:  # decode the whole piece, then process it
+                    parts = [c for c, _ in chunks]
+                    whole_piece = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+                    t_post = time.perf_counter()
+                    chunks = iter([(process_piece(whole_piece, SAMPLE_RATE, opts, record.warnings), True)])
+                    spent = time.perf_counter() - t_post
+                    record.timings["controls"] = record.timings.get("controls", 0.0) + spent
+                    t_dec += spent  # the decode's time is without it
+                head = True  # each chunk goes out as soon as it is decoded (the first one is first audio)
+                for chunk, chunk_is_last in chunks:
+                    yield _fade_edges(chunk, fade_in=head and not first, fade_out=chunk_is_last and not last)
+                    head = False
+                record.samples += rendered.samples
+                record.timings["decode"] = record.timings.get("decode", 0.0) + (time.perf_counter() - t_dec)
             if line_progress is not None:
                 line_progress.decoded(i)
             if piece.after > 0:

@@ -128,6 +128,10 @@ class DeviceOwner:
         # the most of the owner's launches the device may hold unfinished before it waits (0: none)
         self.queue_depth = queue_depth
         self._launched: deque[Any] = deque()  # a mark (a recorded CUDA event) after each launch
+        # a mark after the owner's every launch, its latest kept (`device_busy`), once a sampler
+        # with admission asked for it (`SampleBatcher.admit_s`; for the process's life)
+        self.track_busy = False
+        self._last_mark: Any = None
         self._nothing = False  # the job running now said it launched nothing
         self._mark: Callable[[], Any] = _device_mark
         self.depth_waits = 0  # how often the owner waited for the device's queue to shorten
@@ -387,11 +391,21 @@ class DeviceOwner:
             self.depth_wait_s += time.perf_counter() - t0
 
     def _note_launch(self, ran: bool) -> None:
-        """Mark the end of what the owner just launched (with a queue depth; on CUDA), unless the
-        job ran nothing or said it launched nothing (`launched_nothing`)."""
+        """Mark the end of what the owner just launched (with a queue depth or `track_busy`; on
+        CUDA), unless the job ran nothing or said it launched nothing (`launched_nothing`)."""
         nothing, self._nothing = self._nothing, False
-        if ran and not nothing and self.queue_depth > 0 and (mark := self._mark()) is not None:
-            self._launched.append(mark)
+        if not ran or nothing or (self.queue_depth <= 0 and not self.track_busy):
+            return
+        if (mark := self._mark()) is not None:
+            self._last_mark = mark
+            if self.queue_depth > 0:
+                self._launched.append(mark)
+
+    def device_busy(self) -> bool:
+        """The device still runs work the owner launched (CUDA, with `track_busy` on; elsewhere a
+        job's work is done when it returns: False)."""
+        mark = self._last_mark
+        return mark is not None and not _finished(mark)
 
     def launched_nothing(self) -> None:
         """Called by a job that found nothing to launch (a line sampled meanwhile in another

@@ -102,6 +102,16 @@ class Preset:
     step_batching: bool = False
     # a batch's padded frames at most this fraction of its real ones (not tuned: batching is off)
     max_padding: float = 0.5
+    # line batches: the longest (s) a line's sampling waits, while the device is busy, for lines in
+    # flight to join its batch (synthesis/batching.py `SampleBatcher.admit_s`); 0: none (only the
+    # lines already waiting batch). Off: 15 ms measured 1.02-1.06x at 16 streams (o) with p95 first
+    # audio no worse, but 0.92-1.03x at 64 with 8 lines underrun in one of two runs (H100,
+    # RESULTS.md twentieth session, `concurrency.py --batching line,line~15`)
+    sample_admit_s: float = 0.0
+    # with admission: a line waits only while fewer lines than this wait for the sampler (0: up to
+    # max_batch), so admission tops up small batches and leaves the large ones that form by
+    # themselves under heavy load alone (`SampleBatcher.admit_up_to`)
+    sample_admit_up_to: int = 0
     # stream windows of one length from lines that meet on the device owner decode as one batch of
     # up to this many (synthesis/decoding.py); with codec graphs prewarm captures a graph per batch
     # bucket up to it. 1: each window alone. On in the CUDA preset (16 windows in one batch took
