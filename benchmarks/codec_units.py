@@ -10,6 +10,7 @@ CUDA, fp16, full-size DACVAE with random weights, the channels-last decoder the 
 
     python benchmarks/codec_units.py
     python benchmarks/codec_units.py --rows 16 --shapes 1x16,4x66,16x66 --reps 10
+    python benchmarks/codec_units.py --max-width 96     # only the 96-channel stage's units fused
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import news5  # device_ms: the benchmarks' one timer
 
 from irodori_speaker.engine import fused
-from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
+from irodori_speaker.engine.codec import (
+    FULL_CODEC_KWARGS,
+    codec_from_state_dict,
+    fast,
+    random_codec_state_dict,
+)
 from irodori_speaker.engine.codec.fast import ChannelsLastDecoder
 
 
@@ -145,6 +151,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=66)
     ap.add_argument("--shapes", default="1x16,1x66,4x40,4x66,4x116,16x66")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--max-width", type=int, default=256, help="fuse units of at most this many channels")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA benchmark"
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
@@ -152,6 +159,7 @@ def main() -> None:
         random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False), FULL_CODEC_KWARGS, device="cuda"
     ).to(torch.float16)
     assert codec.use_channels_last(True) and codec._channels_last is not None
+    fast.FUSED_UNIT_WIDTH = args.max_width  # the widths that fuse (96: the last stage only)
     codec._channels_last.fuse_units = True
     configs = unit_table(codec._channels_last, args.rows, args.frames, args.reps)
     shapes = [(int(r), int(f)) for r, f in (s.split("x") for s in args.shapes.split(","))]
