@@ -142,9 +142,9 @@ def shape_table(codec, shapes: list, args: argparse.Namespace) -> None:
     import irodori_speaker
 
     codec.use_graphs(True, capture_on_use=None, max_graphs=len(shapes))
+    flags = (" (no phases)" if args.no_phases else "") + (" (units fused)" if args.fuse_units else "")
     sine = "approximate" if getattr(fused, "APPROX_SIN", False) else "exact"
-    phases = " (no phases)" if args.no_phases else ""
-    print(f"engine {Path(irodori_speaker.__file__).parent}{phases}, {sine} sine")
+    print(f"engine {Path(irodori_speaker.__file__).parent}{flags}, {sine} sine")
     print("| rows x frames | graphed ms | ms a window |")
     print("|---|---|---|")
     for rows, frames in shapes:
@@ -169,6 +169,7 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense fp16 TFLOP/s")
     ap.add_argument("--shapes", default=None, help="ROWSxFRAMES,...: only the graphed window's ms per shape")
     ap.add_argument("--no-phases", action="store_true", help="dilated convs not in phases (_Conv.phases)")
+    ap.add_argument("--fuse-units", action="store_true", help="residual units fused (fused.residual_unit)")
     ap.add_argument("--exact-sin", action="store_true", help="Snake's exact sine (fused.APPROX_SIN off)")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA benchmark"
@@ -182,6 +183,8 @@ def main() -> None:
         random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False), FULL_CODEC_KWARGS, device="cuda"
     ).to(DTYPES[args.dtype])
     assert codec.use_channels_last(True) and codec._channels_last is not None
+    if args.fuse_units:
+        codec._channels_last.fuse_units = True
     if args.shapes:
         shape_table(codec, [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")], args)
         return

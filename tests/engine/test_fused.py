@@ -310,6 +310,54 @@ def test_conv_epilogue_matches_the_torch_path(dtype, residual, snake, keep, shap
             _close(got, want, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("C, dilation, keep", [(24, 1, True), (24, 9, False), (40, 3, True)])
+def test_residual_unit_matches_the_unfused_unit(dtype, C, dilation, keep):
+    """A residual unit in one kernel against the decoder's ops (the 7-tap conv, epilogue, 1-tap
+    conv, epilogue): the conv's zero padding at both ends (70 samples: no multiple of the tile),
+    widths not a power of two, each dilation the decoder has."""
+    from torch import nn
+
+    from irodori_speaker.engine.codec.fast import _Conv, epilogue_torch
+
+    torch.manual_seed(6)
+    c7 = _Conv.of(nn.Conv1d(C, C, 7, dilation=dilation, padding=3 * dilation).to(DEV, dtype))
+    c1 = _Conv.of(nn.Conv1d(C, C, 1).to(DEV, dtype))
+    s, x = _randn(2, 70, C, dtype=dtype), _randn(2, 70, C, dtype=dtype)
+    a7, an = (torch.rand(1, C, 1, device=DEV) * 3 + 1e-3 for _ in range(2))
+    with torch.no_grad():
+        _, mid = epilogue_torch(c7(s), c7.bias, None, a7, False)
+        assert mid is not None
+        want_h, want_s = epilogue_torch(c1(mid), c1.bias, x, an, True)
+        packed = fu.pack_residual_unit(c7.weight, c1.weight)
+        h, out = fu.residual_unit(s, packed, c7.bias, a7, dilation, c1.bias, x, an, keep)
+    assert out.dtype == dtype and out.shape == s.shape and (h is not None) == keep
+    assert want_h is not None and want_s is not None
+    if h is not None:
+        _close(h, want_h, dtype)
+    _close(out, want_s, dtype)
+
+
+def test_the_decoder_with_fused_units_decodes_as_without():
+    """The tiny codec's channels-last decoder with its units fused (the 96-channel-and-under
+    stages: all of the tiny one's) against unfused, both against the fp32 decode."""
+    from irodori_speaker.engine.codec import TINY_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
+
+    state = random_codec_state_dict(TINY_CODEC_KWARGS, seed=1, watermark=False)
+    lat = torch.randn(1, 3, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = codec_from_state_dict(state, TINY_CODEC_KWARGS, device=DEV).decode(lat)
+        codec = codec_from_state_dict(state, TINY_CODEC_KWARGS, device=DEV, dtype=torch.float16)
+        assert codec.use_channels_last(True) and codec._channels_last is not None
+        codec._channels_last.fuse_units = True
+        fused_units = codec.decode(lat)
+        codec._channels_last.fuse_units = False
+        unfused = codec.decode(lat)
+    err_fused, err_unfused = ((x - want).abs().max().item() for x in (fused_units, unfused))
+    assert 0 < (fused_units - unfused).abs().max().item() < 2e-3  # it ran, and rounds alike
+    assert err_fused < 1.5 * err_unfused + 1e-4
+
+
 @pytest.mark.skipif(DEV.type != "cuda", reason="the approximate sine is the GPU's (the interpreter has none)")
 def test_the_approximate_sine_stays_within_its_bound(monkeypatch):
     """On the GPU Snake's sine is `sin.approx.f32` (absolute error 2^-20.5 for |x| < 100 pi, PTX

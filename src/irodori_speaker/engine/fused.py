@@ -374,6 +374,59 @@ if HAS_TRITON:
             s = _snake_of(h, tl.load(a_ptr + c, mask=m, other=1.0), APPROX_SIN)
             tl.store(s_ptr + offs, round_to(s, s_ptr.dtype.element_ty, INTERP_BF16), mask=m)
 
+    @triton.jit
+    def _residual_unit_kernel(
+        s_ptr, w7_ptr, b7_ptr, a7_ptr, w1_ptr, b1_ptr, x_ptr, an_ptr, h_ptr, o_ptr, T,
+        C: tl.constexpr, CP: tl.constexpr, KP: tl.constexpr, KC: tl.constexpr, DIL: tl.constexpr,
+        KEEP_H: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+        STAGES: tl.constexpr, INTERP_BF16: tl.constexpr, APPROX_SIN: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(1).to(tl.int64)
+        t = tl.program_id(0) * BT + tl.arange(0, BT)
+        ch = tl.arange(0, CP)
+        cm = ch < C
+        row0 = b * T * C
+        # the dilated conv: 7 taps x KC chunks of BK input channels, one pipelined loop (the loads
+        # of the next chunks in flight while this one's product runs); the weight packed
+        # (7, KP, CP) with zeros past C (`pack_residual_unit`), so its loads need no mask
+        acc = tl.zeros((BT, CP), dtype=tl.float32)
+        for i in tl.range(0, 7 * KC, num_stages=STAGES):
+            k = i // KC
+            kc = (i - k * KC) * BK + tl.arange(0, BK)
+            tt = t + (k - 3) * DIL
+            tm = (tt >= 0) & (tt < T)  # the conv's zero padding
+            a = tl.load(
+                s_ptr + row0 + tt[:, None] * C + kc[None, :], mask=tm[:, None] & (kc < C)[None, :], other=0.0
+            )
+            w = tl.load(w7_ptr + (k * KP + kc)[:, None] * CP + ch[None, :])
+            if INTERP_BF16:
+                acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
+            else:
+                acc += tl.dot(a, w)
+        y = acc + tl.load(b7_ptr + ch, mask=cm, other=0.0).to(tl.float32)[None, :]
+        a7 = tl.load(a7_ptr + ch, mask=cm, other=1.0)[None, :]
+        mid = round_to(_snake_of(y, a7, APPROX_SIN), s_ptr.dtype.element_ty, INTERP_BF16)
+        # the 1-tap conv on it (weight packed (CP, CP)), BN output channels at a time, each with
+        # its epilogue
+        valid = t < T
+        for n0 in tl.static_range(0, CP, BN):
+            n = n0 + tl.arange(0, BN)
+            nm = n < C
+            w1 = tl.load(w1_ptr + ch[:, None] * CP + n[None, :])
+            if INTERP_BF16:
+                acc2 = tl.dot(mid.to(tl.float32), w1.to(tl.float32))
+            else:
+                acc2 = tl.dot(mid, w1)
+            m = valid[:, None] & nm[None, :]
+            offs = row0 + t[:, None] * C + n[None, :]
+            hh = acc2 + tl.load(b1_ptr + n, mask=nm, other=0.0).to(tl.float32)[None, :]
+            hh += tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            if KEEP_H:
+                tl.store(h_ptr + offs, round_to(hh, h_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+            an = tl.load(an_ptr + n, mask=nm, other=1.0)[None, :]
+            so = _snake_of(hh, an, APPROX_SIN)
+            tl.store(o_ptr + offs, round_to(so, o_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+
 
 def conv_epilogue(
     y: Tensor, bias: Tensor, residual: Tensor | None, alpha: Tensor | None, keep: bool
@@ -397,3 +450,66 @@ def conv_epilogue(
         BLOCK=block, INTERP_BF16=interp_bf16(y), APPROX_SIN=approx_sin(y), num_warps=8,
     )  # fmt: skip
     return (h if keep else None), (s if alpha is not None else None)
+
+
+def pack_residual_unit(weight7: Tensor, weight1: Tensor) -> tuple[Tensor, Tensor]:
+    """A residual unit's conv weights as `residual_unit` reads them: the 7-tap one (C, C, 7) as
+    (7, KP, CP) [tap, in, out], the 1-tap one (C, C, 1) as (CP, CP) [in, out], zero padded (KP: C
+    to a multiple of 64, CP: to a power of two)."""
+    C = weight7.shape[0]
+    kp, cp = -(-C // 64) * 64, max(16, triton.next_power_of_2(C))
+    w7 = weight7.new_zeros(7, kp, cp)
+    w7[:, :C, :C] = weight7.permute(2, 1, 0)
+    w1 = weight1.new_zeros(cp, cp)
+    w1[:C, :C] = weight1[:, :, 0].t()
+    return w7, w1
+
+
+#: (BT, BK, BN, warps, stages): samples a tile, input channels a chunk, output channels of the
+#: 1-tap conv at a time, and the launch's warps and pipeline stages
+UnitConfig = tuple[int, int, int, int, int]
+
+
+def residual_unit_config(C: int) -> UnitConfig:
+    """The block configuration `residual_unit` takes for a unit of C channels."""
+    return (64, 32, 64, 4, 3) if C <= 128 else (64, 64, 64, 8, 3)
+
+
+def residual_unit(
+    s: Tensor,
+    packed: tuple[Tensor, Tensor],
+    bias7: Tensor,
+    alpha7: Tensor,
+    dilation: int,
+    bias1: Tensor,
+    residual: Tensor,
+    alpha_next: Tensor,
+    keep: bool,
+    *,
+    config: UnitConfig | None = None,
+) -> tuple[Tensor | None, Tensor]:
+    """A codec residual unit in one kernel, on (B, T, C) channels-last activations: the 7-tap conv
+    of `dilation` on `s` (zero padded), bias, Snake, the 1-tap conv, bias, the residual, then the
+    next Snake. Returns (h if `keep`, s'). Unfused that is two convs and two epilogues, ten passes
+    over the activation; here four (s with its halo, the residual, h and s' written).
+
+    `packed`: the two convs' weights from `pack_residual_unit`. fp16 / bf16; C at most 256 (the
+    decoder's 96- and 192-channel stages)."""
+    B, T, C = s.shape
+    w7, w1 = packed
+    assert s.dtype in (torch.float16, torch.bfloat16) and C <= 256
+    kp, cp = w7.shape[1], w7.shape[2]
+    assert w7.shape[0] == 7 and w1.shape == (cp, cp) and kp >= C and cp >= C
+    bt, bk, bn, warps, stages = config or residual_unit_config(C)
+    bk, bn = min(bk, kp), min(bn, cp)
+    s, residual = s.contiguous(), residual.contiguous()
+    h = torch.empty_like(s) if keep else s
+    out = torch.empty_like(s)
+    grid = (triton.cdiv(T, bt), B)
+    _residual_unit_kernel[grid](
+        s, w7, bias7, alpha7.reshape(C).float().contiguous(), w1, bias1, residual,
+        alpha_next.reshape(C).float().contiguous(), h, out, T,
+        C=C, CP=cp, KP=kp, KC=-(-C // bk), DIL=dilation, KEEP_H=keep, BT=bt, BK=bk, BN=bn,
+        STAGES=stages, INTERP_BF16=interp_bf16(s), APPROX_SIN=approx_sin(s), num_warps=warps,
+    )  # fmt: skip
+    return (h if keep else None), out

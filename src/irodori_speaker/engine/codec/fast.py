@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..fused import conv_epilogue, fused_available, run_or_fall_back
+from ..fused import conv_epilogue, fused_available, pack_residual_unit, residual_unit, run_or_fall_back
 from .layers import Decoder, DecoderBlock, ResidualUnit, Snake
 
 __all__ = ["ChannelsLastDecoder", "epilogue_torch", "supports_channels_last"]
@@ -194,24 +194,61 @@ class ChannelsLastDecoder:
         assert isinstance(head_conv, nn.Conv1d) and head_conv.bias is not None
         self.head_weight, self.head_bias = head_conv.weight, head_conv.bias
         self.head_padding = int(head_conv.padding[0])  # type: ignore[arg-type,index]
+        # each residual unit of the high-rate stages as one kernel (`fused.residual_unit`): off
+        # until a GPU measures it (docs/status.md, the fused-unit branch); its packed weights by
+        # the dilated conv's place in `steps`, made when switched on (never inside a graph capture)
+        self._packs: dict[int, tuple[Tensor, Tensor]] | None = None
+
+    @property
+    def fuse_units(self) -> bool:
+        return self._packs is not None
+
+    @fuse_units.setter
+    def fuse_units(self, on: bool) -> None:
+        self._packs = None
+        if on:
+            steps = self.steps
+            self._packs = {
+                i: pack_residual_unit(conv.weight, steps[i + 1][0].weight)
+                for i, (conv, _, _, _) in enumerate(steps)
+                if not conv.transposed and conv.kernel > 1 and conv.weight.shape[0] <= FUSED_UNIT_WIDTH
+            }
 
     def __call__(self, z: Tensor) -> Tensor:
         """(B, T, latent_channels) in the codec dtype -> (B, 1, hop * T) float32 audio."""
         if fused_available(z.device):
-            return run_or_fall_back(lambda: self._run(z, conv_epilogue), lambda: self._run(z, epilogue_torch))
-        return self._run(z, epilogue_torch)
+            unit = self.fuse_units and z.dtype in (torch.float16, torch.bfloat16)
+            return run_or_fall_back(
+                lambda: self._run(z, conv_epilogue, unit), lambda: self._run(z, epilogue_torch, False)
+            )
+        return self._run(z, epilogue_torch, False)
 
-    def _run(self, z: Tensor, epilogue: Callable[..., tuple[Tensor | None, Tensor | None]]) -> Tensor:
+    def _run(
+        self, z: Tensor, epilogue: Callable[..., tuple[Tensor | None, Tensor | None]], unit: bool
+    ) -> Tensor:
+        """The decode; `unit`: each residual unit of at most `FUSED_UNIT_WIDTH` channels in one
+        kernel (`fused.residual_unit`)."""
         x, _ = epilogue(self.in_proj(z.contiguous()), self.in_proj.bias, None, None, True)
         assert x is not None
         _, s = epilogue(self.first(x), self.first.bias, None, self.first_alpha, False)
-        for conv, residual, alpha, keep in self.steps:
+        steps = enumerate(self.steps)
+        packs = self._packs if unit and self._packs is not None else {}
+        for i, (conv, residual, alpha, keep) in steps:
             assert s is not None
-            h, s = epilogue(conv(s), conv.bias, x if residual else None, alpha, keep)
+            if i in packs:
+                _, (tail, _, nxt, keep) = next(steps)  # the unit's 1-tap conv, with the residual
+                assert alpha is not None and nxt is not None and x is not None
+                h, s = residual_unit(s, packs[i], conv.bias, alpha, conv.dilation, tail.bias, x, nxt, keep)
+            else:
+                h, s = epilogue(conv(s), conv.bias, x if residual else None, alpha, keep)
             if keep:  # the next unit's residual
                 x = h
         assert s is not None
         return _head(s, self.head_weight, self.head_bias, self.head_padding)
+
+
+#: the widest residual unit `fused.residual_unit` takes (the decoder's 192- and 96-channel stages)
+FUSED_UNIT_WIDTH = 256
 
 
 #: (in channels, kernel, dilation) of the released decoder's convs for which cuDNN's NHWC heuristic
