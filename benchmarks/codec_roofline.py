@@ -12,11 +12,13 @@ its input and residual once and writes h and s once: the fusion `docs/status.md`
     python benchmarks/codec_roofline.py                      # 16 windows of 66 frames
     python benchmarks/codec_roofline.py --rows 1 --peak-tbs 4.8 --peak-tflops 989   # H200 peaks
     python benchmarks/codec_roofline.py --src=OLD/src          # an older tree's decoder, same script
-    python benchmarks/codec_roofline.py --shapes 1x16,4x66,16x66 [--no-phases] [--exact-sin] [--src=OLD/src]
+    python benchmarks/codec_roofline.py --shapes 1x16,4x66,16x66 [--no-phases] [--exact-sin] [--unfused-units]
 
 `--shapes`: only the graphed window per rows x frames (ms, ms a window), the A/B table of a change;
 `--no-phases`: dilated convs as themselves, not in phases (`_Conv.phases`); `--exact-sin`: Snake's
-sine in the codec kernels from libdevice's `sinf`, not the GPU's approximation (`fused.APPROX_SIN`).
+sine in the codec kernels from libdevice's `sinf`, not the GPU's approximation (`fused.APPROX_SIN`);
+`--unfused-units`: the 96-channel residual units as their four ops, not one kernel each
+(`codec.fast.FUSED_UNIT_WIDTH`). The op-by-op table always runs the units unfused.
 
 Peaks default to an H100 SXM's (3.35 TB/s HBM3, 989 TFLOP/s dense fp16 with fp32 accumulation).
 """
@@ -142,7 +144,7 @@ def shape_table(codec, shapes: list, args: argparse.Namespace) -> None:
     import irodori_speaker
 
     codec.use_graphs(True, capture_on_use=None, max_graphs=len(shapes))
-    flags = (" (no phases)" if args.no_phases else "") + (" (units fused)" if args.fuse_units else "")
+    flags = (" (no phases)" if args.no_phases else "") + (" (units unfused)" if args.unfused_units else "")
     sine = "approximate" if getattr(fused, "APPROX_SIN", False) else "exact"
     print(f"engine {Path(irodori_speaker.__file__).parent}{flags}, {sine} sine")
     print("| rows x frames | graphed ms | ms a window |")
@@ -169,7 +171,7 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense fp16 TFLOP/s")
     ap.add_argument("--shapes", default=None, help="ROWSxFRAMES,...: only the graphed window's ms per shape")
     ap.add_argument("--no-phases", action="store_true", help="dilated convs not in phases (_Conv.phases)")
-    ap.add_argument("--fuse-units", action="store_true", help="residual units fused (fused.residual_unit)")
+    ap.add_argument("--unfused-units", action="store_true", help="no residual unit in one kernel")
     ap.add_argument("--exact-sin", action="store_true", help="Snake's exact sine (fused.APPROX_SIN off)")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA benchmark"
@@ -183,8 +185,8 @@ def main() -> None:
         random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False), FULL_CODEC_KWARGS, device="cuda"
     ).to(DTYPES[args.dtype])
     assert codec.use_channels_last(True) and codec._channels_last is not None
-    if args.fuse_units:
-        codec._channels_last.fuse_units = True
+    if args.unfused_units:
+        codec._channels_last.fuse_units = False
     if args.shapes:
         shape_table(codec, [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")], args)
         return

@@ -376,6 +376,28 @@ def test_admission_tops_up_only_batches_smaller_than_admit_up_to(busy_device):
         assert sizes == want, up_to
 
 
+def test_a_high_lane_line_never_waits_for_admission(busy_device):
+    """An interruption's line (the high lane) samples at once though another is in flight; the same
+    line on the normal lane waits for it."""
+    from irodori_speaker.lanes import HIGH_LANE, NORMAL_LANE, line_lane
+
+    for lane, want in ((HIGH_LANE, [1, 1]), (NORMAL_LANE, [2])):
+        sizes: list[int] = []
+        batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0, admit_up_to=4)
+        sample = batcher.sample
+
+        def first_in_lane(prepare, sample=sample, lane=lane):  # the first line to arrive: in `lane`
+            if prepare().conds == 0:
+                with line_lane(lane):
+                    return sample(prepare)
+            return sample(prepare)
+
+        batcher.sample = first_in_lane  # type: ignore[method-assign]
+        out = _in_flight(batcher, [0.0, 0.5])
+        assert [o[1] for o in out] == [0, 1]
+        assert sizes == want, lane
+
+
 def test_a_line_cancelled_while_admitted_leaves_and_the_other_goes_on(busy_device):
     sizes: list[int] = []
     batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0)

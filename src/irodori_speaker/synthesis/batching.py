@@ -35,7 +35,7 @@ from typing import Any
 from ..cancel import Cancelled, CancelToken, check
 from ..engine.batch import lines_to_take
 from ..engine.hardware.owner import DEVICE
-from ..lanes import NORMAL_LANE
+from ..lanes import HIGH_LANE, NORMAL_LANE, current_lane
 
 ProgressFn = Callable[[int, int], None]
 
@@ -180,7 +180,11 @@ class SampleBatcher(CountsPreparing):
 
     def _admit(self, req: SampleRequest) -> None:
         """Wait (at most `admit_s`) while the device is busy and fewer lines of its key wait than
-        are in flight (`line`) and than `admit_up_to`; the device is polled every 0.5 ms."""
+        are in flight (`line`) and than `admit_up_to`; the device is polled every 0.5 ms. A
+        high-lane line (an interruption, `lanes.HIGH_LANE`) never waits: its first audio is the
+        point of its lane."""
+        if current_lane() == HIGH_LANE:
+            return
         top = min(self.max_batch, self.admit_up_to or self.max_batch)
 
         def few() -> bool:

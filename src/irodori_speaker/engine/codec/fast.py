@@ -194,10 +194,11 @@ class ChannelsLastDecoder:
         assert isinstance(head_conv, nn.Conv1d) and head_conv.bias is not None
         self.head_weight, self.head_bias = head_conv.weight, head_conv.bias
         self.head_padding = int(head_conv.padding[0])  # type: ignore[arg-type,index]
-        # each residual unit of the high-rate stages as one kernel (`fused.residual_unit`): off
-        # until a GPU measures it (docs/status.md, the fused-unit branch); its packed weights by
-        # the dilated conv's place in `steps`, made when switched on (never inside a graph capture)
+        # on CUDA each residual unit of at most FUSED_UNIT_WIDTH channels runs as one kernel
+        # (`fused.residual_unit`) in fp16 / bf16; its packed weights by the dilated conv's place in
+        # `steps`, made here or when switched on (never inside a graph capture)
         self._packs: dict[int, tuple[Tensor, Tensor]] | None = None
+        self.fuse_units = on_cuda
 
     @property
     def fuse_units(self) -> bool:
@@ -247,8 +248,12 @@ class ChannelsLastDecoder:
         return _head(s, self.head_weight, self.head_bias, self.head_padding)
 
 
-#: the widest residual unit `fused.residual_unit` takes (the decoder's 192- and 96-channel stages)
-FUSED_UNIT_WIDTH = 256
+#: the widest residual unit fused into one kernel (`fused.residual_unit`): the last, 96-channel
+#: stage, where a unit took 1.31-1.38x less time fused and the graphed window 1.06-1.08x at every
+#: window shape of the CUDA preset; at 192 channels the fused unit was 2.8x slower (each tile reads
+#: all seven taps' weights: 688 KB against 172 KB at 96) (H100, benchmarks/RESULTS.md "Twentieth"
+#: and "Twenty-first session", `codec_units.py`). The kernel itself takes up to 256.
+FUSED_UNIT_WIDTH = 96
 
 
 #: (in channels, kernel, dilation) of the released decoder's convs for which cuDNN's NHWC heuristic

@@ -104,9 +104,8 @@ class Preset:
     max_padding: float = 0.5
     # line batches: the longest (s) a line's sampling waits, while the device is busy, for lines in
     # flight to join its batch (synthesis/batching.py `SampleBatcher.admit_s`); 0: none (only the
-    # lines already waiting batch). Off: 15 ms measured 1.02-1.06x at 16 streams (o) with p95 first
-    # audio no worse, but 0.92-1.03x at 64 with 8 lines underrun in one of two runs (H100,
-    # RESULTS.md twentieth session, `concurrency.py --batching line,line~15`)
+    # lines already waiting batch). 15 ms with `sample_admit_up_to` 4 in the CUDA preset (there);
+    # 0 elsewhere (the CPU and MPS run one line at a time)
     sample_admit_s: float = 0.0
     # with admission: a line waits only while fewer lines than this wait for the sampler (0: up to
     # max_batch), so admission tops up small batches and leaves the large ones that form by
@@ -176,6 +175,13 @@ def base_preset(name: str) -> Preset:
             # no underrun; with 216 added one stream was faster still, but 64 streams underran
             # (10 and 31 lines) (H200, RESULTS.md seventeenth session)
             stream_window_plan=(40, 66, 116),
+            # a line's sampling waits up to 15 ms, while the GPU is busy and fewer than 4 lines
+            # wait, for lines in flight to join its batch: 16 streams (o) 1.04-1.14x in four paired
+            # runs, 64 streams 0.99-1.05x, p95 first audio no worse, no underrun; without the cap
+            # of 4, 64 streams underran in two of seven runs (H100, RESULTS.md twentieth and
+            # twenty-first sessions). A line alone or on the high lane never waits
+            sample_admit_s=0.015,
+            sample_admit_up_to=4,
         )
     if name == "mps":
         # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision
