@@ -16,7 +16,8 @@ that happened to wait together were 1-2, and a batch of 8 costs a line a quarter
 alone). The GPU is busy meanwhile: a batch launched later, not a GPU left idle. `admit_up_to`
 lets admission top up small batches only: at 64 streams, where batches of 8-16 form by
 themselves, holding them back for a full one underran lines (benchmarks/RESULTS.md "Twentieth
-session"). Off in every preset.
+session"). On in the CUDA preset (15 ms, up to 4 lines; "Twenty-first session"), where
+`max_batch` > 1.
 
 A line alone starts at once, as before, with its CUDA graph. In a batch a line is cancelled on
 its own (its rows are dropped when the batch ends); the batch stops early only when every line
@@ -146,7 +147,7 @@ class SampleBatcher(CountsPreparing):
         # admission waits only while fewer lines than this wait (0: up to a full batch)
         self.admit_up_to = admit_up_to
         # the owner marks its launches from now on (a CUDA event each) so that `_admit` can ask
-        DEVICE.track_busy = DEVICE.track_busy or admit_s > 0
+        DEVICE.track_busy = DEVICE.track_busy or (admit_s > 0 and self.max_batch > 1)
         self._waiting: list[SampleRequest] = []
         self.batches: dict[int, int] = {}  # batch size -> how many batches ran with it
 
