@@ -162,7 +162,10 @@ def test_fused_sampler_matches_a_golden_case(dit_fixtures):
     model, io, cases = load_kind(dit_fixtures, "v3_base")
     model = model.to(DEV)
     io = {k: v.to(DEV) for k, v in io.items()}
-    sampler = FastSampler(FastDiT(model, fused=True), use_graphs=False)
+    # buckets of 5: every length still padded and masked (24 frames -> 25, the text's 16 tokens ->
+    # 20, the reference's 11 positions -> 15), with fewer padded positions to interpret than the
+    # defaults' 32 frames and 32 + 32 context (the interpreter's time grows with rows x positions)
+    sampler = FastSampler(FastDiT(model, fused=True), use_graphs=False, frame_bucket=5, context_bucket=5)
     assert sampler.fast.fused
     # sway6: sway8's schedule and guidance in 6 steps, still some with CFG (t >= 0.5, three rows)
     # and some without; each step is ~1-3 s in the interpreter (test_sampler.py runs every case)
@@ -175,6 +178,12 @@ def test_fused_sampler_matches_a_golden_case(dit_fixtures):
     torch.testing.assert_close(out, io[f"sample_{name}_out"], atol=1e-4, rtol=1e-4)
 
 
+# the step-batching cases' buckets, a quarter of the defaults (16 frames, 32 context positions) as
+# their lines are a quarter of 12 and 20 frames: the interpreter's time grows with rows x positions,
+# and every length is still padded, the two lines in two frame buckets
+STEP_FRAMES, STEP_CONTEXT = 4, 8
+
+
 def _step_batch_lines(dit_fixtures):
     """(the v3 model's fused fast path, the two lines of the step-batching tests as `sample` arguments)."""
     from irodori_speaker.engine.sampler import draw_noise
@@ -183,10 +192,11 @@ def _step_batch_lines(dit_fixtures):
     model = model.to(DEV)
     io = {k: v.to(DEV) for k, v in io.items()}
     # the second line joins at the first line's second step: one shared forward of both (the
-    # interpreter is slow, so few steps; the CPU tests in test_steps.py cover longer plans)
+    # interpreter is slow, so few steps; the CPU tests in test_steps.py cover longer plans). 3 and 5
+    # frames: padded to 4 and 8, so the first line is widened (4 -> 8 frames) when the second joins
     cfgs = [SamplerConfig(steps=2, schedule="sway"), SamplerConfig(steps=1, guidance="alternating")]
     lines_in = [
-        (encode(model, io, slice(b, b + 1)), draw_noise(b, 1, 12 + 8 * b, 32, device=DEV), cfgs[b])
+        (encode(model, io, slice(b, b + 1)), draw_noise(b, 1, 3 + 2 * b, 32, device=DEV), cfgs[b])
         for b in range(2)
     ]
     return FastDiT(model, fused=True), lines_in
@@ -195,9 +205,9 @@ def _step_batch_lines(dit_fixtures):
 @pytest.fixture(scope="module")
 def lines_sampled_alone(dit_fixtures):
     """Each line of `_step_batch_lines` sampled alone on the fused path: what both step-batching
-    cases must equal, sampled once for both (a fresh model of the same file: ~7 s interpreted)."""
+    cases must equal, sampled once for both (a fresh model of the same file: ~3 s interpreted)."""
     fast, lines_in = _step_batch_lines(dit_fixtures)
-    alone = FastSampler(fast, use_graphs=False)
+    alone = FastSampler(fast, use_graphs=False, frame_bucket=STEP_FRAMES, context_bucket=STEP_CONTEXT)
     return [alone.sample(*args) for args in lines_in]
 
 
@@ -212,15 +222,18 @@ def test_fused_step_batch_equals_each_line_alone(dit_fixtures, lines_sampled_alo
 
     fast, lines_in = _step_batch_lines(dit_fixtures)
     want = lines_sampled_alone
-    batcher = StepBatcher(fast, max_padding=float("inf"))  # one forward for both
+    # one forward for both
+    batcher = StepBatcher(
+        fast, frame_bucket=STEP_FRAMES, context_bucket=STEP_CONTEXT, max_padding=float("inf")
+    )
     if buckets:
         batcher.prewarm_graphs(
             max_rows=8,
-            top_frames=32,
-            length=160,  # longer than the lines' contexts: the graphs read a slice of each slot
+            top_frames=2 * STEP_FRAMES,
+            length=5 * STEP_CONTEXT,  # longer than the lines' contexts: the graphs read a slice of each slot
             capture=DEV.type == "cuda",
-            frame_bucket=16,
-            length_bucket=64,
+            frame_bucket=STEP_FRAMES,
+            length_bucket=2 * STEP_CONTEXT,
         )
     live = [batcher.start(*lines_in[0])]
     batcher.step(live)  # the second line joins one step later

@@ -22,14 +22,17 @@ pytest.importorskip("triton", reason="triton is not installed (the 'cuda' / 'dev
 def test_fused_kernels_in_the_interpreter():
     here = Path(__file__).parent
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    args = ["-q", "-o", "addopts=", "-p", "no:cacheprovider", str(here / "test_fused.py")]
+    args = ["-q", "-rs", "-o", "addopts=", "-p", "no:cacheprovider", str(here / "test_fused.py")]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *args],
         env=env, capture_output=True, text=True, timeout=1500,
     )  # fmt: skip
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout, tail
+    # every test runs but those of the GPU's own instructions (their skip reason: "the interpreter
+    # has none"); any other skip, the whole module's first (no interpreter), fails
+    skips = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert " passed" in proc.stdout and all("the interpreter has none" in s for s in skips), tail
 
 
 def test_a_failing_kernel_switches_the_fused_path_off(monkeypatch):
