@@ -119,6 +119,37 @@ def test_the_preset_field_makes_the_synthesizer_switch_it_on() -> None:
     assert codec.channels_last
 
 
+def test_a_fused_unit_that_fails_leaves_only_the_units_unfused(monkeypatch) -> None:
+    """A residual unit's kernel that fails (its block wants more shared memory than an older GPU
+    has) switches this decoder's units back to their four ops with one warning; the decode is the
+    unfused one and the other fused kernels stay on. The GPU is stood in for: Triton's epilogue by
+    its torch twin, the unit's kernel by one that raises (the only mocks here)."""
+    from irodori_speaker.engine import fused
+    from irodori_speaker.engine.codec import fast
+
+    codec = _codec(dtype=torch.bfloat16)
+    lat = _latent(5).to(torch.bfloat16)
+    codec.use_channels_last()
+    want = codec.decode(lat)  # on the CPU: the torch epilogues, units unfused
+    d = codec._channels_last
+    assert d is not None and not d.fuse_units  # fused only on CUDA by default
+    d.fuse_units = True
+    assert d.fuse_units and d._packs
+
+    def no_room(*args, **kwargs):
+        raise RuntimeError("out of resource: shared memory, Required: 114688, Hardware limit: 65536")
+
+    monkeypatch.setattr(fast, "fused_available", lambda device: True)
+    monkeypatch.setattr(fast, "conv_epilogue", fast.epilogue_torch)
+    monkeypatch.setattr(fast, "residual_unit", no_room)
+    monkeypatch.setattr(fused, "_FAILED", [])
+    with pytest.warns(UserWarning, match="fused residual units are off.*shared memory"):
+        got = codec.decode(lat)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not d.fuse_units and fused._FAILED == []  # the units alone went back
+    torch.testing.assert_close(codec.decode(lat), want, rtol=0, atol=0)  # no second warning needed
+
+
 # --------------------------------------------------------------------------- on a GPU
 
 
