@@ -173,6 +173,23 @@ def test_channels_last_on_cuda_equals_the_decoder(dtype: torch.dtype) -> None:
 
 
 @needs_gpu
+def test_the_decoder_fuses_its_narrow_units_on_hopper_only() -> None:
+    """Measured faster on an H100 only, so fused from compute capability 9 (H100, H200) and left
+    as four ops on older cards; the units fused are those of at most FUSED_UNIT_WIDTH channels."""
+    from irodori_speaker.engine.codec.fast import FUSED_UNIT_WIDTH
+
+    codec = _codec("cuda", torch.float16)
+    codec.use_channels_last()
+    d = codec._channels_last
+    assert d is not None
+    assert d.fuse_units == (torch.cuda.get_device_capability()[0] >= 9)
+    d.fuse_units = True
+    assert d._packs and all(d.steps[i][0].weight.shape[0] <= FUSED_UNIT_WIDTH for i in d._packs)
+    units = [i for i, (conv, *_) in enumerate(d.steps) if not conv.transposed and conv.kernel > 1]
+    assert sorted(d._packs) == units  # the tiny codec's stages are all narrow: every unit
+
+
+@needs_gpu
 def test_channels_last_graphs_replay_the_eager_channels_last_decode_exactly() -> None:
     from irodori_speaker.engine.codec import stream_window_lengths
 

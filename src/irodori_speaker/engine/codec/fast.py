@@ -196,11 +196,12 @@ class ChannelsLastDecoder:
         assert isinstance(head_conv, nn.Conv1d) and head_conv.bias is not None
         self.head_weight, self.head_bias = head_conv.weight, head_conv.bias
         self.head_padding = int(head_conv.padding[0])  # type: ignore[arg-type,index]
-        # on CUDA each residual unit of at most FUSED_UNIT_WIDTH channels runs as one kernel
-        # (`fused.residual_unit`) in fp16 / bf16; its packed weights by the dilated conv's place in
-        # `steps`, made here or when switched on (never inside a graph capture)
+        # on Hopper and later each residual unit of at most FUSED_UNIT_WIDTH channels runs as one
+        # kernel (`fused.residual_unit`) in fp16 / bf16 (measured there only; its block wants ~100 KB
+        # of shared memory, more than consumer cards give a block); its packed weights by the
+        # dilated conv's place in `steps`, made here or when switched on (never inside a capture)
         self._packs: dict[int, tuple[Tensor, Tensor]] | None = None
-        self.fuse_units = on_cuda
+        self.fuse_units = on_cuda and torch.cuda.get_device_capability(in_proj.weight.device)[0] >= 9
 
     @property
     def fuse_units(self) -> bool:
