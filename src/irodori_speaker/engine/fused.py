@@ -295,11 +295,13 @@ def swiglu(u: Tensor, hidden: int) -> Tensor:
 
 
 #: Snake's sine in the codec kernels is the GPU's approximation (`sin.approx.f32`, PTX ISA: absolute
-#: error 2^-20.5 for |x| < 100 pi, so a Snake output is off by about 2 |x| 2^-20.5, far below an
-#: fp16 / bf16 rounding) rather than libdevice's `sinf`: the exact sine took ~4x the instructions of
-#: the whole epilogue (its reduction and slow path), enough to make the flat epilogue compute-bound
-#: on Hopper (benchmarks/codec_roofline.py `--exact-sin` measures both). False: the exact sine.
-#: The interpreter has no fast sine, so it always takes the exact one.
+#: error 2^-20.5 for |x| < 100 pi, so a Snake output is off by at most 2 min(1/a, |x|) 2^-20.5, far
+#: below an fp16 / bf16 rounding) rather than libdevice's `sinf` (its reduction and slow path: 135
+#: against 41 PTX instructions an element of the flat epilogue). On an H100 the epilogues took
+#: 1.07x less time and the windows 1.04-1.08x; inside the fused residual unit, twice an element
+#: between its GEMMs, the exact sine was most of what the unit lost (benchmarks/RESULTS.md
+#: "Twenty-first session"; `codec_roofline.py --exact-sin`). False: the exact sine. The
+#: interpreter has no fast sine, so it always takes the exact one.
 APPROX_SIN = True
 
 
