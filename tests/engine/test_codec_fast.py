@@ -143,7 +143,7 @@ def test_a_fused_unit_that_fails_leaves_only_the_units_unfused(monkeypatch) -> N
     monkeypatch.setattr(fast, "conv_epilogue", fast.epilogue_torch)
     monkeypatch.setattr(fast, "residual_unit", no_room)
     monkeypatch.setattr(fused, "_FAILED", [])
-    with pytest.warns(UserWarning, match="fused residual units are off.*shared memory"):
+    with pytest.warns(UserWarning, match="fused residual units switched off.*shared memory"):
         got = codec.decode(lat)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert not d.fuse_units and fused._FAILED == []  # the units alone went back

@@ -52,10 +52,18 @@ def fused_available(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and interpreter_active())
 
 
-def run_or_fall_back(fused: Callable[[], T], fallback: Callable[[], T]) -> T:
+def run_or_fall_back(
+    fused: Callable[[], T],
+    fallback: Callable[[], T],
+    *,
+    what: str = "fused Triton kernels",
+    switch_off: Callable[[], None] | None = None,
+) -> T:
     """`fused()`; if a kernel fails to compile or launch (a Triton or driver quirk), warn once,
     switch the fused kernels off for this process and return `fallback()` (the same result, eager
-    ops). Not while a CUDA graph is being captured: first calls happen in the warm-up before it."""
+    ops). Not while a CUDA graph is being captured: first calls happen in the warm-up before it.
+    `switch_off`: what to switch off instead of every kernel (`what` names it in the warning), e.g.
+    one decoder's fused residual units, whose block may want more shared memory than a card has."""
     try:
         return fused()
     except torch.cuda.OutOfMemoryError:
@@ -63,8 +71,13 @@ def run_or_fall_back(fused: Callable[[], T], fallback: Callable[[], T]) -> T:
     except Exception as e:
         if capturing():
             raise
-        _FAILED.append(f"{type(e).__name__}: {e}")
-        warnings.warn(f"fused Triton kernels switched off, eager ops instead: {_FAILED[0]}", stacklevel=2)
+        why = f"{type(e).__name__}: {e}"
+        if switch_off is None:
+            _FAILED.append(why)
+            why = _FAILED[0]
+        else:
+            switch_off()
+        warnings.warn(f"{what} switched off, eager ops instead: {why}", stacklevel=2)
         return fallback()
 
 

@@ -14,14 +14,12 @@ differs (the bias / residual sum feeds the Snake unrounded).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from ..encoders import capturing
 from ..fused import conv_epilogue, fused_available, pack_residual_unit, residual_unit, run_or_fall_back
 from .layers import Decoder, DecoderBlock, ResidualUnit, Snake
 
@@ -222,22 +220,20 @@ class ChannelsLastDecoder:
         """(B, T, latent_channels) in the codec dtype -> (B, 1, hop * T) float32 audio."""
         if not fused_available(z.device):
             return self._run(z, epilogue_torch, False)
+
+        def unfused() -> Tensor:
+            return run_or_fall_back(
+                lambda: self._run(z, conv_epilogue, False), lambda: self._run(z, epilogue_torch, False)
+            )
+
         if self.fuse_units and z.dtype in (torch.float16, torch.bfloat16):
-            try:
-                return self._run(z, conv_epilogue, True)
-            except torch.cuda.OutOfMemoryError:
-                raise
-            except Exception as e:
-                # its block wants more shared memory than an older GPU has (Turing: 64 KB), say:
-                # this decoder's units go back to their four ops, the other kernels stay on
-                if capturing():
-                    raise
-                self.fuse_units = False
-                why = f"{type(e).__name__}: {e}"
-                warnings.warn(f"the codec's fused residual units are off: {why}", stacklevel=2)
-        return run_or_fall_back(
-            lambda: self._run(z, conv_epilogue, False), lambda: self._run(z, epilogue_torch, False)
-        )
+            return run_or_fall_back(
+                lambda: self._run(z, conv_epilogue, True),
+                unfused,
+                what="the codec's fused residual units",
+                switch_off=lambda: setattr(self, "fuse_units", False),
+            )
+        return unfused()
 
     def _run(
         self, z: Tensor, epilogue: Callable[..., tuple[Tensor | None, Tensor | None]], unit: bool
