@@ -176,8 +176,8 @@ def base_preset(name: str) -> Preset:
             # (10 and 31 lines) (H200, RESULTS.md seventeenth session)
             stream_window_plan=(40, 66, 116),
             # a line's sampling waits up to 15 ms, while the GPU is busy and fewer than 4 lines
-            # wait, for lines in flight to join its batch: 16 streams (o) 1.04-1.14x in four paired
-            # runs, 64 streams 0.99-1.05x, p95 first audio no worse, no underrun; without the cap
+            # wait, for lines in flight to join its batch: 16 streams (o) 1.03-1.26x in six paired
+            # runs, 64 streams 0.96-1.05x, p95 first audio no worse, no underrun; without the cap
             # of 4, 64 streams underran in two of seven runs (H100, RESULTS.md twentieth and
             # twenty-first sessions). A line alone or on the high lane never waits
             sample_admit_s=0.015,
