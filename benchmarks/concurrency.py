@@ -355,18 +355,21 @@ def ceiling(synth, voice, frames: int, text_tokens: int, batches: list[int]) -> 
     and with the sampling alone batched (text encoder and windows one line at a time, as now).
     Batch graphs prewarm did not capture are captured here (the sampler's and the codec's)."""
     from irodori_speaker.engine.batch import stack_conditions
-    from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES, chunk_windows
+    from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES
     from irodori_speaker.engine.hardware.lock import hold_model_lock
 
     fast, codec, preset = synth.fast_sampler, synth.codec, synth.preset
     device = synth.device.type
     cfg = synth.resolve_options()
-    windows = chunk_windows(
+    # the windows a streamed line takes (the preset's window plan and tail windows, as decoding.py)
+    windows = codec.stream_windows(
         frames,
         preset.stream_chunk_frames,
         RECEPTIVE_FIELD_FRAMES,
         preset.stream_first_chunk_frames,
         growth=preset.stream_chunk_growth,
+        tail_lengths=tuple(preset.stream_tail_windows),
+        plan_lengths=tuple(preset.stream_window_plan),
     )
     lengths = [hi - lo for lo, _, _, hi in windows]
     graphed = codec._graphs is not None and codec._graphs.applies_to(codec.device)
