@@ -264,15 +264,16 @@ def test_a_batch_mostly_fillers_is_cut_to_the_bucket_below():
 
 # ---- admission (`SampleBatcher.admit_s`) ----------------------------------------------------
 # On the CPU a job's work is done when it returns, so the device is never busy there
-# (`DeviceOwner.device_busy`); these tests stand in a busy GPU by patching it: the only mock here.
+# (`DeviceOwner.device_backlog` 0); these tests stand in a busy GPU, its backlog of launches, by
+# patching it: the only mock here.
 
 
 @pytest.fixture
 def busy_device(monkeypatch):
     from irodori_speaker.engine.hardware.owner import DEVICE
 
-    state = {"busy": True}
-    monkeypatch.setattr(DEVICE, "device_busy", lambda: state["busy"])
+    state = {"backlog": 3}
+    monkeypatch.setattr(DEVICE, "device_backlog", lambda: state["backlog"])
     return state
 
 
@@ -336,10 +337,24 @@ def test_admission_ends_when_the_device_goes_idle(busy_device):
     a GPU left idle."""
     sizes: list[int] = []
     batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0)
-    threading.Timer(0.2, lambda: busy_device.update(busy=False)).start()
+    threading.Timer(0.2, lambda: busy_device.update(backlog=0)).start()
     out = _in_flight(batcher, [0.0, 5.0])  # the second arrives long after the device went idle
     assert [o[1] for o in out] == [0, 1]
     assert sizes == [1, 1]
+
+
+def test_admission_with_a_backlog_ends_when_the_device_holds_that_few_launches(busy_device):
+    """With `admit_backlog` 1 a line waits while the device holds more than one of the owner's
+    launches, and starts once it holds one, though a line is still in flight: its batch would only
+    have queued behind them. With 0 the same line waits on while one runs."""
+    for backlog, want in ((1, [1, 1]), (0, [2])):
+        sizes: list[int] = []
+        busy_device.update(backlog=3)
+        batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0, admit_backlog=backlog)
+        threading.Timer(0.2, lambda: busy_device.update(backlog=1)).start()
+        out = _in_flight(batcher, [0.0, 1.5])  # the second arrives long after the backlog fell to 1
+        assert [o[1] for o in out] == [0, 1]
+        assert sizes == want, backlog
 
 
 def test_admission_is_bounded_by_admit_s(busy_device):
@@ -414,9 +429,10 @@ def test_the_synthesizer_counts_its_pieces_in_flight_and_takes_the_presets_admis
 
     synth = load_synthesizer(
         tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=4, step_batching=False,
-        sample_admit_s=0.005, sample_admit_up_to=4,
+        sample_admit_s=0.005, sample_admit_up_to=4, sample_admit_backlog=2,
     )  # fmt: skip
     assert synth._batcher.admit_s == 0.005 and synth._batcher.admit_up_to == 4
+    assert synth._batcher.admit_backlog == 2
     seen: list[int] = []
     stream = synth.stream(TEXTS[0], None, opts())
     next(iter(stream))

@@ -131,6 +131,7 @@ class SampleBatcher(CountsPreparing):
         fill_buckets: bool = False,
         admit_s: float = 0.0,
         admit_up_to: int = 0,
+        admit_backlog: int = 0,
     ) -> None:
         super().__init__()
         self._run = run
@@ -146,6 +147,10 @@ class SampleBatcher(CountsPreparing):
         self.admit_s = admit_s
         # admission waits only while fewer lines than this wait (0: up to a full batch)
         self.admit_up_to = admit_up_to
+        # admission waits while the device holds more than this many of the owner's launches
+        # unfinished (0: while it runs any); held back meanwhile, a batch loses no time: its launch
+        # would only queue behind them
+        self.admit_backlog = max(0, int(admit_backlog))
         # the owner marks its launches from now on (a CUDA event each) so that `_admit` can ask
         DEVICE.track_busy = DEVICE.track_busy or (admit_s > 0 and self.max_batch > 1)
         self._waiting: list[SampleRequest] = []
@@ -180,8 +185,9 @@ class SampleBatcher(CountsPreparing):
         self._wait(req, self.gather_s, 0.01, lambda: self._preparing > 0)
 
     def _admit(self, req: SampleRequest) -> None:
-        """Wait (at most `admit_s`) while the device is busy and fewer lines of its key wait than
-        are in flight (`line`) and than `admit_up_to`; the device is polled every 0.5 ms. A
+        """Wait (at most `admit_s`) while the device holds more than `admit_backlog` of the
+        owner's launches unfinished and fewer lines of its key wait than are in flight (`line`)
+        and than `admit_up_to`; the device is polled every 0.5 ms. A
         high-lane line (an interruption, `lanes.HIGH_LANE`) never waits: its first audio is the
         point of its lane."""
         if current_lane() == HIGH_LANE:
@@ -190,7 +196,7 @@ class SampleBatcher(CountsPreparing):
 
         def few() -> bool:
             waiting = sum(1 for r in self._waiting if r.key == req.key)
-            return waiting < min(top, self._flying) and DEVICE.device_busy()
+            return waiting < min(top, self._flying) and DEVICE.device_backlog() > self.admit_backlog
 
         self._wait(req, self.admit_s, 0.0005, few)
 

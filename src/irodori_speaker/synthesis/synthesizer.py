@@ -152,6 +152,7 @@ class Synthesizer:
                 fill_buckets=self._graphed(),  # a batch filled up to its bucket: cut, not filled
                 admit_s=self.preset.sample_admit_s,
                 admit_up_to=self.preset.sample_admit_up_to,
+                admit_backlog=self.preset.sample_admit_backlog,
             )
         codec_device = getattr(codec, "device", None)
         if self.preset.codec_channels_last and hasattr(codec, "use_channels_last"):

@@ -128,10 +128,10 @@ class DeviceOwner:
         # the most of the owner's launches the device may hold unfinished before it waits (0: none)
         self.queue_depth = queue_depth
         self._launched: deque[Any] = deque()  # a mark (a recorded CUDA event) after each launch
-        # a mark after the owner's every launch, its latest kept (`device_busy`), once a sampler
-        # with admission asked for it (`SampleBatcher.admit_s`; for the process's life)
+        # a mark after the owner's every launch, the unfinished ones kept (`device_backlog`), once
+        # a sampler with admission asked for it (`SampleBatcher.admit_s`; for the process's life)
         self.track_busy = False
-        self._last_mark: Any = None
+        self._marks: deque[Any] = deque(maxlen=256)
         self._nothing = False  # the job running now said it launched nothing
         self._mark: Callable[[], Any] = _device_mark
         self.depth_waits = 0  # how often the owner waited for the device's queue to shorten
@@ -397,15 +397,24 @@ class DeviceOwner:
         if not ran or nothing or (self.queue_depth <= 0 and not self.track_busy):
             return
         if (mark := self._mark()) is not None:
-            self._last_mark = mark
+            if self.track_busy:
+                marks = self._marks
+                while marks and _finished(marks[0]):  # they finish in launch order (one stream)
+                    marks.popleft()
+                marks.append(mark)
             if self.queue_depth > 0:
                 self._launched.append(mark)
 
-    def device_busy(self) -> bool:
-        """The device still runs work the owner launched (CUDA, with `track_busy` on; elsewhere a
-        job's work is done when it returns: False)."""
-        mark = self._last_mark
-        return mark is not None and not _finished(mark)
+    def device_backlog(self) -> int:
+        """How many of the owner's launches the device has not finished (CUDA, with `track_busy`
+        on; elsewhere a job's work is done when it returns: 0). Counted from the newest back to
+        the first finished one: the device runs them in launch order."""
+        n = 0
+        for mark in reversed(list(self._marks)):
+            if _finished(mark):
+                break
+            n += 1
+        return n
 
     def launched_nothing(self) -> None:
         """Called by a job that found nothing to launch (a line sampled meanwhile in another

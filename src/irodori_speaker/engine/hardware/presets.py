@@ -111,6 +111,10 @@ class Preset:
     # max_batch), so admission tops up small batches and leaves the large ones that form by
     # themselves under heavy load alone (`SampleBatcher.admit_up_to`)
     sample_admit_up_to: int = 0
+    # with admission: a line waits only while the GPU holds more than this many of the device
+    # owner's launches unfinished (0: while it runs any); a batch held back while the GPU has work
+    # queued loses nothing, its launch would queue behind that work (`SampleBatcher.admit_backlog`)
+    sample_admit_backlog: int = 0
     # stream windows of one length from lines that meet on the device owner decode as one batch of
     # up to this many (synthesis/decoding.py); with codec graphs prewarm captures a graph per batch
     # bucket up to it. 1: each window alone. On in the CUDA preset (16 windows in one batch took
