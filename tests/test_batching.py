@@ -357,6 +357,43 @@ def test_admission_with_a_backlog_ends_when_the_device_holds_that_few_launches(b
         assert sizes == want, backlog
 
 
+def test_admission_before_the_encoders_lets_the_held_lines_encode_together(busy_device):
+    """With `admit_encoders` a line waits before its encoders (its `prepare`), not after: held
+    while the device's backlog is above `admit_backlog`, the first two lines are let go together
+    when it falls and run their encoders together (not the first at once), then sample as one
+    batch; the third, in flight all along, arrives later and samples alone."""
+    sizes: list[int] = []
+    prepared: dict[int, float] = {}
+    batcher = SampleBatcher(
+        _sizes_run(sizes), max_batch=8, admit_s=60.0, admit_backlog=1, admit_encoders=True
+    )
+    prepare_of = batcher._prepare
+
+    def timed(prepare, counted=False):  # when each line's encoders start
+        def run():
+            prepared[len(prepared)] = time.monotonic() - t0
+            return prepare()
+
+        return prepare_of(run, counted)
+
+    batcher._prepare = timed  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    threading.Timer(0.4, lambda: busy_device.update(backlog=1)).start()
+    out = _in_flight(batcher, [0.0, 0.1, 1.5])
+    assert [o[1] for o in out] == [0, 1, 2]
+    assert sizes == [2, 1]
+    assert prepared[0] >= 0.4 and prepared[1] >= 0.4  # both held until the backlog fell
+    assert abs(prepared[0] - prepared[1]) < 0.05  # and let go together
+
+
+def test_admission_before_the_encoders_ends_when_every_line_in_flight_is_held(busy_device):
+    sizes: list[int] = []
+    batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0, admit_encoders=True)
+    out = _in_flight(batcher, [0.0, 0.2, 0.4])  # the backlog never falls: the third lets all go
+    assert [o[1] for o in out] == [0, 1, 2]
+    assert sizes == [3] and batcher._held == 0
+
+
 def test_admission_is_bounded_by_admit_s(busy_device):
     sizes: list[int] = []
     batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=0.2)

@@ -106,9 +106,11 @@ class CountsPreparing:
                 self._flying -= 1
                 self._cond.notify_all()
 
-    def _prepare(self, prepare: Callable[[], SampleRequest]) -> SampleRequest:
-        with self._cond:
-            self._preparing += 1
+    def _prepare(self, prepare: Callable[[], SampleRequest], counted: bool = False) -> SampleRequest:
+        """`prepare()`, counted as encoding meanwhile (`counted`: from before, by the caller)."""
+        if not counted:
+            with self._cond:
+                self._preparing += 1
         try:
             return prepare()
         finally:
@@ -132,6 +134,7 @@ class SampleBatcher(CountsPreparing):
         admit_s: float = 0.0,
         admit_up_to: int = 0,
         admit_backlog: int = 0,
+        admit_encoders: bool = False,
     ) -> None:
         super().__init__()
         self._run = run
@@ -151,6 +154,11 @@ class SampleBatcher(CountsPreparing):
         # unfinished (0: while it runs any); held back meanwhile, a batch loses no time: its launch
         # would only queue behind them
         self.admit_backlog = max(0, int(admit_backlog))
+        # admission before the encoders instead of after: the lines let go together encode as one
+        # call, then sample as one batch (`_hold`)
+        self.admit_encoders = admit_encoders
+        self._held = 0  # lines held before their encoders now
+        self._let_go = 0  # how many times held lines were let go (every line held then goes)
         # the owner marks its launches from now on (a CUDA event each) so that `_admit` can ask
         DEVICE.track_busy = DEVICE.track_busy or (admit_s > 0 and self.max_batch > 1)
         self._waiting: list[SampleRequest] = []
@@ -163,13 +171,14 @@ class SampleBatcher(CountsPreparing):
         A line waits for the lines that are encoding at that moment (each takes a few
         milliseconds, at most `gather_s`), so that lines which arrived together are sampled
         together; a line alone waits for nothing."""
-        req = self._prepare(prepare)
+        req = self._prepare(prepare, counted=self.admit_encoders and self._hold())
         with self._cond:
             self._waiting.append(req)
             self._cond.notify_all()
         try:
             self._gather(req)
-            self._admit(req)
+            if not self.admit_encoders:
+                self._admit(req)
             DEVICE.run(lambda: DEVICE.launched_nothing() if req.done else self._lead(req), req.cancel)
         finally:
             with self._cond:
@@ -199,6 +208,34 @@ class SampleBatcher(CountsPreparing):
             return waiting < min(top, self._flying) and DEVICE.device_backlog() > self.admit_backlog
 
         self._wait(req, self.admit_s, 0.0005, few)
+
+    def _hold(self) -> bool:
+        """Admission before the encoders (`admit_encoders`): wait as `_admit` does, counting the
+        lines held here and those waiting to sample; the first line let go (its batch full, the
+        backlog down to `admit_backlog`, its `admit_s` out) lets every line held with it go, each
+        counted as encoding from that moment (so that `_gather` waits for them all: they encode
+        as one call and meet at the sampler). True if it counted the line so. A cancel is seen
+        after the hold (at most `admit_s`): the line's request, with its token, is made later."""
+        if current_lane() == HIGH_LANE or self.admit_s <= 0 or self.max_batch <= 1 or DEVICE.on_owner():
+            return False
+        top = min(self.max_batch, self.admit_up_to or self.max_batch)
+        deadline = time.monotonic() + self.admit_s
+        with self._cond:
+            round_ = self._let_go
+            self._held += 1
+            try:
+                while self._let_go == round_:
+                    full = self._held + len(self._waiting) >= min(top, self._flying)
+                    left = deadline - time.monotonic()
+                    if full or left <= 0 or DEVICE.device_backlog() <= self.admit_backlog:
+                        self._let_go += 1
+                        self._preparing += self._held  # every line held goes to its encoders now
+                        self._cond.notify_all()
+                        break
+                    self._cond.wait(min(left, 0.0005))
+                return True
+            finally:
+                self._held -= 1
 
     def _wait(self, req: SampleRequest, seconds: float, poll: float, pending: Callable[[], bool]) -> None:
         """Wait under `_cond` while `pending()` and `req` is not taken, at most `seconds`; not on the

@@ -153,6 +153,7 @@ class Synthesizer:
                 admit_s=self.preset.sample_admit_s,
                 admit_up_to=self.preset.sample_admit_up_to,
                 admit_backlog=self.preset.sample_admit_backlog,
+                admit_encoders=self.preset.sample_admit_encoders,
             )
         codec_device = getattr(codec, "device", None)
         if self.preset.codec_channels_last and hasattr(codec, "use_channels_last"):

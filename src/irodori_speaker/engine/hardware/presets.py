@@ -115,6 +115,9 @@ class Preset:
     # owner's launches unfinished (0: while it runs any); a batch held back while the GPU has work
     # queued loses nothing, its launch would queue behind that work (`SampleBatcher.admit_backlog`)
     sample_admit_backlog: int = 0
+    # admission before a line's encoders instead of after: the lines let go together encode as one
+    # call and sample as one batch (`SampleBatcher.admit_encoders`)
+    sample_admit_encoders: bool = False
     # stream windows of one length from lines that meet on the device owner decode as one batch of
     # up to this many (synthesis/decoding.py); with codec graphs prewarm captures a graph per batch
     # bucket up to it. 1: each window alone. On in the CUDA preset (16 windows in one batch took
