@@ -394,6 +394,37 @@ def test_admission_before_the_encoders_ends_when_every_line_in_flight_is_held(bu
     assert sizes == [3] and batcher._held == 0
 
 
+def test_lines_held_before_their_encoders_are_counted_once_however_they_interleave(busy_device):
+    """Many lines held and let go in many rounds while the backlog flips: every line samples, and
+    afterwards nothing is left counted as held or encoding (a line let go counted again by the next
+    round would leave every later line waiting out `gather_s`)."""
+    import random
+
+    rng = random.Random(7)
+    sizes: list[int] = []
+    batcher = SampleBatcher(
+        _sizes_run(sizes), max_batch=4, admit_s=0.05, admit_backlog=1, admit_encoders=True
+    )
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            busy_device.update(backlog=rng.choice((0, 1, 3, 3)))
+            time.sleep(0.001)
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    try:
+        for _ in range(3):
+            out = _in_flight(batcher, [rng.random() * 0.02 for _ in range(12)])
+            assert [o[1] for o in out] == list(range(12))
+            assert batcher._preparing == 0 and batcher._held == 0
+    finally:
+        stop.set()
+        flipper.join()
+    assert sum(sizes) == 36
+
+
 def test_admission_is_bounded_by_admit_s(busy_device):
     sizes: list[int] = []
     batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=0.2)

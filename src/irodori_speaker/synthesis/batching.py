@@ -157,7 +157,7 @@ class SampleBatcher(CountsPreparing):
         # admission before the encoders instead of after: the lines let go together encode as one
         # call, then sample as one batch (`_hold`)
         self.admit_encoders = admit_encoders
-        self._held = 0  # lines held before their encoders now
+        self._held = 0  # lines held before their encoders now, not yet let go
         self._let_go = 0  # how many times held lines were let go (every line held then goes)
         # the owner marks its launches from now on (a CUDA event each) so that `_admit` can ask
         DEVICE.track_busy = DEVICE.track_busy or (admit_s > 0 and self.max_batch > 1)
@@ -228,14 +228,19 @@ class SampleBatcher(CountsPreparing):
                     full = self._held + len(self._waiting) >= min(top, self._flying)
                     left = deadline - time.monotonic()
                     if full or left <= 0 or DEVICE.device_backlog() <= self.admit_backlog:
+                        # every line held goes to its encoders now, counted there from now on; a
+                        # line let go leaves the count at once, not when its thread wakes (a line
+                        # held after it must not count it again)
+                        self._preparing += self._held
+                        self._held = 0
                         self._let_go += 1
-                        self._preparing += self._held  # every line held goes to its encoders now
                         self._cond.notify_all()
                         break
                     self._cond.wait(min(left, 0.0005))
                 return True
             finally:
-                self._held -= 1
+                if self._let_go == round_:  # left unlet (an exception while held)
+                    self._held -= 1
 
     def _wait(self, req: SampleRequest, seconds: float, poll: float, pending: Callable[[], bool]) -> None:
         """Wait under `_cond` while `pending()` and `req` is not taken, at most `seconds`; not on the
