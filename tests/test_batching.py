@@ -459,14 +459,17 @@ def test_admission_tops_up_only_batches_smaller_than_admit_up_to(busy_device):
         assert sizes == want, up_to
 
 
-def test_a_high_lane_line_never_waits_for_admission(busy_device):
+@pytest.mark.parametrize("before_encoders", [False, True])
+def test_a_high_lane_line_never_waits_for_admission(busy_device, before_encoders):
     """An interruption's line (the high lane) samples at once though another is in flight; the same
-    line on the normal lane waits for it."""
+    line on the normal lane waits for it (after its encoders, or before them)."""
     from irodori_speaker.lanes import HIGH_LANE, NORMAL_LANE, line_lane
 
     for lane, want in ((HIGH_LANE, [1, 1]), (NORMAL_LANE, [2])):
         sizes: list[int] = []
-        batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0, admit_up_to=4)
+        batcher = SampleBatcher(
+            _sizes_run(sizes), max_batch=8, admit_s=60.0, admit_up_to=4, admit_encoders=before_encoders
+        )
         sample = batcher.sample
 
         def first_in_lane(prepare, sample=sample, lane=lane):  # the first line to arrive: in `lane`
