@@ -425,6 +425,39 @@ def test_lines_held_before_their_encoders_are_counted_once_however_they_interlea
     assert sum(sizes) == 36
 
 
+def test_lines_held_before_their_encoders_in_a_synthesizer_sound_as_alone(irodori_home, busy_device):
+    """Through a real synthesizer (tiny model, the CPU; the busy GPU stood in): four lines started
+    together, held before their encoders, each give the audio they give alone, and afterwards
+    nothing is left counted as held, encoding or in flight."""
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    synth = load_synthesizer(
+        tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=8, max_padding=100.0,
+        step_batching=False, sample_admit_s=0.05, sample_admit_backlog=1, sample_admit_encoders=True,
+    )  # fmt: skip
+    batcher = synth._batcher
+    assert batcher.admit_encoders and batcher.admit_backlog == 1
+    busy_device.update(backlog=0)
+    alone = [synth.synthesize(t, options=opts(seed=i)) for i, t in enumerate(TEXTS)]
+    busy_device.update(backlog=3)
+    results: list = [None] * len(TEXTS)
+    start = threading.Barrier(len(TEXTS))
+
+    def work(i):
+        start.wait()
+        results[i] = synth.synthesize(TEXTS[i], options=opts(seed=i))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(TEXTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for a, b in zip(alone, results):
+        np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
+    assert (batcher._held, batcher._preparing, batcher._flying, batcher._waiting) == (0, 0, 0, [])
+    assert sum(size * n for size, n in batcher.batches.items()) == 2 * len(TEXTS)
+
+
 def test_admission_is_bounded_by_admit_s(busy_device):
     sizes: list[int] = []
     batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=0.2)
