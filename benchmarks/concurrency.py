@@ -45,11 +45,11 @@ to first audio (from a line's start to its first chunk), underruns (a chunk that
 the audio before it has played out, playback starting at the line's first chunk: events, and the
 lines that had one), errors (lines that raised or gave no audio), each stage's mean time a line
 (its record's timings: text encoder and length, sampling (a batch's lines each count the batch),
-decode), the batch sizes that ran, the device owner's host time in its rounds as a share of the
-wall (near 100 %: the owner's launches are the bound; low: the GPU, or lines alone running
-inline) and its rounds, the owner's calls that served several jobs at once (encoders, decode
-windows, step starts of lines that met) and the jobs in them, and on CUDA the peak memory of the
-run.
+decode), the sampling batch sizes that ran, the text encoders' calls by lines in a call, the
+device owner's host time in its rounds as a share of the wall (near 100 %: the owner's launches
+are the bound; low: the GPU, or lines alone running inline) and its rounds, the owner's calls
+that served several jobs at once (encoders, decode windows, step starts of lines that met) and
+the jobs in them, and on CUDA the peak memory of the run.
 
 Then the server stage (`--server N`, default 200; 0 leaves it out): benchmarks/server_load.py's
 burst of N mixed VOICEVOX / OpenAI requests at `serve`'s default settings, in its own server
@@ -122,6 +122,7 @@ class Run:
     wall_s: float = 0.0
     lines: int = 0
     batches: dict[int, int] = field(default_factory=dict)
+    text_batches: dict[int, int] = field(default_factory=dict)  # the text encoders' calls by lines
     peak_mb: float = float("nan")
     stages: dict[str, float] = field(default_factory=dict)  # summed seconds per stage, every line
     underruns: int = 0  # chunks that came after the audio before them had played out
@@ -250,6 +251,7 @@ def run(
     lines)."""
     use_sampling(synth, batched, streams, voice if isinstance(voice, list) else [voice])
     synth._batcher.batches = {}
+    synth._encoders.batches = {}
     out = Run(streams, batched)
     lock = threading.Lock()
     start = threading.Barrier(streams + 1)
@@ -316,6 +318,7 @@ def run(
     if device == "cuda":
         out.peak_mb = torch.cuda.max_memory_allocated() / 2**20
     out.batches = dict(sorted(synth._batcher.batches.items()))
+    out.text_batches = dict(sorted(synth._encoders.batches.items()))
     return out
 
 
@@ -511,10 +514,10 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         "| streams | sampling | lines | audio s | wall s | audio s/s | x serial | x 1 stream "
         "| all live: audio s/s (x 1 stream) | TTFA p50 ms "
         "| TTFA p95 ms | underruns (lines) | errors | text / sampling / decode ms a line "
-        "| batches (size: count) | owner busy % (rounds) | owner batched calls (jobs) "
-        "| owner waited % | peak MiB |"
+        "| batches (size: count) | text encoder calls (size: count) | owner busy % (rounds) "
+        "| owner batched calls (jobs) | owner waited % | peak MiB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     default_switch = sys.getswitchinterval()
     intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [None]
     current = None
@@ -543,6 +546,7 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
                 f"| {r.errors} | {r.per_line_ms('duration'):.1f} / {r.per_line_ms('sampling'):.1f} / "
                 f"{r.per_line_ms('decode'):.1f} "
                 f"| {' '.join(f'{k}:{v}' for k, v in r.batches.items())} "
+                f"| {' '.join(f'{k}:{v}' for k, v in r.text_batches.items())} "
                 f"| {100 * r.owner_busy_s / r.wall_s:.0f} ({r.owner_rounds}) "
                 f"| {r.owner_batched[0]} ({r.owner_batched[1]}) "
                 f"| {100 * r.owner_waited_s / r.wall_s:.0f} | {r.peak_mb:.0f} |",

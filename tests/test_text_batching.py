@@ -136,10 +136,11 @@ def test_lines_that_meet_encode_their_texts_in_one_call_and_sound_as_alone(batch
     alone = [batched.synthesize(t, options=o) for t, o in jobs]
     rows: list[int] = []
     monkeypatch.setattr(batched.model, "encode_text", _text_rows(batched.model, rows))
-    before = DEVICE.batches_run
+    before, calls = DEVICE.batches_run, dict(batched._encoders.batches)
     results = together(batched, jobs)
     assert rows == [len(TEXTS)], rows  # one text-encoder call for the four lines
     assert DEVICE.batches_run > before
+    assert batched._encoders.batches == {**calls, len(TEXTS): calls.get(len(TEXTS), 0) + 1}
     for a, b in zip(alone, results):
         assert not isinstance(b, Exception), b
         assert b.record.frames == a.record.frames  # the predicted lengths are the lone ones
@@ -161,9 +162,11 @@ def test_a_line_whose_encoder_raises_fails_alone_and_the_others_in_its_batch_go_
         return counted(ids, mask)
 
     monkeypatch.setattr(batched.model, "encode_text", encode_text)
+    calls = dict(batched._encoders.batches)
     results = together(batched, jobs)
     assert isinstance(results[2], RuntimeError) and "this text" in str(results[2])
     assert rows == [1, 1, 1], rows  # the batch raised; the others were encoded again one by one
+    assert batched._encoders.batches == {**calls, 1: calls.get(1, 0) + 3}  # calls that gave results
     for i in (0, 1, 3):
         assert not isinstance(results[i], Exception), results[i]
         np.testing.assert_allclose(results[i].audio, alone[i].audio, atol=1e-5)

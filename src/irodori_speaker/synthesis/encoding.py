@@ -62,6 +62,7 @@ class TextEncoders:
         self.sample_key = sample_key
         self.max_batch = max(1, int(max_batch))
         self._key = (id(self), "encode")
+        self.batches: dict[int, int] = {}  # lines in a call -> how many calls gave their results
 
     def encode(self, item: EncodeItem, cancel: Any = None) -> Encoded:
         """`item` encoded on the device owner, with the items of other lines queued beside it.
@@ -86,6 +87,7 @@ class TextEncoders:
             key = self.sample_key(conds[b], item.opts)
             pred = preds.get(b)
             out.append(Encoded(conds[b], key, None if pred is None else DEVICE.to_host(pred)))
+        self.batches[len(items)] = self.batches.get(len(items), 0) + 1
         return out
 
     def text_states(self, ids: list[Tensor], masks: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
