@@ -264,7 +264,7 @@ def test_a_batch_mostly_fillers_is_cut_to_the_bucket_below():
 
 # ---- admission (`SampleBatcher.admit_s`) ----------------------------------------------------
 # On the CPU a job's work is done when it returns, so the device is never busy there
-# (`DeviceOwner.device_backlog` 0); these tests stand in a busy GPU, its backlog of launches, by
+# (`DeviceOwner.backlog_above` False); these tests stand in a busy GPU, its backlog of launches, by
 # patching it: the only mock here.
 
 
@@ -273,7 +273,7 @@ def busy_device(monkeypatch):
     from irodori_speaker.engine.hardware.owner import DEVICE
 
     state = {"backlog": 3}
-    monkeypatch.setattr(DEVICE, "device_backlog", lambda: state["backlog"])
+    monkeypatch.setattr(DEVICE, "backlog_above", lambda n: state["backlog"] > n)
     return state
 
 

@@ -392,13 +392,18 @@ def test_the_device_is_never_busy_on_the_cpu():
     owner = DeviceOwner()
     owner.track_busy = True
     _through_owner(owner, [lambda: torch.randn(64, 64) @ torch.randn(64, 64)] * 2)
-    assert owner.device_backlog() == 0  # a CPU job's work is done when it returns: no admission wait
+    assert not owner.backlog_above(0)  # a CPU job's work is done when it returns: no admission wait
+
+
+def _backlog(owner: DeviceOwner) -> int:
+    """How many launches `backlog_above` says the device holds (it is monotone in its argument)."""
+    return sum(owner.backlog_above(n) for n in range(16))
 
 
 def test_the_backlog_counts_the_owners_launches_the_device_has_not_finished():
     """Marks stand in for CUDA events (the only mock here: a CPU's work is done when it returns):
-    the backlog counts back from the newest launch to the first finished one, and finished marks
-    are let go as launches go on."""
+    the device holds more than n launches while the (n + 1)-th newest is unfinished, and finished
+    marks are let go as launches go on."""
 
     class Mark:
         def __init__(self) -> None:
@@ -410,16 +415,17 @@ def test_the_backlog_counts_the_owners_launches_the_device_has_not_finished():
     marks: list[Mark] = []
     owner = DeviceOwner()
     owner._mark = lambda: marks.append(Mark()) or marks[-1]
-    assert owner.device_backlog() == 0  # nothing tracked yet
+    assert _backlog(owner) == 0  # nothing tracked yet
     owner.track_busy = True
     _through_owner(owner, [lambda: None] * 3)
-    assert len(marks) == 3 and owner.device_backlog() == 3
+    assert len(marks) == 3 and _backlog(owner) == 3
+    assert owner.backlog_above(2) and not owner.backlog_above(3)
     marks[0].done = True
-    assert owner.device_backlog() == 2
+    assert _backlog(owner) == 2
     marks[1].done = marks[2].done = True
-    assert owner.device_backlog() == 0
+    assert _backlog(owner) == 0
     _through_owner(owner, [lambda: None])
-    assert owner.device_backlog() == 1
+    assert _backlog(owner) == 1
     assert list(owner._marks) == [marks[3]]  # the finished ones were let go
 
 
@@ -436,9 +442,9 @@ def test_the_backlog_counts_the_owners_launches_still_running_on_cuda():
         return b
 
     out = _through_owner(owner, [job, job])
-    assert owner.device_backlog() == 2  # both launched, the first still running (~0.1 s of fp32 GEMMs)
+    assert _backlog(owner) == 2  # both launched, the first still running (~0.1 s of fp32 GEMMs)
     out[-1].sum().item()  # wait for it
-    assert owner.device_backlog() == 0
+    assert _backlog(owner) == 0
 
 
 def test_jobs_of_one_kind_queued_together_run_as_one_call():

@@ -205,7 +205,7 @@ class SampleBatcher(CountsPreparing):
 
         def few() -> bool:
             waiting = sum(1 for r in self._waiting if r.key == req.key)
-            return waiting < min(top, self._flying) and DEVICE.device_backlog() > self.admit_backlog
+            return waiting < min(top, self._flying) and DEVICE.backlog_above(self.admit_backlog)
 
         self._wait(req, self.admit_s, 0.0005, few)
 
@@ -227,7 +227,7 @@ class SampleBatcher(CountsPreparing):
                 while self._let_go == round_:
                     full = self._held + len(self._waiting) >= min(top, self._flying)
                     left = deadline - time.monotonic()
-                    if full or left <= 0 or DEVICE.device_backlog() <= self.admit_backlog:
+                    if full or left <= 0 or not DEVICE.backlog_above(self.admit_backlog):
                         # every line held goes to its encoders now, counted there from now on; a
                         # line let go leaves the count at once, not when its thread wakes (a line
                         # held after it must not count it again)

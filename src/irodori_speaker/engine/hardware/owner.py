@@ -128,7 +128,7 @@ class DeviceOwner:
         # the most of the owner's launches the device may hold unfinished before it waits (0: none)
         self.queue_depth = queue_depth
         self._launched: deque[Any] = deque()  # a mark (a recorded CUDA event) after each launch
-        # a mark after the owner's every launch, the unfinished ones kept (`device_backlog`), once
+        # a mark after the owner's every launch, the unfinished ones kept (`backlog_above`), once
         # a sampler with admission asked for it (`SampleBatcher.admit_s`; for the process's life)
         self.track_busy = False
         self._marks: deque[Any] = deque(maxlen=256)
@@ -405,16 +405,16 @@ class DeviceOwner:
             if self.queue_depth > 0:
                 self._launched.append(mark)
 
-    def device_backlog(self) -> int:
-        """How many of the owner's launches the device has not finished (CUDA, with `track_busy`
-        on; elsewhere a job's work is done when it returns: 0). Counted from the newest back to
-        the first finished one: the device runs them in launch order."""
-        n = 0
-        for mark in reversed(list(self._marks)):
-            if _finished(mark):
-                break
-            n += 1
-        return n
+    def backlog_above(self, n: int) -> bool:
+        """Whether the device holds more than `n` of the owner's launches unfinished (CUDA, with
+        `track_busy` on; elsewhere a job's work is done when it returns: False). One query, however
+        deep the queue: the device finishes them in launch order, so the (n + 1)-th newest is
+        unfinished only if all after it are (lines waiting for admission ask every 0.5 ms)."""
+        try:
+            mark = self._marks[-1 - n]
+        except IndexError:  # fewer kept (or one let go meanwhile by the owner thread)
+            return False
+        return not _finished(mark)
 
     def launched_nothing(self) -> None:
         """Called by a job that found nothing to launch (a line sampled meanwhile in another
