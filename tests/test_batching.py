@@ -294,7 +294,7 @@ def _in_flight(batcher, arrive_after: list[float], tokens=None):
                 return SampleRequest(conds=i, noise=None, cfg=None, key="k", cancel=tokens[i])
 
             try:
-                out[i] = batcher.sample(prepare)
+                out[i] = batcher.sample(prepare, cancel=tokens[i])
             except Exception as e:
                 out[i] = e
 
@@ -458,6 +458,31 @@ def test_lines_held_before_their_encoders_in_a_synthesizer_sound_as_alone(irodor
     assert sum(size * n for size, n in batcher.batches.items()) == 2 * len(TEXTS)
 
 
+def test_a_line_cancelled_while_held_before_its_encoders_ends_at_once(busy_device):
+    """A line held before its encoders sees its token there: it ends with `Cancelled` long before
+    the line it waits for arrives, leaves nothing counted, and the other line samples alone."""
+    sizes: list[int] = []
+    batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=60.0, admit_encoders=True)
+    token = CancelToken()
+    ended: list[float] = []
+    sample = batcher.sample
+
+    def timed(prepare, cancel=None, sample=sample):
+        try:
+            return sample(prepare, cancel)
+        finally:
+            if cancel is token:
+                ended.append(time.monotonic() - t0)
+
+    batcher.sample = timed  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    threading.Timer(0.2, token.cancel).start()
+    out = _in_flight(batcher, [0.0, 1.5], tokens=[token, None])
+    assert isinstance(out[0], Cancelled) and ended[0] < 1.0  # not when the second line came
+    assert out[1][1] == 1 and sizes == [1]
+    assert (batcher._held, batcher._preparing, batcher._waiting) == (0, 0, [])
+
+
 def test_admission_is_bounded_by_admit_s(busy_device):
     sizes: list[int] = []
     batcher = SampleBatcher(_sizes_run(sizes), max_batch=8, admit_s=0.2)
@@ -505,11 +530,11 @@ def test_a_high_lane_line_never_waits_for_admission(busy_device, before_encoders
         )
         sample = batcher.sample
 
-        def first_in_lane(prepare, sample=sample, lane=lane):  # the first line to arrive: in `lane`
+        def first_in_lane(prepare, cancel=None, sample=sample, lane=lane):  # the first to arrive: in `lane`
             if prepare().conds == 0:
                 with line_lane(lane):
-                    return sample(prepare)
-            return sample(prepare)
+                    return sample(prepare, cancel)
+            return sample(prepare, cancel)
 
         batcher.sample = first_in_lane  # type: ignore[method-assign]
         out = _in_flight(batcher, [0.0, 0.5])

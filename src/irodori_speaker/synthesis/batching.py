@@ -164,14 +164,17 @@ class SampleBatcher(CountsPreparing):
         self._waiting: list[SampleRequest] = []
         self.batches: dict[int, int] = {}  # batch size -> how many batches ran with it
 
-    def sample(self, prepare: Callable[[], SampleRequest]) -> tuple[SampleRequest, Any]:
+    def sample(
+        self, prepare: Callable[[], SampleRequest], cancel: CancelToken | None = None
+    ) -> tuple[SampleRequest, Any]:
         """`prepare()` (the line's encoders, on the device owner) makes the request; then its
-        result, sampled alone or with the lines waiting beside it.
+        result, sampled alone or with the lines waiting beside it. `cancel`: the line's token,
+        seen while it is held before its encoders (`admit_encoders`; after them the request's).
 
         A line waits for the lines that are encoding at that moment (each takes a few
         milliseconds, at most `gather_s`), so that lines which arrived together are sampled
         together; a line alone waits for nothing."""
-        req = self._prepare(prepare, counted=self.admit_encoders and self._hold())
+        req = self._prepare(prepare, counted=self.admit_encoders and self._hold(cancel))
         with self._cond:
             self._waiting.append(req)
             self._cond.notify_all()
@@ -209,13 +212,14 @@ class SampleBatcher(CountsPreparing):
 
         self._wait(req, self.admit_s, 0.0005, few)
 
-    def _hold(self) -> bool:
+    def _hold(self, cancel: CancelToken | None) -> bool:
         """Admission before the encoders (`admit_encoders`): wait as `_admit` does, counting the
         lines held here and those waiting to sample; the first line let go (its batch full, the
         backlog down to `admit_backlog`, its `admit_s` out) lets every line held with it go, each
         counted as encoding from that moment (so that `_gather` waits for them all: they encode
-        as one call and meet at the sampler). True if it counted the line so. A cancel is seen
-        after the hold (at most `admit_s`): the line's request, with its token, is made later."""
+        as one call and meet at the sampler). True if it counted the line so. `cancel` ends the
+        hold with `Cancelled` (unless the line was let go meanwhile: then it counts as encoding,
+        and its encoders' job sees the token)."""
         if current_lane() == HIGH_LANE or self.admit_s <= 0 or self.max_batch <= 1 or DEVICE.on_owner():
             return False
         top = min(self.max_batch, self.admit_up_to or self.max_batch)
@@ -237,6 +241,8 @@ class SampleBatcher(CountsPreparing):
                         self._cond.notify_all()
                         break
                     self._cond.wait(min(left, 0.0005))
+                    if self._let_go == round_:
+                        check(cancel)
                 return True
             finally:
                 if self._let_go == round_:  # left unlet (an exception while held)

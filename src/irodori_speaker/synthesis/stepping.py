@@ -68,7 +68,10 @@ class StepScheduler(CountsPreparing):
         self.batches: dict[int, int] = {}  # lines stepped together -> how many steps ran so
         self.peak_lines = 0
 
-    def sample(self, prepare: Callable[[], SampleRequest]) -> tuple[SampleRequest, Any]:
+    def sample(
+        self, prepare: Callable[[], SampleRequest], cancel: CancelToken | None = None
+    ) -> tuple[SampleRequest, Any]:
+        """As `SampleBatcher.sample` (`cancel`: unused here, no hold before the encoders)."""
         req = self._prepare(prepare)
         with self._cond:
             alone = self.max_batch <= 1 or not (self._live or self._waiting or self._preparing or self._alone)

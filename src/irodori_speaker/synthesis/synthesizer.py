@@ -435,7 +435,7 @@ class Synthesizer:
             stage[:] = [item.started, time.perf_counter()]
             return SampleRequest(conds, noise, opts, key, cancel=cancel, progress=progress, length=frames)
 
-        req, latent = self._batcher.sample(prepare)
+        req, latent = self._batcher.sample(prepare, cancel)
         t0, t1, t2 = stage[0], stage[1], time.perf_counter()
         frames = req.length
         record.timings["duration"] = record.timings.get("duration", 0.0) + (t1 - t0)
