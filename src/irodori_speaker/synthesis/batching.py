@@ -9,7 +9,9 @@ masked, `engine.batch`) and hands each line its rows. A line whose line was take
 when its own job runs.
 
 Only what is already waiting is batched, unless `admit_s` is set: then a line whose sampling
-would start while the device still runs other lines' work, with fewer lines waiting than are
+would start while the device still runs more than `admit_backlog` (0) of the owner's launches
+(`DeviceOwner.backlog_above`: a batch held back then only leaves a queue it would have joined),
+with fewer lines waiting than are
 in flight (`CountsPreparing.line`: from a piece's encoders to its last window) and than
 `admit_up_to`, waits up to `admit_s` for more to join (issue 27: under many streams the lines
 that happened to wait together were 1-2, and a batch of 8 costs a line a quarter of its sampling
@@ -17,7 +19,9 @@ alone). The GPU is busy meanwhile: a batch launched later, not a GPU left idle. 
 lets admission top up small batches only: at 64 streams, where batches of 8-16 form by
 themselves, holding them back for a full one underran lines (benchmarks/RESULTS.md "Twentieth
 session"). On in the CUDA preset (15 ms, up to 4 lines; "Twenty-first session"), where
-`max_batch` > 1.
+`max_batch` > 1. With `admit_encoders` the wait comes before the line's text encoders instead
+(`_hold`): lines let go together encode as one call, which costs nearly what one line's does
+(off; "Twenty-second session").
 
 A line alone starts at once, as before, with its CUDA graph. In a batch a line is cancelled on
 its own (its rows are dropped when the batch ends); the batch stops early only when every line
