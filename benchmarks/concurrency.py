@@ -322,6 +322,11 @@ def run(
     return out
 
 
+def _sizes(counts: dict[int, int]) -> str:
+    """Batch sizes and how often each ran, as "1:10 4:2"."""
+    return " ".join(f"{k}:{v}" for k, v in counts.items())
+
+
 def busy_and_gaps(spans: list[tuple[int, int]]) -> tuple[int, list[int]]:
     """The length of the union of (start, end) intervals, and the gaps between its pieces."""
     busy, gaps, end = 0, [], None
@@ -545,8 +550,7 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
                 f"| {1e3 * r.pct(0.5):.0f} | {1e3 * r.pct(0.95):.0f} | {r.underruns} ({r.underrun_lines}) "
                 f"| {r.errors} | {r.per_line_ms('duration'):.1f} / {r.per_line_ms('sampling'):.1f} / "
                 f"{r.per_line_ms('decode'):.1f} "
-                f"| {' '.join(f'{k}:{v}' for k, v in r.batches.items())} "
-                f"| {' '.join(f'{k}:{v}' for k, v in r.text_batches.items())} "
+                f"| {_sizes(r.batches)} | {_sizes(r.text_batches)} "
                 f"| {100 * r.owner_busy_s / r.wall_s:.0f} ({r.owner_rounds}) "
                 f"| {r.owner_batched[0]} ({r.owner_batched[1]}) "
                 f"| {100 * r.owner_waited_s / r.wall_s:.0f} | {r.peak_mb:.0f} |",

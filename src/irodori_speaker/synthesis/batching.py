@@ -201,20 +201,21 @@ class SampleBatcher(CountsPreparing):
         self._wait(req, self.gather_s, 0.01, lambda: self._preparing > 0)
 
     def _admit(self, req: SampleRequest) -> None:
-        """Wait (at most `admit_s`) while the device holds more than `admit_backlog` of the
-        owner's launches unfinished and fewer lines of its key wait than are in flight (`line`)
-        and than `admit_up_to`; the device is polled every 0.5 ms. A
-        high-lane line (an interruption, `lanes.HIGH_LANE`) never waits: its first audio is the
-        point of its lane."""
+        """Wait (at most `admit_s`, polling every 0.5 ms) while `_admits` the lines of its key that
+        wait. A high-lane line (an interruption, `lanes.HIGH_LANE`) never waits: its first audio is
+        the point of its lane."""
         if current_lane() == HIGH_LANE:
             return
+        self._wait(
+            req, self.admit_s, 0.0005, lambda: self._admits(sum(r.key == req.key for r in self._waiting))
+        )
+
+    def _admits(self, waiting: int) -> bool:
+        """Admission still waits, with `waiting` lines counted: fewer than are in flight (`line`)
+        and than `admit_up_to`, and the device holds more than `admit_backlog` of the owner's
+        launches unfinished."""
         top = min(self.max_batch, self.admit_up_to or self.max_batch)
-
-        def few() -> bool:
-            waiting = sum(1 for r in self._waiting if r.key == req.key)
-            return waiting < min(top, self._flying) and DEVICE.backlog_above(self.admit_backlog)
-
-        self._wait(req, self.admit_s, 0.0005, few)
+        return waiting < min(top, self._flying) and DEVICE.backlog_above(self.admit_backlog)
 
     def _hold(self, cancel: CancelToken | None) -> bool:
         """Admission before the encoders (`admit_encoders`): wait as `_admit` does, counting the
@@ -226,16 +227,14 @@ class SampleBatcher(CountsPreparing):
         and its encoders' job sees the token)."""
         if current_lane() == HIGH_LANE or self.admit_s <= 0 or self.max_batch <= 1 or DEVICE.on_owner():
             return False
-        top = min(self.max_batch, self.admit_up_to or self.max_batch)
         deadline = time.monotonic() + self.admit_s
         with self._cond:
             round_ = self._let_go
             self._held += 1
             try:
                 while self._let_go == round_:
-                    full = self._held + len(self._waiting) >= min(top, self._flying)
                     left = deadline - time.monotonic()
-                    if full or left <= 0 or not DEVICE.backlog_above(self.admit_backlog):
+                    if left <= 0 or not self._admits(self._held + len(self._waiting)):
                         # every line held goes to its encoders now, counted there from now on; a
                         # line let go leaves the count at once, not when its thread wakes (a line
                         # held after it must not count it again)
