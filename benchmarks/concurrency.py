@@ -20,12 +20,13 @@ lines waiting up to MS ms, while the GPU is busy, for lines in flight to join th
 batch (the preset's sample_admit_s, `synthesis/batching.py`), "~MS/N" only while fewer than N
 lines wait (its sample_admit_up_to; "line~15/4"), "~MS/N:B" only while the GPU holds more than
 B of the device owner's launches unfinished (its sample_admit_backlog; "line~40/0:2", N 0: up to
-max_batch), "~MS/N:Be" the same before the lines' encoders instead of after (its
-sample_admit_encoders: the lines let go together encode as one call). A kind may end in "@N" (e.g.
-"line@2"): the run with the device owner's queue depth N (the preset's owner_queue_depth: the
-owner waits for the GPU once N of its launches are unfinished there, so the backlog queues on the
-host where lines batch; without it, 0, the owner launches every job the moment it comes); the
-row's "owner waited" column is its time spent so.
+max_batch), "~MS/N:Be" the same before the lines' encoders, "~MS/N:Ba" after them (its
+sample_admit_encoders: the lines let go together encode as one call; neither letter: the
+preset's, before them on CUDA: "line~15/4:0a" is the twenty-first session's preset). A kind may
+end in "@N" (e.g. "line@2"): the run with the device owner's queue depth N (the preset's
+owner_queue_depth: the owner waits for the GPU once N of its launches are unfinished there, so the
+backlog queues on the host where lines batch; without it, 0, the owner launches every job the
+moment it comes); the row's "owner waited" column is its time spent so.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
@@ -190,8 +191,8 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     its admission wait in ms ("line~4": `SampleBatcher.admit_s` 0.004), else the preset's, and
     "~MS/N" admits only while fewer than N lines wait ("line~15/4": `admit_up_to` 4), "~MS/N:B"
     only while the GPU holds more than B of the owner's launches ("line~40/16:2": `admit_backlog`
-    2; N 0 is max_batch), "~MS/N:Be" with the lines held before their encoders instead of after
-    (`admit_encoders`)."""
+    2; N 0 is max_batch), "~MS/N:Be" with the lines held before their encoders, "~MS/N:Ba" after
+    them (`admit_encoders`; neither letter: the preset's)."""
     kind, _, depth = kind.partition("@")
     DEVICE.queue_depth = int(depth or 0)
     kind, _, admit = kind.partition("~")
@@ -211,7 +212,7 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
         graphed = fast is not None and fast.use_graphs  # waiting line in one batch, filled up
         admit, _, up_to = admit.partition("/")
         up_to, _, backlog = up_to.partition(":")
-        before_encoders, backlog = backlog.endswith("e"), backlog.rstrip("e")
+        where, backlog = backlog[-1:] if backlog[-1:] in ("e", "a") else "", backlog.rstrip("ea")
         admit_s = float(admit) / 1e3 if admit else synth.preset.sample_admit_s
         synth._batcher = SampleBatcher(
             synth._sample_batch,
@@ -221,7 +222,7 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
             admit_s=admit_s,
             admit_up_to=int(up_to) if up_to else synth.preset.sample_admit_up_to,
             admit_backlog=int(backlog) if backlog else synth.preset.sample_admit_backlog,
-            admit_encoders=before_encoders or synth.preset.sample_admit_encoders,
+            admit_encoders=where == "e" if where else synth.preset.sample_admit_encoders,
         )
 
 
@@ -694,7 +695,8 @@ def main() -> None:
         help="which batched sampling runs beside serial: step, step-eager, line, line-filled "
         "(comma-separated), each optionally with @N: the device owner's queue depth (line@2); a line "
         "kind with ~MS: its lines' admission wait in ms (line~4), ~MS/N: while fewer than N wait, "
-        "~MS/N:B: while the GPU holds more than B launches, ~MS/N:Be: that before the encoders",
+        "~MS/N:B: while the GPU holds more than B launches, ~MS/N:Be / :Ba: that before / after the "
+        "encoders",
     )
     ap.add_argument("--max-batch", type=int, default=16, help="the preset max_batch: the largest batch")
     ap.add_argument(

@@ -163,6 +163,31 @@ def test_owner_time_labels_and_times_the_owners_jobs_by_kind() -> None:
     assert "_round" not in DEVICE.__dict__ and "_do" not in DEVICE.__dict__  # put back
 
 
+def test_a_line_kind_spells_its_admission(irodori_home) -> None:
+    """ "line~MS/N:B" with "e" (before the encoders) or "a" (after) sets each admission knob; what
+    a kind leaves out is the preset's (so "a" can ask for the older rule where the preset holds
+    lines before their encoders)."""
+    import dataclasses
+
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    conc = _module()
+    synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=4)
+    synth.preset = dataclasses.replace(
+        synth.preset, sample_admit_s=0.04, sample_admit_up_to=8, sample_admit_backlog=1,
+        sample_admit_encoders=True,
+    )  # fmt: skip
+    conc.use_sampling(synth, "line~15/4:0a", 4, [None])
+    b = synth._batcher
+    assert (b.admit_s, b.admit_up_to, b.admit_backlog, b.admit_encoders) == (0.015, 4, 0, False)
+    conc.use_sampling(synth, "line~20/2:3e", 4, [None])
+    b = synth._batcher
+    assert (b.admit_s, b.admit_up_to, b.admit_backlog, b.admit_encoders) == (0.02, 2, 3, True)
+    conc.use_sampling(synth, "line", 4, [None])
+    b = synth._batcher
+    assert (b.admit_s, b.admit_up_to, b.admit_backlog, b.admit_encoders) == (0.04, 8, 1, True)
+
+
 def test_a_kind_with_a_depth_runs_under_that_owner_queue_depth(irodori_home) -> None:
     """ "line@3": line batches with the device owner's queue depth 3; a kind without one: none."""
     from irodori_speaker.engine.hardware.owner import DEVICE

@@ -104,8 +104,8 @@ class Preset:
     max_padding: float = 0.5
     # line batches: the longest (s) a line's sampling waits, while the device is busy, for lines in
     # flight to join its batch (synthesis/batching.py `SampleBatcher.admit_s`); 0: none (only the
-    # lines already waiting batch). 15 ms with `sample_admit_up_to` 4 in the CUDA preset (there);
-    # 0 elsewhere (the CPU and MPS run one line at a time)
+    # lines already waiting batch). 40 ms, before the encoders, in the CUDA preset (there); 0
+    # elsewhere (the CPU and MPS run one line at a time)
     sample_admit_s: float = 0.0
     # with admission: a line waits only while fewer lines than this wait for the sampler (0: up to
     # max_batch), so admission tops up small batches and leaves the large ones that form by
@@ -182,13 +182,17 @@ def base_preset(name: str) -> Preset:
             # no underrun; with 216 added one stream was faster still, but 64 streams underran
             # (10 and 31 lines) (H200, RESULTS.md seventeenth session)
             stream_window_plan=(40, 66, 116),
-            # a line's sampling waits up to 15 ms, while the GPU is busy and fewer than 4 lines
-            # wait, for lines in flight to join its batch: 16 streams (o) 1.03-1.26x in six paired
-            # runs, 64 streams 0.96-1.05x, p95 first audio no worse, no underrun; without the cap
-            # of 4, 64 streams underran in two of seven runs (H100, RESULTS.md twentieth and
-            # twenty-first sessions). A line alone or on the high lane never waits
-            sample_admit_s=0.015,
-            sample_admit_up_to=4,
+            # a line is held before its text encoders, up to 40 ms while the GPU holds more than
+            # one of the owner's launches and fewer than 8 lines are held or wait, and goes with
+            # every line held beside it: they encode as one call and sample as one batch. 16
+            # streams 1.13-1.20x the 15 ms / 4-line admission after the encoders in four paired
+            # runs (e, o), p95 first audio 105-109 against 116-130 ms (o); 64 streams 0.92-1.08x,
+            # no underrun in its four runs (the older rule underran 1 and 5 lines in two) (H100,
+            # RESULTS.md twenty-third session). A line alone or on the high lane never waits
+            sample_admit_s=0.04,
+            sample_admit_up_to=8,
+            sample_admit_backlog=1,
+            sample_admit_encoders=True,
         )
     if name == "mps":
         # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision
