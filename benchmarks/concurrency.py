@@ -648,8 +648,10 @@ def main() -> None:
     ap.add_argument("--modes", "--mode", default=None, help=modes_help)
     ap.add_argument("--streams", default="1,4,16,64", help="concurrencies to run (comma-separated)")
     ap.add_argument("--lines", type=int, default=3, help="sentences each stream speaks")
+    # 40: one stream's 10 lines took 0.15-0.25 s on an H100 and its rate, every row's "x 1 stream",
+    # moved 342.6-391.0 audio s/s between calls (RESULTS.md twenty-third session)
     min_help = "every run speaks at least this many lines (few streams speak more each)"
-    ap.add_argument("--min-lines", type=int, default=10, help=min_help)
+    ap.add_argument("--min-lines", type=int, default=40, help=min_help)
     ap.add_argument("--profile", help="profile the batched runs at these many streams (comma-separated)")
     ap.add_argument(
         "--wait-profile",

@@ -18,10 +18,10 @@ that happened to wait together were 1-2, and a batch of 8 costs a line a quarter
 alone). The GPU is busy meanwhile: a batch launched later, not a GPU left idle. `admit_up_to`
 lets admission top up small batches only: at 64 streams, where batches of 8-16 form by
 themselves, holding them back for a full one underran lines (benchmarks/RESULTS.md "Twentieth
-session"). On in the CUDA preset (15 ms, up to 4 lines; "Twenty-first session"), where
-`max_batch` > 1. With `admit_encoders` the wait comes before the line's text encoders instead
-(`_hold`): lines let go together encode as one call, which costs nearly what one line's does
-(off; "Twenty-second session").
+session"). With `admit_encoders` the wait comes before the line's text encoders instead
+(`_hold`): lines let go together encode as one call, which costs nearly what one line's does.
+On in the CUDA preset, where `max_batch` > 1: 40 ms, up to 8 lines, backlog 1, before the
+encoders ("Twenty-third session": 1.05-1.21x the 15 ms / 4-line wait after them at 16 streams).
 
 A line alone starts at once, as before, with its CUDA graph. In a batch a line is cancelled on
 its own (its rows are dropped when the batch ends); the batch stops early only when every line
