@@ -26,7 +26,9 @@ preset's, before them on CUDA: "line~15/4:0a" is the twenty-first session's pres
 end in "@N" (e.g. "line@2"): the run with the device owner's queue depth N (the preset's
 owner_queue_depth: the owner waits for the GPU once N of its launches are unfinished there, so the
 backlog queues on the host where lines batch; without it, 0, the owner launches every job the
-moment it comes); the row's "owner waited" column is its time spent so.
+moment it comes); the row's "owner waited" column is its time spent so. A kind may end in "+t"
+(after all of that, e.g. "line+t"): each line's first window launched before its tail-trim frame
+reaches the host (the preset's stream_first_before_trim); "+w": after it, as without.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
@@ -192,7 +194,14 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     "~MS/N" admits only while fewer than N lines wait ("line~15/4": `admit_up_to` 4), "~MS/N:B"
     only while the GPU holds more than B of the owner's launches ("line~40/16:2": `admit_backlog`
     2; N 0 is max_batch), "~MS/N:Be" with the lines held before their encoders, "~MS/N:Ba" after
-    them (`admit_encoders`; neither letter: the preset's)."""
+    them (`admit_encoders`; neither letter: the preset's). Any kind may end in "+t": a line's first
+    window launched before its tail-trim frame lands (the preset's `stream_first_before_trim`), or
+    "+w": after it; neither, the preset's."""
+    kind, _, trim = kind.partition("+")
+    # the preset's own choice, kept from before any run changed it
+    own = synth.preset.stream_first_before_trim
+    preset_early = synth.__dict__.setdefault("_bench_first_before_trim", own)
+    early = {"t": True, "w": False}.get(trim, preset_early)
     kind, _, depth = kind.partition("@")
     DEVICE.queue_depth = int(depth or 0)
     kind, _, admit = kind.partition("~")
@@ -200,7 +209,7 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     synth._encoders.max_batch = top  # lines' text encoders batch no further (serial stays serial)
     # decode windows of lines that meet: one by one when serial (the baseline), else as asked
     windows = 1 if kind == "serial" else DECODE_BATCH[0] or 1
-    synth.preset = dataclasses.replace(synth.preset, decode_batch=windows)
+    synth.preset = dataclasses.replace(synth.preset, decode_batch=windows, stream_first_before_trim=early)
     if kind in ("step", "step-eager"):
         synth._batcher = StepScheduler(
             synth._start_lines, synth._step_lines, synth._sample_batch, top, synth._release_lines
@@ -698,7 +707,7 @@ def main() -> None:
         "(comma-separated), each optionally with @N: the device owner's queue depth (line@2); a line "
         "kind with ~MS: its lines' admission wait in ms (line~4), ~MS/N: while fewer than N wait, "
         "~MS/N:B: while the GPU holds more than B launches, ~MS/N:Be / :Ba: that before / after the "
-        "encoders",
+        "encoders; any kind with +t / +w: a line's first window launched before / after its trim lands",
     )
     ap.add_argument("--max-batch", type=int, default=16, help="the preset max_batch: the largest batch")
     ap.add_argument(

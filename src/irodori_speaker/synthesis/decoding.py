@@ -22,6 +22,7 @@ import numpy as np
 
 from ..engine.batch import lines_to_take
 from ..engine.codec.streaming import window_frames
+from ..engine.duration import HOP
 from ..engine.hardware.owner import DEVICE, NORMAL, URGENT
 from ..errors import AudioError
 
@@ -57,11 +58,25 @@ class Playback:
 
 @dataclass
 class Rendered:
-    """A sampled piece, ready to decode: latent frames [0, decode_frames) give `samples` samples."""
+    """A sampled piece, ready to decode: latent frames [0, decode_frames) give `samples` samples,
+    once its tail trim is applied (`settle`)."""
 
     latent: Any  # (1, T, C) on the model's device
     decode_frames: int
     samples: int
+    trim: Any = None  # the tail-trim frame on its way to the host (a HostCopy), not yet applied
+    trimmed: int = 0  # latent frames the trim cut off
+
+    def settle(self, cancel: Any = None) -> None:
+        """Apply the tail trim once its frame is on the host: the audio ends at that frame, and
+        8 frames of right context make what is kept equal to a full decode."""
+        if self.trim is None:
+            return
+        end, self.trim = int(self.trim.wait(cancel)), None
+        if 0 < end < self.decode_frames:
+            self.samples = min(self.samples, end * HOP)
+            self.trimmed = self.decode_frames - end
+            self.decode_frames = min(self.decode_frames, end + 8)
 
 
 def decode_chunks(
@@ -91,10 +106,24 @@ def decode_chunks(
     else:
         chunk, first = preset.stream_chunk_frames, preset.stream_first_chunk_frames
         growth, plan = preset.stream_chunk_growth, tuple(preset.stream_window_plan)
+    # a streamed line's first window does not depend on where the tail trim falls unless it falls
+    # inside that window: with `stream_first_before_trim` it goes to the device before the trim
+    # frame has landed (so the GPU runs it straight after the sampler, no host round trip between),
+    # and is checked against the trimmed line's windows after
+    early = (
+        rendered.trim is not None
+        and first is not None
+        and not whole
+        and not stateful
+        and getattr(preset, "stream_first_before_trim", False)
+    )
+    if not early:
+        rendered.settle(cancel)
+    frames = rendered.decode_frames  # every window, trimmed or not, reads within these
     total = rendered.samples
 
     def latent() -> Any:
-        return rendered.latent[:, : rendered.decode_frames].to(codec.device, codec.dtype)
+        return rendered.latent[:, :frames].to(codec.device, codec.dtype)
 
     if chunk is None or (chunk >= rendered.decode_frames and first is None):
         whole_piece = _Window(
@@ -109,14 +138,18 @@ def decode_chunks(
         yield _finite(audio.wait(cancel).numpy()), True
         return
     tails = tuple(preset.stream_tail_windows)
-    windows = codec.stream_windows(
-        rendered.decode_frames,
-        chunk,
-        first_chunk_frames=first,
-        growth=growth,
-        tail_lengths=tails,
-        plan_lengths=plan,
-    )
+
+    def plan_windows() -> list[Any]:
+        return codec.stream_windows(
+            rendered.decode_frames,
+            chunk,
+            first_chunk_frames=first,
+            growth=growth,
+            tail_lengths=tails,
+            plan_lengths=plan,
+        )
+
+    windows = plan_windows()
     hop, limit, sr = codec.hop_length, max(1, int(preset.decode_batch)), codec.sample_rate
     # windows of lines that meet go as one batch; where graphs fill it up to its bucket, one that
     # would be a quarter or more fillers is cut to the bucket below (3 windows: 2, then 1)
@@ -165,7 +198,19 @@ def decode_chunks(
     t0 = time.monotonic()
     # the line's first window is first audio: ahead of other lines' windows (a later piece's
     # first window is needed only when the pieces before it have played)
-    ahead = launch(0, URGENT if line.started is None else NORMAL)
+    head = URGENT if line.started is None else NORMAL
+    ahead = launch(0, head)
+    if early:
+        guess, guessed = windows[0], total
+        rendered.settle(cancel)
+        windows, total = plan_windows(), rendered.samples
+        span = (guess[2] - guess[1]) * hop  # the first window's samples, before the cut to `keep`
+        if windows[0] != guess or min(span, guessed) != min(span, total):
+            # the trim fell inside it (a line of a second or so): decoded again, trimmed
+            if ahead is not None:
+                ahead.wait(cancel)
+            launched = 0
+            ahead = launch(0, head)
     i, remaining = 1, total
     while ahead is not None and remaining > 0:
         # a copy still on its way (the owner launched it, CUDA): the next window goes in

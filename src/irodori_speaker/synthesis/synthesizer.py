@@ -449,18 +449,14 @@ class Synthesizer:
         samples = frames * HOP
         if opts.seconds is not None:
             samples = min(samples, int(min(opts.seconds, 30.0) * SAMPLE_RATE))
-        decode_frames = frames
+        trim = None
         if opts.tail_trim:
             trim = req.trim
             if trim is None:  # a sampler path that did not make it with the latent
                 trim = DEVICE.run(lambda: DEVICE.to_host(trim_frame(latent[0])), cancel)
-            end = int(trim.wait(cancel))
-            if 0 < end < frames:
-                samples = min(samples, end * HOP)
-                # 8 frames of right context make the kept audio equal to a full decode
-                decode_frames = min(frames, end + 8)
-                record.extra["trimmed_frames"] = record.extra.get("trimmed_frames", 0) + (frames - end)
-        return Rendered(latent, decode_frames, samples)
+        # the trim is applied where the decode needs it (`Rendered.settle`): a streamed line's
+        # first window may go to the device before the trim frame has landed
+        return Rendered(latent, frames, samples, trim)
 
     def _run(self, pieces: Plan, voice, opts, record, cancel, progress, *, whole: bool):
         """The line's audio in order: pre_silence, each piece (sampled, decoded, the output
@@ -518,6 +514,8 @@ class Synthesizer:
                     yield _fade_edges(chunk, fade_in=head and not first, fade_out=chunk_is_last and not last)
                     head = False
                 record.samples += rendered.samples
+                if rendered.trimmed:
+                    record.extra["trimmed_frames"] = record.extra.get("trimmed_frames", 0) + rendered.trimmed
                 record.timings["decode"] = record.timings.get("decode", 0.0) + (time.perf_counter() - t_dec)
             if line_progress is not None:
                 line_progress.decoded(i)

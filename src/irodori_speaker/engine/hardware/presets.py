@@ -56,6 +56,12 @@ class Preset:
     # stream_chunk_growth); the longest counts in the memory budget's window (engine/hardware/
     # memory.py). The CUDA preset's is (40, 66, 116), measured there
     stream_window_plan: tuple[int, ...] = ()
+    # a streamed line's first window goes to the device before its tail-trim frame reaches the
+    # host (synthesis/decoding.py): the GPU runs it straight after the sampler, where the line's
+    # thread would otherwise wait for the trim first; the same audio (where the trim falls inside
+    # that window it is decoded again). Windows only (not the stateful stream). Off until measured
+    # on a GPU (`concurrency.py` kind "line+t")
+    stream_first_before_trim: bool = False
     # where the codec decodes on the channels-last path on the CPU (the CPU preset; a GPU replays
     # graphed windows, and eagerly there the stream was 26x slower), a line's chunks come from one
     # stateful stream that carries each conv's left context (engine/codec/stateful.py): every
