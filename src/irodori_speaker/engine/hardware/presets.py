@@ -191,9 +191,9 @@ def base_preset(name: str) -> Preset:
             # a line is held before its text encoders, up to 40 ms while the GPU holds more than
             # one of the owner's launches and fewer than 8 lines are held or wait, and goes with
             # every line held beside it: they encode as one call and sample as one batch. 16
-            # streams 1.13-1.20x the 15 ms / 4-line admission after the encoders in four paired
+            # streams 1.05-1.21x the 15 ms / 4-line admission after the encoders in five paired
             # runs (e, o), p95 first audio 105-109 against 116-130 ms (o); 64 streams 0.92-1.08x,
-            # no underrun in its four runs (the older rule underran 1 and 5 lines in two) (H100,
+            # 1 line underrun in its four runs against 6 in the older rule's eight (H100,
             # RESULTS.md twenty-third session). A line alone or on the high lane never waits
             sample_admit_s=0.04,
             sample_admit_up_to=8,
