@@ -73,7 +73,8 @@ Two measurements explain the rows (CUDA):
   where the lines are while the owner idles.
 - `--profile N`: the batched run at N streams once more under `torch.profiler` (CUDA activity
   only: the kernels' own clock, no host-side op recording): the GPU's busy fraction (the union of
-  its kernel and copy intervals over the run's wall), GPU ms a line, and the idle gaps.
+  its kernel and copy intervals over the run's wall), GPU ms a line, and the idle gaps (those over
+  1 ms by the kernel that ended them: what the GPU waited for).
 - `--ceiling`: what the GPU could do if every stage were batched perfectly: one line's text
   encoder, sampling graph and stream windows timed alone and as batches of 2..16 rows (CUDA
   events, graphs replayed), and the audio seconds per second each batch size would give with the
@@ -350,6 +351,20 @@ def busy_and_gaps(spans: list[tuple[int, int]]) -> tuple[int, list[int]]:
     return busy, gaps
 
 
+def gaps_by_next(events: list[tuple[int, int, str]], over: int) -> dict[str, list[int]]:
+    """The idle gaps longer than `over` between (start, end, name) intervals, by the name of the
+    kernel or copy that ended each: name -> [gaps, their total length]. What the GPU waited for
+    (a sampler kernel after a gap: the line's length read; a decode window's: its trim; ...)."""
+    out: dict[str, list[int]] = {}
+    end = None
+    for a, b, name in sorted(events):
+        if end is not None and a - end > over:
+            tally = out.setdefault(name, [0, 0])
+            tally[0], tally[1] = tally[0] + 1, tally[1] + a - end
+        end = b if end is None else max(end, b)
+    return out
+
+
 def profiled(fn, *args) -> tuple[Run, dict]:
     """`fn(*args)` under torch.profiler, CUDA activity only; the GPU's busy time is the union of its
     kernel / copy intervals (streams overlapping count once)."""
@@ -358,12 +373,14 @@ def profiled(fn, *args) -> tuple[Run, dict]:
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         r = fn(*args)
-    spans = [
-        (e.start_ns(), e.start_ns() + e.duration_ns())
+    events = [
+        (e.start_ns(), e.start_ns() + e.duration_ns(), e.name())
         for e in prof.profiler.kineto_results.events()
         if e.device_type() == DeviceType.CUDA
     ]
+    spans = [(a, b) for a, b, _ in events]
     busy, gaps = busy_and_gaps(spans)
+    after = sorted(gaps_by_next(events, 10**6).items(), key=lambda kv: -kv[1][1])
     wall_ns = r.wall_s * 1e9
     stats = {
         "events": len(spans),
@@ -373,6 +390,8 @@ def profiled(fn, *args) -> tuple[Run, dict]:
         "gaps_over_1ms": sum(1 for g in gaps if g > 1e6),
         "gap_ms_over_1ms": sum(g for g in gaps if g > 1e6) / 1e6,
         "gap_ms_under_1ms": sum(g for g in gaps if g <= 1e6) / 1e6,
+        # the gaps over 1 ms by the kernel that ended them, longest total first
+        "gaps_over_1ms_by_next": [{"kernel": k, "gaps": n, "ms": ns / 1e6} for k, (n, ns) in after],
     }
     return r, stats
 
@@ -632,6 +651,8 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
             f"shorter ones; batches {dict(sorted(r.batches.items()))}",
             flush=True,
         )
+        for g in stats["gaps_over_1ms_by_next"][:8]:  # what the GPU waited for
+            print(f"#   {g['gaps']} gaps, {g['ms']:.1f} ms, before {g['kernel'][:100]}", flush=True)
         report.setdefault("profile", []).append({"streams": n, "audio_s_per_s": rate, **stats})
     if args.ceiling:
         if synth.fast_sampler is None:

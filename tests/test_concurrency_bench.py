@@ -32,6 +32,24 @@ def test_busy_time_is_the_union_of_intervals_and_gaps_lie_between_them() -> None
     assert busy_and_gaps([(3, 9)]) == (6, [])
 
 
+def test_idle_gaps_are_told_by_the_kernel_that_ended_them() -> None:
+    gaps_by_next = _module().gaps_by_next
+    # two streams overlap, one kernel nested (no gap among them); gaps of 6 before "dit", 5
+    # before "win", 1 (not over 2) before "win" again, 9 before "dit"
+    events = [
+        (0, 10, "enc"),
+        (1, 3, "enc"),
+        (5, 12, "enc"),
+        (18, 20, "dit"),
+        (25, 30, "win"),
+        (31, 32, "win"),
+        (41, 50, "dit"),
+    ]
+    assert gaps_by_next(events[::-1], 2) == {"dit": [2, 6 + 9], "win": [1, 5]}
+    assert gaps_by_next(events, 0) == {"dit": [2, 15], "win": [2, 6]}
+    assert gaps_by_next([], 0) == {} and gaps_by_next([(3, 9, "x")], 0) == {}
+
+
 def test_a_chunk_is_late_only_after_the_audio_before_it_has_played_out() -> None:
     late_chunks = _module().late_chunks
     second = 48_000  # samples of one second
