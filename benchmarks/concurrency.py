@@ -184,6 +184,7 @@ def late_chunks(arrivals: list[tuple[float, int]]) -> int:
 
 MAX_PADDING: list[float | None] = [None]  # --max-padding (the line batches' bound; None: the preset's)
 DECODE_BATCH: list[int | None] = [None]  # --decode-batch (windows decoded together; None: the preset's)
+FIRST_BEFORE_TRIM: list[bool] = [False]  # the preset's stream_first_before_trim (a kind's "+t" / "+w" aside)
 
 
 def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
@@ -199,10 +200,7 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     window launched before its tail-trim frame lands (the preset's `stream_first_before_trim`), or
     "+w": after it; neither, the preset's."""
     kind, _, trim = kind.partition("+")
-    # the preset's own choice, kept from before any run changed it
-    own = synth.preset.stream_first_before_trim
-    preset_early = synth.__dict__.setdefault("_bench_first_before_trim", own)
-    early = {"t": True, "w": False}.get(trim, preset_early)
+    early = {"t": True, "w": False}.get(trim, FIRST_BEFORE_TRIM[0])
     kind, _, depth = kind.partition("@")
     DEVICE.queue_depth = int(depth or 0)
     kind, _, admit = kind.partition("~")
@@ -516,6 +514,7 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     voices = reference_cuts(voice, args.voices)
     MAX_PADDING[0] = args.max_padding
     DECODE_BATCH[0] = args.decode_batch or synth.preset.decode_batch
+    FIRST_BEFORE_TRIM[0] = synth.preset.stream_first_before_trim
     if mode.fast:
         synth.prewarm(voice, batch_voices=voices[1:])
     sentence_audio, sentence_frames = [], []  # warm-up (kernel selection, graphs of these buckets)

@@ -204,6 +204,21 @@ def test_a_line_kind_spells_its_admission(irodori_home) -> None:
     conc.use_sampling(synth, "line", 4, [None])
     b = synth._batcher
     assert (b.admit_s, b.admit_up_to, b.admit_backlog, b.admit_encoders) == (0.04, 8, 1, True)
+    # "+t" / "+w": the first window before / after the trim; neither: the preset's (off)
+    seen = []
+    for kind in ("line~15/4:0a+t", "line", "line+t", "line+w"):
+        conc.use_sampling(synth, kind, 4, [None])
+        seen.append(synth.preset.stream_first_before_trim)
+    assert seen == [True, False, True, False] and synth._batcher.admit_s == 0.04
+    conc.FIRST_BEFORE_TRIM[0] = True  # a preset with it on (main reads it from the preset)
+    try:
+        seen = []
+        for kind in ("line", "line+w", "line+t"):
+            conc.use_sampling(synth, kind, 4, [None])
+            seen.append(synth.preset.stream_first_before_trim)
+    finally:
+        conc.FIRST_BEFORE_TRIM[0] = False
+    assert seen == [True, False, True]
 
 
 def test_a_kind_with_a_depth_runs_under_that_owner_queue_depth(irodori_home) -> None:

@@ -115,7 +115,7 @@ def decode_chunks(
         and first is not None
         and not whole
         and not stateful
-        and getattr(preset, "stream_first_before_trim", False)
+        and preset.stream_first_before_trim
     )
     if not early:
         rendered.settle(cancel)
@@ -125,7 +125,7 @@ def decode_chunks(
     def latent() -> Any:
         return rendered.latent[:, :frames].to(codec.device, codec.dtype)
 
-    if chunk is None or (chunk >= rendered.decode_frames and first is None):
+    if chunk is None or (chunk >= frames and first is None):
         whole_piece = _Window(
             lambda: codec.decoder_input(latent(), check_finite=False),
             0,
