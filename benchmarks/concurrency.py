@@ -336,17 +336,25 @@ def _sizes(counts: dict[int, int]) -> str:
     return " ".join(f"{k}:{v}" for k, v in counts.items())
 
 
-def busy_and_gaps(spans: list[tuple[int, int]]) -> tuple[int, list[int]]:
-    """The length of the union of (start, end) intervals, and the gaps between its pieces."""
+def _union(events: list[tuple]) -> tuple[int, list[tuple[int, tuple]]]:
+    """Over (start, end, ...) intervals: the length of their union, and each gap between its pieces
+    with the interval that ended it."""
     busy, gaps, end = 0, [], None
-    for a, b in sorted(spans):
+    for e in sorted(events):
+        a, b = e[0], e[1]
         if end is None or a > end:
             if end is not None:
-                gaps.append(a - end)
+                gaps.append((a - end, e))
             busy, end = busy + b - a, b
         elif b > end:
             busy, end = busy + b - end, b
     return busy, gaps
+
+
+def busy_and_gaps(spans: list[tuple[int, int]]) -> tuple[int, list[int]]:
+    """The length of the union of (start, end) intervals, and the gaps between its pieces."""
+    busy, gaps = _union(spans)
+    return busy, [g for g, _ in gaps]
 
 
 def gaps_by_next(events: list[tuple[int, int, str]], over: int) -> dict[str, list[int]]:
@@ -354,12 +362,10 @@ def gaps_by_next(events: list[tuple[int, int, str]], over: int) -> dict[str, lis
     kernel or copy that ended each: name -> [gaps, their total length]. What the GPU waited for
     (a sampler kernel after a gap: the line's length read; a decode window's: its trim; ...)."""
     out: dict[str, list[int]] = {}
-    end = None
-    for a, b, name in sorted(events):
-        if end is not None and a - end > over:
+    for gap, (_, _, name) in _union(events)[1]:
+        if gap > over:
             tally = out.setdefault(name, [0, 0])
-            tally[0], tally[1] = tally[0] + 1, tally[1] + a - end
-        end = b if end is None else max(end, b)
+            tally[0], tally[1] = tally[0] + 1, tally[1] + gap
     return out
 
 
