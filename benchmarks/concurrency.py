@@ -26,9 +26,11 @@ preset's, before them on CUDA: "line~15/4:0a" is the twenty-first session's pres
 end in "@N" (e.g. "line@2"): the run with the device owner's queue depth N (the preset's
 owner_queue_depth: the owner waits for the GPU once N of its launches are unfinished there, so the
 backlog queues on the host where lines batch; without it, 0, the owner launches every job the
-moment it comes); the row's "owner waited" column is its time spent so. A kind may end in "+t"
-(after all of that, e.g. "line+t"): each line's first window launched before its tail-trim frame
-reaches the host (the preset's stream_first_before_trim); "+w": after it, as without.
+moment it comes); the row's "owner waited" column is its time spent so. A kind may end in "+"
+and letters (after all of that, e.g. "line+ts"): "t", each line's first window launched before
+its tail-trim frame reaches the host (the preset's stream_first_before_trim), "w" after it, as
+without; "s", a line whose length is known before its encoders sampled in their job (the
+preset's sample_with_encoders), "n" not. A letter left out: the preset's.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
@@ -196,11 +198,15 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     "~MS/N" admits only while fewer than N lines wait ("line~15/4": `admit_up_to` 4), "~MS/N:B"
     only while the GPU holds more than B of the owner's launches ("line~40/16:2": `admit_backlog`
     2; N 0 is max_batch), "~MS/N:Be" with the lines held before their encoders, "~MS/N:Ba" after
-    them (`admit_encoders`; neither letter: the preset's). Any kind may end in "+t": a line's first
-    window launched before its tail-trim frame lands (the preset's `stream_first_before_trim`), or
-    "+w": after it; neither, the preset's."""
-    kind, _, trim = kind.partition("+")
-    early = {"t": True, "w": False}.get(trim, FIRST_BEFORE_TRIM[0])
+    them (`admit_encoders`; neither letter: the preset's). Any kind may end in "+" and letters:
+    "t", a line's first window launched before its tail-trim frame lands (the preset's
+    `stream_first_before_trim`), "w" after it; "s", a line of known length sampled in its encoders'
+    job (the preset's `sample_with_encoders`), "n" not; a letter left out, the preset's."""
+    kind, _, flags = kind.partition("+")
+    if set(flags) - set("twsn"):
+        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, s, n)")
+    early = True if "t" in flags else False if "w" in flags else FIRST_BEFORE_TRIM[0]
+    with_encoders = True if "s" in flags else False if "n" in flags else synth.preset.sample_with_encoders
     kind, _, depth = kind.partition("@")
     DEVICE.queue_depth = int(depth or 0)
     kind, _, admit = kind.partition("~")
@@ -231,6 +237,7 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
             admit_up_to=int(up_to) if up_to else synth.preset.sample_admit_up_to,
             admit_backlog=int(backlog) if backlog else synth.preset.sample_admit_backlog,
             admit_encoders=where == "e" if where else synth.preset.sample_admit_encoders,
+            with_encoders=with_encoders,
         )
 
 

@@ -219,6 +219,19 @@ def test_a_line_kind_spells_its_admission(irodori_home) -> None:
     finally:
         conc.FIRST_BEFORE_TRIM[0] = False
     assert seen == [True, False, True]
+    # "+s" / "+n": lines of known length sampled in their encoders' job or not; letters combine
+    seen = []
+    for kind in ("line+s", "line+ts", "line+n", "line"):
+        conc.use_sampling(synth, kind, 4, [None])
+        seen.append((synth._batcher.with_encoders, synth.preset.stream_first_before_trim))
+    assert seen == [(True, False), (True, True), (False, False), (False, False)]
+    synth.preset = dataclasses.replace(synth.preset, sample_with_encoders=True)
+    conc.use_sampling(synth, "line", 4, [None])
+    assert synth._batcher.with_encoders
+    conc.use_sampling(synth, "line+n", 4, [None])
+    assert not synth._batcher.with_encoders
+    with pytest.raises(SystemExit, match="unknown letters"):
+        conc.use_sampling(synth, "line+x", 4, [None])
 
 
 def test_a_kind_with_a_depth_runs_under_that_owner_queue_depth(irodori_home) -> None:

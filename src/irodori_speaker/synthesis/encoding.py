@@ -7,6 +7,11 @@ voices one by one (each line's own, kept per voice), then ONE text-encoder call 
 tokens (rows padded to the longest, padding masked) cut back to what each line has alone, then one
 duration-predictor call over the lines that use it. A batch that raises is run again line by line
 by the owner, so an error reaches its own line only. With `max_batch` 1 every job is alone.
+
+An item whose length is known before its encoders (asked seconds, or no predictor) may carry its
+sampling request (`EncodeItem.sample`, the preset's `sample_with_encoders`): the same job then
+hands the call's requests to the sampler (`then`, `SampleBatcher.sample_now`), so the GPU runs
+the sampler straight after the encoders.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ class EncodeItem:
     voice_states: Callable[[], tuple]  # (has a reference, the voice's states), made once per line
     opts: SynthesisOptions
     started: float = 0.0  # when its text encoder was reached (its voice made): the record's timing
+    # its sampling (a batching.SampleRequest, length and noise set), when its length is known before
+    # its encoders and the sampler takes lines in their job: given its conditions and key there,
+    # then handed to `TextEncoders.then` with the others of the call
+    sample: Any = None
 
 
 class Encoded(NamedTuple):
@@ -63,6 +72,8 @@ class TextEncoders:
         self.max_batch = max(1, int(max_batch))
         self._key = (id(self), "encode")
         self.batches: dict[int, int] = {}  # lines in a call -> how many calls gave their results
+        # samples the call's items that carry a `sample`, in the same job, after the encoders
+        self.then: Callable[[list[Any]], None] | None = None
 
     def encode(self, item: EncodeItem, cancel: Any = None) -> Encoded:
         """`item` encoded on the device owner, with the items of other lines queued beside it.
@@ -87,7 +98,12 @@ class TextEncoders:
             key = self.sample_key(conds[b], item.opts)
             pred = preds.get(b)
             out.append(Encoded(conds[b], key, None if pred is None else DEVICE.to_host(pred)))
+            if item.sample is not None:
+                item.sample.conds, item.sample.key = conds[b], key
         self.batches[len(items)] = self.batches.get(len(items), 0) + 1
+        ready = [item.sample for item in items if item.sample is not None]
+        if ready and self.then is not None:
+            self.then(ready)
         return out
 
     def text_states(self, ids: list[Tensor], masks: list[Tensor]) -> list[tuple[Tensor, Tensor]]:

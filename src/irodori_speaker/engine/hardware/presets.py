@@ -124,6 +124,11 @@ class Preset:
     # admission before a line's encoders instead of after: the lines let go together encode as one
     # call and sample as one batch (`SampleBatcher.admit_encoders`)
     sample_admit_encoders: bool = False
+    # line batches: a line whose length is known before its encoders (asked seconds, or a model
+    # without a duration predictor) is sampled in its encoders' job, batched with the lines encoded
+    # beside it, with no round trip to its thread between (`SampleBatcher.with_encoders`). Off until
+    # measured on a GPU (docs/status.md)
+    sample_with_encoders: bool = False
     # stream windows of one length from lines that meet on the device owner decode as one batch of
     # up to this many (synthesis/decoding.py); with codec graphs prewarm captures a graph per batch
     # bucket up to it. 1: each window alone. On in the CUDA preset (16 windows in one batch took
