@@ -53,8 +53,14 @@ def leads(synth, monkeypatch):
 
 def test_lines_of_asked_seconds_sample_in_their_encoders_job_and_sound_as_alone(synth, leads):
     jobs = [(t, opts(seed=i, seconds=1.0 + 0.25 * i)) for i, t in enumerate(TEXTS)]
-    alone = [synth.synthesize(t, options=o) for t, o in jobs]
-    assert synth._batcher.batches == {1: len(TEXTS)} and leads == []
+    batcher = synth._batcher
+    batcher.with_encoders = False  # alone, the usual way: each line's thread leads its sampling
+    try:
+        alone = [synth.synthesize(t, options=o) for t, o in jobs]
+    finally:
+        batcher.with_encoders = True
+    assert "sampled_with_encoders" not in alone[0].record.extra
+    assert batcher.batches == {1: len(TEXTS)} and len(leads) == len(TEXTS)
     batched = together(synth, jobs)
     for a, b in zip(alone, batched):
         assert b.record.extra["sampled_with_encoders"] is True
@@ -62,8 +68,8 @@ def test_lines_of_asked_seconds_sample_in_their_encoders_job_and_sound_as_alone(
         assert len(a.audio) == len(b.audio)  # each line keeps its own length
         np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
     # one batch of all four, led by no line's thread: the encoders' job sampled it
-    assert synth._batcher.batches == {1: len(TEXTS), len(TEXTS): 1} and leads == []
-    assert synth._batcher._waiting == [] and synth._batcher._preparing == 0
+    assert batcher.batches == {1: len(TEXTS), len(TEXTS): 1} and len(leads) == len(TEXTS)
+    assert batcher._waiting == [] and batcher._preparing == 0
 
 
 def test_a_line_the_predictor_gives_its_length_samples_the_usual_way(synth, leads):
