@@ -30,9 +30,8 @@ moment it comes); the row's "owner waited" column is its time spent so. A kind m
 and letters (after all of that, e.g. "line+ts"): "t", each line's first window launched before
 its tail-trim frame reaches the host (the preset's stream_first_before_trim), "w" after it, as
 without; "s", a line whose length is known before its encoders sampled in their job (the
-preset's sample_with_encoders; its wait for a batch and the sampler's launch then count in the
-"text" column, and "sampling" falls to the wait for the latent), "n" not. A letter left out: the
-preset's.
+preset's sample_with_encoders; the sampler's launch then counts in the "text" column, and
+"sampling" falls to almost nothing), "n" not. A letter left out: the preset's.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
