@@ -29,9 +29,9 @@ backlog queues on the host where lines batch; without it, 0, the owner launches 
 moment it comes); the row's "owner waited" column is its time spent so. A kind may end in "+"
 and letters (after all of that, e.g. "line+ts"): "t", each line's first window launched before
 its tail-trim frame reaches the host (the preset's stream_first_before_trim), "w" after it, as
-without; "s", a line whose length is known before its encoders sampled in their job (the
-preset's sample_with_encoders; the sampler's launch then counts in the "text" column, and
-"sampling" falls to almost nothing), "n" not. A letter left out: the preset's.
+without; "s", lines sampled from their encoders' job (the preset's sample_with_encoders; the
+sampler's launch then counts in the "text" column, and "sampling" falls to almost nothing), "n"
+not. A letter left out: the preset's.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
@@ -156,11 +156,18 @@ class Run:
         return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
 
 
+PREDICTOR: list[bool] = [False]  # --predictor: v4 lines leave their length to the duration predictor
+
+
 def line_options(family: str, text: str, seed: int) -> SynthesisOptions:
     """A line's options: v4 lines get v2's seconds estimate, as news5 does, so every mode speaks
-    the same audio (random weights make the v4 duration predictor's lengths arbitrary)."""
+    the same audio (random weights make the v4 duration predictor's lengths arbitrary); with
+    `--predictor` they leave it to the predictor, as `serve`'s clients do (lengths arbitrary, but
+    the same in every kind of one run)."""
     opts = SynthesisOptions(seed=seed)
-    return opts if family == "v2" else opts.replace(seconds=news5.estimate_seconds(text))
+    if family == "v2" or PREDICTOR[0]:
+        return opts
+    return opts.replace(seconds=news5.estimate_seconds(text))
 
 
 def all_live_rate(chunks: list[tuple[float, int]], ends: list[float], start: float) -> float:
@@ -201,8 +208,8 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     2; N 0 is max_batch), "~MS/N:Be" with the lines held before their encoders, "~MS/N:Ba" after
     them (`admit_encoders`; neither letter: the preset's). Any kind may end in "+" and letters:
     "t", a line's first window launched before its tail-trim frame lands (the preset's
-    `stream_first_before_trim`), "w" after it; "s", a line of known length sampled in its encoders'
-    job (the preset's `sample_with_encoders`), "n" not; a letter left out, the preset's."""
+    `stream_first_before_trim`), "w" after it; "s", lines sampled from their encoders' job (the
+    preset's `sample_with_encoders`), "n" not; a letter left out, the preset's."""
     kind, _, flags = kind.partition("+")
     if set(flags) - set("twsn"):
         raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, s, n)")
@@ -527,6 +534,7 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     )
     voices = reference_cuts(voice, args.voices)
     MAX_PADDING[0] = args.max_padding
+    PREDICTOR[0] = args.predictor
     DECODE_BATCH[0] = args.decode_batch or synth.preset.decode_batch
     FIRST_BEFORE_TRIM[0] = synth.preset.stream_first_before_trim
     if mode.fast:
@@ -538,6 +546,8 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         sentence_frames.append(line.record.frames if line.record is not None else 0)
 
     length = "the engine's estimate" if mode.family == "v2" else "v2's seconds estimate, as news5"
+    if mode.family != "v2" and PREDICTOR[0]:
+        length = "the duration predictor's, random weights (--predictor)"
     print(f"\n# concurrency: mode ({key}) {mode.desc}; device {device}; {args.lines} lines per stream")
     print(
         f"# the {len(sentences)} sentences ({length}): latent frames {sentence_frames} "
@@ -695,6 +705,8 @@ def main() -> None:
     # moved 342.6-391.0 audio s/s between calls (RESULTS.md twenty-third session)
     min_help = "every run speaks at least this many lines (few streams speak more each)"
     ap.add_argument("--min-lines", type=int, default=40, help=min_help)
+    pred_help = "v4 lines leave their length to the duration predictor (serve's path; random lengths)"
+    ap.add_argument("--predictor", action="store_true", help=pred_help)
     ap.add_argument("--profile", help="profile the batched runs at these many streams (comma-separated)")
     ap.add_argument(
         "--wait-profile",

@@ -67,6 +67,11 @@ def test_v4_lines_ask_for_v2s_seconds_estimate_as_news5_does() -> None:
     assert mod.line_options("v2", text, 7).seconds is None  # v2: the engine's own estimate
     v4 = mod.line_options("v4.1-mf", text, 7)
     assert v4.seconds == mod.news5.estimate_seconds(text) and v4.seed == 7
+    mod.PREDICTOR[0] = True  # --predictor: v4 lines take the predictor's length (serve's path)
+    try:
+        assert mod.line_options("v4.1-mf", text, 7).seconds is None
+    finally:
+        mod.PREDICTOR[0] = False
 
 
 def _smoke(args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
@@ -219,7 +224,7 @@ def test_a_line_kind_spells_its_admission(irodori_home) -> None:
     finally:
         conc.FIRST_BEFORE_TRIM[0] = False
     assert seen == [True, False, True]
-    # "+s" / "+n": lines of known length sampled in their encoders' job or not; letters combine
+    # "+s" / "+n": lines sampled from their encoders' job or not; letters combine
     seen = []
     for kind in ("line+s", "line+ts", "line+n", "line"):
         conc.use_sampling(synth, kind, 4, [None])

@@ -10,6 +10,9 @@ function that records its batches.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -54,11 +57,7 @@ def leads(synth, monkeypatch):
 def test_lines_of_asked_seconds_sample_in_their_encoders_job_and_sound_as_alone(synth, leads):
     jobs = [(t, opts(seed=i, seconds=1.0 + 0.25 * i)) for i, t in enumerate(TEXTS)]
     batcher = synth._batcher
-    batcher.with_encoders = False  # alone, the usual way: each line's thread leads its sampling
-    try:
-        alone = [synth.synthesize(t, options=o) for t, o in jobs]
-    finally:
-        batcher.with_encoders = True
+    alone = _alone(synth, jobs)
     assert "sampled_with_encoders" not in alone[0].record.extra
     assert batcher.batches == {1: len(TEXTS)} and len(leads) == len(TEXTS)
     batched = together(synth, jobs)
@@ -72,23 +71,139 @@ def test_lines_of_asked_seconds_sample_in_their_encoders_job_and_sound_as_alone(
     assert batcher._waiting == [] and batcher._preparing == 0
 
 
-def test_a_line_the_predictor_gives_its_length_samples_the_usual_way(synth, leads):
-    """The predictor's length must reach the host before the noise is drawn: such a line hands
-    in its sampling from its thread, beside lines of asked seconds in the same encoders' call."""
+def _alone(synth, jobs):
+    """Each line alone, the usual way (each line's thread leads its own sampling)."""
+    synth._batcher.with_encoders = False
+    try:
+        return [synth.synthesize(t, options=o) for t, o in jobs]
+    finally:
+        synth._batcher.with_encoders = True
+
+
+def test_a_line_the_predictor_gives_its_length_samples_beside_lines_of_asked_seconds(synth, leads):
+    """On the CPU the predictor's length is on the host when the encoders' job ends: such lines
+    sample in that job with the lines of asked seconds, as one batch."""
     jobs = [(t, opts(seed=i, seconds=1.5 if i % 2 else None)) for i, t in enumerate(TEXTS)]
-    alone = [synth.synthesize(t, options=o) for t, o in jobs]
+    alone = _alone(synth, jobs)
+    before = len(leads)
     batched = together(synth, jobs)
     for i, (a, b) in enumerate(zip(alone, batched)):
-        assert ("sampled_with_encoders" in b.record.extra) == (i % 2 == 1)
-        assert ("sampled_with_encoders" in a.record.extra) == (i % 2 == 1)
+        assert b.record.extra["sampled_with_encoders"] is True
+        assert b.record.extra["sample_batch"] == len(TEXTS)
+        assert b.record.extra.get("duration_source", "seconds") == ("seconds" if i % 2 else "predictor")
         np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
-        if i % 2:  # the two lines of asked seconds: one batch of their own, in the encoders' job
-            assert b.record.extra["sample_batch"] == 2
-        source = "seconds" if i % 2 else "predictor"
-        assert b.record.extra.get("duration_source", "seconds") == source
-    assert len(leads) >= 1  # the predictor's lines led their own batch (or batches)
-    sizes = synth._batcher.batches
-    assert sum(size * n for size, n in sizes.items()) == 2 * len(TEXTS)
+    assert len(leads) == before
+
+
+@pytest.fixture
+def pending_lengths(monkeypatch):
+    """`hold()`: from then on the predictor's lengths are still on their way to the host when the
+    encoders' job ends (what CUDA gives; on the CPU they are there at once): encoding.py's copies
+    are kept pending until the test lands them (`HostCopy._land`, what the owner's copy waiter
+    does). Returns the list the copies go to."""
+    from irodori_speaker.engine.hardware.owner import DEVICE, HostCopy
+    from irodori_speaker.synthesis import encoding
+
+    copies: list = []
+
+    class Pending:
+        def to_host(self, tensor):
+            copy = HostCopy(tensor.cpu(), event=object())  # pending until landed
+            copies.append(copy)
+            return copy
+
+        def __getattr__(self, name):
+            return getattr(DEVICE, name)
+
+    def hold() -> list:
+        monkeypatch.setattr(encoding, "DEVICE", Pending())
+        return copies
+
+    return hold
+
+
+def _owner_answers(within_s: float = 5.0) -> bool:
+    """The device owner runs a job now (it is not blocked inside another)."""
+    from irodori_speaker.engine.hardware.owner import DEVICE
+
+    done = threading.Event()
+    threading.Thread(target=lambda: DEVICE.run(done.set), daemon=True).start()
+    return done.wait(within_s)
+
+
+def _land_later(copies: list, n: int, seen: dict, batcher) -> threading.Thread:
+    """Once `n` copies are pending (and a little after), note what was sampled and whether the owner
+    is free meanwhile, then land them."""
+
+    def land():
+        deadline = time.monotonic() + 30
+        while len(copies) < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.2)
+        seen["batches"] = dict(batcher.batches)
+        seen["owner_free"] = _owner_answers()
+        for copy in copies:
+            copy._land()
+
+    thread = threading.Thread(target=land)
+    thread.start()
+    return thread
+
+
+def test_predictor_lines_sample_in_a_job_of_their_own_once_their_lengths_land(synth, leads, pending_lengths):
+    jobs = [(t, opts(seed=i)) for i, t in enumerate(TEXTS[:3])]
+    alone = _alone(synth, jobs)
+    batcher, before, seen = synth._batcher, len(leads), {}
+    sizes = dict(batcher.batches)
+    lander = _land_later(pending_lengths(), len(jobs), seen, batcher)
+    batched = together(synth, jobs)
+    lander.join()
+    assert seen["batches"] == sizes  # nothing sampled while the lengths were on their way,
+    assert seen["owner_free"]  # and the owner not blocked waiting for them: free for other lines
+    for a, b in zip(alone, batched):
+        assert b.record.extra["sampled_with_encoders"] is True
+        assert b.record.extra["sample_batch"] == len(jobs)
+        assert b.record.extra["duration_source"] == "predictor"
+        np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
+    assert len(leads) == before and batcher.batches[len(jobs)] == sizes.get(len(jobs), 0) + 1
+    assert batcher._waiting == [] and batcher._preparing == 0
+
+
+def test_a_line_cancelled_while_its_length_is_on_its_way_ends_and_the_others_sample(
+    synth, leads, pending_lengths
+):
+    from irodori_speaker.synthesis.encoding import EncodeItem
+
+    jobs = [(t, opts(seed=i)) for i, t in enumerate(TEXTS[:3])]
+    alone = _alone(synth, jobs)
+    token = CancelToken()
+    waits = EncodeItem.wait_made
+
+    def wait_made(item, cancel=None):  # the first line's token is set while it waits for its length
+        if cancel is token:
+            token.cancel()
+        return waits(item, cancel)
+
+    original = synth.synthesize
+    results: list = []
+
+    def synthesize(text, voice=None, options=None, **kw):
+        return original(text, voice, options=options, cancel=token if text == TEXTS[0] else None, **kw)
+
+    batcher, seen = synth._batcher, {}
+    sizes = dict(batcher.batches)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EncodeItem, "wait_made", wait_made)
+        mp.setattr(synth, "synthesize", synthesize)
+        lander = _land_later(pending_lengths(), len(jobs), seen, batcher)
+        results = together(synth, jobs)
+        lander.join()
+    assert isinstance(results[0], Cancelled)
+    for a, b in zip(alone[1:], results[1:]):
+        assert b.record.extra["sample_batch"] == 2  # the cancelled line's rows were never sampled
+        np.testing.assert_allclose(b.audio, a.audio, atol=1e-5)
+    assert batcher.batches[2] == sizes.get(2, 0) + 1
+    assert batcher._waiting == [] and batcher._preparing == 0
 
 
 def test_a_v2_line_samples_in_its_encoders_job_with_its_text_estimate(irodori_home):
@@ -191,3 +306,38 @@ def test_on_cuda_lines_sampled_in_their_encoders_job_sound_as_alone(irodori_home
     for a, b in zip(alone, batched):
         assert b.record.extra["sampled_with_encoders"] is True
         np.testing.assert_allclose(b.audio, a.audio, atol=2e-2)  # bf16: rows of another GEMM size
+
+
+# ---- the owner's continuations (engine/hardware/owner.py) -------------------------------------------
+
+
+def test_a_copys_continuation_runs_once_when_it_lands_or_at_once_if_it_has():
+    from irodori_speaker.engine.hardware.owner import HostCopy
+
+    calls: list[str] = []
+    copy = HostCopy(np.zeros(1), event=object())
+    copy.then(lambda: calls.append("first"))
+    assert copy.pending and calls == []
+    copy._land()
+    assert calls == ["first"] and not copy.pending
+    copy.then(lambda: calls.append("after"))
+    copy._land()  # a second landing calls nothing again
+    assert calls == ["first", "after"]
+
+
+def test_a_posted_job_runs_on_the_owner_and_its_error_goes_to_fail():
+    from irodori_speaker.engine.hardware.owner import DEVICE
+
+    ran, failed = threading.Event(), []
+    threads: list[str] = []
+
+    def job():
+        threads.append(threading.current_thread().name)
+        ran.set()
+
+    DEVICE.post(job, failed.append)
+    assert ran.wait(10) and threads == ["irodori-device"] and failed == []
+    errors: list[BaseException] = []
+    got = threading.Event()
+    DEVICE.post(lambda: 1 / 0, lambda e: (errors.append(e), got.set()))
+    assert got.wait(10) and isinstance(errors[0], ZeroDivisionError)

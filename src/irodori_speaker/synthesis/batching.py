@@ -23,9 +23,9 @@ session"). With `admit_encoders` the wait comes before the line's text encoders 
 On in the CUDA preset, where `max_batch` > 1: 40 ms, up to 8 lines, backlog 1, before the
 encoders ("Twenty-third session": 1.05-1.21x the 15 ms / 4-line wait after them at 16 streams).
 
-With `with_encoders` a line whose length is known before its encoders is sampled in their job
-(`sample_now`, called by encoding.py's `TextEncoders.then`): the lines of one encoders' call go as
-one batch straight after it, and their threads find them sampled (the preset's
+With `with_encoders` lines are sampled from their encoders' job (`sample_now`, called by
+encoding.py's `TextEncoders.then`): the lines of one encoders' call go as one batch straight after
+it (or after the predictor's lengths land), and their threads find them sampled (the preset's
 `sample_with_encoders`; off until measured).
 
 A line alone starts at once, as before, with its CUDA graph. In a batch a line is cancelled on
@@ -70,6 +70,7 @@ class SampleRequest:
     batch_size: int = 0  # how many lines it was sampled with (itself included)
     line: Any = None  # stepping.py: its engine.steps.StepLine, made on its own thread
     lane: int = NORMAL_LANE  # its line's lane (irodori_speaker.lanes): HIGH, NORMAL or LOW
+    in_encoders: bool = False  # taken by `sample_now` from its encoders' job (not by a lead job)
     taken: bool = field(default=False, repr=False)
 
 
@@ -167,7 +168,7 @@ class SampleBatcher(CountsPreparing):
         # admission before the encoders instead of after: the lines let go together encode as one
         # call, then sample as one batch (`_hold`)
         self.admit_encoders = admit_encoders
-        # a line whose length is known before its encoders is sampled in their job (`sample_now`)
+        # lines are sampled from their encoders' job (`sample_now`), not from their threads
         self.with_encoders = with_encoders
         self._held = 0  # lines held before their encoders now, not yet let go
         self._let_go = 0  # how many times held lines were let go (every line held then goes)
@@ -297,8 +298,8 @@ class SampleBatcher(CountsPreparing):
         return batch[: lines_to_take(len(batch))] if self.fill_buckets else batch
 
     def sample_now(self, reqs: list[SampleRequest]) -> None:
-        """Sample `reqs` now, on the device owner: called by the encoders' job of lines whose
-        length was known before it (`with_encoders`), with their conditions filled in. They go as
+        """Sample `reqs` now, on the device owner: called by the encoders' job (`with_encoders`),
+        or by the job that follows the predictor's lengths (encoding.py). They go as
         batches of their own and of the lines already waiting (`_pick`), launched straight after
         their encoders, with no round trip to their threads between (issue 27: at 16 streams the
         GPU idled while lines let go together woke, one by one, to hand in their sampling). A
@@ -309,6 +310,8 @@ class SampleBatcher(CountsPreparing):
             for req in reqs:
                 if not req.taken and not (req.cancel is not None and req.cancel.cancelled):
                     batches.append((req, self._take(req)))
+            for req in reqs:
+                req.in_encoders = req.taken
             for req in reqs:
                 if not req.taken:
                     self._waiting.remove(req)

@@ -8,22 +8,26 @@ tokens (rows padded to the longest, padding masked) cut back to what each line h
 duration-predictor call over the lines that use it. A batch that raises is run again line by line
 by the owner, so an error reaches its own line only. With `max_batch` 1 every job is alone.
 
-An item whose length is known before its encoders (asked seconds, or no predictor) may carry its
-sampling request (`EncodeItem.sample`, the preset's `sample_with_encoders`): the same job then
-hands the call's requests to the sampler (`then`, `SampleBatcher.sample_now`), so the GPU runs
-the sampler straight after the encoders.
+An item may carry how to make its sampling request (`EncodeItem.request`, the preset's
+`sample_with_encoders`): the call's requests then go to the sampler (`then`,
+`SampleBatcher.sample_now`) with no round trip to the lines' threads. Those whose length is known
+(asked seconds, no predictor) go in the same job, straight after the encoders; those that wait for
+the predictor's length go in a job of their own that the owner runs once the predictor's copy has
+landed (`HostCopy.then`, `DeviceOwner.post`), launching other lines' work meanwhile.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from ..cancel import check
 from ..engine.batch import stack_conditions, stack_tokens
 from ..engine.fast import FastSampler
 from ..engine.hardware.owner import DEVICE, URGENT, HostCopy
@@ -42,16 +46,34 @@ class EncodeItem:
     voice_states: Callable[[], tuple]  # (has a reference, the voice's states), made once per line
     opts: SynthesisOptions
     started: float = 0.0  # when its text encoder was reached (its voice made): the record's timing
-    # its sampling (a batching.SampleRequest, length and noise set), when its length is known before
-    # its encoders and the sampler takes lines in their job: given its conditions and key there,
-    # then handed to `TextEncoders.then` with the others of the call
-    sample: Any = None
+    # makes its sampling request (a batching.SampleRequest) from its `Encoded`, on the device owner
+    # once its length is on the host; the call's requests then go to `TextEncoders.then`
+    request: Callable[[Encoded], Any] | None = None
+    sample: Any = None  # the request made, once `made` is set (or `error`)
+    error: BaseException | None = None
+    made: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def wait_made(self, cancel: Any = None) -> Any:
+        """Its sampling request, once made (and sampled, unless it was cancelled meanwhile)."""
+        while not self.made.wait(0.01):
+            check(cancel)
+        if self.error is not None:
+            raise self.error
+        return self.sample
 
 
 class Encoded(NamedTuple):
     conds: Conditions
     key: Hashable | None  # the sampler's batch key, or None
     pred: HostCopy | None  # the predictor's log frames on their way to the host, or None
+
+
+def _failed(pairs: list[tuple[EncodeItem, Encoded]], error: BaseException) -> None:
+    """The job that was to make the items' requests failed (or never ran): each line raises it."""
+    for item, _ in pairs:
+        if not item.made.is_set():
+            item.error = error
+            item.made.set()
 
 
 class TextEncoders:
@@ -98,13 +120,35 @@ class TextEncoders:
             key = self.sample_key(conds[b], item.opts)
             pred = preds.get(b)
             out.append(Encoded(conds[b], key, None if pred is None else DEVICE.to_host(pred)))
-            if item.sample is not None:
-                item.sample.conds, item.sample.key = conds[b], key
         self.batches[len(items)] = self.batches.get(len(items), 0) + 1
-        ready = [item.sample for item in items if item.sample is not None]
-        if ready and self.then is not None:
-            self.then(ready)
+        sampled = [(item, enc) for item, enc in zip(items, out) if item.request is not None]
+        now = [(item, enc) for item, enc in sampled if enc.pred is None or not enc.pred.pending]
+        later = [(item, enc) for item, enc in sampled if enc.pred is not None and enc.pred.pending]
+        if now:
+            self._make(now)
+        if later:  # the predictor's copies land in launch order: the last one lands last
+            last = later[-1][1].pred
+            assert last is not None
+            last.then(lambda: DEVICE.post(lambda: self._make(later), lambda e: _failed(later, e)))
         return out
+
+    def _make(self, pairs: list[tuple[EncodeItem, Encoded]]) -> None:
+        """The items' sampling requests made and handed to `then` (on the device owner). An item
+        whose request fails gets the error; if `then` fails, the requests it did not take go the
+        usual way from their lines' threads."""
+        reqs = []
+        for item, enc in pairs:
+            try:
+                item.sample = item.request(enc)  # type: ignore[misc]
+                reqs.append(item.sample)
+            except Exception as e:
+                item.error = e
+        try:
+            if reqs and self.then is not None:
+                self.then(reqs)
+        finally:
+            for item, _ in pairs:
+                item.made.set()
 
     def text_states(self, ids: list[Tensor], masks: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
         """Each line's (text state, mask) on the device, as it has them alone (padded to the

@@ -61,7 +61,7 @@ from ..text.pauses import Pause
 from ..text.userdict import resolve_user_dict
 from .batching import SampleBatcher, SampleRequest
 from .decoding import Playback, Rendered, decode_chunks
-from .encoding import EncodeItem, TextEncoders
+from .encoding import Encoded, EncodeItem, TextEncoders
 from .fingerprint import file_fingerprint
 from .identity import ModelIdentity, resolve_options
 from .plan import LineProgress, Piece, Plan, plan_line, spoken_parts
@@ -359,11 +359,9 @@ class Synthesizer:
             frames = min(frames, cap_frames)
         return max(frames, int(0.5 * FRAMES_PER_SECOND))
 
-    def _samples_with_encoders(self, opts: SynthesisOptions) -> bool:
-        """The line's length is known before its encoders (asked seconds, or no duration predictor)
-        and the line batches sample such lines in their encoders' job (`sample_with_encoders`)."""
-        known = opts.seconds is not None or not self.model.cfg.use_duration_predictor
-        return known and isinstance(self._batcher, SampleBatcher) and self._batcher.with_encoders
+    def _samples_with_encoders(self) -> bool:
+        """The line batches take lines from their encoders' job (`sample_with_encoders`)."""
+        return isinstance(self._batcher, SampleBatcher) and self._batcher.with_encoders
 
     def _sample_now(self, reqs: list[SampleRequest]) -> None:
         """Lines sampled in their encoders' job (`_samples_with_encoders`), by the batcher in place
@@ -441,19 +439,23 @@ class Synthesizer:
     def _render_inner(self, piece, voice_states, seed, opts, record, cancel, progress) -> Rendered:
         stage: list[float] = []
 
+        def request(enc: Encoded) -> SampleRequest:
+            """Its sampling request, on the device owner once its length is on the host."""
+            frames = self._frames(piece, None if enc.pred is None else enc.pred.wait(), opts, record)
+            noise = draw_noise(seed, 1, frames, self.config.latent_dim)
+            return SampleRequest(
+                enc.conds, noise, opts, enc.key, cancel=cancel, progress=progress, length=frames
+            )
+
         def prepare() -> SampleRequest:
             item = EncodeItem(piece.ids, piece.mask, voice_states, opts)
-            if self._samples_with_encoders(opts):  # its length known now: sampled in their job
-                frames = self._frames(piece, None, opts, record)
-                noise = draw_noise(seed, 1, frames, self.config.latent_dim)
-                item.sample = SampleRequest(
-                    None, noise, opts, None, cancel=cancel, progress=progress, length=frames
-                )
-                self._encoders.encode(item, cancel)  # fills in its conditions and key, then samples
-                # its "duration" timing holds the sampler's launch, its "sampling" the rest
+            if self._samples_with_encoders():  # made and sampled on the owner (encoding.py)
+                item.request = request
+                self._encoders.encode(item, cancel)
+                req = item.wait_made(cancel)
+                # its "duration" timing holds the wait for its length and the sampler's launch
                 stage[:] = [item.started, time.perf_counter()]
-                record.extra["sampled_with_encoders"] = True
-                return item.sample
+                return req
             conds, key, pred = self._encoders.encode(item, cancel)  # with other lines' (encoding.py)
             frames = self._frames(piece, None if pred is None else pred.wait(cancel), opts, record)
             noise = draw_noise(seed, 1, frames, self.config.latent_dim)  # on the host: jobs upload it
@@ -461,6 +463,8 @@ class Synthesizer:
             return SampleRequest(conds, noise, opts, key, cancel=cancel, progress=progress, length=frames)
 
         req, latent = self._batcher.sample(prepare, cancel)
+        if req.in_encoders:
+            record.extra["sampled_with_encoders"] = True
         t0, t1, t2 = stage[0], stage[1], time.perf_counter()
         frames = req.length
         record.timings["duration"] = record.timings.get("duration", 0.0) + (t1 - t0)

@@ -92,20 +92,46 @@ class Job(Generic[T]):
     result: Any = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    fail: Callable[[BaseException], None] | None = None  # a posted job's (`post`) error goes here
+
+
+_LANDING = threading.Lock()  # a copy's landing against `HostCopy.then` (neither misses the other)
 
 
 class HostCopy:
     """A tensor on its way to the host: `wait()` returns it once its copy has landed."""
 
-    __slots__ = ("_event", "_ready", "error", "tensor")
+    __slots__ = ("_event", "_ready", "_then", "error", "tensor")
 
     def __init__(self, tensor: Any, event: Any = None) -> None:
         self.tensor = tensor
         self.error: BaseException | None = None  # the wait for it failed (a device error)
         self._event = event  # a CUDA event recorded after the copy, or None (already there)
         self._ready = threading.Event()
+        self._then: list[Callable[[], None]] = []
         if event is None:
             self._ready.set()
+
+    def then(self, fn: Callable[[], None]) -> None:
+        """`fn()` once the copy has landed: now if it has, else on the thread that sees it land
+        (the owner's copy waiter: `fn` should only hand work on, e.g. `DeviceOwner.post`)."""
+        with _LANDING:
+            if self.pending:
+                self._then.append(fn)
+                return
+        fn()
+
+    def _land(self, error: BaseException | None = None) -> None:
+        """Mark it landed (or failed) and call what waited for it (`then`)."""
+        with _LANDING:
+            self.error = error
+            self._ready.set()
+            fns, self._then = self._then, []
+        for fn in fns:
+            try:
+                fn()
+            except Exception:  # one continuation's bug must not stop the copies behind it
+                log.exception("a continuation of a landed copy failed")
 
     @property
     def pending(self) -> bool:
@@ -198,6 +224,15 @@ class DeviceOwner:
         job.key, job.item, job.many, job.limit = key, item, many, max(1, int(limit))
         job.take = take
         return self._submit(job)
+
+    def post(self, fn: Callable[[], None], fail: Callable[[BaseException], None]) -> None:
+        """Queue `fn()` as an URGENT job nobody waits for (a continuation, e.g. from
+        `HostCopy.then`); if it raises, or the owner fails before it runs, `fail(error)`."""
+        job: Job[None] = Job(fn, None, URGENT, time.monotonic(), fail=fail)
+        with self._cond:
+            self._urgent.append(job)
+            self._start()
+            self._cond.notify_all()
 
     def queued(self) -> int:
         """Jobs waiting for the owner now."""
@@ -338,6 +373,8 @@ class DeviceOwner:
             for job in jobs:
                 job.error = e
                 job.done.set()
+                if job.fail is not None:
+                    job.fail(e)
             for stepper in steppers:
                 stepper.fail(e)
 
@@ -492,6 +529,8 @@ class DeviceOwner:
             job.result = job.fn()
         except BaseException as e:  # the caller re-raises it; the owner goes on
             job.error = e
+            if job.fail is not None:  # a posted job: nobody waits to re-raise it
+                job.fail(e)
         self.jobs_run += 1
         job.done.set()
 
@@ -505,11 +544,12 @@ class DeviceOwner:
                         self._waiter = None
                         return
                 copy = self._copies.popleft()
+            error = None
             try:
                 copy._event.synchronize()
             except Exception as e:  # a device error: the line that waits for it raises it
-                copy.error = e
-            copy._ready.set()
+                error = e
+            copy._land(error)
 
 
 def _device_mark() -> Any:

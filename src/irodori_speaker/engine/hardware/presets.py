@@ -124,10 +124,10 @@ class Preset:
     # admission before a line's encoders instead of after: the lines let go together encode as one
     # call and sample as one batch (`SampleBatcher.admit_encoders`)
     sample_admit_encoders: bool = False
-    # line batches: a line whose length is known before its encoders (asked seconds, or a model
-    # without a duration predictor) is sampled in its encoders' job, batched with the lines encoded
-    # beside it, with no round trip to its thread between (`SampleBatcher.with_encoders`). Off until
-    # measured on a GPU (docs/status.md)
+    # line batches: a line is sampled from its encoders' job, batched with the lines encoded beside
+    # it, with no round trip to its thread between (`SampleBatcher.with_encoders`): in that job
+    # when its length is known (asked seconds, no duration predictor), else in a job the owner runs
+    # once the predictor's length has landed on the host. Off until measured on a GPU (status.md)
     sample_with_encoders: bool = False
     # stream windows of one length from lines that meet on the device owner decode as one batch of
     # up to this many (synthesis/decoding.py); with codec graphs prewarm captures a graph per batch
