@@ -14,8 +14,11 @@ A result the host must read (a decode window's samples, a trim position) is copi
 ("irodori-device-done") waits for those copies in launch order and wakes each line as its copy
 lands. So the owner never waits for the GPU and the GPU never waits for the host (issue 27: every
 host sync under the model lock left the GPU idle while a line's thread woke and launched the next
-stage). On the CPU and MPS a job's work is done when it returns; MPS's rule (one thread at a time
-on its command buffers) is kept: the owner, or a lone line, holds the model lock.
+stage). A job that needs a copied value to go on hands the rest to the copy (`HostCopy.then`):
+the waiter calls it when the copy lands and it queues the rest as a job nobody waits for (`post`),
+so the owner launches other work meanwhile. On the CPU and MPS a job's work is done when it
+returns; MPS's rule (one thread at a time on its command buffers) is kept: the owner, or a lone
+line, holds the model lock.
 
 Order: URGENT jobs first (a new line's encoders, sampling start and first window: first audio is
 what a viewer hears), then one step of every live line, then the NORMAL jobs by when they are
