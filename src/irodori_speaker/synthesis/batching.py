@@ -70,7 +70,6 @@ class SampleRequest:
     batch_size: int = 0  # how many lines it was sampled with (itself included)
     line: Any = None  # stepping.py: its engine.steps.StepLine, made on its own thread
     lane: int = NORMAL_LANE  # its line's lane (irodori_speaker.lanes): HIGH, NORMAL or LOW
-    in_encoders: bool = False  # taken by `sample_now` from its encoders' job (not by a lead job)
     taken: bool = field(default=False, repr=False)
 
 
@@ -310,8 +309,6 @@ class SampleBatcher(CountsPreparing):
             for req in reqs:
                 if not req.taken and not (req.cancel is not None and req.cancel.cancelled):
                     batches.append((req, self._take(req)))
-            for req in reqs:
-                req.in_encoders = req.taken
             for req in reqs:
                 if not req.taken:
                     self._waiting.remove(req)

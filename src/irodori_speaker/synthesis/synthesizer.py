@@ -453,6 +453,8 @@ class Synthesizer:
                 item.request = request
                 self._encoders.encode(item, cancel)
                 req = item.wait_made(cancel)
+                if req.taken:  # by `sample_now` (else cancelled meanwhile: it goes the usual way)
+                    record.extra["sampled_with_encoders"] = True
                 # its "duration" timing holds the wait for its length and the sampler's launch
                 stage[:] = [item.started, time.perf_counter()]
                 return req
@@ -463,8 +465,6 @@ class Synthesizer:
             return SampleRequest(conds, noise, opts, key, cancel=cancel, progress=progress, length=frames)
 
         req, latent = self._batcher.sample(prepare, cancel)
-        if req.in_encoders:
-            record.extra["sampled_with_encoders"] = True
         t0, t1, t2 = stage[0], stage[1], time.perf_counter()
         frames = req.length
         record.timings["duration"] = record.timings.get("duration", 0.0) + (t1 - t0)
