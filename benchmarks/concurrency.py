@@ -31,7 +31,9 @@ and letters (after all of that, e.g. "line+ts"): "t", each line's first window l
 its tail-trim frame reaches the host (the preset's stream_first_before_trim), "w" after it, as
 without; "s", lines sampled from their encoders' job (the preset's sample_with_encoders; the
 sampler's launch then counts in the "text" column, and "sampling" falls to almost nothing), "n"
-not. A letter left out: the preset's.
+not; "d", the decode windows on a CUDA stream of their own (the preset's owner_decode_stream),
+"h" the same at a higher CUDA priority than the sampler's, "u" one stream for all. A letter left
+out: the preset's.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
@@ -209,10 +211,15 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     them (`admit_encoders`; neither letter: the preset's). Any kind may end in "+" and letters:
     "t", a line's first window launched before its tail-trim frame lands (the preset's
     `stream_first_before_trim`), "w" after it; "s", lines sampled from their encoders' job (the
-    preset's `sample_with_encoders`), "n" not; a letter left out, the preset's."""
+    preset's `sample_with_encoders`), "n" not; "d", the decode on a stream of its own (the preset's
+    `owner_decode_stream`), "h" the same at a higher priority, "u" one stream; a letter left out,
+    the preset's."""
     kind, _, flags = kind.partition("+")
-    if set(flags) - set("twsn"):
-        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, s, n)")
+    if set(flags) - set("twsndhu"):
+        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, s, n, d, h, u)")
+    own = synth.preset.owner_decode_stream and synth.device.type == "cuda"
+    DEVICE.decode_stream = bool(set(flags) & set("dh")) or ("u" not in flags and own)
+    DEVICE.decode_priority = -1 if "h" in flags else 0
     early = True if "t" in flags else False if "w" in flags else FIRST_BEFORE_TRIM[0]
     with_encoders = True if "s" in flags else False if "n" in flags else synth.preset.sample_with_encoders
     kind, _, depth = kind.partition("@")

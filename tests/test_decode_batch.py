@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from irodori_speaker.engine.hardware.owner import DEVICE
+from irodori_speaker.engine.hardware.owner import DECODE, DEVICE
 from irodori_speaker.errors import AudioError, InputError
 from irodori_speaker.synthesis.decoding import Rendered, decode_chunks
 from owner_threads import queue_then_release
@@ -131,11 +131,13 @@ def _decode_jobs(monkeypatch) -> list[tuple[int, float | None]]:
     seen: list[tuple[int, float | None]] = []
     real = DEVICE.run_batched
 
-    def recorded(key, item, many, cancel=None, priority=1, *, limit=8, deadline=None, take=None):
+    def recorded(key, item, many, cancel=None, priority=1, *, limit=8, deadline=None, take=None, stream=None):
         if key[0] == "decode":
             seen.append((priority, deadline))
             assert take is None  # the CPU's codec has no graphs: a batch is not filled, none cut
-        return real(key, item, many, cancel, priority, limit=limit, deadline=deadline, take=take)
+            assert stream == DECODE  # on the owner's decode stream where it keeps one
+        kw = {"limit": limit, "deadline": deadline, "take": take, "stream": stream}
+        return real(key, item, many, cancel, priority, **kw)
 
     monkeypatch.setattr(DEVICE, "run_batched", recorded)
     return seen
@@ -189,9 +191,10 @@ def test_the_stateful_streams_chunks_carry_the_same_priorities_and_deadlines(syn
     seen: list[tuple[int, float | None]] = []
     real = DEVICE.run
 
-    def recorded(fn, cancel=None, priority=1, deadline=None):
+    def recorded(fn, cancel=None, priority=1, deadline=None, *, stream=None):
+        assert stream == DECODE  # a stateful stream's chunk is the decode's work too
         seen.append((priority, deadline))
-        return real(fn, cancel, priority, deadline)
+        return real(fn, cancel, priority, deadline, stream=stream)
 
     monkeypatch.setattr(DEVICE, "run", recorded)
     monkeypatch.setattr(DEVICE, "run_batched", lambda *a, **k: pytest.fail("a window was batched"))

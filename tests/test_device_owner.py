@@ -380,12 +380,11 @@ def test_a_host_copy_whose_wait_failed_raises_in_its_line():
 
     owner = DeviceOwner()
     copy = HostCopy(torch.zeros(3), FailingEvent())
-    owner._copies.append(copy)
-    owner._waiter = threading.Thread(target=owner._wait_copies, name="irodori-device-done")
-    owner._waiter.start()
+    owner._queue_copy(copy, 0)
+    waiter = owner._waiters[0]
     with pytest.raises(RuntimeError, match="illegal memory access"):
         copy.wait()
-    owner._waiter.join(2)
+    waiter.join(2)
 
 
 def test_the_device_is_never_busy_on_the_cpu():

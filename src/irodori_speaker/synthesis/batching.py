@@ -64,6 +64,9 @@ class SampleRequest:
     # its tail-trim frame on the way to the host (a HostCopy), made with the latent in the sampling
     # job when its options ask for the trim: no job of its own on the device owner
     trim: Any = None
+    # an event after the sampling that made its latent, where the decode runs on a stream of its
+    # own (`DeviceOwner.ready_mark`): its decode waits for that alone
+    ready: Any = None
     error: BaseException | None = None
     done: bool = False
     length: int = 1  # its rows' length (latent frames): lines of near lengths batch together

@@ -23,7 +23,7 @@ import numpy as np
 from ..engine.batch import lines_to_take
 from ..engine.codec.streaming import window_frames
 from ..engine.duration import HOP
-from ..engine.hardware.owner import DEVICE, NORMAL, URGENT
+from ..engine.hardware.owner import DECODE, DEVICE, NORMAL, URGENT
 from ..errors import AudioError
 
 # a window's deadline is this far ahead of its line running dry at least (or four of its windows'
@@ -66,6 +66,7 @@ class Rendered:
     samples: int
     trim: Any = None  # the tail-trim frame on its way to the host (a HostCopy), not yet applied
     trimmed: int = 0  # latent frames the trim cut off
+    ready: Any = None  # an event after the sampling that made `latent` (a decode stream's wait)
 
     def settle(self, cancel: Any = None) -> None:
         """Apply the tail trim once its frame is on the host: the audio ends at that frame, and
@@ -122,7 +123,8 @@ def decode_chunks(
     frames = rendered.decode_frames  # every window, trimmed or not, reads within these
     total = rendered.samples
 
-    def latent() -> Any:
+    def latent() -> Any:  # read by the line's first decode job (on the decode stream, if any)
+        DEVICE.consume(rendered.latent, rendered.ready)
         return rendered.latent[:, :frames].to(codec.device, codec.dtype)
 
     if chunk is None or (chunk >= frames and first is None):
@@ -134,7 +136,7 @@ def decode_chunks(
             rendered.decode_frames * codec.hop_length,
             total,
         )
-        audio = DEVICE.run(lambda: _decode_many(codec, [whole_piece])[0], cancel)
+        audio = DEVICE.run(lambda: _decode_many(codec, [whole_piece])[0], cancel, stream=DECODE)
         yield _finite(audio.wait(cancel).numpy()), True
         return
     tails = tuple(preset.stream_tail_windows)
@@ -154,11 +156,16 @@ def decode_chunks(
     # windows of lines that meet go as one batch; where graphs fill it up to its bucket, one that
     # would be a quarter or more fillers is cut to the bucket below (3 windows: 2, then 1)
     take = lines_to_take if getattr(codec, "fills_batches", lambda: False)() else None
-    held: list[Any] = []  # the latent as the decoder takes it, made by the first window's job
+    # the latent as the decoder takes it, made by the first window's job, and an event after it
+    # where the decode has a stream of its own (a later window may run on another stream: inline
+    # for a line alone, on the owner's decode stream when lines meet)
+    held: list[Any] = []
 
     def source() -> Any:
         if not held:  # no NaN check on the device (a host sync): the audio is checked on the host
-            held.append(codec.decoder_input(latent(), check_finite=False))
+            held.extend((codec.decoder_input(latent(), check_finite=False), DEVICE.ready_mark()))
+        else:
+            DEVICE.consume(held[0], held[1])
         return held[0]
 
     # the stateful stream is made by the first chunk's job; each chunk a job of its own (a line's
@@ -184,13 +191,13 @@ def decode_chunks(
         deadline = None if whole else line.deadline(before + launched, sr)
         if stateful:
             a, b = start * hop, end * hop
-            copy = DEVICE.run(lambda: stream_samples(a, b, keep), cancel, priority, deadline)
+            copy = DEVICE.run(lambda: stream_samples(a, b, keep), cancel, priority, deadline, stream=DECODE)
         else:
             item = _Window(source, lo, hi, (start - lo) * hop, (end - lo) * hop, keep)
             key = ("decode", id(codec), hi - lo)
             many = lambda items: _decode_many(codec, items)  # noqa: E731
             copy = DEVICE.run_batched(
-                key, item, many, cancel, priority, limit=limit, deadline=deadline, take=take
+                key, item, many, cancel, priority, limit=limit, deadline=deadline, take=take, stream=DECODE
             )
         launched += min(copy.tensor.shape[0], keep)
         return copy

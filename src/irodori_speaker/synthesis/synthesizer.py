@@ -167,6 +167,8 @@ class Synthesizer:
             codec.use_graphs(True, capture_on_use=None, max_graphs=max(8, shapes))
         if self.device.type == "cuda" and self.preset.owner_queue_depth:
             DEVICE.queue_depth = self.preset.owner_queue_depth  # one owner: process-wide
+        if self.device.type == "cuda" and self.preset.owner_decode_stream:
+            DEVICE.decode_stream = True
         self.prewarm_report: dict[str, Any] = {}
 
     @property
@@ -397,6 +399,9 @@ class Synthesizer:
             outs = [latent[b : b + 1, :n] for b, n in enumerate(lengths)]
         for r, out in zip(reqs, outs):
             _trim_with_latent(r, out)
+        ready = DEVICE.ready_mark()  # after the batch's latents and trims
+        for r in reqs:
+            r.ready = ready
         return outs
 
     def _start_lines(self, reqs: list[SampleRequest]) -> list[StepLine]:
@@ -416,9 +421,13 @@ class Synthesizer:
     def _step_lines(self, lines: list[StepLine]) -> list[StepLine]:
         assert self._steps is not None
         finished = self._steps.step(lines)
-        for line in finished:
-            if line.error is None and isinstance(line.tag, SampleRequest):
-                _trim_with_latent(line.tag, line.latent())
+        ok = [line for line in finished if line.error is None]
+        done = [(req, line) for line in ok if isinstance(req := line.tag, SampleRequest)]
+        for req, line in done:
+            _trim_with_latent(req, line.latent())
+        ready = DEVICE.ready_mark() if done else None  # after the lines' latents and trims
+        for req, _ in done:
+            req.ready = ready
         return finished
 
     def _release_lines(self, lines: list[StepLine]) -> None:
@@ -485,7 +494,7 @@ class Synthesizer:
                 trim = DEVICE.run(lambda: DEVICE.to_host(trim_frame(latent[0])), cancel)
         # the trim is applied where the decode needs it (`Rendered.settle`): a streamed line's
         # first window may go to the device before the trim frame has landed
-        return Rendered(latent, frames, samples, trim)
+        return Rendered(latent, frames, samples, trim, ready=req.ready)
 
     def _run(self, pieces: Plan, voice, opts, record, cancel, progress, *, whole: bool):
         """The line's audio in order: pre_silence, each piece (sampled, decoded, the output

@@ -33,6 +33,12 @@ Jobs of one kind (`run_batched`: the decode windows of one length, the text enco
 together run as one call: every line that is waiting is served by one launch of a batch. A batch
 that raises runs its jobs again one by one, so an error reaches only the line that caused it.
 
+With `decode_stream` (the preset's `owner_decode_stream`) the decode's jobs run on a second CUDA
+stream: the text encoders' and the sampler's small kernels can then run beside the decoder's
+wide ones instead of after them. A decode job waits there only for its own line's latent (an
+event recorded after the sampling, `ready_mark`, `consume`); each stream's copies have a waiter
+of their own, so a window's samples do not wait behind a later sampling's trim frame.
+
 A queue depth (`queue_depth`, the preset's `owner_queue_depth`; 0: none) bounds how far the owner
 runs ahead of the GPU: with that many of its launches unfinished there, it waits for the oldest
 before taking the next job. Without a bound, under many streams the GPU is the bottleneck and the
@@ -46,6 +52,7 @@ Both threads start with work and end when idle for `linger_s`, so no thread outl
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -58,6 +65,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ...cancel import CancelToken, check
 from ...lanes import HIGH_LANE, LOW_LANE, current_lane
+from .host_copy import HostCopy
 from .lock import MODEL_LOCK
 
 log = logging.getLogger(__name__)
@@ -66,6 +74,7 @@ T = TypeVar("T")
 I = TypeVar("I")
 
 URGENT, NORMAL = 0, 1  # a new line's encoders and first window; later windows and the rest
+DECODE = "decode"  # the stream a job asks for (`run(stream=...)`) where the owner runs the decode apart
 DUE_S = 0.02  # while lines are stepped, a NORMAL job runs once its deadline is this near
 
 
@@ -96,57 +105,7 @@ class Job(Generic[T]):
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
     fail: Callable[[BaseException], None] | None = None  # a posted job's (`post`) error goes here
-
-
-_LANDING = threading.Lock()  # a copy's landing against `HostCopy.then` (neither misses the other)
-
-
-class HostCopy:
-    """A tensor on its way to the host: `wait()` returns it once its copy has landed."""
-
-    __slots__ = ("_event", "_ready", "_then", "error", "tensor")
-
-    def __init__(self, tensor: Any, event: Any = None) -> None:
-        self.tensor = tensor
-        self.error: BaseException | None = None  # the wait for it failed (a device error)
-        self._event = event  # a CUDA event recorded after the copy, or None (already there)
-        self._ready = threading.Event()
-        self._then: list[Callable[[], None]] = []
-        if event is None:
-            self._ready.set()
-
-    def then(self, fn: Callable[[], None]) -> None:
-        """`fn()` once the copy has landed: now if it has, else on the thread that sees it land
-        (the owner's copy waiter: `fn` should only hand work on, e.g. `DeviceOwner.post`)."""
-        with _LANDING:
-            if self.pending:
-                self._then.append(fn)
-                return
-        fn()
-
-    def _land(self, error: BaseException | None = None) -> None:
-        """Mark it landed (or failed) and call what waited for it (`then`)."""
-        with _LANDING:
-            self.error = error
-            self._ready.set()
-            fns, self._then = self._then, []
-        for fn in fns:
-            try:
-                fn()
-            except Exception:  # one continuation's bug must not stop the copies behind it
-                log.exception("a continuation of a landed copy failed")
-
-    @property
-    def pending(self) -> bool:
-        """Still on its way (a copy the owner queued without waiting)."""
-        return not self._ready.is_set()
-
-    def wait(self, cancel: CancelToken | None = None) -> Any:
-        while not self._ready.wait(0.01):
-            check(cancel)
-        if self.error is not None:
-            raise self.error
-        return self.tensor
+    stream: str | None = None  # DECODE: on the owner's decode stream, where it keeps one
 
 
 class DeviceOwner:
@@ -171,8 +130,14 @@ class DeviceOwner:
         self._seq = itertools.count()
         self._steppers: list[Stepper] = []  # those with lines in flight
         self._thread: threading.Thread | None = None
-        self._copies: deque[HostCopy] = deque()
-        self._waiter: threading.Thread | None = None
+        # the copies on their way to the host and the thread that waits for them, a CUDA stream each
+        self._copies: dict[int, deque[HostCopy]] = {}
+        self._waiters: dict[int, threading.Thread] = {}
+        # the decode's jobs (`stream=DECODE`) on a CUDA stream of their own (the preset's
+        # `owner_decode_stream`), at this CUDA priority (lower: the GPU serves it first)
+        self.decode_stream = False
+        self.decode_priority = 0
+        self._streams: dict[tuple[int, int], Any] = {}
         self.jobs_run = 0
         self.batches_run = 0  # calls of a batched kind that served more than one job
         self.batched_jobs = 0  # the jobs those calls served
@@ -192,15 +157,20 @@ class DeviceOwner:
         cancel: CancelToken | None = None,
         priority: int = NORMAL,
         deadline: float | None = None,
+        *,
+        stream: str | None = None,
     ) -> T:
         """`fn()` on the owner thread; its result or its exception. A job not started when
         `cancel` is set is dropped with `Cancelled`. `deadline` (`time.monotonic()`): when a
-        NORMAL job's result is needed (default: now).
+        NORMAL job's result is needed (default: now). `stream=DECODE`: on the decode stream where
+        the owner keeps one (`decode_stream`); the job waits there for what it reads (`consume`).
 
         While the owner is idle (no thread, the model lock free) the caller runs `fn` itself
         with the lock held, as a line alone always did: one line pays no hand-over between
         threads (a thread wake per job and per copy, on a line whose stages take a few ms)."""
-        return self._submit(Job(fn, cancel, priority, time.monotonic() if deadline is None else deadline))
+        job: Job[T] = Job(fn, cancel, priority, time.monotonic() if deadline is None else deadline)
+        job.stream = stream
+        return self._submit(job)
 
     def run_batched(
         self,
@@ -213,6 +183,7 @@ class DeviceOwner:
         limit: int = 8,
         deadline: float | None = None,
         take: Callable[[int], int] | None = None,
+        stream: str | None = None,
     ) -> T:
         """`many([item, ...])[i]`: this job's result, computed in one call with the other jobs of
         `key` queued when the owner reaches it (at most `limit`, the URGENT ones first), by the
@@ -220,12 +191,13 @@ class DeviceOwner:
         items in a list and returns one result each, in order. Alone (or inline) it is
         `many([item])[0]`. If a call of several raises, each job runs again alone. `take(n)`: of
         the n jobs that could go in one call, how many do (the rest wait for the next call; e.g.
-        `engine.batch.lines_to_take`, where a call is filled up to a graph's bucket)."""
+        `engine.batch.lines_to_take`, where a call is filled up to a graph's bucket). `stream`: as
+        `run`'s (a key's jobs all ask for one)."""
         job: Job[T] = Job(
             lambda: many([item])[0], cancel, priority, time.monotonic() if deadline is None else deadline
         )
         job.key, job.item, job.many, job.limit = key, item, many, max(1, int(limit))
-        job.take = take
+        job.take, job.stream = take, stream
         return self._submit(job)
 
     def post(self, fn: Callable[[], None], fail: Callable[[BaseException], None]) -> None:
@@ -320,15 +292,42 @@ class DeviceOwner:
         event = torch.cuda.Event()
         event.record()
         copy = HostCopy(host, event)
-        with self._cond:
-            self._copies.append(copy)
-            if self._waiter is None:
-                self._waiter = threading.Thread(
-                    target=self._wait_copies, name="irodori-device-done", daemon=True
-                )
-                self._waiter.start()
-            self._cond.notify_all()
+        self._queue_copy(copy, torch.cuda.current_stream().cuda_stream)
         return copy
+
+    def _queue_copy(self, copy: HostCopy, stream: int) -> None:
+        """Hand `copy` (made on `stream`) to that stream's waiter: copies of one stream land in
+        launch order, those of another (the decode's) not behind them."""
+        with self._cond:
+            self._copies.setdefault(stream, deque()).append(copy)
+            if stream not in self._waiters:
+                waiter = threading.Thread(
+                    target=self._wait_copies, args=(stream,), name="irodori-device-done", daemon=True
+                )
+                self._waiters[stream] = waiter
+                waiter.start()
+            self._cond.notify_all()
+
+    def ready_mark(self) -> Any:
+        """Called in a job after it launched a tensor that a decode job will read: a CUDA event
+        there, where the owner keeps a decode stream (else None: one stream keeps the order)."""
+        return _device_mark() if self.decode_stream else None
+
+    def consume(self, tensor: Any, ready: Any) -> None:
+        """In a decode job, before it reads `tensor`, made on another stream maybe (a latent: the
+        default stream; a line's decoder input: inline or on the decode stream): wait here for
+        `ready` (`ready_mark`, recorded after it was made; None: for all the default stream's work
+        so far), and keep its memory from other use until this stream has read it."""
+        if not self.decode_stream or tensor.device.type != "cuda":
+            return
+        import torch
+
+        here = torch.cuda.current_stream(tensor.device)
+        if ready is not None:
+            here.wait_event(ready)  # free where it was made here or has finished
+        elif here != torch.cuda.default_stream(tensor.device):
+            here.wait_stream(torch.cuda.default_stream(tensor.device))
+        tensor.record_stream(here)
 
     def upload(self, tensor: Any, device: Any) -> Any:
         """A host tensor on `device` (called in a job): on the owner thread through pinned memory
@@ -388,7 +387,7 @@ class DeviceOwner:
             self._room()
             if (job := self._pop_urgent()) is None:
                 break
-            self._note_launch(self._do(job))
+            self._launch(job)
         stepping = False
         for stepper in list(self._steppers):
             if stepper.has_work():
@@ -408,7 +407,26 @@ class DeviceOwner:
             job = self._pop_urgent() or self._pop_normal(due_only=stepping)
             if job is None:
                 break
+            self._launch(job)
+
+    def _launch(self, job: Job) -> None:
+        """Run `job` (with its batch) on its stream, and mark its end there."""
+        with self._on_stream(job.stream):
             self._note_launch(self._do(job))
+
+    def _on_stream(self, name: str | None) -> Any:
+        """The decode stream, made current, for a job that asks for it while the owner keeps one
+        on CUDA (a CPU model's job runs as any other)."""
+        if name is None or not self.decode_stream:
+            return contextlib.nullcontext()
+        import torch
+
+        if not torch.cuda.is_initialized():
+            return contextlib.nullcontext()
+        key = (torch.cuda.current_device(), self.decode_priority)
+        if (stream := self._streams.get(key)) is None:
+            stream = self._streams[key] = torch.cuda.Stream(priority=self.decode_priority)
+        return torch.cuda.stream(stream)
 
     def _room(self) -> None:
         """With a queue depth, wait until fewer than `queue_depth` of the owner's launches are
@@ -537,16 +555,17 @@ class DeviceOwner:
         self.jobs_run += 1
         job.done.set()
 
-    def _wait_copies(self) -> None:
-        """Wait for the copies in launch order (one stream: they land in that order)."""
+    def _wait_copies(self, stream: int) -> None:
+        """Wait for the copies of one stream in launch order (they land in that order there)."""
+        copies = self._copies[stream]
         while True:
             with self._cond:
-                if not self._copies:
+                if not copies:
                     self._cond.wait(self.linger_s)
-                    if not self._copies:
-                        self._waiter = None
+                    if not copies:
+                        del self._waiters[stream]
                         return
-                copy = self._copies.popleft()
+                copy = copies.popleft()
             error = None
             try:
                 copy._event.synchronize()

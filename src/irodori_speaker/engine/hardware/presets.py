@@ -143,6 +143,11 @@ class Preset:
     # audio s/s, 64 streams 718 against 890 with 37 lines underrun; p95 first audio 103 against 127
     # ms at 16; RESULTS.md seventeenth session, `concurrency.py --batching line,line@2`)
     owner_queue_depth: int = 0
+    # CUDA, lines meeting on the device owner: the decode windows on a CUDA stream of their own, so
+    # the text encoders' and the sampler's small kernels can run beside the decoder's wide ones
+    # (engine/hardware/owner.py `decode_stream`). Process-wide, as the queue depth. Off until
+    # measured on a GPU (docs/status.md; `concurrency.py` kinds "+d", "+h")
+    owner_decode_stream: bool = False
     # the GPU memory budget in bytes (None: none), set at load from LoadOptions.max_gpu_memory;
     # max_batch and prewarm_seconds are then within it (engine/hardware/memory.py)
     max_gpu_memory: int | None = None

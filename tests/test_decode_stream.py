@@ -1,0 +1,142 @@
+"""The decode on a CUDA stream of its own (the preset's `owner_decode_stream`, `DeviceOwner.decode_stream`).
+
+The decode's jobs ask for the decode stream (checked for every window in tests/test_decode_batch.py);
+where the owner keeps one, a line's first decode job waits there for the event recorded after its
+sampling, and each stream's copies to the host land through a waiter of their own. The streams
+themselves need CUDA: those tests are written and skipped here (run on the device). On the CPU the
+copy waiters run with stand-in events (a CUDA event cannot be made here), and a CPU model ignores
+the option.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from irodori_speaker.engine.hardware.owner import DeviceOwner, HostCopy
+from irodori_speaker.engine.hardware.presets import base_preset
+from test_batching import TEXTS, opts
+from test_text_batching import together
+
+CUDA = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA streams and events run only on CUDA (run on the H200)"
+)
+
+
+class _Held:
+    """A stand-in for a CUDA event recorded after a copy: `synchronize` returns once released."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+
+    def synchronize(self) -> None:
+        assert self.released.wait(10)
+
+
+def test_a_copy_of_one_stream_lands_while_an_earlier_one_of_another_is_still_on_its_way():
+    owner = DeviceOwner()
+    slow, fast = _Held(), _Held()
+    held = HostCopy(torch.zeros(2), slow)  # e.g. a sampling's trim frame behind a long launch
+    window = HostCopy(torch.ones(2), fast)  # a decode window's samples, queued after it
+    owner._queue_copy(held, 1)
+    owner._queue_copy(window, 2)
+    fast.released.set()
+    assert torch.equal(window.wait(), torch.ones(2))
+    assert held.pending  # its own stream's waiter still waits for it
+    slow.released.set()
+    assert torch.equal(held.wait(), torch.zeros(2))
+    for waiter in list(owner._waiters.values()):
+        waiter.join(2)
+    assert not owner._waiters  # both waiters end once idle
+
+
+def test_copies_of_one_stream_land_in_launch_order():
+    owner = DeviceOwner()
+    first, second = _Held(), _Held()
+    a, b = HostCopy(torch.zeros(1), first), HostCopy(torch.ones(1), second)
+    owner._queue_copy(a, 1)
+    owner._queue_copy(b, 1)
+    second.released.set()
+    assert not b._ready.wait(0.1)  # behind the first: one stream finishes in launch order
+    first.released.set()
+    assert b.wait() is not None and not a.pending
+
+
+def test_the_decode_stream_is_off_in_every_preset_until_measured():
+    assert not any(base_preset(n).owner_decode_stream for n in ("cuda", "mps", "cpu"))
+
+
+def test_a_cpu_model_ignores_the_decode_stream(irodori_home):
+    from irodori_speaker.engine.hardware.owner import DEVICE
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    synth = load_synthesizer(tiny_random="v2", backend="cpu", voice_cache_dir=False, max_batch=4)
+    jobs = [(t, opts(seed=i, seconds=1.0)) for i, t in enumerate(TEXTS[:3])]
+    one = together(synth, jobs)
+    DEVICE.decode_stream = True
+    try:
+        apart = together(synth, jobs)
+    finally:
+        DEVICE.decode_stream = False
+    for a, b in zip(one, apart):
+        assert b.record.extra["sample_batch"] == a.record.extra["sample_batch"] > 1
+        np.testing.assert_array_equal(b.audio, a.audio)
+
+
+@CUDA
+def test_on_cuda_lines_that_meet_sound_the_same_with_the_decode_on_its_own_stream(irodori_home):
+    """The CUDA preset (graphed windows, windows of lines that meet batched) with the decode on a
+    stream of its own: every window ran off the default stream, and each line sounds as with one."""
+    from irodori_speaker.engine.hardware.owner import DEVICE
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    synth = load_synthesizer(tiny_random="v4.1-mf", backend="cuda", voice_cache_dir=False, max_batch=8)
+    synth.prewarm()
+    jobs = [(t, opts(seed=i, seconds=1.0 + 0.5 * i)) for i, t in enumerate(TEXTS)]
+    one = together(synth, jobs)
+    streams: list[bool] = []
+    codec = synth.codec
+    real = codec.decode_window_batch
+
+    def recorded(windows):
+        streams.append(torch.cuda.current_stream() != torch.cuda.default_stream())
+        return real(windows)
+
+    codec.decode_window_batch = recorded
+    DEVICE.decode_stream = True
+    try:
+        apart = together(synth, jobs)
+    finally:
+        DEVICE.decode_stream = False
+        codec.decode_window_batch = real
+    assert streams and all(streams)
+    for a, b in zip(one, apart):
+        assert not isinstance(b, Exception), b
+        np.testing.assert_allclose(b.audio, a.audio, atol=2e-2)  # windows batched otherwise: fp16 rows
+
+
+@CUDA
+def test_on_cuda_a_decode_job_waits_for_its_lines_sampling_on_the_decode_stream(irodori_home):
+    """A latent made on the default stream behind a long launch: the decode stream's job reads it
+    whole (it waited for the event after it), and its memory is kept for the decode stream."""
+    from irodori_speaker.engine.hardware.owner import DEVICE
+
+    DEVICE.decode_stream = True
+    try:
+        big = torch.randn(4096, 4096, device="cuda")
+        latent = torch.zeros(1, 64, 32, device="cuda")
+        for _ in range(20):  # keep the default stream busy for a while
+            big = big @ big / 64.0
+        latent.fill_(1.0)
+        ready = DEVICE.ready_mark()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            DEVICE.consume(latent, ready)
+            seen = latent.sum()
+        side.synchronize()
+        assert seen.item() == latent.numel()
+    finally:
+        DEVICE.decode_stream = False
