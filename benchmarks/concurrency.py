@@ -31,8 +31,9 @@ and letters (after all of that, e.g. "line+ts"): "t", each line's first window l
 its tail-trim frame reaches the host (the preset's stream_first_before_trim), "w" after it, as
 without; "s", lines sampled from their encoders' job (the preset's sample_with_encoders; the
 sampler's launch then counts in the "text" column, and "sampling" falls to almost nothing), "n"
-not; "d", the decode windows on a CUDA stream of their own (the preset's owner_decode_stream),
-"h" the same at a higher CUDA priority than the sampler's, "u" one stream for all. A letter left
+not; "h", the decode windows on a CUDA stream of their own at a higher priority than the
+sampler's (the preset's owner_decode_stream, on in the CUDA preset), "d" the same at the default
+priority, "u" one stream for all. A letter left
 out: the preset's.
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
@@ -114,7 +115,7 @@ import spy_profile  # noqa: E402
 from owner_time import owner_time  # noqa: E402
 
 from irodori_speaker.engine.duration import HOP  # noqa: E402
-from irodori_speaker.engine.hardware.owner import DEVICE  # noqa: E402
+from irodori_speaker.engine.hardware.owner import DECODE_PRIORITY, DEVICE  # noqa: E402
 from irodori_speaker.engine.kernels.tuning import tuning_allowed  # noqa: E402
 from irodori_speaker.options import SynthesisOptions  # noqa: E402
 from irodori_speaker.synthesis.batching import SampleBatcher  # noqa: E402
@@ -211,15 +212,15 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     them (`admit_encoders`; neither letter: the preset's). Any kind may end in "+" and letters:
     "t", a line's first window launched before its tail-trim frame lands (the preset's
     `stream_first_before_trim`), "w" after it; "s", lines sampled from their encoders' job (the
-    preset's `sample_with_encoders`), "n" not; "d", the decode on a stream of its own (the preset's
-    `owner_decode_stream`), "h" the same at a higher priority, "u" one stream; a letter left out,
-    the preset's."""
+    preset's `sample_with_encoders`), "n" not; "h", the decode on a stream of its own at a higher
+    priority (the preset's `owner_decode_stream`), "d" the same at the default priority, "u" one
+    stream; a letter left out, the preset's."""
     kind, _, flags = kind.partition("+")
     if set(flags) - set("twsndhu"):
         raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, s, n, d, h, u)")
     own = synth.preset.owner_decode_stream and synth.device.type == "cuda"
     DEVICE.decode_stream = bool(set(flags) & set("dh")) or ("u" not in flags and own)
-    DEVICE.decode_priority = -1 if "h" in flags else 0
+    DEVICE.decode_priority = 0 if "d" in flags else DECODE_PRIORITY
     early = True if "t" in flags else False if "w" in flags else FIRST_BEFORE_TRIM[0]
     with_encoders = True if "s" in flags else False if "n" in flags else synth.preset.sample_with_encoders
     kind, _, depth = kind.partition("@")

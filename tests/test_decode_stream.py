@@ -10,6 +10,7 @@ the option.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -65,22 +66,43 @@ def test_copies_of_one_stream_land_in_launch_order():
     assert b.wait() is not None and not a.pending
 
 
-def test_the_decode_stream_is_off_in_every_preset_until_measured():
-    assert not any(base_preset(n).owner_decode_stream for n in ("cuda", "mps", "cpu"))
+@contextlib.contextmanager
+def _decode_stream(on: bool):
+    """The process-wide switch set for a while (a CUDA Synthesizer of the preset sets it on)."""
+    from irodori_speaker.engine.hardware.owner import DEVICE
+
+    was, DEVICE.decode_stream = DEVICE.decode_stream, on
+    try:
+        yield
+    finally:
+        DEVICE.decode_stream = was
+
+
+def test_the_cuda_preset_has_the_decode_stream_and_no_other_does():
+    assert base_preset("cuda").owner_decode_stream
+    assert not any(base_preset(n).owner_decode_stream for n in ("mps", "cpu"))
+
+
+def test_a_cpu_synthesizer_asked_for_the_decode_stream_leaves_it_off(irodori_home):
+    from irodori_speaker.engine.hardware.owner import DEVICE
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    with _decode_stream(False):
+        load_synthesizer(
+            tiny_random="v2", backend="cpu", voice_cache_dir=False, max_batch=4, owner_decode_stream=True
+        )
+        assert DEVICE.decode_stream is False
 
 
 def test_a_cpu_model_ignores_the_decode_stream(irodori_home):
-    from irodori_speaker.engine.hardware.owner import DEVICE
     from irodori_speaker.synthesis.loading import load_synthesizer
 
     synth = load_synthesizer(tiny_random="v2", backend="cpu", voice_cache_dir=False, max_batch=4)
     jobs = [(t, opts(seed=i, seconds=1.0)) for i, t in enumerate(TEXTS[:3])]
-    one = together(synth, jobs)
-    DEVICE.decode_stream = True
-    try:
+    with _decode_stream(False):
+        one = together(synth, jobs)
+    with _decode_stream(True):
         apart = together(synth, jobs)
-    finally:
-        DEVICE.decode_stream = False
     for a, b in zip(one, apart):
         assert b.record.extra["sample_batch"] == a.record.extra["sample_batch"] > 1
         np.testing.assert_array_equal(b.audio, a.audio)
@@ -94,9 +116,11 @@ def test_on_cuda_lines_that_meet_sound_the_same_with_the_decode_on_its_own_strea
     from irodori_speaker.synthesis.loading import load_synthesizer
 
     synth = load_synthesizer(tiny_random="v4.1-mf", backend="cuda", voice_cache_dir=False, max_batch=8)
+    assert DEVICE.decode_stream  # the CUDA preset's, with lines batched
     synth.prewarm()
     jobs = [(t, opts(seed=i, seconds=1.0 + 0.5 * i)) for i, t in enumerate(TEXTS)]
-    one = together(synth, jobs)
+    with _decode_stream(False):
+        one = together(synth, jobs)
     streams: list[bool] = []
     codec = synth.codec
     real = codec.decode_window_batch
@@ -106,11 +130,10 @@ def test_on_cuda_lines_that_meet_sound_the_same_with_the_decode_on_its_own_strea
         return real(windows)
 
     codec.decode_window_batch = recorded
-    DEVICE.decode_stream = True
     try:
-        apart = together(synth, jobs)
+        with _decode_stream(True):
+            apart = together(synth, jobs)
     finally:
-        DEVICE.decode_stream = False
         codec.decode_window_batch = real
     assert streams and all(streams)
     for a, b in zip(one, apart):
@@ -124,8 +147,7 @@ def test_on_cuda_a_decode_job_waits_for_its_lines_sampling_on_the_decode_stream(
     whole (it waited for the event after it), and its memory is kept for the decode stream."""
     from irodori_speaker.engine.hardware.owner import DEVICE
 
-    DEVICE.decode_stream = True
-    try:
+    with _decode_stream(True):
         big = torch.randn(4096, 4096, device="cuda")
         latent = torch.zeros(1, 64, 32, device="cuda")
         for _ in range(20):  # keep the default stream busy for a while
@@ -138,5 +160,3 @@ def test_on_cuda_a_decode_job_waits_for_its_lines_sampling_on_the_decode_stream(
             seen = latent.sum()
         side.synchronize()
         assert seen.item() == latent.numel()
-    finally:
-        DEVICE.decode_stream = False

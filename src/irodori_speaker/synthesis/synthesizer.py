@@ -167,8 +167,8 @@ class Synthesizer:
             codec.use_graphs(True, capture_on_use=None, max_graphs=max(8, shapes))
         if self.device.type == "cuda" and self.preset.owner_queue_depth:
             DEVICE.queue_depth = self.preset.owner_queue_depth  # one owner: process-wide
-        if self.device.type == "cuda" and self.preset.owner_decode_stream:
-            DEVICE.decode_stream = True
+        if self.device.type == "cuda" and self.preset.owner_decode_stream and self.preset.max_batch > 1:
+            DEVICE.decode_stream = True  # process-wide, as the queue depth
         self.prewarm_report: dict[str, Any] = {}
 
     @property

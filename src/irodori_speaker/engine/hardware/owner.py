@@ -75,6 +75,9 @@ I = TypeVar("I")
 
 URGENT, NORMAL = 0, 1  # a new line's encoders and first window; later windows and the rest
 DECODE = "decode"  # the stream a job asks for (`run(stream=...)`) where the owner runs the decode apart
+# the decode stream's CUDA priority, above the default stream's 0: at 0, 16 streams lost (0.89-0.91x;
+# at -1 0.97-1.03x, 64 streams 1.07-1.17x: H100, (o), benchmarks/RESULTS.md twenty-fifth session)
+DECODE_PRIORITY = -1
 DUE_S = 0.02  # while lines are stepped, a NORMAL job runs once its deadline is this near
 
 
@@ -136,7 +139,7 @@ class DeviceOwner:
         # the decode's jobs (`stream=DECODE`) on a CUDA stream of their own (the preset's
         # `owner_decode_stream`), at this CUDA priority (lower: the GPU serves it first)
         self.decode_stream = False
-        self.decode_priority = 0
+        self.decode_priority = DECODE_PRIORITY
         self._streams: dict[tuple[int, int], Any] = {}
         self.jobs_run = 0
         self.batches_run = 0  # calls of a batched kind that served more than one job

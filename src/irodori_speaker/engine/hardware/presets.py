@@ -127,7 +127,9 @@ class Preset:
     # line batches: a line is sampled from its encoders' job, batched with the lines encoded beside
     # it, with no round trip to its thread between (`SampleBatcher.with_encoders`): in that job
     # when its length is known (asked seconds, no duration predictor), else in a job the owner runs
-    # once the predictor's length has landed on the host. Off until measured on a GPU (status.md)
+    # once the predictor's length has landed on the host. Off: 0.90-1.00x the preset at 16 streams
+    # (smaller batches: it no longer meets lines whose encoders come a little later), and with the
+    # predictor's lengths it underran at 64 (H100, RESULTS.md twenty-fifth session)
     sample_with_encoders: bool = False
     # stream windows of one length from lines that meet on the device owner decode as one batch of
     # up to this many (synthesis/decoding.py); with codec graphs prewarm captures a graph per batch
@@ -143,10 +145,12 @@ class Preset:
     # audio s/s, 64 streams 718 against 890 with 37 lines underrun; p95 first audio 103 against 127
     # ms at 16; RESULTS.md seventeenth session, `concurrency.py --batching line,line@2`)
     owner_queue_depth: int = 0
-    # CUDA, lines meeting on the device owner: the decode windows on a CUDA stream of their own, so
-    # the text encoders' and the sampler's small kernels can run beside the decoder's wide ones
-    # (engine/hardware/owner.py `decode_stream`). Process-wide, as the queue depth. Off until
-    # measured on a GPU (docs/status.md; `concurrency.py` kinds "+d", "+h")
+    # CUDA with max_batch > 1, lines meeting on the device owner: the decode windows on a CUDA
+    # stream of their own at a higher priority (engine/hardware/owner.py `decode_stream`,
+    # `DECODE_PRIORITY`), so the text encoders' and the sampler's small kernels run beside the
+    # decoder's wide ones. Process-wide, as the queue depth: a Synthesizer with it on sets it. On in
+    # the CUDA preset (below); `concurrency.py` kinds "+h" (on), "+d" (at the default priority),
+    # "+u" (one stream)
     owner_decode_stream: bool = False
     # the GPU memory budget in bytes (None: none), set at load from LoadOptions.max_gpu_memory;
     # max_batch and prewarm_seconds are then within it (engine/hardware/memory.py)
@@ -209,6 +213,11 @@ def base_preset(name: str) -> Preset:
             sample_admit_up_to=8,
             sample_admit_backlog=1,
             sample_admit_encoders=True,
+            # the decode on a stream of its own, above the sampler's in priority: (o) 64 streams
+            # 1.05-1.17x, p95 first audio 265-268 against 298-303 ms, 16 streams 0.97-1.03x, no
+            # underrun (at the sampler's priority 16 streams lost: 0.89-0.91x) (H100, RESULTS.md
+            # twenty-fifth session; (e) not measured)
+            owner_decode_stream=True,
         )
     if name == "mps":
         # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision
