@@ -42,24 +42,24 @@ def test_a_copy_of_one_stream_lands_while_an_earlier_one_of_another_is_still_on_
     slow, fast = _Held(), _Held()
     held = HostCopy(torch.zeros(2), slow)  # e.g. a sampling's trim frame behind a long launch
     window = HostCopy(torch.ones(2), fast)  # a decode window's samples, queued after it
-    owner._queue_copy(held, 1)
-    owner._queue_copy(window, 2)
+    owner._copies.add(held, 1)
+    owner._copies.add(window, 2)
     fast.released.set()
     assert torch.equal(window.wait(), torch.ones(2))
     assert held.pending  # its own stream's waiter still waits for it
     slow.released.set()
     assert torch.equal(held.wait(), torch.zeros(2))
-    for waiter in list(owner._waiters.values()):
+    for waiter in list(owner._copies._waiters.values()):
         waiter.join(2)
-    assert not owner._waiters  # both waiters end once idle
+    assert not owner._copies._waiters  # both waiters end once idle
 
 
 def test_copies_of_one_stream_land_in_launch_order():
     owner = DeviceOwner()
     first, second = _Held(), _Held()
     a, b = HostCopy(torch.zeros(1), first), HostCopy(torch.ones(1), second)
-    owner._queue_copy(a, 1)
-    owner._queue_copy(b, 1)
+    owner._copies.add(a, 1)
+    owner._copies.add(b, 1)
     second.released.set()
     assert not b._ready.wait(0.1)  # behind the first: one stream finishes in launch order
     first.released.set()

@@ -380,8 +380,8 @@ def test_a_host_copy_whose_wait_failed_raises_in_its_line():
 
     owner = DeviceOwner()
     copy = HostCopy(torch.zeros(3), FailingEvent())
-    owner._queue_copy(copy, 0)
-    waiter = owner._waiters[0]
+    owner._copies.add(copy, 0)
+    waiter = owner._copies._waiters[0]
     with pytest.raises(RuntimeError, match="illegal memory access"):
         copy.wait()
     waiter.join(2)

@@ -1,7 +1,7 @@
 """A tensor on its way from the device to the host (`HostCopy`), made by `DeviceOwner.to_host`.
 
 The owner queues the copy behind the work that makes it and records an event after it; a waiter
-thread of the owner's (one a CUDA stream) sees it land and wakes whoever waits (`wait`) or hands
+thread (`CopyWaiters`, one a CUDA stream) sees it land and wakes whoever waits (`wait`) or hands
 the rest of a job on (`then`).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -65,3 +66,44 @@ class HostCopy:
         if self.error is not None:
             raise self.error
         return self.tensor
+
+
+class CopyWaiters:
+    """The copies on their way to the host: a queue and a waiter thread ("irodori-device-done") a
+    CUDA stream. Copies of one stream land in launch order (the stream runs them in that order);
+    those of another stream do not wait behind them. A waiter ends once idle for `linger_s`."""
+
+    def __init__(self, linger_s: float) -> None:
+        self.linger_s = linger_s
+        self._cond = threading.Condition()
+        self._copies: dict[int, deque[HostCopy]] = {}
+        self._waiters: dict[int, threading.Thread] = {}
+
+    def add(self, copy: HostCopy, stream: int) -> None:
+        """Wait for `copy` (made on `stream`, its event recorded after it) with that stream's waiter."""
+        with self._cond:
+            self._copies.setdefault(stream, deque()).append(copy)
+            if stream not in self._waiters:
+                waiter = threading.Thread(
+                    target=self._wait, args=(stream,), name="irodori-device-done", daemon=True
+                )
+                self._waiters[stream] = waiter
+                waiter.start()
+            self._cond.notify_all()
+
+    def _wait(self, stream: int) -> None:
+        copies = self._copies[stream]
+        while True:
+            with self._cond:
+                if not copies:
+                    self._cond.wait(self.linger_s)
+                    if not copies:
+                        del self._waiters[stream]
+                        return
+                copy = copies.popleft()
+            error = None
+            try:
+                copy._event.synchronize()
+            except Exception as e:  # a device error: the line that waits for it raises it
+                error = e
+            copy._land(error)

@@ -65,7 +65,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ...cancel import CancelToken, check
 from ...lanes import HIGH_LANE, LOW_LANE, current_lane
-from .host_copy import HostCopy
+from .host_copy import CopyWaiters, HostCopy
 from .lock import MODEL_LOCK
 
 log = logging.getLogger(__name__)
@@ -133,9 +133,7 @@ class DeviceOwner:
         self._seq = itertools.count()
         self._steppers: list[Stepper] = []  # those with lines in flight
         self._thread: threading.Thread | None = None
-        # the copies on their way to the host and the thread that waits for them, a CUDA stream each
-        self._copies: dict[int, deque[HostCopy]] = {}
-        self._waiters: dict[int, threading.Thread] = {}
+        self._copies = CopyWaiters(linger_s)  # the copies on their way to the host, a waiter a stream
         # the decode's jobs (`stream=DECODE`) on a CUDA stream of their own (the preset's
         # `owner_decode_stream`), at this CUDA priority (lower: the GPU serves it first)
         self.decode_stream = False
@@ -295,21 +293,8 @@ class DeviceOwner:
         event = torch.cuda.Event()
         event.record()
         copy = HostCopy(host, event)
-        self._queue_copy(copy, torch.cuda.current_stream().cuda_stream)
+        self._copies.add(copy, torch.cuda.current_stream().cuda_stream)
         return copy
-
-    def _queue_copy(self, copy: HostCopy, stream: int) -> None:
-        """Hand `copy` (made on `stream`) to that stream's waiter: copies of one stream land in
-        launch order, those of another (the decode's) not behind them."""
-        with self._cond:
-            self._copies.setdefault(stream, deque()).append(copy)
-            if stream not in self._waiters:
-                waiter = threading.Thread(
-                    target=self._wait_copies, args=(stream,), name="irodori-device-done", daemon=True
-                )
-                self._waiters[stream] = waiter
-                waiter.start()
-            self._cond.notify_all()
 
     def ready_mark(self) -> Any:
         """Called in a job after it launched a tensor that a decode job will read: a CUDA event
@@ -469,8 +454,9 @@ class DeviceOwner:
     def backlog_above(self, n: int) -> bool:
         """Whether the device holds more than `n` of the owner's launches unfinished (CUDA, with
         `track_busy` on; elsewhere a job's work is done when it returns: False). One query, however
-        deep the queue: the device finishes them in launch order, so the (n + 1)-th newest is
-        unfinished only if all after it are (lines waiting for admission ask every 0.5 ms)."""
+        deep the queue: one stream finishes them in launch order, so the (n + 1)-th newest is
+        unfinished only if all after it are (with the decode stream, roughly: lines waiting for
+        admission ask every 0.5 ms)."""
         try:
             mark = self._marks[-1 - n]
         except IndexError:  # fewer kept (or one let go meanwhile by the owner thread)
@@ -557,24 +543,6 @@ class DeviceOwner:
                 job.fail(e)
         self.jobs_run += 1
         job.done.set()
-
-    def _wait_copies(self, stream: int) -> None:
-        """Wait for the copies of one stream in launch order (they land in that order there)."""
-        copies = self._copies[stream]
-        while True:
-            with self._cond:
-                if not copies:
-                    self._cond.wait(self.linger_s)
-                    if not copies:
-                        del self._waiters[stream]
-                        return
-                copy = copies.popleft()
-            error = None
-            try:
-                copy._event.synchronize()
-            except Exception as e:  # a device error: the line that waits for it raises it
-                error = e
-            copy._land(error)
 
 
 def _device_mark() -> Any:
