@@ -80,7 +80,8 @@ Two measurements explain the rows (CUDA):
 - `--profile N`: the batched run at N streams once more under `torch.profiler` (CUDA activity
   only: the kernels' own clock, no host-side op recording): the GPU's busy fraction (the union of
   its kernel and copy intervals over the run's wall), GPU ms a line, and the idle gaps (those over
-  1 ms by the kernel that ended them: what the GPU waited for).
+  1 ms by the kernel that ended them: what the GPU waited for); with the decode on its own stream,
+  each stream's busy time and the time two ran at once.
 - `--ceiling`: what the GPU could do if every stage were batched perfectly: one line's text
   encoder, sampling graph and stream windows timed alone and as batches of 2..16 rows (CUDA
   events, graphs replayed), and the audio seconds per second each batch size would give with the
@@ -392,6 +393,16 @@ def gaps_by_next(events: list[tuple[int, int, str]], over: int) -> dict[str, lis
     return out
 
 
+def busy_by_stream(events: list[tuple[int, int, int]]) -> tuple[dict[int, int], int]:
+    """Each stream's busy time (the union of its (start, end, stream) intervals), and the time two
+    or more streams ran at once (their sum less the union of all: the decode stream's overlap)."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for a, b, stream in events:
+        spans.setdefault(stream, []).append((a, b))
+    each = {stream: busy_and_gaps(s)[0] for stream, s in spans.items()}
+    return each, sum(each.values()) - busy_and_gaps([(a, b) for a, b, _ in events])[0]
+
+
 def profiled(fn, *args) -> tuple[Run, dict]:
     """`fn(*args)` under torch.profiler, CUDA activity only; the GPU's busy time is the union of its
     kernel / copy intervals (streams overlapping count once)."""
@@ -400,11 +411,10 @@ def profiled(fn, *args) -> tuple[Run, dict]:
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         r = fn(*args)
-    events = [
-        (e.start_ns(), e.start_ns() + e.duration_ns(), e.name())
-        for e in prof.profiler.kineto_results.events()
-        if e.device_type() == DeviceType.CUDA
-    ]
+    cuda = [e for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA]
+    events = [(e.start_ns(), e.start_ns() + e.duration_ns(), e.name()) for e in cuda]
+    streams = [e.device_resource_id() for e in cuda]  # the CUDA stream each ran on
+    each, both = busy_by_stream([(a, b, s) for (a, b, _), s in zip(events, streams)])
     spans = [(a, b) for a, b, _ in events]
     busy, gaps = busy_and_gaps(spans)
     after = sorted(gaps_by_next(events, 10**6).items(), key=lambda kv: -kv[1][1])
@@ -414,6 +424,8 @@ def profiled(fn, *args) -> tuple[Run, dict]:
         "busy_ms": busy / 1e6,
         "busy_frac": busy / wall_ns if wall_ns else float("nan"),
         "gpu_ms_a_line": busy / 1e6 / max(r.lines, 1),
+        "busy_ms_by_stream": {str(k): v / 1e6 for k, v in sorted(each.items())},
+        "overlap_ms": both / 1e6,  # two streams (the decode's and the rest) running at once
         "gaps_over_1ms": sum(1 for g in gaps if g > 1e6),
         "gap_ms_over_1ms": sum(g for g in gaps if g > 1e6) / 1e6,
         "gap_ms_under_1ms": sum(g for g in gaps if g <= 1e6) / 1e6,
@@ -682,6 +694,9 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
             f"shorter ones; batches {dict(sorted(r.batches.items()))}",
             flush=True,
         )
+        if len(stats["busy_ms_by_stream"]) > 1:
+            by = ", ".join(f"{k}: {v:.1f}" for k, v in stats["busy_ms_by_stream"].items())
+            print(f"#   busy ms by stream {by}; two at once {stats['overlap_ms']:.1f} ms", flush=True)
         for g in stats["gaps_over_1ms_by_next"][:8]:  # what the GPU waited for
             print(f"#   {g['gaps']} gaps, {g['ms']:.1f} ms, before {g['kernel'][:100]}", flush=True)
         report.setdefault("profile", []).append({"streams": n, "audio_s_per_s": rate, **stats})

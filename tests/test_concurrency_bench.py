@@ -32,6 +32,17 @@ def test_busy_time_is_the_union_of_intervals_and_gaps_lie_between_them() -> None
     assert busy_and_gaps([(3, 9)]) == (6, [])
 
 
+def test_each_streams_busy_time_and_the_time_two_ran_at_once() -> None:
+    busy_by_stream = _module().busy_by_stream
+    # stream 7 (the sampler's): 0-10 and 20-30; stream 9 (the decode's): 5-12, 8-9 nested, 40-41
+    events = [(0, 10, 7), (5, 12, 9), (8, 9, 9), (20, 30, 7), (40, 41, 9)]
+    each, both = busy_by_stream(events)
+    assert each == {7: 20, 9: 8}
+    assert both == 5  # 5-10: both streams ran; the union is 0-12, 20-30, 40-41 = 23
+    assert busy_by_stream([(0, 4, 1), (2, 6, 1)]) == ({1: 6}, 0)  # one stream never overlaps itself
+    assert busy_by_stream([]) == ({}, 0)
+
+
 def test_idle_gaps_are_told_by_the_kernel_that_ended_them() -> None:
     gaps_by_next = _module().gaps_by_next
     # two streams overlap, one kernel nested (no gap among them); gaps of 6 before "dit", 5
