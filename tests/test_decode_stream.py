@@ -153,7 +153,7 @@ def test_on_cuda_a_decode_job_waits_for_its_lines_sampling_on_the_decode_stream(
         for _ in range(20):  # keep the default stream busy for a while
             big = big @ big / 64.0
         latent.fill_(1.0)
-        ready = DEVICE.ready_mark()
+        ready = DEVICE.ready_mark(latent)
         side = torch.cuda.Stream()
         with torch.cuda.stream(side):
             DEVICE.consume(latent, ready)

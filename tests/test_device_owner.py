@@ -151,6 +151,25 @@ def test_host_copies_land_in_order_and_whole_on_cuda():
     assert not irodori_threads()
 
 
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs two CUDA devices (a model on cuda:1; run on nvidia-h100-x2)"
+)
+def test_host_copies_of_a_second_device_land_whole():
+    """The copy's event is recorded on its tensor's device, not the owner thread's current one
+    (cuda:0), where it would be done at once and the host would read the copy before it landed."""
+    a = torch.randn(2048, 2048, device="cuda:1")
+
+    def job(i: int):
+        b = a
+        for _ in range(8):
+            b = torch.tanh(b @ a) * 0.5
+        return DEVICE.to_host(b[i].clone()), b[i]
+
+    pairs = _through_owner(DEVICE, [lambda i=i: job(i) for i in range(4)])
+    for copy, dev in pairs:
+        np.testing.assert_allclose(copy.wait().numpy(), dev.cpu().numpy())
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_lines_stepped_together_on_cuda_sound_as_alone(irodori_home):
     synth = _load("cuda", max_batch=8, step_batching=True)

@@ -163,7 +163,8 @@ def decode_chunks(
 
     def source() -> Any:
         if not held:  # no NaN check on the device (a host sync): the audio is checked on the host
-            held.extend((codec.decoder_input(latent(), check_finite=False), DEVICE.ready_mark()))
+            made = codec.decoder_input(latent(), check_finite=False)
+            held.extend((made, DEVICE.ready_mark(made)))
         else:
             DEVICE.consume(held[0], held[1])
         return held[0]

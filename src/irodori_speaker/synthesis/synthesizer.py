@@ -399,7 +399,7 @@ class Synthesizer:
             outs = [latent[b : b + 1, :n] for b, n in enumerate(lengths)]
         for r, out in zip(reqs, outs):
             _trim_with_latent(r, out)
-        ready = DEVICE.ready_mark()  # after the batch's latents and trims
+        ready = DEVICE.ready_mark(outs[0])  # after the batch's latents and trims
         for r in reqs:
             r.ready = ready
         return outs
@@ -425,7 +425,7 @@ class Synthesizer:
         done = [(req, line) for line in ok if isinstance(req := line.tag, SampleRequest)]
         for req, line in done:
             _trim_with_latent(req, line.latent())
-        ready = DEVICE.ready_mark() if done else None  # after the lines' latents and trims
+        ready = DEVICE.ready_mark(done[0][1].latent()) if done else None  # after their latents, trims
         for req, _ in done:
             req.ready = ready
         return finished

@@ -289,17 +289,24 @@ class DeviceOwner:
             return HostCopy(tensor.cpu())
         import torch
 
+        stream = torch.cuda.current_stream(tensor.device)  # its device's (not the current device's)
         host = tensor.to("cpu", non_blocking=True)  # pinned, filled when the stream gets there
         event = torch.cuda.Event()
-        event.record()
+        event.record(stream)
         copy = HostCopy(host, event)
-        self._copies.add(copy, torch.cuda.current_stream().cuda_stream)
+        self._copies.add(copy, stream.cuda_stream)
         return copy
 
-    def ready_mark(self) -> Any:
-        """Called in a job after it launched a tensor that a decode job will read: a CUDA event
-        there, where the owner keeps a decode stream (else None: one stream keeps the order)."""
-        return _device_mark() if self.decode_stream else None
+    def ready_mark(self, tensor: Any) -> Any:
+        """Called in a job after it launched `tensor`, which a decode job will read: a CUDA event
+        after it on its device's stream, where the owner keeps a decode stream (else None)."""
+        if not self.decode_stream or tensor.device.type != "cuda":
+            return None
+        import torch
+
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(tensor.device))
+        return event
 
     def consume(self, tensor: Any, ready: Any) -> None:
         """In a decode job, before it reads `tensor`, made on another stream maybe (a latent: the
@@ -404,7 +411,8 @@ class DeviceOwner:
 
     def _on_stream(self, name: str | None) -> Any:
         """The decode stream, made current, for a job that asks for it while the owner keeps one
-        on CUDA (a CPU model's job runs as any other)."""
+        on CUDA (a CPU model's job runs as any other). It is the current CUDA device's: a model
+        on another device decodes on that device's default stream, in order, with no overlap."""
         if name is None or not self.decode_stream:
             return contextlib.nullcontext()
         import torch
