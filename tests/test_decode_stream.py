@@ -78,6 +78,35 @@ def _decode_stream(on: bool):
         DEVICE.decode_stream = was
 
 
+def test_a_decode_job_runs_under_the_decode_stream_on_the_owner_and_inline_alike():
+    """Inline (a line alone), on the owner (lines that meet) and nested in a job, a job asking
+    for the decode stream enters it and no other job does: the codec's graphs share one memory
+    pool and their inputs, so a window must never replay on another stream (`_on_stream` stands
+    in for the CUDA stream here, which cannot run on the CPU)."""
+    from irodori_speaker.engine.hardware.owner import DECODE
+    from owner_threads import queue_then_release
+
+    owner = DeviceOwner()
+    owner.decode_stream = True
+    entered: list[tuple[str | None, str]] = []
+
+    @contextlib.contextmanager
+    def on_stream(name):
+        entered.append((name, threading.current_thread().name))
+        yield
+
+    owner._on_stream = on_stream
+    assert owner.run(lambda: "alone", stream=DECODE) == "alone"
+    assert owner.run(lambda: "encoders") == "encoders"
+    assert entered == [(DECODE, "MainThread"), (None, "MainThread")]
+    entered.clear()
+    nested = lambda o: o.run(lambda: o.run(lambda: 2, stream=DECODE))  # noqa: E731
+    jobs = [lambda o: o.run(lambda: 1, stream=DECODE), nested]
+    assert sorted(queue_then_release(owner, jobs)) == [1, 2]
+    on_owner = [name for name, thread in entered if thread == "irodori-device"]
+    assert sorted(on_owner, key=str) == [None, DECODE, DECODE]  # the nested one too
+
+
 def test_the_cuda_preset_has_the_decode_stream_and_no_other_does():
     assert base_preset("cuda").owner_decode_stream
     assert not any(base_preset(n).owner_decode_stream for n in ("mps", "cpu"))

@@ -34,7 +34,8 @@ together run as one call: every line that is waiting is served by one launch of 
 that raises runs its jobs again one by one, so an error reaches only the line that caused it.
 
 With `decode_stream` (the preset's `owner_decode_stream`) the decode's jobs run on a second CUDA
-stream: the text encoders' and the sampler's small kernels can then run beside the decoder's
+stream, wherever they run (the codec's graphs share a memory pool: they must replay in one
+order): the text encoders' and the sampler's small kernels can then run beside the decoder's
 wide ones instead of after them. A decode job waits there only for its own line's latent (an
 event recorded after the sampling, `ready_mark`, `consume`); each stream's copies have a waiter
 of their own, so a window's samples do not wait behind a later sampling's trim frame.
@@ -226,14 +227,17 @@ class DeviceOwner:
             job.high = True
         elif lane == LOW_LANE:  # a low line's first audio waits behind the others'
             job.priority = NORMAL
+        # inline too, a decode job runs on the decode stream: the codec's graphs share one memory
+        # pool and their inputs, so none may replay on another stream while that one has work
         if self.on_owner():
-            return job.fn()
+            with self._on_stream(job.stream):
+                return job.fn()
         if self._thread is None and MODEL_LOCK.acquire(blocking=False):
             try:
                 if self._thread is None:  # else the owner started meanwhile: queue behind it
                     import torch
 
-                    with torch.inference_mode():
+                    with torch.inference_mode(), self._on_stream(job.stream):
                         return job.fn()
             finally:
                 MODEL_LOCK.release()
