@@ -27,14 +27,12 @@ end in "@N" (e.g. "line@2"): the run with the device owner's queue depth N (the 
 owner_queue_depth: the owner waits for the GPU once N of its launches are unfinished there, so the
 backlog queues on the host where lines batch; without it, 0, the owner launches every job the
 moment it comes); the row's "owner waited" column is its time spent so. A kind may end in "+"
-and letters (after all of that, e.g. "line+ts"): "t", each line's first window launched before
+and letters (after all of that, e.g. "line+th"): "t", each line's first window launched before
 its tail-trim frame reaches the host (the preset's stream_first_before_trim), "w" after it, as
-without; "s", lines sampled from their encoders' job (the preset's sample_with_encoders; the
-sampler's launch then counts in the "text" column, and "sampling" falls to almost nothing), "n"
-not; "h", the decode windows on a CUDA stream of their own at a higher priority than the
+without; "h", the decode windows on a CUDA stream of their own at a higher priority than the
 sampler's (the preset's owner_decode_stream, on in the CUDA preset), "d" the same at the default
-priority, "u" one stream for all. A letter left
-out: the preset's.
+priority, "u" one stream for all. A letter left out: the preset's. (Lines sampled from their
+encoders' job, "+s", measured slower and left on the branch sample-with-encoders.)
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
@@ -212,18 +210,16 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     2; N 0 is max_batch), "~MS/N:Be" with the lines held before their encoders, "~MS/N:Ba" after
     them (`admit_encoders`; neither letter: the preset's). Any kind may end in "+" and letters:
     "t", a line's first window launched before its tail-trim frame lands (the preset's
-    `stream_first_before_trim`), "w" after it; "s", lines sampled from their encoders' job (the
-    preset's `sample_with_encoders`), "n" not; "h", the decode on a stream of its own at a higher
+    `stream_first_before_trim`), "w" after it; "h", the decode on a stream of its own at a higher
     priority (the preset's `owner_decode_stream`), "d" the same at the default priority, "u" one
     stream; a letter left out, the preset's."""
     kind, _, flags = kind.partition("+")
-    if set(flags) - set("twsndhu"):
-        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, s, n, d, h, u)")
+    if set(flags) - set("twdhu"):
+        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u)")
     own = synth.preset.owner_decode_stream and synth.device.type == "cuda"
     DEVICE.decode_stream = bool(set(flags) & set("dh")) or ("u" not in flags and own)
     DEVICE.decode_priority = 0 if "d" in flags else DECODE_PRIORITY
     early = True if "t" in flags else False if "w" in flags else FIRST_BEFORE_TRIM[0]
-    with_encoders = True if "s" in flags else False if "n" in flags else synth.preset.sample_with_encoders
     kind, _, depth = kind.partition("@")
     DEVICE.queue_depth = int(depth or 0)
     kind, _, admit = kind.partition("~")
@@ -254,7 +250,6 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
             admit_up_to=int(up_to) if up_to else synth.preset.sample_admit_up_to,
             admit_backlog=int(backlog) if backlog else synth.preset.sample_admit_backlog,
             admit_encoders=where == "e" if where else synth.preset.sample_admit_encoders,
-            with_encoders=with_encoders,
         )
 
 

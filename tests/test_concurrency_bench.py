@@ -235,17 +235,19 @@ def test_a_line_kind_spells_its_admission(irodori_home) -> None:
     finally:
         conc.FIRST_BEFORE_TRIM[0] = False
     assert seen == [True, False, True]
-    # "+s" / "+n": lines sampled from their encoders' job or not; letters combine
+    # "+h" / "+d" / "+u": the decode on its own stream above / at the default priority, or not;
+    # letters combine; neither: the preset's (this CPU one has none)
+    from irodori_speaker.engine.hardware.owner import DECODE_PRIORITY, DEVICE
+
     seen = []
-    for kind in ("line+s", "line+ts", "line+n", "line"):
-        conc.use_sampling(synth, kind, 4, [None])
-        seen.append((synth._batcher.with_encoders, synth.preset.stream_first_before_trim))
-    assert seen == [(True, False), (True, True), (False, False), (False, False)]
-    synth.preset = dataclasses.replace(synth.preset, sample_with_encoders=True)
-    conc.use_sampling(synth, "line", 4, [None])
-    assert synth._batcher.with_encoders
-    conc.use_sampling(synth, "line+n", 4, [None])
-    assert not synth._batcher.with_encoders
+    try:
+        for kind in ("line+h", "line+td", "line+u", "line"):
+            conc.use_sampling(synth, kind, 4, [None])
+            seen.append((DEVICE.decode_stream, DEVICE.decode_priority, synth.preset.stream_first_before_trim))
+    finally:
+        DEVICE.decode_stream, DEVICE.decode_priority = False, DECODE_PRIORITY
+    off = (False, DECODE_PRIORITY, False)
+    assert seen == [(True, DECODE_PRIORITY, False), (True, 0, True), off, off]
     with pytest.raises(SystemExit, match="unknown letters"):
         conc.use_sampling(synth, "line+x", 4, [None])
 

@@ -23,11 +23,6 @@ session"). With `admit_encoders` the wait comes before the line's text encoders 
 On in the CUDA preset, where `max_batch` > 1: 40 ms, up to 8 lines, backlog 1, before the
 encoders ("Twenty-third session": 1.05-1.21x the 15 ms / 4-line wait after them at 16 streams).
 
-With `with_encoders` lines are sampled from their encoders' job (`sample_now`, called by
-encoding.py's `TextEncoders.then`): the lines of one encoders' call go as one batch straight after
-it (or after the predictor's lengths land), and their threads find them sampled (the preset's
-`sample_with_encoders`; off until measured).
-
 A line alone starts at once, as before, with its CUDA graph. In a batch a line is cancelled on
 its own (its rows are dropped when the batch ends); the batch stops early only when every line
 in it is cancelled. Progress callbacks of the lines in a batch are called from the owner thread.
@@ -147,7 +142,6 @@ class SampleBatcher(CountsPreparing):
         admit_up_to: int = 0,
         admit_backlog: int = 0,
         admit_encoders: bool = False,
-        with_encoders: bool = False,
     ) -> None:
         super().__init__()
         self._run = run
@@ -170,8 +164,6 @@ class SampleBatcher(CountsPreparing):
         # admission before the encoders instead of after: the lines let go together encode as one
         # call, then sample as one batch (`_hold`)
         self.admit_encoders = admit_encoders
-        # lines are sampled from their encoders' job (`sample_now`), not from their threads
-        self.with_encoders = with_encoders
         self._held = 0  # lines held before their encoders now, not yet let go
         self._let_go = 0  # how many times held lines were let go (every line held then goes)
         # the owner marks its launches from now on (a CUDA event each) so that `_admit` can ask
@@ -190,19 +182,18 @@ class SampleBatcher(CountsPreparing):
         milliseconds, at most `gather_s`), so that lines which arrived together are sampled
         together; a line alone waits for nothing."""
         req = self._prepare(prepare, counted=self.admit_encoders and self._hold(cancel))
-        if not req.taken:  # else sampled in its encoders' job (`sample_now`)
+        with self._cond:
+            self._waiting.append(req)
+            self._cond.notify_all()
+        try:
+            self._gather(req)
+            if not self.admit_encoders:
+                self._admit(req)
+            DEVICE.run(lambda: DEVICE.launched_nothing() if req.done else self._lead(req), req.cancel)
+        finally:
             with self._cond:
-                self._waiting.append(req)
-                self._cond.notify_all()
-            try:
-                self._gather(req)
-                if not self.admit_encoders:
-                    self._admit(req)
-                DEVICE.run(lambda: DEVICE.launched_nothing() if req.done else self._lead(req), req.cancel)
-            finally:
-                with self._cond:
-                    if not req.taken:  # cancelled while waiting: nobody runs it
-                        self._waiting.remove(req)
+                if not req.taken:  # cancelled while waiting: nobody runs it
+                    self._waiting.remove(req)
         if req.error is not None:
             raise req.error
         check(req.cancel)  # cancelled while in another line's batch: its rows are dropped
@@ -299,43 +290,15 @@ class SampleBatcher(CountsPreparing):
             longest, total = top, total + r.length
         return batch[: lines_to_take(len(batch))] if self.fill_buckets else batch
 
-    def sample_now(self, reqs: list[SampleRequest]) -> None:
-        """Sample `reqs` now, on the device owner: called by the encoders' job (`with_encoders`),
-        or by the job that follows the predictor's lengths (encoding.py). They go as
-        batches of their own and of the lines already waiting (`_pick`), launched straight after
-        their encoders, with no round trip to their threads between (issue 27: at 16 streams the
-        GPU idled while lines let go together woke, one by one, to hand in their sampling). A
-        cancelled line is left untaken: its own thread ends it, as without."""
-        batches = []
-        with self._cond:
-            self._waiting.extend(reqs)
-            for req in reqs:
-                if not req.taken and not (req.cancel is not None and req.cancel.cancelled):
-                    batches.append((req, self._take(req)))
-            for req in reqs:
-                if not req.taken:
-                    self._waiting.remove(req)
-        for req, batch in batches:
-            self._sample(req, batch)
-
-    def _take(self, req: SampleRequest) -> list[SampleRequest]:
-        """`req`'s batch (`_pick`), taken out of the waiting list (under `_cond`)."""
-        batch = self._pick(req)
-        for r in batch:
-            r.taken = True
-            self._waiting.remove(r)
-        return batch
-
     def _lead(self, req: SampleRequest) -> None:
         with self._cond:
             if req.cancel is not None and req.cancel.cancelled:  # cancelled just now: run nothing
                 DEVICE.launched_nothing()
                 return
-            batch = self._take(req)
-        self._sample(req, batch)
-
-    def _sample(self, req: SampleRequest, batch: list[SampleRequest]) -> None:
-        """Run `batch` (led by `req`): each line's result, or its error."""
+            batch = self._pick(req)
+            for r in batch:
+                r.taken = True
+                self._waiting.remove(r)
         self.batches[len(batch)] = self.batches.get(len(batch), 0) + 1
         progress = _fan_out([r.progress for r in batch])
         cancel = (

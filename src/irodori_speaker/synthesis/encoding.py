@@ -7,27 +7,18 @@ voices one by one (each line's own, kept per voice), then ONE text-encoder call 
 tokens (rows padded to the longest, padding masked) cut back to what each line has alone, then one
 duration-predictor call over the lines that use it. A batch that raises is run again line by line
 by the owner, so an error reaches its own line only. With `max_batch` 1 every job is alone.
-
-An item may carry how to make its sampling request (`EncodeItem.request`, the preset's
-`sample_with_encoders`): the call's requests then go to the sampler (`then`,
-`SampleBatcher.sample_now`) with no round trip to the lines' threads. Those whose length is known
-(asked seconds, no predictor) go in the same job, straight after the encoders; those that wait for
-the predictor's length go in a job of their own that the owner runs once the predictor's copy has
-landed (`HostCopy.then`, `DeviceOwner.post`), launching other lines' work meanwhile.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from ..cancel import check
 from ..engine.batch import stack_conditions, stack_tokens
 from ..engine.fast import FastSampler
 from ..engine.hardware.owner import DEVICE, URGENT, HostCopy
@@ -46,34 +37,12 @@ class EncodeItem:
     voice_states: Callable[[], tuple]  # (has a reference, the voice's states), made once per line
     opts: SynthesisOptions
     started: float = 0.0  # when its text encoder was reached (its voice made): the record's timing
-    # makes its sampling request (a batching.SampleRequest) from its `Encoded`, on the device owner
-    # once its length is on the host; the call's requests then go to `TextEncoders.then`
-    request: Callable[[Encoded], Any] | None = None
-    sample: Any = None  # the request made, once `made` is set (or `error`)
-    error: BaseException | None = None
-    made: threading.Event = field(default_factory=threading.Event, repr=False)
-
-    def wait_made(self, cancel: Any = None) -> Any:
-        """Its sampling request, once made (and sampled, unless it was cancelled meanwhile)."""
-        while not self.made.wait(0.01):
-            check(cancel)
-        if self.error is not None:
-            raise self.error
-        return self.sample
 
 
 class Encoded(NamedTuple):
     conds: Conditions
     key: Hashable | None  # the sampler's batch key, or None
     pred: HostCopy | None  # the predictor's log frames on their way to the host, or None
-
-
-def _failed(pairs: list[tuple[EncodeItem, Encoded]], error: BaseException) -> None:
-    """The job that was to make the items' requests failed (or never ran): each line raises it."""
-    for item, _ in pairs:
-        if not item.made.is_set():
-            item.error = error
-            item.made.set()
 
 
 class TextEncoders:
@@ -94,8 +63,6 @@ class TextEncoders:
         self.max_batch = max(1, int(max_batch))
         self._key = (id(self), "encode")
         self.batches: dict[int, int] = {}  # lines in a call -> how many calls gave their results
-        # samples the call's items that carry a `sample`, in the same job, after the encoders
-        self.then: Callable[[list[Any]], None] | None = None
 
     def encode(self, item: EncodeItem, cancel: Any = None) -> Encoded:
         """`item` encoded on the device owner, with the items of other lines queued beside it.
@@ -121,34 +88,7 @@ class TextEncoders:
             pred = preds.get(b)
             out.append(Encoded(conds[b], key, None if pred is None else DEVICE.to_host(pred)))
         self.batches[len(items)] = self.batches.get(len(items), 0) + 1
-        sampled = [(item, enc) for item, enc in zip(items, out) if item.request is not None]
-        now = [(item, enc) for item, enc in sampled if enc.pred is None or not enc.pred.pending]
-        later = [(item, enc) for item, enc in sampled if enc.pred is not None and enc.pred.pending]
-        if now:
-            self._make(now)
-        if later:  # the predictor's copies land in launch order: the last one lands last
-            last = later[-1][1].pred
-            assert last is not None
-            last.then(lambda: DEVICE.post(lambda: self._make(later), lambda e: _failed(later, e)))
         return out
-
-    def _make(self, pairs: list[tuple[EncodeItem, Encoded]]) -> None:
-        """The items' sampling requests made and handed to `then` (on the device owner). An item
-        whose request fails gets the error; if `then` fails, the requests it did not take go the
-        usual way from their lines' threads."""
-        reqs = []
-        for item, enc in pairs:
-            try:
-                item.sample = item.request(enc)  # type: ignore[misc]
-                reqs.append(item.sample)
-            except Exception as e:
-                item.error = e
-        try:
-            if reqs and self.then is not None:
-                self.then(reqs)
-        finally:
-            for item, _ in pairs:
-                item.made.set()
 
     def text_states(self, ids: list[Tensor], masks: list[Tensor]) -> list[tuple[Tensor, Tensor]]:
         """Each line's (text state, mask) on the device, as it has them alone (padded to the

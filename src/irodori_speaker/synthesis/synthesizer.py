@@ -61,7 +61,7 @@ from ..text.pauses import Pause
 from ..text.userdict import resolve_user_dict
 from .batching import SampleBatcher, SampleRequest
 from .decoding import Playback, Rendered, decode_chunks
-from .encoding import Encoded, EncodeItem, TextEncoders
+from .encoding import EncodeItem, TextEncoders
 from .fingerprint import file_fingerprint
 from .identity import ModelIdentity, resolve_options
 from .plan import LineProgress, Piece, Plan, plan_line, spoken_parts
@@ -154,9 +154,7 @@ class Synthesizer:
                 admit_up_to=self.preset.sample_admit_up_to,
                 admit_backlog=self.preset.sample_admit_backlog,
                 admit_encoders=self.preset.sample_admit_encoders,
-                with_encoders=self.preset.sample_with_encoders,
             )
-        self._encoders.then = self._sample_now
         codec_device = getattr(codec, "device", None)
         if self.preset.codec_channels_last and hasattr(codec, "use_channels_last"):
             codec.use_channels_last(True)  # before the graphs: they capture whichever path is on
@@ -361,16 +359,6 @@ class Synthesizer:
             frames = min(frames, cap_frames)
         return max(frames, int(0.5 * FRAMES_PER_SECOND))
 
-    def _samples_with_encoders(self) -> bool:
-        """The line batches take lines from their encoders' job (`sample_with_encoders`)."""
-        return isinstance(self._batcher, SampleBatcher) and self._batcher.with_encoders
-
-    def _sample_now(self, reqs: list[SampleRequest]) -> None:
-        """Lines sampled in their encoders' job (`_samples_with_encoders`), by the batcher in place
-        now (benchmarks swap it)."""
-        assert isinstance(self._batcher, SampleBatcher)
-        self._batcher.sample_now(reqs)
-
     def sample_latent(
         self, conds: Any, noise: Any, cfg: SamplerConfig, *, cancel=None, progress=None, frames=None
     ) -> Any:
@@ -448,25 +436,8 @@ class Synthesizer:
     def _render_inner(self, piece, voice_states, seed, opts, record, cancel, progress) -> Rendered:
         stage: list[float] = []
 
-        def request(enc: Encoded) -> SampleRequest:
-            """Its sampling request, on the device owner once its length is on the host."""
-            frames = self._frames(piece, None if enc.pred is None else enc.pred.wait(), opts, record)
-            noise = draw_noise(seed, 1, frames, self.config.latent_dim)
-            return SampleRequest(
-                enc.conds, noise, opts, enc.key, cancel=cancel, progress=progress, length=frames
-            )
-
         def prepare() -> SampleRequest:
             item = EncodeItem(piece.ids, piece.mask, voice_states, opts)
-            if self._samples_with_encoders():  # made and sampled on the owner (encoding.py)
-                item.request = request
-                self._encoders.encode(item, cancel)
-                req = item.wait_made(cancel)
-                if req.taken:  # by `sample_now` (else cancelled meanwhile: it goes the usual way)
-                    record.extra["sampled_with_encoders"] = True
-                # its "duration" timing holds the wait for its length and the sampler's launch
-                stage[:] = [item.started, time.perf_counter()]
-                return req
             conds, key, pred = self._encoders.encode(item, cancel)  # with other lines' (encoding.py)
             frames = self._frames(piece, None if pred is None else pred.wait(cancel), opts, record)
             noise = draw_noise(seed, 1, frames, self.config.latent_dim)  # on the host: jobs upload it

@@ -1,59 +1,35 @@
 """A tensor on its way from the device to the host (`HostCopy`), made by `DeviceOwner.to_host`.
 
 The owner queues the copy behind the work that makes it and records an event after it; a waiter
-thread (`CopyWaiters`, one a CUDA stream) sees it land and wakes whoever waits (`wait`) or hands
-the rest of a job on (`then`).
+thread (`CopyWaiters`, one a CUDA stream) sees it land and wakes whoever waits (`wait`).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from ...cancel import CancelToken, check
-
-log = logging.getLogger(__name__)
-
-_LANDING = threading.Lock()  # a copy's landing against `HostCopy.then` (neither misses the other)
 
 
 class HostCopy:
     """A tensor on its way to the host: `wait()` returns it once its copy has landed."""
 
-    __slots__ = ("_event", "_ready", "_then", "error", "tensor")
+    __slots__ = ("_event", "_ready", "error", "tensor")
 
     def __init__(self, tensor: Any, event: Any = None) -> None:
         self.tensor = tensor
         self.error: BaseException | None = None  # the wait for it failed (a device error)
         self._event = event  # a CUDA event recorded after the copy, or None (already there)
         self._ready = threading.Event()
-        self._then: list[Callable[[], None]] = []
         if event is None:
             self._ready.set()
 
-    def then(self, fn: Callable[[], None]) -> None:
-        """`fn()` once the copy has landed: now if it has, else on the thread that sees it land
-        (the owner's copy waiter: `fn` should only hand work on, e.g. `DeviceOwner.post`)."""
-        with _LANDING:
-            if self.pending:
-                self._then.append(fn)
-                return
-        fn()
-
     def _land(self, error: BaseException | None = None) -> None:
-        """Mark it landed (or failed) and call what waited for it (`then`)."""
-        with _LANDING:
-            self.error = error
-            self._ready.set()
-            fns, self._then = self._then, []
-        for fn in fns:
-            try:
-                fn()
-            except Exception:  # one continuation's bug must not stop the copies behind it
-                log.exception("a continuation of a landed copy failed")
+        """Mark it landed (or failed: the line that waits for it raises `error`)."""
+        self.error = error
+        self._ready.set()
 
     @property
     def pending(self) -> bool:

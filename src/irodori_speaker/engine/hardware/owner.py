@@ -14,11 +14,8 @@ A result the host must read (a decode window's samples, a trim position) is copi
 ("irodori-device-done") waits for those copies in launch order and wakes each line as its copy
 lands. So the owner never waits for the GPU and the GPU never waits for the host (issue 27: every
 host sync under the model lock left the GPU idle while a line's thread woke and launched the next
-stage). A job that needs a copied value to go on hands the rest to the copy (`HostCopy.then`):
-the waiter calls it when the copy lands and it queues the rest as a job nobody waits for (`post`),
-so the owner launches other work meanwhile. On the CPU and MPS a job's work is done when it
-returns; MPS's rule (one thread at a time on its command buffers) is kept: the owner, or a lone
-line, holds the model lock.
+stage). On the CPU and MPS a job's work is done when it returns; MPS's rule (one thread at a time
+on its command buffers) is kept: the owner, or a lone line, holds the model lock.
 
 Order: URGENT jobs first (a new line's encoders, sampling start and first window: first audio is
 what a viewer hears), then one step of every live line, then the NORMAL jobs by when they are
@@ -108,7 +105,6 @@ class Job(Generic[T]):
     result: Any = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
-    fail: Callable[[BaseException], None] | None = None  # a posted job's (`post`) error goes here
     stream: str | None = None  # DECODE: on the owner's decode stream, where it keeps one
 
 
@@ -201,15 +197,6 @@ class DeviceOwner:
         job.key, job.item, job.many, job.limit = key, item, many, max(1, int(limit))
         job.take, job.stream = take, stream
         return self._submit(job)
-
-    def post(self, fn: Callable[[], None], fail: Callable[[BaseException], None]) -> None:
-        """Queue `fn()` as an URGENT job nobody waits for (a continuation, e.g. from
-        `HostCopy.then`); if it raises, or the owner fails before it runs, `fail(error)`."""
-        job: Job[None] = Job(fn, None, URGENT, time.monotonic(), fail=fail)
-        with self._cond:
-            self._urgent.append(job)
-            self._start()
-            self._cond.notify_all()
 
     def queued(self) -> int:
         """Jobs waiting for the owner now."""
@@ -374,8 +361,6 @@ class DeviceOwner:
             for job in jobs:
                 job.error = e
                 job.done.set()
-                if job.fail is not None:
-                    job.fail(e)
             for stepper in steppers:
                 stepper.fail(e)
 
@@ -551,8 +536,6 @@ class DeviceOwner:
             job.result = job.fn()
         except BaseException as e:  # the caller re-raises it; the owner goes on
             job.error = e
-            if job.fail is not None:  # a posted job: nobody waits to re-raise it
-                job.fail(e)
         self.jobs_run += 1
         job.done.set()
 

@@ -124,13 +124,6 @@ class Preset:
     # admission before a line's encoders instead of after: the lines let go together encode as one
     # call and sample as one batch (`SampleBatcher.admit_encoders`)
     sample_admit_encoders: bool = False
-    # line batches: a line is sampled from its encoders' job, batched with the lines encoded beside
-    # it, with no round trip to its thread between (`SampleBatcher.with_encoders`): in that job
-    # when its length is known (asked seconds, no duration predictor), else in a job the owner runs
-    # once the predictor's length has landed on the host. Off: 0.90-1.00x the preset at 16 streams
-    # (smaller batches: it no longer meets lines whose encoders come a little later), and with the
-    # predictor's lengths it underran at 64 (H100, RESULTS.md twenty-fifth session)
-    sample_with_encoders: bool = False
     # stream windows of one length from lines that meet on the device owner decode as one batch of
     # up to this many (synthesis/decoding.py); with codec graphs prewarm captures a graph per batch
     # bucket up to it. 1: each window alone. On in the CUDA preset (16 windows in one batch took
