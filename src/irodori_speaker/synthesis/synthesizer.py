@@ -385,11 +385,7 @@ class Synthesizer:
                 conds, noise, reqs[0].cfg, cancel=cancel, progress=progress, frames=lengths
             )
             outs = [latent[b : b + 1, :n] for b, n in enumerate(lengths)]
-        for r, out in zip(reqs, outs):
-            _trim_with_latent(r, out)
-        ready = DEVICE.ready_mark(outs[0])  # after the batch's latents and trims
-        for r in reqs:
-            r.ready = ready
+        _made(reqs, outs)
         return outs
 
     def _start_lines(self, reqs: list[SampleRequest]) -> list[StepLine]:
@@ -409,13 +405,8 @@ class Synthesizer:
     def _step_lines(self, lines: list[StepLine]) -> list[StepLine]:
         assert self._steps is not None
         finished = self._steps.step(lines)
-        ok = [line for line in finished if line.error is None]
-        done = [(req, line) for line in ok if isinstance(req := line.tag, SampleRequest)]
-        for req, line in done:
-            _trim_with_latent(req, line.latent())
-        ready = DEVICE.ready_mark(done[0][1].latent()) if done else None  # after their latents, trims
-        for req, _ in done:
-            req.ready = ready
+        done = [line for line in finished if line.error is None and isinstance(line.tag, SampleRequest)]
+        _made([line.tag for line in done], [line.latent() for line in done])
         return finished
 
     def _release_lines(self, lines: list[StepLine]) -> None:
@@ -534,8 +525,13 @@ class Synthesizer:
             yield quiet(opts.post_silence)
 
 
-def _trim_with_latent(req: SampleRequest, latent: Any) -> None:
-    """The line's tail-trim frame, computed in the job that made its latent (1, S, C) and copied
-    to the host without waiting: the line reads it there instead of queueing a job of its own."""
-    if getattr(req.cfg, "tail_trim", False):
-        req.trim = DEVICE.to_host(trim_frame(latent[0]))
+def _made(reqs: list, latents: list[Any]) -> None:
+    """In the job that made the lines' latents (1, S, C each): each line's tail-trim frame, copied
+    to the host without waiting (the line reads it there instead of queueing a job of its own),
+    and one event after them all, which their decode waits for on its own stream (`ready`)."""
+    for req, latent in zip(reqs, latents):
+        if getattr(req.cfg, "tail_trim", False):
+            req.trim = DEVICE.to_host(trim_frame(latent[0]))
+    ready = DEVICE.ready_mark(latents[0]) if latents else None
+    for req in reqs:
+        req.ready = ready

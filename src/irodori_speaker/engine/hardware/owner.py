@@ -291,13 +291,7 @@ class DeviceOwner:
     def ready_mark(self, tensor: Any) -> Any:
         """Called in a job after it launched `tensor`, which a decode job will read: a CUDA event
         after it on its device's stream, where the owner keeps a decode stream (else None)."""
-        if not self.decode_stream or tensor.device.type != "cuda":
-            return None
-        import torch
-
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(tensor.device))
-        return event
+        return _device_mark(tensor.device) if self.decode_stream and tensor.device.type == "cuda" else None
 
     def consume(self, tensor: Any, ready: Any) -> None:
         """In a decode job, before it reads `tensor`, made on another stream maybe (a latent: the
@@ -540,15 +534,15 @@ class DeviceOwner:
         job.done.set()
 
 
-def _device_mark() -> Any:
-    """A CUDA event recorded on the current stream, or None where CUDA is not in use (nothing
-    queued: a CPU job's work is done when it returns)."""
+def _device_mark(device: Any = None) -> Any:
+    """A CUDA event recorded on the current stream (of `device`, default the current device), or
+    None where CUDA is not in use (nothing queued: a CPU job's work is done when it returns)."""
     import torch
 
     if not torch.cuda.is_initialized():
         return None
     event = torch.cuda.Event()
-    event.record()
+    event.record(torch.cuda.current_stream(device))
     return event
 
 
