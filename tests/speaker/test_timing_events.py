@@ -98,3 +98,30 @@ def test_a_streamed_line_announces_its_first_words_before_its_synthesis_ends(run
     words = [t for kind, t in said if kind == "word"]
     assert words and words[0] < done, "the first word waited for the end of synthesis"
     assert utt.timing is not None and len(utt.timing.words) == len(words)
+
+
+class _ReanchoringOutput(NullOutput):
+    """A clock that re-anchors as it plays: each later reading of the same sample's time comes out
+    a rounding step earlier (the CI flake of 2026-12-06, made certain)."""
+
+    def __init__(self) -> None:
+        super().__init__(speed=1.0)
+        self._calls = 0
+
+    def time_at(self, pos: float) -> float:
+        self._calls += 1
+        return super().time_at(pos) - 1e-9 * self._calls
+
+
+def test_no_word_or_viseme_is_stamped_before_its_line_started(run):
+    async def body():
+        async with Speaker(FakeSynth(seconds_per_char=0.08), output=_ReanchoringOutput(), pause_s=0.0) as s:
+            log = EventLog(s)
+            utt = await s.say("今日はいい天気ですね")
+            return log, utt
+
+    log, utt = run(body())
+    started = log.one("playback_started", utt.id).time
+    assert log.one("line_timing", utt.id).time == started
+    stamps = [e.time for e in log.of("word", utt.id) + log.of("viseme", utt.id)]
+    assert len(stamps) > 6 and min(stamps) >= started

@@ -329,13 +329,15 @@ class Player:
                 item.next_viseme = len(item.visemes)
                 self.emit(Viseme(now, "closed", item.uid))
             return
-        start = o.time_at(tr.start_pos)
+        # the heard start once known: the clock is re-anchored as it plays, so recomputing the
+        # start could land a rounding step before the line's playback_started
+        start = item.started_at if item.started_at is not None else o.time_at(tr.start_pos)
         if not item.timing_sent:
             item.timing_sent = True
             self.emit(LineTimingEvent(start, item.uid, item.text, tm.shifted(start)))
 
         def at(seconds: float) -> float:  # the clock time of an offset into the line
-            return o.time_at(tr.start_pos + seconds * o.sample_rate)
+            return max(start, o.time_at(tr.start_pos + seconds * o.sample_rate))
 
         due: list[tuple[float, int, Event]] = []
         while item.next_word < len(tm.words) and tm.words[item.next_word].start <= heard:
