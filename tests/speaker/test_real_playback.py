@@ -170,7 +170,10 @@ def test_event_times_follow_the_stream_sample_clock(virtual_device, tmp_path, mo
     positions (each callback's own delay entered them). From the stream's sample clock, the time
     of every sample is origin + position / rate: over a steady stretch the origin the callbacks
     imply moves by the drift allowance from one callback to the next (not by their delays) and
-    stays within 1 ms, whichever callback computed it (0.08 ms measured on an idle machine)."""
+    stays within 1 ms of a steady drift, whichever callback computed it (0.08 ms measured on an
+    idle machine). The drift itself is the null device's clock against the monotonic one: ~900
+    ppm under the suite's load (1.16 ms over the stretch, a CI failure at b13a892), so it is
+    taken out before the spread is measured, and only bounded."""
     rate, channels = int(virtual_device["samplerate"]), min(2, virtual_device["channels"])
     fifo = str(tmp_path / "tap")
     os.mkfifo(fifo)
@@ -193,4 +196,7 @@ def test_event_times_follow_the_stream_sample_clock(virtual_device, tmp_path, mo
     origin = longest[:, 1] - longest[:, 0] / rate
     step = np.abs(np.diff(origin))  # callback to callback: the drift allowance, not their delays
     assert np.percentile(step, 90) < 50e-6, np.percentile(step, 90)  # was ~0.9 ms
-    assert np.ptp(origin) < 1e-3, np.ptp(origin)
+    slope, _ = np.polyfit(longest[:, 0] / rate, origin, 1)  # seconds of drift per second
+    assert abs(slope) < 5e-3, slope  # a sound card's clock, not a broken one (5,000 ppm)
+    wander = origin - slope * longest[:, 0] / rate
+    assert np.ptp(wander) < 1e-3, (np.ptp(wander), np.ptp(origin), slope)
