@@ -16,7 +16,7 @@ its input and residual once and writes h and s once: the fusion `docs/status.md`
 
 `--shapes`: only the graphed window per rows x frames (ms, ms a window), the A/B table of a change;
 `--no-phases`: dilated convs as themselves, not in phases (`_Conv.phases`); `--exact-sin`: Snake's
-sine in the codec kernels from libdevice's `sinf`, not the GPU's approximation (`fused.APPROX_SIN`);
+sine in the codec kernels from libdevice's `sinf`, not the GPU's approximation (`codec.kernels.APPROX_SIN`);
 `--unfused-units`: the 96-channel residual units as their four ops, not one kernel each
 (`codec.fast.FUSED_UNIT_WIDTH`). The op-by-op table always runs the units unfused.
 
@@ -37,10 +37,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, next((a[6:] for a in sys.argv if a.startswith("--src=")), sys.path[0]))
 
-from irodori_speaker.engine import fused
 from irodori_speaker.engine.codec import FULL_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
 from irodori_speaker.engine.codec.fast import ChannelsLastDecoder, _Conv, _head, epilogue_torch
-from irodori_speaker.engine.fused import conv_epilogue, fused_available
+from irodori_speaker.engine.fused import fused_available
+
+try:
+    from irodori_speaker.engine.codec import kernels as codec_kernels
+except ImportError:  # a --src tree from before the codec's kernels had a module of their own
+    from irodori_speaker.engine import fused as codec_kernels  # type: ignore[no-redef]
+conv_epilogue = codec_kernels.conv_epilogue
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -145,7 +150,7 @@ def shape_table(codec, shapes: list, args: argparse.Namespace) -> None:
 
     codec.use_graphs(True, capture_on_use=None, max_graphs=len(shapes))
     flags = (" (no phases)" if args.no_phases else "") + (" (units unfused)" if args.unfused_units else "")
-    sine = "approximate" if getattr(fused, "APPROX_SIN", False) else "exact"
+    sine = "approximate" if getattr(codec_kernels, "APPROX_SIN", False) else "exact"
     print(f"engine {Path(irodori_speaker.__file__).parent}{flags}, {sine} sine")
     print("| rows x frames | graphed ms | ms a window |")
     print("|---|---|---|")
@@ -172,15 +177,15 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="ROWSxFRAMES,...: only the graphed window's ms per shape")
     ap.add_argument("--no-phases", action="store_true", help="dilated convs not in phases (_Conv.phases)")
     ap.add_argument("--unfused-units", action="store_true", help="no residual unit in one kernel")
-    ap.add_argument("--exact-sin", action="store_true", help="Snake's exact sine (fused.APPROX_SIN off)")
+    ap.add_argument("--exact-sin", action="store_true", help="the exact sine (APPROX_SIN off)")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA benchmark"
     if args.no_phases:
         _Conv.phases = lambda self, T: 1  # type: ignore[method-assign]
     if args.exact_sin:
-        if not hasattr(fused, "APPROX_SIN"):
+        if not hasattr(codec_kernels, "APPROX_SIN"):
             sys.exit("--exact-sin: this tree's engine has only the exact sine")
-        fused.APPROX_SIN = False
+        codec_kernels.APPROX_SIN = False
     codec = codec_from_state_dict(
         random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False), FULL_CODEC_KWARGS, device="cuda"
     ).to(DTYPES[args.dtype])
@@ -205,7 +210,7 @@ def main() -> None:
         graphed.run("graphed", "", lambda: codec._decode_window(z, 0, samples), 0.0, 0.0)
         graphed_ms = graphed.rows[("graphed", "")][0]
     name = torch.cuda.get_device_name() + (f" (engine from {args.src})" if args.src else "")
-    name += ", exact sine" if not getattr(fused, "APPROX_SIN", False) else ", approximate sine"
+    name += ", exact sine" if not getattr(codec_kernels, "APPROX_SIN", False) else ", approximate sine"
     import irodori_speaker
 
     print(f"engine: {Path(irodori_speaker.__file__).parent}")

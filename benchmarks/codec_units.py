@@ -1,4 +1,4 @@
-"""A codec residual unit in one kernel (`fused.residual_unit`) against the decoder's unfused ops.
+"""A codec residual unit in one kernel (`codec.kernels.residual_unit`) against the decoder's unfused ops.
 
 CUDA, fp16, full-size DACVAE with random weights, the channels-last decoder the CUDA preset runs.
 1. Per residual unit of the 96- and 192-channel stages (each dilation), on `--rows` windows of
@@ -26,17 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import news5  # device_ms: the benchmarks' one timer
 
-from irodori_speaker.engine import fused
 from irodori_speaker.engine.codec import (
     FULL_CODEC_KWARGS,
     codec_from_state_dict,
     fast,
+    kernels,
     random_codec_state_dict,
 )
 from irodori_speaker.engine.codec.fast import ChannelsLastDecoder
 
 
-def sweep(C: int) -> list[fused.UnitConfig]:
+def sweep(C: int) -> list[kernels.UnitConfig]:
     """Block configurations to try for a unit of C channels (the fp32 accumulator of BT x CP
     within 128 registers a thread)."""
     cp = max(16, 1 << (C - 1).bit_length())
@@ -51,7 +51,7 @@ def sweep(C: int) -> list[fused.UnitConfig]:
     return out
 
 
-def unit_table(d: ChannelsLastDecoder, rows: int, frames: int, reps: int) -> dict[int, fused.UnitConfig]:
+def unit_table(d: ChannelsLastDecoder, rows: int, frames: int, reps: int) -> dict[int, kernels.UnitConfig]:
     """Per width: every configuration of `sweep` on its dilation-3 unit, then the best three and
     the default on each of its units; the configuration with the best mean ratio per width."""
     print(f"\n1. one residual unit, {rows} windows of {frames} frames, device ms; fused: configurations")
@@ -66,8 +66,8 @@ def unit_table(d: ChannelsLastDecoder, rows: int, frames: int, reps: int) -> dic
     out = {}
     for C, units in cases.items():
         units.sort(key=lambda u: u[1] != 3)  # the dilation-3 unit first: the sweep runs on it
-        top: list[fused.UnitConfig] = sweep(C)
-        ratios: dict[fused.UnitConfig, list[float]] = {}
+        top: list[kernels.UnitConfig] = sweep(C)
+        ratios: dict[kernels.UnitConfig, list[float]] = {}
         for i, dil in units:
             t_u, t_d, ranked = unit_case(d, i, rows, frames, reps, top)
             for t, config in ranked:
@@ -84,8 +84,8 @@ def unit_table(d: ChannelsLastDecoder, rows: int, frames: int, reps: int) -> dic
 
 
 def unit_case(
-    d: ChannelsLastDecoder, i: int, rows: int, frames: int, reps: int, configs: list[fused.UnitConfig]
-) -> tuple[float, float, list[tuple[float, fused.UnitConfig]]]:
+    d: ChannelsLastDecoder, i: int, rows: int, frames: int, reps: int, configs: list[kernels.UnitConfig]
+) -> tuple[float, float, list[tuple[float, kernels.UnitConfig]]]:
     """Device ms of the unit at `steps[i]`: unfused, fused in the default configuration, and
     fused in each of `configs` (fastest first)."""
     conv, _, alpha, _ = d.steps[i]
@@ -97,16 +97,16 @@ def unit_case(
     packed = d._packs[i]
 
     def unfused() -> None:
-        _, mid = fused.conv_epilogue(conv(s), conv.bias, None, alpha, False)
+        _, mid = kernels.conv_epilogue(conv(s), conv.bias, None, alpha, False)
         assert mid is not None
-        fused.conv_epilogue(tail(mid), tail.bias, x, nxt, True)
+        kernels.conv_epilogue(tail(mid), tail.bias, x, nxt, True)
 
-    def one(config: fused.UnitConfig) -> None:
-        fused.residual_unit(s, packed, conv.bias, alpha, dil, tail.bias, x, nxt, True, config=config)
+    def one(config: kernels.UnitConfig) -> None:
+        kernels.residual_unit(s, packed, conv.bias, alpha, dil, tail.bias, x, nxt, True, config=config)
 
     with torch.inference_mode():
         t_u = news5.device_ms("cuda", unfused, reps=reps)
-        t_d = news5.device_ms("cuda", one, fused.residual_unit_config(C), reps=reps)
+        t_d = news5.device_ms("cuda", one, kernels.residual_unit_config(C), reps=reps)
         ranked = []
         for config in configs:
             try:
@@ -123,13 +123,13 @@ def d_samples_per_frame(d: ChannelsLastDecoder, C: int) -> int:
 
 
 def window_table(
-    codec, shapes: list[tuple[int, int]], configs: dict[int, fused.UnitConfig], reps: int
+    codec, shapes: list[tuple[int, int]], configs: dict[int, kernels.UnitConfig], reps: int
 ) -> None:
     print("\n2. the graphed window, units unfused and fused (best configuration per width), ms a window")
     print("| rows x frames | unfused ms | fused ms | unfused / fused |")
     print("|---|---|---|---|")
-    default = fused.residual_unit_config
-    fused.residual_unit_config = lambda C: configs.get(C) or default(C)  # type: ignore[assignment]
+    default = kernels.residual_unit_config
+    kernels.residual_unit_config = lambda C: configs.get(C) or default(C)  # type: ignore[assignment]
     d = codec._channels_last
     for rows, frames in shapes:
         z = torch.randn(rows, codec.latent_channels, frames, device="cuda").to(codec.dtype)
@@ -142,7 +142,7 @@ def window_table(
                 n = frames * codec.hop_length
                 row.append(news5.device_ms("cuda", codec._decode_window, z, 0, n, reps=reps) / rows)
         print(f"| {rows} x {frames} | {row[0]:.3f} | {row[1]:.3f} | {row[0] / row[1]:.2f}x |")
-    fused.residual_unit_config = default  # type: ignore[assignment]
+    kernels.residual_unit_config = default  # type: ignore[assignment]
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ import torch
 from dit_cases import KINDS, case_settings, encode, load_kind
 
 from irodori_speaker.engine import fused as fu
+from irodori_speaker.engine.codec import kernels as ck
 from irodori_speaker.engine.fast import FastDiT, FastSampler
 from irodori_speaker.engine.model import rope_tables
 from irodori_speaker.engine.sampler import SamplerConfig
@@ -268,7 +269,7 @@ def test_snake_matches_the_codec_snake(dtype):
     module = Snake(C).to(DEV)
     module.alpha.data = torch.rand(1, C, 1, device=DEV) * 3 + 1e-3  # fp32, as a half codec keeps it
     x = _randn(2, C, T, dtype=dtype)
-    y = fu.snake(x, module.alpha)
+    y = ck.snake(x, module.alpha)
     assert y.dtype == dtype and y.shape == x.shape
     _close(y, twins.snake(x, module.alpha), dtype)
     _close(module._eager(x), y, dtype)
@@ -314,7 +315,7 @@ def test_conv_epilogue_matches_the_torch_path(dtype, residual, snake, keep, shap
     bias = _randn(C, dtype=dtype)
     res = _randn(*shape, dtype=dtype) if residual else None
     alpha = (torch.rand(1, C, 1, device=DEV) * 3 + 1e-3) if snake else None  # fp32, as the codec keeps it
-    h, s = fu.conv_epilogue(y, bias, res, alpha, keep)
+    h, s = ck.conv_epilogue(y, bias, res, alpha, keep)
     want_h, want_s = epilogue_torch(y, bias, res, alpha, keep)
     assert (h is None) == (not keep) and (s is None) == (not snake)
     for got, want in ((h, want_h), (s, want_s)):
@@ -342,8 +343,8 @@ def test_residual_unit_matches_the_unfused_unit(dtype, C, dilation, keep):
         _, mid = epilogue_torch(c7(s), c7.bias, None, a7, False)
         assert mid is not None
         want_h, want_s = epilogue_torch(c1(mid), c1.bias, x, an, True)
-        packed = fu.pack_residual_unit(c7.weight, c1.weight)
-        h, out = fu.residual_unit(s, packed, c7.bias, a7, dilation, c1.bias, x, an, keep)
+        packed = ck.pack_residual_unit(c7.weight, c1.weight)
+        h, out = ck.residual_unit(s, packed, c7.bias, a7, dilation, c1.bias, x, an, keep)
     assert out.dtype == dtype and out.shape == s.shape and (h is not None) == keep
     assert want_h is not None and want_s is not None
     if h is not None:
@@ -384,10 +385,10 @@ def test_the_approximate_sine_stays_within_its_bound(monkeypatch):
     alpha = torch.rand(1, C, 1, device=DEV) * 3 + 1e-3
     alpha[0, :8, 0] = 1e-3  # tiny alphas: sin(a h)^2 / a is where an absolute error could grow
     y[..., :8] *= 0.01
-    assert fu.APPROX_SIN
-    h, s_approx = fu.conv_epilogue(y, bias, None, alpha, keep=True)
-    monkeypatch.setattr(fu, "APPROX_SIN", False)
-    _, s_exact = fu.conv_epilogue(y, bias, None, alpha, keep=True)
+    assert ck.APPROX_SIN
+    h, s_approx = ck.conv_epilogue(y, bias, None, alpha, keep=True)
+    monkeypatch.setattr(ck, "APPROX_SIN", False)
+    _, s_exact = ck.conv_epilogue(y, bias, None, alpha, keep=True)
     assert h is not None and s_approx is not None and s_exact is not None
     assert not torch.equal(s_approx, s_exact)  # the flag reaches the kernel
     a = alpha.reshape(C)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..fused import conv_epilogue, fused_available, pack_residual_unit, residual_unit, run_or_fall_back
+from ..fused import fused_available, run_or_fall_back
+from .kernels import conv_epilogue, pack_residual_unit, residual_unit
 from .layers import Decoder, DecoderBlock, ResidualUnit, Snake
 
 __all__ = ["ChannelsLastDecoder", "epilogue_torch", "supports_channels_last"]

@@ -13,8 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from ..fused import fused_available, run_or_fall_back
-from ..fused import snake as fused_snake
 from .config import CodecConfig
+from .kernels import snake as fused_snake
 
 __all__ = [
     "Decoder",

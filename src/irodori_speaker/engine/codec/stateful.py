@@ -33,8 +33,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..fused import conv_epilogue, fused_available
+from ..fused import fused_available
 from .fast import ChannelsLastDecoder, _Conv, _head, epilogue_torch
+from .kernels import conv_epilogue
 from .streaming import RECEPTIVE_FIELD_FRAMES
 
 __all__ = ["LineStream", "StatefulDecode"]
