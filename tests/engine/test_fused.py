@@ -325,11 +325,21 @@ def test_conv_epilogue_matches_the_torch_path(dtype, residual, snake, keep, shap
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("C, dilation, keep", [(24, 1, True), (24, 9, False), (40, 3, True)])
-def test_residual_unit_matches_the_unfused_unit(dtype, C, dilation, keep):
+@pytest.mark.parametrize(
+    "C, dilation, keep, thirds",
+    [
+        (24, 1, True, False),
+        (24, 9, False, False),
+        (40, 3, True, False),
+        (40, 9, True, True),
+        (96, 3, False, True),
+    ],
+)
+def test_residual_unit_matches_the_unfused_unit(dtype, C, dilation, keep, thirds):
     """A residual unit in one kernel against the decoder's ops (the 7-tap conv, epilogue, 1-tap
     conv, epilogue): the conv's zero padding at both ends, 200 samples (two tiles of 128, the
-    second partial), widths not a power of two, each dilation the decoder has."""
+    second partial), widths not a power of two, each dilation the decoder has; packed in one
+    chunk of outputs or in three (`thirds`: 40 channels as 3 x 16, the last padded; 96 as 3 x 32)."""
     from torch import nn
 
     from irodori_speaker.engine.codec.fast import _Conv, epilogue_torch
@@ -343,7 +353,8 @@ def test_residual_unit_matches_the_unfused_unit(dtype, C, dilation, keep):
         _, mid = epilogue_torch(c7(s), c7.bias, None, a7, False)
         assert mid is not None
         want_h, want_s = epilogue_torch(c1(mid), c1.bias, x, an, True)
-        packed = ck.pack_residual_unit(c7.weight, c1.weight)
+        packed = ck.pack_residual_unit(c7.weight, c1.weight, thirds=thirds)
+        assert packed[1].shape[0] == (48 if C == 40 else 96) if thirds else packed[1].shape[0] >= 32
         h, out = ck.residual_unit(s, packed, c7.bias, a7, dilation, c1.bias, x, an, keep)
     assert out.dtype == dtype and out.shape == s.shape and (h is not None) == keep
     assert want_h is not None and want_s is not None
@@ -352,10 +363,25 @@ def test_residual_unit_matches_the_unfused_unit(dtype, C, dilation, keep):
     _close(out, want_s, dtype)
 
 
-def test_the_decoder_with_fused_units_decodes_as_without():
+def test_unit_chunks_pack_in_thirds_only_where_that_pads_less():
+    assert ck.unit_chunks(96, thirds=False) == (1, 128)
+    assert [ck.unit_chunks(C, thirds=True) for C in (96, 192, 40, 24, 128, 8)] == [
+        (3, 32),
+        (3, 64),
+        (3, 16),
+        (1, 32),
+        (1, 128),
+        (1, 16),
+    ]
+    assert ck.unit_chunks(192) == ck.unit_chunks(192, thirds=ck.UNIT_THIRDS)
+
+
+@pytest.mark.parametrize("thirds", [False, True])
+def test_the_decoder_with_fused_units_decodes_as_without(monkeypatch, thirds):
     """The tiny codec's channels-last decoder with its units fused (the 96-channel-and-under
     stages: all of the tiny one's) against unfused, both against the fp32 decode; one latent
-    frame (the interpreter is slow)."""
+    frame (the interpreter is slow). With `UNIT_THIRDS` its 48-channel stage packs as 3 x 16."""
+    monkeypatch.setattr(ck, "UNIT_THIRDS", thirds)
     from irodori_speaker.engine.codec import TINY_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
 
     state = random_codec_state_dict(TINY_CODEC_KWARGS, seed=1, watermark=False)
@@ -365,6 +391,8 @@ def test_the_decoder_with_fused_units_decodes_as_without():
         codec = codec_from_state_dict(state, TINY_CODEC_KWARGS, device=DEV, dtype=torch.float16)
         assert codec.use_channels_last(True) and codec._channels_last is not None
         codec._channels_last.fuse_units = True
+        widths = sorted({w1.shape[0] for _, w1 in (codec._channels_last._packs or {}).values()})
+        assert widths == ([16, 32, 48] if thirds else [16, 32, 64])
         fused_units = codec.decode(lat)
         codec._channels_last.fuse_units = False
         unfused = codec.decode(lat)

@@ -123,21 +123,44 @@ if HAS_TRITON:
             tl.store(s_ptr + offs, round_to(s, s_ptr.dtype.element_ty, INTERP_BF16), mask=m)
 
     @triton.jit
+    def _mma(acc, a, w, INTERP_BF16: tl.constexpr):
+        """acc + a @ w (fp32 operands under the interpreter's bf16, which has no bf16 dot)."""
+        if INTERP_BF16:
+            acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
+        else:
+            acc += tl.dot(a, w)
+        return acc
+
+    @triton.jit
+    def _unit_mid(acc, b7_ptr, a7_ptr, ch, C: tl.constexpr, DT: tl.constexpr, INTERP_BF16: tl.constexpr,
+                  APPROX_SIN: tl.constexpr):  # fmt: skip
+        """The 7-tap conv's epilogue on one chunk of its output channels: bias, Snake, rounded."""
+        cm = ch < C
+        y = acc + tl.load(b7_ptr + ch, mask=cm, other=0.0).to(tl.float32)[None, :]
+        a7 = tl.load(a7_ptr + ch, mask=cm, other=1.0)[None, :]
+        return round_to(_snake_of(y, a7, APPROX_SIN), DT, INTERP_BF16)
+
+    @triton.jit
     def _residual_unit_kernel(
         s_ptr, w7_ptr, b7_ptr, a7_ptr, w1_ptr, b1_ptr, x_ptr, an_ptr, h_ptr, o_ptr, T,
-        C: tl.constexpr, CP: tl.constexpr, KP: tl.constexpr, KC: tl.constexpr, DIL: tl.constexpr,
-        KEEP_H: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+        C: tl.constexpr, CW: tl.constexpr, THIRDS: tl.constexpr, KP: tl.constexpr, KC: tl.constexpr,
+        DIL: tl.constexpr, KEEP_H: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
         STAGES: tl.constexpr, INTERP_BF16: tl.constexpr, APPROX_SIN: tl.constexpr,
     ):  # fmt: skip
+        # the packed width CP: one chunk of CW channels (a power of two), or three (`THIRDS`)
+        CP: tl.constexpr = 3 * CW if THIRDS else CW
         b = tl.program_id(1).to(tl.int64)
         t = tl.program_id(0) * BT + tl.arange(0, BT)
-        ch = tl.arange(0, CP)
-        cm = ch < C
+        ch = tl.arange(0, CW)
         row0 = b * T * C
+        dt = s_ptr.dtype.element_ty
         # the dilated conv: 7 taps x KC chunks of BK input channels, one pipelined loop (the loads
         # of the next chunks in flight while this one's product runs); the weight packed
-        # (7, KP, CP) with zeros past C (`pack_residual_unit`), so its loads need no mask
-        acc = tl.zeros((BT, CP), dtype=tl.float32)
+        # (7, KP, CP) with zeros past C (`pack_residual_unit`), so its loads need no mask; its
+        # output channels in one accumulator, or three of CW (tile dimensions are powers of two)
+        acc0 = tl.zeros((BT, CW), dtype=tl.float32)
+        acc1 = tl.zeros((BT, CW), dtype=tl.float32)
+        acc2 = tl.zeros((BT, CW), dtype=tl.float32)
         for i in tl.range(0, 7 * KC, num_stages=STAGES):
             k = i // KC
             kc = (i - k * KC) * BK + tl.arange(0, BK)
@@ -146,28 +169,29 @@ if HAS_TRITON:
             a = tl.load(
                 s_ptr + row0 + tt[:, None] * C + kc[None, :], mask=tm[:, None] & (kc < C)[None, :], other=0.0
             )
-            w = tl.load(w7_ptr + (k * KP + kc)[:, None] * CP + ch[None, :])
-            if INTERP_BF16:
-                acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
-            else:
-                acc += tl.dot(a, w)
-        y = acc + tl.load(b7_ptr + ch, mask=cm, other=0.0).to(tl.float32)[None, :]
-        a7 = tl.load(a7_ptr + ch, mask=cm, other=1.0)[None, :]
-        mid = round_to(_snake_of(y, a7, APPROX_SIN), s_ptr.dtype.element_ty, INTERP_BF16)
+            w = w7_ptr + (k * KP + kc)[:, None] * CP + ch[None, :]
+            acc0 = _mma(acc0, a, tl.load(w), INTERP_BF16)
+            if THIRDS:
+                acc1 = _mma(acc1, a, tl.load(w + CW), INTERP_BF16)
+                acc2 = _mma(acc2, a, tl.load(w + 2 * CW), INTERP_BF16)
+        mid0 = _unit_mid(acc0, b7_ptr, a7_ptr, ch, C, dt, INTERP_BF16, APPROX_SIN)
+        if THIRDS:
+            mid1 = _unit_mid(acc1, b7_ptr, a7_ptr, CW + ch, C, dt, INTERP_BF16, APPROX_SIN)
+            mid2 = _unit_mid(acc2, b7_ptr, a7_ptr, 2 * CW + ch, C, dt, INTERP_BF16, APPROX_SIN)
         # the 1-tap conv on it (weight packed (CP, CP)), BN output channels at a time, each with
         # its epilogue
         valid = t < T
         for n0 in tl.static_range(0, CP, BN):
             n = n0 + tl.arange(0, BN)
             nm = n < C
-            w1 = tl.load(w1_ptr + ch[:, None] * CP + n[None, :])
-            if INTERP_BF16:
-                acc2 = tl.dot(mid.to(tl.float32), w1.to(tl.float32))
-            else:
-                acc2 = tl.dot(mid, w1)
+            w1 = w1_ptr + ch[:, None] * CP + n[None, :]
+            acc = _mma(tl.zeros((BT, BN), dtype=tl.float32), mid0, tl.load(w1), INTERP_BF16)
+            if THIRDS:
+                acc = _mma(acc, mid1, tl.load(w1 + CW * CP), INTERP_BF16)
+                acc = _mma(acc, mid2, tl.load(w1 + 2 * CW * CP), INTERP_BF16)
             m = valid[:, None] & nm[None, :]
             offs = row0 + t[:, None] * C + n[None, :]
-            hh = acc2 + tl.load(b1_ptr + n, mask=nm, other=0.0).to(tl.float32)[None, :]
+            hh = acc + tl.load(b1_ptr + n, mask=nm, other=0.0).to(tl.float32)[None, :]
             hh += tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
             if KEEP_H:
                 tl.store(h_ptr + offs, round_to(hh, h_ptr.dtype.element_ty, INTERP_BF16), mask=m)
@@ -200,12 +224,32 @@ def conv_epilogue(
     return (h if keep else None), (s if alpha is not None else None)
 
 
-def pack_residual_unit(weight7: Tensor, weight1: Tensor) -> tuple[Tensor, Tensor]:
+#: A residual unit's output channels in three chunks of a power of two where that pads less than
+#: one chunk of the next power of two (`unit_chunks`): 96 channels as 3 x 32, 192 as 3 x 64, where
+#: one chunk is 128 / 256 wide and a quarter (7-tap) to 44 % (1-tap) of the unit's products
+#: multiply zeros. Off until measured on a GPU (`benchmarks/codec_units.py --thirds`, status.md "Next").
+UNIT_THIRDS = False
+
+
+def unit_chunks(C: int, thirds: bool | None = None) -> tuple[int, int]:
+    """(chunks, chunk width) of a unit of C channels' packed outputs: (1, the next power of two)
+    or, with `thirds` (default `UNIT_THIRDS`) where it pads less, (3, a power of two); at least 16
+    wide (`tl.dot`'s least)."""
+    whole = max(16, triton.next_power_of_2(C))
+    third = max(16, triton.next_power_of_2(-(-C // 3)))
+    if (UNIT_THIRDS if thirds is None else thirds) and 3 * third < whole:
+        return 3, third
+    return 1, whole
+
+
+def pack_residual_unit(weight7: Tensor, weight1: Tensor, thirds: bool | None = None) -> tuple[Tensor, Tensor]:
     """A residual unit's conv weights as `residual_unit` reads them: the 7-tap one (C, C, 7) as
     (7, KP, CP) [tap, in, out], the 1-tap one (C, C, 1) as (CP, CP) [in, out], zero padded (KP: C
-    to a multiple of 64, CP: to a power of two)."""
+    to a multiple of 64; CP: chunks x width of `unit_chunks`, which the kernel reads back from
+    CP: a power of two is one chunk)."""
     C = weight7.shape[0]
-    kp, cp = -(-C // 64) * 64, max(16, triton.next_power_of_2(C))
+    n, width = unit_chunks(C, thirds)
+    kp, cp = -(-C // 64) * 64, n * width
     w7 = weight7.new_zeros(7, kp, cp)
     w7[:, :C, :C] = weight7.permute(2, 1, 0)
     w1 = weight1.new_zeros(cp, cp)
@@ -250,8 +294,11 @@ def residual_unit(
     assert s.dtype in (torch.float16, torch.bfloat16) and C <= 256
     kp, cp = w7.shape[1], w7.shape[2]
     assert w7.shape[0] == 7 and w1.shape == (cp, cp) and kp >= C and cp >= C
+    thirds = cp & (cp - 1) != 0  # not a power of two: three chunks (`pack_residual_unit`)
+    cw = cp // 3 if thirds else cp
+    assert cw & (cw - 1) == 0 and cw >= 16
     bt, bk, bn, warps, stages = config or residual_unit_config(C)
-    bk, bn = min(bk, kp), min(bn, cp)
+    bk, bn = min(bk, kp), min(bn, cw)  # an output block within a chunk
     s, residual = s.contiguous(), residual.contiguous()
     h = torch.empty_like(s) if keep else s
     out = torch.empty_like(s)
@@ -259,7 +306,7 @@ def residual_unit(
     _residual_unit_kernel[grid](
         s, w7, bias7, alpha7.reshape(C).float().contiguous(), w1, bias1, residual,
         alpha_next.reshape(C).float().contiguous(), h, out, T,
-        C=C, CP=cp, KP=kp, KC=-(-C // bk), DIL=dilation, KEEP_H=keep, BT=bt, BK=bk, BN=bn,
+        C=C, CW=cw, THIRDS=thirds, KP=kp, KC=-(-C // bk), DIL=dilation, KEEP_H=keep, BT=bt, BK=bk, BN=bn,
         STAGES=stages, INTERP_BF16=interp_bf16(s), APPROX_SIN=approx_sin(s), num_warps=warps,
     )  # fmt: skip
     return (h if keep else None), out
