@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="files tests profile codec decode_batch roofline units concurrency concurrency2 concurrency_base host_profile cpu_preset news5 news5_batch int4 memory memory_phases memory_budget server_load many_speakers" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="files tests profile codec decode_batch roofline units text concurrency concurrency2 concurrency_base host_profile cpu_preset news5 news5_batch int4 memory memory_phases memory_budget server_load many_speakers" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -67,6 +67,9 @@ if stage roofline; then  # a window's decode op by op against the roofline; runs
   for a in "${runs[@]}"; do i=$((i+1))
     timeout "${ROOF_S:-150}" python3 benchmarks/codec_roofline.py $a 2>&1 | tee "$OUT/roofline$i.txt" | tail -18
   done
+fi
+if stage text; then  # the v4 text backbone eager against fused, graphed (benchmarks/text_encoder.py)
+  timeout "${TEXT_S:-200}" python3 benchmarks/text_encoder.py ${TEXT_ARGS:-} 2>&1 | tee "$OUT/text.txt" | tail -14
 fi
 if stage units; then  # the fused residual unit per width and packing (benchmarks/codec_units.py)
   timeout "${UNITS_S:-400}" python3 benchmarks/codec_units.py ${UNITS_ARGS:---thirds} 2>&1 | tee "$OUT/units.txt" | tail -40

@@ -1,4 +1,5 @@
-"""test_fused.py under Triton's CPU interpreter (in a subprocess), and the fused path's fall-back."""
+"""test_fused.py and test_fused_text.py under Triton's CPU interpreter (in a subprocess), and the
+fused path's fall-back."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ pytest.importorskip("triton", reason="triton is not installed (the 'cuda' / 'dev
 def test_fused_kernels_in_the_interpreter():
     here = Path(__file__).parent
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    args = ["-q", "-rs", "-o", "addopts=", "-p", "no:cacheprovider", str(here / "test_fused.py")]
+    files = [str(here / name) for name in ("test_fused.py", "test_fused_text.py")]
+    args = ["-q", "-rs", "-o", "addopts=", "-p", "no:cacheprovider", *files]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *args],
         env=env, capture_output=True, text=True, timeout=1500,

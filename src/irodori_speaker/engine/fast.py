@@ -23,6 +23,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, cast
 
 import torch
@@ -32,6 +33,7 @@ from torch import Tensor, nn
 from ..cancel import CancelToken, check
 from .batch import batch_bucket, fill_batch, fill_tokens, frame_mask
 from .cuda_graphs import capture
+from .fast_text import fast_text_backbone
 from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
 from .kernels.tuning import is_tuning_allowed
 from .model import Conditions, ContextKV, DiffusionBlock, TextToLatentRFDiT, rope_tables
@@ -150,6 +152,8 @@ class FastDiT:
         self.model_blocks = diffusion_blocks(model)
         self._tables: dict[tuple, Tensor] = {}  # plan_table's, by schedule
         self.blocks: list[FastBlock] = []
+        # the v4 text backbone's layers with fused kernels too (engine/fast_text.py)
+        self.text_backbone = fast_text_backbone(model) if self.fused else None
         if not self.fused:  # the model's own blocks: nothing to fuse (on the CPU separate GEMMs are as fast)
             return
         for blk in self.model_blocks:
@@ -379,10 +383,10 @@ class FastSampler:
         Padded positions are masked (their states are zero), so `sample` gives what it gives on
         the unpadded states (it pads them itself when they are not).
         """
-        model = self.fast.model
+        model, backbone = self.fast.model, self.fast.text_backbone
         with torch.inference_mode():
             if not self.use_graphs:  # eager: no point encoding padding
-                return model.encode_text(ids, mask), mask
+                return model.encode_text(ids, mask, backbone), mask
             B = ids.shape[0]
             pad = round_up(ids.shape[1], self.context_bucket) - ids.shape[1]
             ids, mask = F.pad(ids, (0, pad), value=0), F.pad(mask, (0, pad), value=False)
@@ -390,10 +394,11 @@ class FastSampler:
             key = (rows, ids.shape[1])
             g = self._text_graphs.get(key)
             if g is None and B > 1 and not is_tuning_allowed():
-                return model.encode_text(ids, mask), mask
+                return model.encode_text(ids, mask, backbone), mask
             inputs: list[Tensor | None] = list(fill_tokens(ids, mask, rows))
             if g is None:
-                g = self._text_graphs[key] = self._capture(lambda a, b: model.encode_text(a, b), inputs)
+                encode = partial(model.encode_text, backbone=backbone)
+                g = self._text_graphs[key] = self._capture(encode, inputs)
                 self.text_captures += 1
             return g.replay(inputs)[:B].clone(), mask
 

@@ -1,4 +1,5 @@
-"""Fused elementwise kernels for the fast path's DiT block (Triton), with plain-torch twins.
+"""Fused elementwise kernels for the fast path's DiT block and text backbone (Triton), with
+plain-torch twins.
 
 A DiT block in eager PyTorch launches ~65 small kernels (norms, modulation, RoPE, concatenations,
 gating); inside a CUDA graph each still costs a few microseconds, so a sampling loop of 8 steps
@@ -11,7 +12,11 @@ launches around its four GEMMs and the attention:
   first half of the heads, and the joint keys/values ``[self ; context]`` written in one pass
   (this replaces two `torch.cat` of the context per layer and step).
 - `gate_heads`: attention output (B, H, S, Dh) back to (B, S, D) times ``sigmoid(gate)``.
-- `swiglu`: ``silu(u1) * u3`` of the fused w1/w3 projection.
+- `swiglu`: ``silu(u1) * u3`` of the fused w1/w3 projection (`glu`, which GeGLU shares).
+
+The v4 text backbone (ModernBERT, `engine/fast_text.py`) takes three more: `add_layer_norm`
+(residual add and LayerNorm, the last one times the token mask), `rope_qkv` (RoPE on q and k and
+the heads' layout for the attention) and `glu` with GELU.
 
 Arithmetic is fp32 inside a kernel with one rounding at each store, so results differ from the
 eager composition (which rounds after every op in bf16) by that rounding only. Where Triton does not
@@ -194,14 +199,74 @@ if HAS_TRITON:
         tl.store(out_ptr + pid * D + offs_h * DH + offs_d, y, mask=m)
 
     @triton.jit
-    def _swiglu_kernel(u_ptr, out_ptr, HID, BLOCK: tl.constexpr, INTERP_BF16: tl.constexpr):
+    def _glu_kernel(u_ptr, out_ptr, HID, ACT: tl.constexpr, BLOCK: tl.constexpr, INTERP_BF16: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = offs < HID
         u1 = tl.load(u_ptr + row * 2 * HID + offs, mask=m, other=0.0).to(tl.float32)
         u3 = tl.load(u_ptr + row * 2 * HID + HID + offs, mask=m, other=0.0).to(tl.float32)
-        y = u1 / (1.0 + tl.exp(-u1)) * u3
-        tl.store(out_ptr + row * HID + offs, round_to(y, out_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+        if ACT == 0:  # silu
+            a = u1 / (1.0 + tl.exp(-u1))
+        elif ACT == 1:  # gelu, exact
+            a = 0.5 * u1 * (1.0 + tl.erf(u1 * 0.7071067811865476))
+        else:  # gelu, tanh approximation: 0.5 x (1 + tanh(z)) = x sigmoid(2 z)
+            z = 0.7978845608028654 * (u1 + 0.044715 * u1 * u1 * u1)
+            a = u1 / (1.0 + tl.exp(-2.0 * z))
+        tl.store(out_ptr + row * HID + offs, round_to(a * u3, out_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+
+    @triton.jit
+    def _add_layer_norm_kernel(
+        x_ptr, y_ptr, w_ptr, b_ptr, m_ptr, xo_ptr, h_ptr, D, eps,
+        HAS_Y: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr,
+        INTERP_BF16: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        m = offs < D
+        x = tl.load(x_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
+        if HAS_Y:
+            y = tl.load(y_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
+            xr = round_to(x + y, xo_ptr.dtype.element_ty, INTERP_BF16)
+            tl.store(xo_ptr + row * D + offs, xr, mask=m)
+            x = xr.to(tl.float32)  # normalise the residual as stored, as the eager path does
+        mean = tl.sum(x, axis=0) / D
+        d = tl.where(m, x - mean, 0.0)
+        h = (
+            d
+            / tl.sqrt(tl.sum(d * d, axis=0) / D + eps)
+            * tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        )
+        if HAS_BIAS:
+            h += tl.load(b_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        if HAS_MASK:  # the row's token mask (0 / 1)
+            h = h * tl.load(m_ptr + row).to(tl.float32)
+        tl.store(h_ptr + row * D + offs, round_to(h, h_ptr.dtype.element_ty, INTERP_BF16), mask=m)
+
+    @triton.jit
+    def _rope_qkv_kernel(
+        p_ptr, cos_ptr, sin_ptr, out_ptr, L, HEADS, HALF, part_stride,
+        BH: tl.constexpr, BJ: tl.constexpr, INTERP_BF16: tl.constexpr,
+    ):  # fmt: skip
+        pid = tl.program_id(0).to(tl.int64)  # one token: (b, position)
+        b = pid // L
+        pos = pid % L
+        Dh = 2 * HALF
+        D = HEADS * Dh
+        offs_h = tl.arange(0, BH)[:, None]
+        offs_j = tl.arange(0, BJ)[None, :]
+        m = (offs_h < HEADS) & (offs_j < HALF)
+        c = tl.load(cos_ptr + pos * Dh + offs_j, mask=offs_j < HALF, other=0.0)  # each half's angles
+        s = tl.load(sin_ptr + pos * Dh + offs_j, mask=offs_j < HALF, other=0.0)
+        dst = out_ptr + ((b * HEADS + offs_h) * L + pos) * Dh + offs_j  # (B, heads, L, Dh) of its part
+        for part in tl.static_range(3):  # q, k rotated; v laid out only
+            src = p_ptr + pid * 3 * D + part * D + offs_h * Dh + offs_j
+            x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
+            x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
+            if part < 2:
+                x1, x2 = x1 * c - x2 * s, x2 * c + x1 * s
+            dt = out_ptr.dtype.element_ty
+            tl.store(dst + part * part_stride, round_to(x1, dt, INTERP_BF16), mask=m)
+            tl.store(dst + part * part_stride + HALF, round_to(x2, dt, INTERP_BF16), mask=m)
 
 
 # ----------------------------------------------------------------------------------------- wrappers
@@ -292,13 +357,63 @@ def gate_heads(o: Tensor, p: Tensor) -> Tensor:
     return out
 
 
-def swiglu(u: Tensor, hidden: int) -> Tensor:
-    """silu(u[..., :hidden]) * u[..., hidden:]."""
+#: the gate activations of `glu`: SwiGLU's, and GeGLU's exact and tanh-approximated GELU
+GLU_ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+
+
+def glu(u: Tensor, hidden: int, act: str = "silu") -> Tensor:
+    """act(u[..., :hidden]) * u[..., hidden:]: SwiGLU ("silu"), GeGLU ("gelu", "gelu_tanh")."""
     u = u.contiguous()
     rows = u.numel() // (2 * hidden)
     out = torch.empty(*u.shape[:-1], hidden, dtype=u.dtype, device=u.device)
     block = 1024
-    _swiglu_kernel[(rows, triton.cdiv(hidden, block))](
-        u, out, hidden, BLOCK=block, INTERP_BF16=interp_bf16(u), num_warps=4
+    _glu_kernel[(rows, triton.cdiv(hidden, block))](
+        u, out, hidden, ACT=GLU_ACTIVATIONS[act], BLOCK=block, INTERP_BF16=interp_bf16(u), num_warps=4
     )
     return out
+
+
+def swiglu(u: Tensor, hidden: int) -> Tensor:
+    """silu(u[..., :hidden]) * u[..., hidden:]."""
+    return glu(u, hidden, "silu")
+
+
+def add_layer_norm(
+    x: Tensor,
+    y: Tensor | None,
+    weight: Tensor,
+    bias: Tensor | None,
+    eps: float,
+    row_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(x + y, layer_norm(x + y) * weight + bias), the norm times `row_mask` (a 0 / 1 per row,
+    e.g. the token mask (B, L)) if given; y None skips the add (x returned as is)."""
+    D = x.shape[-1]
+    x = x.contiguous()
+    y = y.contiguous() if y is not None else None
+    xo = torch.empty_like(x) if y is not None else x
+    h = torch.empty_like(x)
+    rm = row_mask.contiguous().view(torch.uint8) if row_mask is not None else x
+    _add_layer_norm_kernel[(x.numel() // D,)](
+        x, y if y is not None else x, weight, bias if bias is not None else weight, rm, xo, h, D, eps,
+        HAS_Y=y is not None, HAS_BIAS=bias is not None, HAS_MASK=row_mask is not None,
+        BLOCK=triton.next_power_of_2(D), INTERP_BF16=interp_bf16(x), num_warps=4,
+    )  # fmt: skip
+    return xo, h
+
+
+def rope_qkv(p: Tensor, cos: Tensor, sin: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A fused Q/K/V projection p (B, L, 3 x heads x Dh) as q, k, v (B, heads, L, Dh), q and k
+    rotated by rotate-half RoPE (`layers.apply_rotate_half`; cos / sin (L, Dh), each half
+    repeated), in float32 with one rounding: ModernBERT's attention inputs in one pass."""
+    B, L, D3 = p.shape
+    Dh = D3 // 3 // heads
+    p = p.contiguous()
+    out = torch.empty(3, B, heads, L, Dh, dtype=p.dtype, device=p.device)
+    _rope_qkv_kernel[(B * L,)](
+        p, cos.contiguous(), sin.contiguous(), out, L, heads, Dh // 2, out[0].numel(),
+        BH=triton.next_power_of_2(heads), BJ=triton.next_power_of_2(Dh // 2), INTERP_BF16=interp_bf16(p),
+        num_warps=2,
+    )  # fmt: skip
+    q, k, v = out.unbind(0)
+    return q, k, v

@@ -12,7 +12,7 @@ not depend on t) -> `velocity(x_t, t, ctx)` per sampler step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -318,14 +318,23 @@ class TextToLatentRFDiT(nn.Module):
         )
         return Conditions(text_state, text_mask, *voice)
 
-    def encode_text(self, text_ids: Tensor, text_mask: Tensor) -> Tensor:
-        """The text encoder's states (B, L, text_dim); ids are checked by `encode_conditions`."""
-        return self.text_norm(self._encode_tokens(self.text_encoder, text_ids, text_mask))
+    def encode_text(
+        self, text_ids: Tensor, text_mask: Tensor, backbone: Callable[[Tensor, Tensor], Tensor] | None = None
+    ) -> Tensor:
+        """The text encoder's states (B, L, text_dim); ids are checked by `encode_conditions`.
+        `backbone`: another forward of the v4 backbone (the fast path's fused one)."""
+        return self.text_norm(self._encode_tokens(self.text_encoder, text_ids, text_mask, backbone))
 
-    def _encode_tokens(self, encoder: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
+    def _encode_tokens(
+        self,
+        encoder: nn.Module,
+        ids: Tensor,
+        mask: Tensor,
+        backbone: Callable[[Tensor, Tensor], Tensor] | None = None,
+    ) -> Tensor:
         """A scratch encoder on token ids, or (v4) the shared backbone then the projector."""
         if self.cfg.pretrained_text:
-            return encoder(self.pretrained_text_backbone(ids, mask), mask)
+            return encoder((backbone or self.pretrained_text_backbone)(ids, mask), mask)
         return encoder(ids, mask)
 
     def encode_voice(

@@ -102,20 +102,24 @@ class ModernBert(nn.Module):
         self.final_norm = LayerNorm(cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
 
     def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
-        cfg = self.cfg
-        L = ids.shape[1]
         x = self.embeddings(ids)
-        window = cfg.local_attention // 2
-        full, sliding = window_masks(mask, window, window)
-        masks = {"full_attention": full, "sliding_attention": sliding}
-        ropes = {
-            kind: rotate_half_tables(L, cfg.head_dim, cfg.rope_theta(kind), x.device)
-            for kind in set(cfg.layer_types)
-        }
+        masks, ropes = self.attention_inputs(mask)
         for layer in self.layers:
             kind = str(layer.layer_type)
             x = layer(x, masks[kind], ropes[kind])
         return self.final_norm(x) * mask[..., None].to(x.dtype)
+
+    def attention_inputs(self, mask: Tensor) -> tuple[dict[str, Tensor], dict[str, tuple[Tensor, Tensor]]]:
+        """Per layer type: its attention mask (from the token mask (B, L)) and RoPE tables."""
+        cfg = self.cfg
+        window = cfg.local_attention // 2
+        full, sliding = window_masks(mask, window, window)
+        masks = {"full_attention": full, "sliding_attention": sliding}
+        ropes = {
+            kind: rotate_half_tables(mask.shape[1], cfg.head_dim, cfg.rope_theta(kind), mask.device)
+            for kind in set(cfg.layer_types)
+        }
+        return masks, ropes
 
 
 class PretrainedTextBackbone(nn.Module):

@@ -1,0 +1,124 @@
+"""The v4 text backbone's fused kernels (engine/fused.py: `add_layer_norm`, `rope_qkv`, `glu` with
+GELU) against torch, and its fused forward (engine/fast_text.py) against the reference's golden
+backbone states and the eager forward.
+
+Runs natively on CUDA; on the CPU `test_fused_interp.py` runs this module under
+TRITON_INTERPRET=1 in its subprocess. Without either, every test here skips.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from v4_cases import KINDS, load_kind
+
+from irodori_speaker.engine import fused as fu
+from irodori_speaker.engine.fast import FastDiT, FastSampler
+from irodori_speaker.engine.fast_text import FastModernBert, fast_text_backbone
+from irodori_speaker.engine.layers import apply_rotate_half, rotate_half_tables
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = pytest.mark.skipif(
+    not fu.fused_available(DEV), reason="needs CUDA + triton, or TRITON_INTERPRET=1 (test_fused_interp.py)"
+)
+# the kernels round once where torch rounds after each op: an ulp or two of a half type apart
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=6e-2, rtol=3e-2),
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _randn(*shape, dtype):
+    return torch.randn(*shape, device=DEV).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "residual, bias, masked", [(True, False, False), (False, True, False), (True, True, True)]
+)
+def test_add_layer_norm_is_the_residual_add_then_layer_norm(dtype, residual, bias, masked):
+    torch.manual_seed(0)
+    D = 80  # not a power of two: the row block is masked
+    x, y = _randn(2, 5, D, dtype=dtype) * 3 + 1, _randn(2, 5, D, dtype=dtype) if residual else None
+    w, b = _randn(D, dtype=dtype), (_randn(D, dtype=dtype) if bias else None)
+    mask = torch.rand(2, 5, device=DEV) > 0.4 if masked else None
+    xo, h = fu.add_layer_norm(x, y, w, b, 1e-5, mask)
+    s = x + y if y is not None else x
+    assert torch.equal(xo, s)  # the residual as the eager path rounds it
+    want = F.layer_norm(s, (D,), w, b, 1e-5)
+    if mask is not None:
+        want = want * mask[..., None].to(dtype)
+        assert not h[~mask].any()
+    torch.testing.assert_close(h.float(), want.float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads, Dh", [(3, 12), (12, 64)])  # the tiny backbone's and the release's
+def test_rope_qkv_rotates_q_and_k_and_lays_out_the_heads(dtype, heads, Dh):
+    torch.manual_seed(1)
+    B, L = 2, 7
+    p = _randn(B, L, 3 * heads * Dh, dtype=dtype)
+    cos, sin = rotate_half_tables(L, Dh, 10000.0, DEV)
+    q, k, v = fu.rope_qkv(p, cos, sin, heads)
+    want_q, want_k, want_v = p.view(B, L, 3, heads, Dh).permute(2, 0, 3, 1, 4).unbind(0)
+    assert q.shape == (B, heads, L, Dh) and q.is_contiguous() and k.is_contiguous()
+    assert torch.equal(v, want_v)
+    for got, want in ((q, want_q), (k, want_k)):
+        torch.testing.assert_close(got.float(), apply_rotate_half(want, cos, sin).float(), **TOL[dtype])
+    assert not torch.allclose(q.float(), want_q.float())  # rotated: position 0 alone is not
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act, approximate", [("gelu", "none"), ("gelu_tanh", "tanh")])
+def test_glu_with_gelu_is_geglu(dtype, act, approximate):
+    torch.manual_seed(2)
+    u = _randn(2, 3, 2 * 1100, dtype=dtype) * 2  # hidden over one block, not a multiple of it
+    a, b = u.float().split(1100, dim=-1)
+    want = F.gelu(a, approximate=approximate) * b
+    torch.testing.assert_close(fu.glu(u, 1100, act).float(), want, **TOL[dtype])
+
+
+def _watched(fast: FastModernBert) -> list[int]:
+    """Calls of `fast`'s fused forward, recorded (a fall-back to the eager one records none)."""
+    calls: list[int] = []
+    fused = fast._fused
+    fast._fused = lambda *a: calls.append(1) or fused(*a)  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_fused_backbone_gives_the_reference_states(kind):
+    """The tiny v4 / v4.1-MF ModernBERT (48 wide, 4 heads of 12, a full and two sliding layers,
+    padded rows) against the reference's stored last_hidden_state."""
+    model, io, _, _ = load_kind(kind)
+    model = model.to(DEV)
+    fast = fast_text_backbone(model)
+    assert isinstance(fast, FastModernBert)
+    calls = _watched(fast)
+    with torch.inference_mode():
+        got = fast(io["text_input_ids"].to(DEV), io["text_mask"].to(DEV))
+    assert calls and fast.on  # the kernels ran, no fall-back
+    torch.testing.assert_close(got.cpu(), io["out_text_backbone_state"], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fast_sampler_encodes_text_through_it(dtype):
+    """`FastSampler.encode_text` (the Synthesizer's path) takes the fused backbone: the states
+    equal the model's eager `encode_text` (projector and norm included) up to rounding."""
+    model, io, _, _ = load_kind("v4_1_mf")
+    ids, mask = io["text_input_ids"].to(DEV), io["text_mask"].to(DEV)
+    model = model.to(DEV, dtype)
+    fast = FastDiT(model, fused=True)
+    assert isinstance(fast.text_backbone, FastModernBert)
+    calls = _watched(fast.text_backbone)
+    with torch.inference_mode():
+        got, _ = FastSampler(fast, use_graphs=False).encode_text(ids, mask)
+        want = model.encode_text(ids, mask)
+    assert calls and fast.text_backbone.on
+    torch.testing.assert_close(
+        got.float(), want.float(), **(TOL[dtype] if dtype != torch.float32 else dict(atol=1e-4, rtol=1e-4))
+    )
+    assert fast_text_backbone(torch.nn.Linear(2, 2)) is None  # no v4 backbone: the model's own path
