@@ -92,7 +92,8 @@ def _watched(fast: FastModernBert) -> list[int]:
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_fused_backbone_gives_the_reference_states(kind):
     """The tiny v4 / v4.1-MF ModernBERT (48 wide, 4 heads of 12, a full and two sliding layers,
-    padded rows) against the reference's stored last_hidden_state."""
+    a padded row) against the reference's stored last_hidden_state; the padded row alone gives
+    its states again (the tables kept from the first call), its padding zero."""
     model, io, _, _ = load_kind(kind)
     model = model.to(DEV)
     fast = fast_text_backbone(model)
@@ -102,6 +103,11 @@ def test_the_fused_backbone_gives_the_reference_states(kind):
         got = fast(io["text_input_ids"].to(DEV), io["text_mask"].to(DEV))
     assert calls and fast.on  # the kernels ran, no fall-back
     torch.testing.assert_close(got.cpu(), io["out_text_backbone_state"], atol=1e-4, rtol=1e-4)
+    assert list(fast._ropes) == [(16, DEV)]  # the RoPE tables kept for the length, made once
+    with torch.inference_mode():
+        again = fast(io["text_input_ids"][1:].to(DEV), io["text_mask"][1:].to(DEV))  # the padded row alone
+    torch.testing.assert_close(again, got[1:], atol=1e-5, rtol=1e-5)
+    assert not again[0, int(io["text_mask"][1].sum()) :].any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

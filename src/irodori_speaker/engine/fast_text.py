@@ -11,19 +11,22 @@ in one (`fused.glu`), the four GEMMs and the attention; the final norm also appl
 mask.
 
 The weights, the embeddings, the attention masks and RoPE tables are the model's
-(`ModernBert.attention_inputs`), and its linear layers run as themselves (int4 or not). Each kernel
-rounds once at its store, so the states differ from the eager forward's by rounding only
-(tests/engine/test_fused.py holds them to the reference's golden states). T5Gemma 2 (v4-Large)
-runs its own forward.
+(`ModernBert.attention_masks`, made additive once a call where the attention would convert them
+at every layer; `ModernBert.rope_tables`, kept per length), and its linear layers run as
+themselves (int4 or not). Each kernel rounds once at its store, so the states differ from the
+eager forward's by rounding only (tests/engine/test_fused_text.py holds them to the reference's
+golden states). T5Gemma 2 (v4-Large) runs its own forward.
 """
 
 from __future__ import annotations
 
 from typing import cast
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .encoders import capturing
 from .fused import add_layer_norm, glu, rope_qkv, run_or_fall_back
 from .text_backbone import Layer, LayerNorm, ModernBert
 
@@ -38,6 +41,7 @@ class FastModernBert:
     def __init__(self, backbone: ModernBert) -> None:
         self.backbone = backbone
         self.on = True
+        self._ropes: dict[tuple[int, torch.device], dict[str, tuple[Tensor, Tensor]]] = {}
 
     def __call__(self, ids: Tensor, mask: Tensor) -> Tensor:
         if not self.on:
@@ -53,7 +57,12 @@ class FastModernBert:
         bb, cfg = self.backbone, self.backbone.cfg
         B, L = ids.shape
         act = _GELU[cfg.gelu_approximate]
-        masks, ropes = bb.attention_inputs(mask)
+        ropes = self._rope_tables(L, ids.device)
+        # additive once a call: given a boolean mask, the attention converts it at every layer
+        masks = {
+            kind: torch.zeros(m.shape, dtype=self._dtype(), device=m.device).masked_fill_(~m, float("-inf"))
+            for kind, m in bb.attention_masks(mask).items()
+        }
         x = h = bb.embeddings(ids)  # layer 0 has no attention norm
         y: Tensor | None = None
         for i, layer in enumerate(cast(list[Layer], list(bb.layers))):
@@ -66,6 +75,20 @@ class FastModernBert:
             x, h = _add_norm(x, o, layer.mlp_norm)
             y = layer.mlp.Wo(glu(layer.mlp.Wi(h), cfg.intermediate_size, act))
         return _add_norm(x, y, bb.final_norm, mask)[1]
+
+    def _dtype(self) -> torch.dtype:
+        return self.backbone.final_norm.weight.dtype
+
+    def _rope_tables(self, length: int, device: torch.device) -> dict[str, tuple[Tensor, Tensor]]:
+        """The backbone's RoPE tables for `length` tokens, made once (constants; not kept when
+        first asked for inside a CUDA graph's capture, whose memory is the graph's)."""
+        key = (length, device)
+        if key in self._ropes:
+            return self._ropes[key]
+        tables = self.backbone.rope_tables(length, device)
+        if not capturing():
+            self._ropes[key] = tables
+        return tables
 
 
 def _add_norm(

@@ -103,23 +103,25 @@ class ModernBert(nn.Module):
 
     def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
         x = self.embeddings(ids)
-        masks, ropes = self.attention_inputs(mask)
+        masks, ropes = self.attention_masks(mask), self.rope_tables(ids.shape[1], ids.device)
         for layer in self.layers:
             kind = str(layer.layer_type)
             x = layer(x, masks[kind], ropes[kind])
         return self.final_norm(x) * mask[..., None].to(x.dtype)
 
-    def attention_inputs(self, mask: Tensor) -> tuple[dict[str, Tensor], dict[str, tuple[Tensor, Tensor]]]:
-        """Per layer type: its attention mask (from the token mask (B, L)) and RoPE tables."""
-        cfg = self.cfg
-        window = cfg.local_attention // 2
+    def attention_masks(self, mask: Tensor) -> dict[str, Tensor]:
+        """Per layer type, its boolean attention mask (B, 1, L, L) from the token mask (B, L)."""
+        window = self.cfg.local_attention // 2
         full, sliding = window_masks(mask, window, window)
-        masks = {"full_attention": full, "sliding_attention": sliding}
-        ropes = {
-            kind: rotate_half_tables(mask.shape[1], cfg.head_dim, cfg.rope_theta(kind), mask.device)
+        return {"full_attention": full, "sliding_attention": sliding}
+
+    def rope_tables(self, length: int, device: torch.device) -> dict[str, tuple[Tensor, Tensor]]:
+        """Per layer type, its RoPE cos / sin tables (length, head_dim)."""
+        cfg = self.cfg
+        return {
+            kind: rotate_half_tables(length, cfg.head_dim, cfg.rope_theta(kind), device)
             for kind in set(cfg.layer_types)
         }
-        return masks, ropes
 
 
 class PretrainedTextBackbone(nn.Module):
