@@ -67,6 +67,15 @@ def key_mask(mask: Tensor | None) -> Tensor | None:
     return mask[:, None, None, :]
 
 
+def additive_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """A boolean attention mask as an additive 0 / -inf one in `dtype` (others as they are): made
+    once where it serves many attention calls, each of which would convert a boolean one (two
+    more kernels a call)."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def attend_safe(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """SDPA over (B, H, S, D); rows whose keys are all masked give zeros, not NaN.
 

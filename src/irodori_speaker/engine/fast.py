@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from ..cancel import CancelToken, check
 from .batch import batch_bucket, fill_batch, fill_tokens, frame_mask
 from .cuda_graphs import capture
+from .encoders import additive_mask
 from .fast_text import fast_text_backbone
 from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
 from .kernels.tuning import is_tuning_allowed
@@ -318,13 +319,8 @@ class _Graph:
 def additive_masks(ctx: LineContext, dtype: torch.dtype) -> LineContext:
     """The context's boolean key masks as additive 0 / -inf masks in `dtype`, made once per line
     (SDPA would convert a boolean mask on every call: 2 extra kernels per layer and step)."""
-
-    def add(m: Tensor | None) -> Tensor | None:
-        if m is None or m.dtype != torch.bool:
-            return m
-        return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
-
-    return LineContext(ctx.groups, [add(m) for m in ctx.group_masks], ctx.cond, add(ctx.cond_mask))
+    masks = [additive_mask(m, dtype) for m in ctx.group_masks]
+    return LineContext(ctx.groups, masks, ctx.cond, additive_mask(ctx.cond_mask, dtype))
 
 
 class FastSampler:

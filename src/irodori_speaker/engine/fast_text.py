@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .encoders import capturing
+from .encoders import additive_mask, capturing
 from .fused import add_layer_norm, glu, rope_qkv, run_or_fall_back
 from .text_backbone import Layer, LayerNorm, ModernBert
 
@@ -58,11 +58,8 @@ class FastModernBert:
         B, L = ids.shape
         act = _GELU[cfg.gelu_approximate]
         ropes = self._rope_tables(L, ids.device)
-        # additive once a call: given a boolean mask, the attention converts it at every layer
-        masks = {
-            kind: torch.zeros(m.shape, dtype=self._dtype(), device=m.device).masked_fill_(~m, float("-inf"))
-            for kind, m in bb.attention_masks(mask).items()
-        }
+        dtype = bb.final_norm.weight.dtype
+        masks = {kind: additive_mask(m, dtype) for kind, m in bb.attention_masks(mask).items()}
         x = h = bb.embeddings(ids)  # layer 0 has no attention norm
         y: Tensor | None = None
         for i, layer in enumerate(cast(list[Layer], list(bb.layers))):
@@ -75,9 +72,6 @@ class FastModernBert:
             x, h = _add_norm(x, o, layer.mlp_norm)
             y = layer.mlp.Wo(glu(layer.mlp.Wi(h), cfg.intermediate_size, act))
         return _add_norm(x, y, bb.final_norm, mask)[1]
-
-    def _dtype(self) -> torch.dtype:
-        return self.backbone.final_norm.weight.dtype
 
     def _rope_tables(self, length: int, device: torch.device) -> dict[str, tuple[Tensor, Tensor]]:
         """The backbone's RoPE tables for `length` tokens, made once (constants; not kept when
