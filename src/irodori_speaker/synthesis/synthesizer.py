@@ -42,6 +42,7 @@ from ..engine.duration import (
     trim_frame,
 )
 from ..engine.fast import FastDiT, FastSampler
+from ..engine.hardware.cuda_device import on_cuda_device, steps_on_device
 from ..engine.hardware.memory import budget_errors
 from ..engine.hardware.owner import DEVICE
 from ..engine.hardware.presets import select_preset
@@ -193,7 +194,8 @@ class Synthesizer:
 
     def reference_latent(self, voice: Any, record: SynthesisRecord | None = None) -> Any:
         """The voice's reference latent (1, T, C) on the model's device, or None; encoded once, cached."""
-        return self.voices.reference_latent(voice, record)
+        with on_cuda_device(self.device):
+            return self.voices.reference_latent(voice, record)
 
     def spoken_text(self, text: str, options: SynthesisOptions | Mapping[str, Any] | None = None) -> str:
         """What the model reads for `text` (pause markup taken out: `spoken_parts` keeps the pauses)."""
@@ -258,7 +260,10 @@ class Synthesizer:
         opts = self.resolve_options(options)
         record = SynthesisRecord()
         pieces = self._prepare_text(text, opts, record)
-        chunks = self._run(pieces, voice, opts, record, cancel, progress, whole=_whole)
+        # each resumption on the model's CUDA device (engine/hardware/cuda_device.py)
+        chunks = steps_on_device(
+            self.device, self._run(pieces, voice, opts, record, cancel, progress, whole=_whole)
+        )
         budget = getattr(self.preset, "max_gpu_memory", None)  # past it: OverBudgetError, not a raw OOM
         return AudioStream(budget_errors(chunks, budget), record)
 
@@ -274,7 +279,8 @@ class Synthesizer:
         one's reference rung, so their lines batch (synthesis/prewarm.py). `self.prewarm_report`
         says what was done.
         """
-        return prewarm_synthesizer(self, voice, batch_voices)
+        with on_cuda_device(self.device):
+            return prewarm_synthesizer(self, voice, batch_voices)
 
     def _window_lengths(self) -> list[int]:
         """The stream's window lengths (frames) that get graphs: its first and middle windows, and

@@ -63,6 +63,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ...cancel import CancelToken, check
 from ...lanes import HIGH_LANE, LOW_LANE, current_lane
+from .cuda_device import current_cuda_device, on_cuda_device
 from .host_copy import CopyWaiters, HostCopy
 from .lock import MODEL_LOCK
 
@@ -106,6 +107,7 @@ class Job(Generic[T]):
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
     stream: str | None = None  # DECODE: on the owner's decode stream, where it keeps one
+    device: int | None = None  # the CUDA device current where it was asked for: it runs there
 
 
 class DeviceOwner:
@@ -129,6 +131,7 @@ class DeviceOwner:
         self._normal: list[tuple[float, int, Job]] = []  # a heap by (when due, arrival order)
         self._seq = itertools.count()
         self._steppers: list[Stepper] = []  # those with lines in flight
+        self._stepper_devices: dict[int, int | None] = {}  # by id: the CUDA device each runs on
         self._thread: threading.Thread | None = None
         self._copies = CopyWaiters(linger_s)  # the copies on their way to the host, a waiter a stream
         # the decode's jobs (`stream=DECODE`) on a CUDA stream of their own (the preset's
@@ -219,6 +222,7 @@ class DeviceOwner:
         if self.on_owner():
             with self._on_stream(job.stream):
                 return job.fn()
+        job.device = current_cuda_device()  # the owner runs it on the model's device
         if self._thread is None and MODEL_LOCK.acquire(blocking=False):
             try:
                 if self._thread is None:  # else the owner started meanwhile: queue behind it
@@ -265,8 +269,10 @@ class DeviceOwner:
         return False
 
     def wake(self, stepper: Stepper) -> None:
-        """`stepper` has new work (a line handed over): the owner steps it till it has none."""
+        """`stepper` has new work (a line handed over): the owner steps it till it has none, on
+        the CUDA device current here."""
         with self._cond:
+            self._stepper_devices[id(stepper)] = current_cuda_device()
             if stepper not in self._steppers:
                 self._steppers.append(stepper)
             self._start()
@@ -371,14 +377,16 @@ class DeviceOwner:
             if stepper.has_work():
                 stepping = True
                 self._room()
-                try:
-                    stepper.iterate()
-                except Exception as e:  # its lines fail, the owner and other lines go on
-                    log.exception("a step failed past its own handling")
-                    stepper.fail(e)
-                self._note_launch(True)
+                with on_cuda_device(self._stepper_devices.get(id(stepper))):
+                    try:
+                        stepper.iterate()
+                    except Exception as e:  # its lines fail, the owner and other lines go on
+                        log.exception("a step failed past its own handling")
+                        stepper.fail(e)
+                    self._note_launch(True)
         with self._cond:  # one step of work left no trace: forget it (no reference kept)
             self._steppers = [s for s in self._steppers if s.has_work()]
+            self._stepper_devices = {id(s): self._stepper_devices.get(id(s)) for s in self._steppers}
             n = len(self._normal)
         for _ in range(n):
             self._room()
@@ -388,8 +396,8 @@ class DeviceOwner:
             self._launch(job)
 
     def _launch(self, job: Job) -> None:
-        """Run `job` (with its batch) on its stream, and mark its end there."""
-        with self._on_stream(job.stream):
+        """Run `job` (with its batch) on its device and stream, and mark its end there."""
+        with on_cuda_device(job.device), self._on_stream(job.stream):
             self._note_launch(self._do(job))
 
     def _on_stream(self, name: str | None) -> Any:
