@@ -31,8 +31,10 @@ and letters (after all of that, e.g. "line+th"): "t", each line's first window l
 its tail-trim frame reaches the host (the preset's stream_first_before_trim), "w" after it, as
 without; "h", the decode windows on a CUDA stream of their own at a higher priority than the
 sampler's (the preset's owner_decode_stream, on in the CUDA preset), "d" the same at the default
-priority, "u" one stream for all. A letter left out: the preset's. (Lines sampled from their
-encoders' job, "+s", measured slower and left on the branch sample-with-encoders.)
+priority, "u" one stream for all; "x", the v4 text backbone's eager forward, not its fused kernels
+(`engine/fast_text.py`; the text graphs captured again). A letter left out: the preset's. (Lines
+sampled from their encoders' job, "+s", measured slower and left on the branch
+sample-with-encoders.)
 
 On CUDA a batch replays a graph per batch bucket and coarse shape (`engine.batch.BATCH_BUCKETS`),
 captured by prewarm up to `--max-batch`; a batch of a shape without one runs line by line.
@@ -114,11 +116,13 @@ import spy_profile  # noqa: E402
 from owner_time import owner_time  # noqa: E402
 
 from irodori_speaker.engine.duration import HOP  # noqa: E402
+from irodori_speaker.engine.fast import TEXT_RUNG_LEAST  # noqa: E402
+from irodori_speaker.engine.hardware.lock import hold_model_lock  # noqa: E402
 from irodori_speaker.engine.hardware.owner import DECODE_PRIORITY, DEVICE  # noqa: E402
 from irodori_speaker.engine.kernels.tuning import tuning_allowed  # noqa: E402
 from irodori_speaker.options import SynthesisOptions  # noqa: E402
 from irodori_speaker.synthesis.batching import SampleBatcher  # noqa: E402
-from irodori_speaker.synthesis.prewarm import step_graphs  # noqa: E402
+from irodori_speaker.synthesis.prewarm import step_graphs, text_graphs  # noqa: E402
 from irodori_speaker.synthesis.stepping import StepScheduler  # noqa: E402
 
 
@@ -199,6 +203,20 @@ DECODE_BATCH: list[int | None] = [None]  # --decode-batch (windows decoded toget
 FIRST_BEFORE_TRIM: list[bool] = [False]  # the preset's stream_first_before_trim (a kind's "+t" / "+w" aside)
 
 
+def use_text_backbone(synth, fused: bool) -> None:
+    """The v4 text backbone's fused forward on or off for the next run; its text graphs, captured
+    with the other one, captured again (a model without the fused backbone: nothing to do)."""
+    fast = synth.fast_sampler
+    backbone = fast.fast.text_backbone if fast is not None else None
+    if backbone is None or backbone.on == fused:
+        return
+    backbone.on = fused
+    fast._text_graphs.clear()
+    if fast.use_graphs:
+        with tuning_allowed(), hold_model_lock(), torch.inference_mode():
+            text_graphs(synth, fast.context_bucket, 2 * TEXT_RUNG_LEAST * fast.context_bucket)
+
+
 def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     """Put the sampling under test in place on `synth` (a measurement knob: the preset's max_batch,
     what prewarm captured batch graphs for, caps the batch); `voices`: those the streams speak.
@@ -212,10 +230,12 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     "t", a line's first window launched before its tail-trim frame lands (the preset's
     `stream_first_before_trim`), "w" after it; "h", the decode on a stream of its own at a higher
     priority (the preset's `owner_decode_stream`), "d" the same at the default priority, "u" one
-    stream; a letter left out, the preset's."""
+    stream; "x" the text backbone's eager forward (`use_text_backbone`); a letter left out, the
+    preset's."""
     kind, _, flags = kind.partition("+")
-    if set(flags) - set("twdhu"):
-        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u)")
+    if set(flags) - set("twdhux"):
+        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u, x)")
+    use_text_backbone(synth, fused="x" not in flags)
     own = synth.preset.owner_decode_stream and synth.device.type == "cuda"
     DEVICE.decode_stream = bool(set(flags) & set("dh")) or ("u" not in flags and own)
     DEVICE.decode_priority = 0 if "d" in flags else DECODE_PRIORITY

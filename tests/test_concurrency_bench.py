@@ -249,7 +249,32 @@ def test_a_line_kind_spells_its_admission(irodori_home) -> None:
     off = (False, DECODE_PRIORITY, False)
     assert seen == [(True, DECODE_PRIORITY, False), (True, 0, True), off, off]
     with pytest.raises(SystemExit, match="unknown letters"):
-        conc.use_sampling(synth, "line+x", 4, [None])
+        conc.use_sampling(synth, "line+q", 4, [None])
+
+
+def test_x_runs_the_text_backbone_eagerly_and_captures_its_graphs_again(monkeypatch) -> None:
+    """ "+x": the fused text backbone off for the run, on again after it; its text graphs,
+    captured with the other forward, dropped and captured again (a stand-in Synthesizer: the
+    fused backbone is only built where its kernels run)."""
+    from types import SimpleNamespace
+
+    conc = _module()
+    captured = []
+    monkeypatch.setattr(
+        conc, "text_graphs", lambda synth, bucket, longest: captured.append((bucket, longest))
+    )
+    backbone = SimpleNamespace(on=True)
+    fast = SimpleNamespace(fast=SimpleNamespace(text_backbone=backbone), _text_graphs={(1, 32): "g"},
+                           use_graphs=True, context_bucket=32)  # fmt: skip
+    synth = SimpleNamespace(fast_sampler=fast)
+    seen = []
+    for fused in (True, False, False, True):
+        fast._text_graphs[(1, 32)] = "g"
+        conc.use_text_backbone(synth, fused)
+        seen.append((backbone.on, bool(fast._text_graphs)))
+    assert seen == [(True, True), (False, False), (False, True), (True, False)]
+    assert captured == [(32, 2 * conc.TEXT_RUNG_LEAST * 32)] * 2  # at each switch only
+    conc.use_text_backbone(SimpleNamespace(fast_sampler=None), False)  # no fast path: nothing to do
 
 
 def test_a_kind_with_a_depth_runs_under_that_owner_queue_depth(irodori_home) -> None:
