@@ -104,6 +104,8 @@ def test_jobs_arriving_while_the_device_is_full_meet_in_one_call():
     assert len(gpu.marks) == 1 and not gpu.marks[0].query()
     threads = [_in_thread(lambda x=x: owner.run_batched("w", x, many, limit=4)) for x in (1, 2, 3)]
     _wait_queued(owner, 3)  # the owner holds them: it waits for the device
+    # (finishing before the owner began to wait would let it through unheld: a CI failure under load)
+    assert gpu.marks[0].waited.wait(20)
     assert calls == []
     gpu.finish(all_later=True)
     for t, _ in threads:

@@ -380,9 +380,11 @@ class FastSampler:
         the unpadded states (it pads them itself when they are not).
         """
         model, backbone = self.fast.model, self.fast.text_backbone
+        # the model's own call where the backbone is its own (no fused one here)
+        encode = model.encode_text if backbone is None else partial(model.encode_text, backbone=backbone)
         with torch.inference_mode():
             if not self.use_graphs:  # eager: no point encoding padding
-                return model.encode_text(ids, mask, backbone), mask
+                return encode(ids, mask), mask
             B = ids.shape[0]
             pad = round_up(ids.shape[1], self.context_bucket) - ids.shape[1]
             ids, mask = F.pad(ids, (0, pad), value=0), F.pad(mask, (0, pad), value=False)
@@ -390,10 +392,9 @@ class FastSampler:
             key = (rows, ids.shape[1])
             g = self._text_graphs.get(key)
             if g is None and B > 1 and not is_tuning_allowed():
-                return model.encode_text(ids, mask, backbone), mask
+                return encode(ids, mask), mask
             inputs: list[Tensor | None] = list(fill_tokens(ids, mask, rows))
             if g is None:
-                encode = partial(model.encode_text, backbone=backbone)
                 g = self._text_graphs[key] = self._capture(encode, inputs)
                 self.text_captures += 1
             return g.replay(inputs)[:B].clone(), mask
