@@ -294,9 +294,9 @@ def residual_unit(
     assert s.dtype in (torch.float16, torch.bfloat16) and C <= 256
     kp, cp = w7.shape[1], w7.shape[2]
     assert w7.shape[0] == 7 and w1.shape == (cp, cp) and kp >= C and cp >= C
-    thirds = cp & (cp - 1) != 0  # not a power of two: three chunks (`pack_residual_unit`)
+    thirds = (cp & (cp - 1)) != 0  # not a power of two: three chunks (`pack_residual_unit`)
     cw = cp // 3 if thirds else cp
-    assert cw & (cw - 1) == 0 and cw >= 16
+    assert (cw & (cw - 1)) == 0 and cw >= 16
     bt, bk, bn, warps, stages = config or residual_unit_config(C)
     bk, bn = min(bk, kp), min(bn, cw)  # an output block within a chunk
     s, residual = s.contiguous(), residual.contiguous()

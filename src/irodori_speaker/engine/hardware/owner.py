@@ -222,7 +222,6 @@ class DeviceOwner:
         if self.on_owner():
             with self._on_stream(job.stream):
                 return job.fn()
-        job.device = current_cuda_device()  # the owner runs it on the model's device
         if self._thread is None and MODEL_LOCK.acquire(blocking=False):
             try:
                 if self._thread is None:  # else the owner started meanwhile: queue behind it
@@ -232,6 +231,7 @@ class DeviceOwner:
                         return job.fn()
             finally:
                 MODEL_LOCK.release()
+        job.device = current_cuda_device()  # queued: the owner runs it on this (the model's) device
         with self._cond:
             if job.high:  # after the high jobs queued before it, before every other one
                 at = next((i for i, j in enumerate(self._urgent) if not j.high), len(self._urgent))
@@ -402,8 +402,8 @@ class DeviceOwner:
 
     def _on_stream(self, name: str | None) -> Any:
         """The decode stream, made current, for a job that asks for it while the owner keeps one
-        on CUDA (a CPU model's job runs as any other). It is the current CUDA device's: a model
-        on another device decodes on that device's default stream, in order, with no overlap."""
+        on CUDA (a CPU model's job runs as any other): the current CUDA device's, which is the
+        job's model's (`_launch`, the Synthesizer's `on_cuda_device`), one stream a device."""
         if name is None or not self.decode_stream:
             return contextlib.nullcontext()
         import torch
