@@ -204,8 +204,9 @@ FIRST_BEFORE_TRIM: list[bool] = [False]  # the preset's stream_first_before_trim
 
 
 def use_text_backbone(synth, fused: bool) -> None:
-    """The v4 text backbone's fused forward on or off for the next run; its text graphs, captured
-    with the other one, captured again (a model without the fused backbone: nothing to do)."""
+    """The text tower's fused forward (v4's backbone, v2's encoder) on or off for the next run;
+    its text graphs, captured with the other one, captured again (a model without a fused tower:
+    nothing to do)."""
     fast = synth.fast_sampler
     backbone = fast.fast.text_backbone if fast is not None else None
     if backbone is None or backbone.on == fused:
@@ -230,7 +231,7 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     "t", a line's first window launched before its tail-trim frame lands (the preset's
     `stream_first_before_trim`), "w" after it; "h", the decode on a stream of its own at a higher
     priority (the preset's `owner_decode_stream`), "d" the same at the default priority, "u" one
-    stream; "x" the text backbone's eager forward (`use_text_backbone`); a letter left out, the
+    stream; "x" the text tower's eager forward (`use_text_backbone`); a letter left out, the
     preset's."""
     kind, _, flags = kind.partition("+")
     if set(flags) - set("twdhux"):

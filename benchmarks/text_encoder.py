@@ -1,16 +1,17 @@
-"""The v4 text backbone (ModernBERT-ja-310m's shape, random weights) eager against fused, graphed.
+"""The text towers (released shapes, random weights) eager against fused, graphed.
 
-A text-encoder call is on the path to every v4 line's first audio, and at 16 streams it was nearly
-as dear for one line as for eight (2.67 against 3.03 ms on an H100, RESULTS.md "Twenty-second
-session"). Per rows x tokens (`--shapes`): the backbone's forward as the model runs it
-(`ModernBert.forward`) and with its layers' elementwise work fused (`fast_text.FastModernBert`),
-each captured in a CUDA graph and replayed (the product's path), device ms (CUDA events, medians,
-side by side in one run); the kernels one call launches (torch.profiler); and the largest
-difference between the two outputs. The rows' last quarter of tokens is padding, as a batch's
-shorter lines are.
+A text-encoder call is on the path to every line's first audio, and at 16 streams a v4 call was
+nearly as dear for one line as for eight (2.67 against 3.03 ms on an H100, RESULTS.md
+"Twenty-second session"). Per tower (`--towers`: "v4", ModernBERT-ja-310m's shape, v4 / v4.1-MF's
+backbone; "v2", the v2 500M model's scratch text encoder) and rows x tokens (`--shapes`): the
+forward as the model runs it (`ModernBert.forward`, `TextEncoder.forward`) and with its layers'
+elementwise work fused (`fast_text.FastModernBert`, `fast_text.FastTextEncoder`), each captured in a
+CUDA graph and replayed (the product's path), device ms (CUDA events, medians, side by side in one
+run); the kernels one call launches (torch.profiler); and the largest difference between the two
+outputs. The rows' last quarter of tokens is padding, as a batch's shorter lines are.
 
     python benchmarks/text_encoder.py
-    python benchmarks/text_encoder.py --shapes 1x64,8x64,16x96 --dtype bf16 --reps 50
+    python benchmarks/text_encoder.py --towers v2 --shapes 1x64,8x64,16x96 --dtype bf16 --reps 50
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import news5  # device_ms: the benchmarks' one timer
 
 from irodori_speaker.engine.backbone_config import BackboneConfig, parse_backbone_config
+from irodori_speaker.engine.config import ModelConfig
 from irodori_speaker.engine.cuda_graphs import capture
-from irodori_speaker.engine.fast_text import FastModernBert
+from irodori_speaker.engine.encoders import TextEncoder
+from irodori_speaker.engine.fast_text import FastModernBert, FastTextEncoder
 from irodori_speaker.engine.text_backbone import ModernBert
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -45,6 +48,35 @@ def released_backbone(dtype: torch.dtype) -> ModernBert:
     return ModernBert(cfg).to("cuda", dtype).eval()
 
 
+def released_text_encoder(dtype: torch.dtype) -> TextEncoder:
+    """The v2 500M model's scratch text encoder (its config from the v2 manifest), random weights."""
+    cfg = ModelConfig.from_dict(json.loads(news5.V2_MANIFEST.read_text())["config"])
+    torch.manual_seed(0)
+    encoder = TextEncoder(
+        cfg.text_vocab_size, cfg.text_dim, cfg.text_layers, cfg.text_heads, cfg.text_mlp_hidden, cfg.norm_eps
+    )
+    return encoder.to("cuda", dtype).eval()
+
+
+Fused = FastModernBert | FastTextEncoder
+
+
+def tower(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Fused, str, int]:
+    """(eager module, fused forward, what it is, vocabulary size) of `--towers`' `name`."""
+    if name == "v4":
+        bb = released_backbone(dtype)
+        c = bb.cfg
+        heads = c.num_attention_heads
+        what = f"v4 backbone: {c.num_hidden_layers} layers, hidden {c.hidden_size}, {heads} heads"
+        return bb, FastModernBert(bb), what, c.vocab_size
+    enc = released_text_encoder(dtype)
+    fast = FastTextEncoder(enc)  # fuses the projections (the eager forward then runs on views of them)
+    a = enc.blocks[0].attention
+    D = a.heads * a.head_dim
+    what = f"v2 text encoder: {len(enc.blocks)} layers, hidden {D}, {a.heads} heads"
+    return enc, fast, what, enc.text_embedding.num_embeddings
+
+
 def kernels_a_call(fn, *args) -> int:
     """CUDA kernels launched by one call of `fn(*args)` (eager, under torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
@@ -57,40 +89,38 @@ def kernels_a_call(fn, *args) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--towers", default="v4,v2", help="v4 (ModernBERT), v2 (the scratch encoder)")
     ap.add_argument("--shapes", default="1x64,2x64,4x64,8x64,16x64,1x128,8x128")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA benchmark"
     dtype = DTYPES[args.dtype]
-    model = released_backbone(dtype)
-    fast = FastModernBert(model)
-    cfg = model.cfg
     print(torch.cuda.get_device_name(), "torch", torch.__version__, args.dtype)
-    print(
-        f"backbone: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {cfg.num_attention_heads} heads"
-    )
-    print("| rows x tokens | eager ms | fused ms | eager / fused | kernels eager / fused | max diff |")
-    print("|---|---|---|---|---|---|")
     pool = torch.cuda.graph_pool_handle()
-    with torch.inference_mode():
-        for shape in args.shapes.split(","):
-            rows, tokens = (int(v) for v in shape.split("x"))
-            ids = torch.randint(7, cfg.vocab_size, (rows, tokens), device="cuda")
-            mask = torch.ones(rows, tokens, dtype=torch.bool, device="cuda")
-            mask[1:, tokens - tokens // 4 :] = False  # every row but the first padded
-            times, outs, counts = [], [], []
-            for fn in (model, fast):
-                counts.append(kernels_a_call(fn, ids, mask))
-                graph, out = capture(fn, [ids, mask], pool)
-                times.append(news5.device_ms("cuda", graph.replay, reps=args.reps))
-                outs.append(out.float().clone())
-            assert fast.on, "the fused kernels fell back to the eager forward"
-            diff = (outs[0] - outs[1]).abs().max().item()
-            print(
-                f"| {rows} x {tokens} | {times[0]:.3f} | {times[1]:.3f} | {times[0] / times[1]:.2f}x | "
-                f"{counts[0]} / {counts[1]} | {diff:.2e} |"
-            )
+    for name in args.towers.split(","):
+        model, fast, what, vocab = tower(name, dtype)
+        print(f"\n{what}\n")
+        print("| rows x tokens | eager ms | fused ms | eager / fused | kernels eager / fused | max diff |")
+        print("|---|---|---|---|---|---|")
+        with torch.inference_mode():
+            for shape in args.shapes.split(","):
+                rows, tokens = (int(v) for v in shape.split("x"))
+                ids = torch.randint(7, vocab, (rows, tokens), device="cuda")
+                mask = torch.ones(rows, tokens, dtype=torch.bool, device="cuda")
+                mask[1:, tokens - tokens // 4 :] = False  # every row but the first padded
+                times, outs, counts = [], [], []
+                for fn in (model, fast):
+                    counts.append(kernels_a_call(fn, ids, mask))
+                    graph, out = capture(fn, [ids, mask], pool)
+                    times.append(news5.device_ms("cuda", graph.replay, reps=args.reps))
+                    outs.append(out.float().clone())
+                assert fast.on, "the fused kernels fell back to the eager forward"
+                diff = (outs[0] - outs[1]).abs().max().item()
+                print(
+                    f"| {rows} x {tokens} | {times[0]:.3f} | {times[1]:.3f} | {times[0] / times[1]:.2f}x | "
+                    f"{counts[0]} / {counts[1]} | {diff:.2e} |"
+                )
 
 
 if __name__ == "__main__":

@@ -34,13 +34,14 @@ def qkv_joint(
     heads: int,
     eps: float,
     ctx_rows: Tensor | None = None,
+    rope_heads: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     if ctx_rows is not None:
         ctx_k, ctx_v = ctx_k.index_select(0, ctx_rows), ctx_v.index_select(0, ctx_rows)
     B, S, _ = p.shape
     D = p.shape[-1] // 4
     Dh = D // heads
-    half = heads // 2
+    half = heads // 2 if rope_heads is None else rope_heads
     q, k, v, _g = p.view(B, S, 4, heads, Dh).unbind(2)
 
     def norm_rope(t: Tensor, w: Tensor) -> Tensor:

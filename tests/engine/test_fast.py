@@ -143,7 +143,7 @@ def test_many_captures_keep_no_memory_per_graph_beyond_their_own(dit_fixtures):
 def test_fast_path_on_an_int4_model(dit_fixtures, tmp_path):
     """Fused int4 projections (one packed GEMM, through Int4Linear.concat) give what the unfused
     int4 layers give; the originals become slices of the fused layer."""
-    from irodori_speaker.engine.fast import SliceOf
+    from irodori_speaker.engine.fusing import SliceOf
     from irodori_speaker.engine.quant.checkpoint import load_int4_model
     from irodori_speaker.engine.quant.layers import Int4Linear
     from irodori_speaker.engine.quant.quantize import quantize_checkpoint

@@ -154,6 +154,7 @@ def test_fused_velocity_on_an_int4_model(dit_fixtures, tmp_path):
     ref = model.velocity(io["x_t"][:1], io["t"][:1], conds, io["latent_mask"][:1])
     fast = FastDiT(model, fused=True)
     assert isinstance(fast.blocks[0].qkvg, Int4Linear)
+    assert fast.text_backbone is None  # its text encoder's RTN-packed layers do not fuse: eager
     table = fast.modulation_table([float(io["t"][0])])
     got = fast.velocity(io["x_t"][:1], table[0], ctx, mask, rope_tables(24, model.cfg.head_dim, DEV))
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)

@@ -1,6 +1,7 @@
-"""The v4 text backbone's fused kernels (engine/fused.py: `add_layer_norm`, `rope_qkv`, `glu` with
-GELU) against torch, and its fused forward (engine/fast_text.py) against the reference's golden
-backbone states and the eager forward.
+"""The text towers' fused kernels (engine/fused.py: `add_layer_norm`, `rope_qkv`, `glu` with GELU
+for v4's ModernBERT; `add_rms_norm` and `qkv_joint` without context for the scratch encoder of v2 /
+v3 / VoiceDesign) against torch, and the fused forwards (engine/fast_text.py) against the
+reference's golden states and the eager forward.
 
 Runs natively on CUDA; on the CPU `test_fused_interp.py` runs this module under
 TRITON_INTERPRET=1 in its subprocess. Without either, every test here skips.
@@ -8,15 +9,18 @@ TRITON_INTERPRET=1 in its subprocess. Without either, every test here skips.
 
 from __future__ import annotations
 
+import kernel_twins as twins
 import pytest
 import torch
 import torch.nn.functional as F
+from dit_cases import KINDS as SCRATCH_KINDS
+from dit_cases import load_kind as load_scratch_kind
 from v4_cases import KINDS, load_kind
 
 from irodori_speaker.engine import fused as fu
 from irodori_speaker.engine.fast import FastDiT, FastSampler
-from irodori_speaker.engine.fast_text import FastModernBert, fast_text_backbone
-from irodori_speaker.engine.layers import apply_rotate_half, rotate_half_tables
+from irodori_speaker.engine.fast_text import FastModernBert, FastTextEncoder, fast_text_backbone
+from irodori_speaker.engine.layers import apply_rotate_half, rope_tables, rotate_half_tables
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = pytest.mark.skipif(
@@ -81,7 +85,41 @@ def test_glu_with_gelu_is_geglu(dtype, act, approximate):
     torch.testing.assert_close(fu.glu(u, 1100, act).float(), want, **TOL[dtype])
 
 
-def _watched(fast: FastModernBert) -> list[int]:
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("residual", [True, False])
+def test_add_rms_norm_is_the_residual_add_then_rms_norm(dtype, residual):
+    torch.manual_seed(3)
+    D = 80  # not a power of two: the row block is masked
+    x, y = _randn(2, 5, D, dtype=dtype) * 3 + 1, _randn(2, 5, D, dtype=dtype) if residual else None
+    w = _randn(D, dtype=dtype)
+    xo, h = fu.add_rms_norm(x, y, w, 1e-6)
+    s = x + y if y is not None else x
+    assert torch.equal(xo, s)  # the residual as the eager path rounds it (x as it is without y)
+    s32 = s.float()
+    want = s32 * torch.rsqrt(s32.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    torch.testing.assert_close(h.float(), want.to(dtype).float(), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qkv_joint_rotates_every_head_with_no_context(dtype):
+    """A scratch text encoder's attention inputs: q and k normed per head and every head rotated,
+    the keys and values the tokens' own (a context of no positions)."""
+    torch.manual_seed(4)
+    B, S, H, Dh = 2, 6, 3, 16
+    p = _randn(B, S, 4 * H * Dh, dtype=dtype)
+    qn, kn = _randn(H, Dh, dtype=dtype), _randn(H, Dh, dtype=dtype)
+    cos, sin = rope_tables(S, Dh, DEV)
+    nothing = p.new_empty(B, H, 0, Dh)
+    got = fu.qkv_joint(p, qn, kn, cos, sin, nothing, nothing, H, 1e-6, rope_heads=H)
+    want = twins.qkv_joint(p, qn, kn, cos, sin, nothing, nothing, H, 1e-6, rope_heads=H)
+    for a, b in zip(got, want):
+        assert a.shape == (B, H, S, Dh)
+        torch.testing.assert_close(a.float(), b.float(), **TOL[dtype])
+    half = twins.qkv_joint(p, qn, kn, cos, sin, nothing, nothing, H, 1e-6)  # the DiT's: heads // 2
+    assert not torch.allclose(got[0][:, -1].float(), half[0][:, -1].float())  # the last head rotated too
+
+
+def _watched(fast: FastModernBert | FastTextEncoder) -> list[int]:
     """Calls of `fast`'s fused forward, recorded (a fall-back to the eager one records none)."""
     calls: list[int] = []
     fused = fast._fused
@@ -103,22 +141,57 @@ def test_the_fused_backbone_gives_the_reference_states(kind):
         got = fast(io["text_input_ids"].to(DEV), io["text_mask"].to(DEV))
     assert calls and fast.on  # the kernels ran, no fall-back
     torch.testing.assert_close(got.cpu(), io["out_text_backbone_state"], atol=1e-4, rtol=1e-4)
-    assert list(fast._ropes) == [(16, DEV)]  # the RoPE tables kept for the length, made once
+    assert list(fast._tables) == [(16, DEV)]  # the RoPE tables kept for the length, made once
     with torch.inference_mode():
         again = fast(io["text_input_ids"][1:].to(DEV), io["text_mask"][1:].to(DEV))  # the padded row alone
     torch.testing.assert_close(again, got[1:], atol=1e-5, rtol=1e-5)
     assert not again[0, int(io["text_mask"][1].sum()) :].any()
 
 
+def _with_an_empty_row(io):
+    """The fixture's text rows, a padded one among them, and a third row with no valid token."""
+    ids, mask = io["text_input_ids"], io["text_mask"]
+    assert not bool(mask.all()), "the fixture has a padded row"
+    return torch.cat((ids, ids[:1])).to(DEV), torch.cat((mask, torch.zeros_like(mask[:1]))).to(DEV)
+
+
+@pytest.mark.parametrize("kind", SCRATCH_KINDS)
+def test_the_fused_text_encoder_gives_the_reference_states(dit_fixtures, kind):
+    """The tiny v2 / v3 / VoiceDesign text encoders (32 wide, 2 heads of 16, 2 blocks, a padded
+    row) through `model.encode_text` with the fused forward: the reference's stored text states;
+    the eager forward, its projections now fused views, gives them too; a row with no valid token
+    comes out zero, as eager."""
+    model, io, _ = load_scratch_kind(dit_fixtures, kind)
+    model = model.to(DEV)
+    fast = fast_text_backbone(model)
+    assert isinstance(fast, FastTextEncoder)
+    calls = _watched(fast)
+    ids, mask = _with_an_empty_row(io)
+    with torch.inference_mode():
+        got = model.encode_text(ids, mask, backbone=fast)
+        eager = model.encode_text(ids, mask)
+    assert calls and fast.on  # the kernels ran, no fall-back
+    torch.testing.assert_close(got[:2].cpu(), io["out_text_state"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(eager[:2].cpu(), io["out_text_state"], atol=1e-4, rtol=1e-4)
+    assert not got[2].any() and not eager[2].any()
+    assert list(fast._tables) == [(ids.shape[1], DEV)]  # the RoPE tables kept for the length, made once
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_fast_sampler_encodes_text_through_it(dtype):
-    """`FastSampler.encode_text` (the Synthesizer's path) takes the fused backbone: the states
-    equal the model's eager `encode_text` (projector and norm included) up to rounding."""
-    model, io, _, _ = load_kind("v4_1_mf")
-    ids, mask = io["text_input_ids"].to(DEV), io["text_mask"].to(DEV)
+@pytest.mark.parametrize("family", ["v4.1-mf", "v2"])
+def test_the_fast_sampler_encodes_text_through_it(dit_fixtures, family, dtype):
+    """`FastSampler.encode_text` (the Synthesizer's path) takes the fused tower, v4.1-MF's backbone
+    or v2's scratch encoder: the states equal the model's eager `encode_text` (projector and norm
+    included) up to rounding, the padding zero."""
+    if family == "v2":
+        model, io, _ = load_scratch_kind(dit_fixtures, "v2_base")
+        (ids, mask), kind = _with_an_empty_row(io), FastTextEncoder
+    else:
+        model, io, _, _ = load_kind("v4_1_mf")
+        ids, mask, kind = io["text_input_ids"].to(DEV), io["text_mask"].to(DEV), FastModernBert
     model = model.to(DEV, dtype)
     fast = FastDiT(model, fused=True)
-    assert isinstance(fast.text_backbone, FastModernBert)
+    assert isinstance(fast.text_backbone, kind)
     calls = _watched(fast.text_backbone)
     with torch.inference_mode():
         got, _ = FastSampler(fast, use_graphs=False).encode_text(ids, mask)
@@ -127,4 +200,5 @@ def test_the_fast_sampler_encodes_text_through_it(dtype):
     torch.testing.assert_close(
         got.float(), want.float(), **(TOL[dtype] if dtype != torch.float32 else dict(atol=1e-4, rtol=1e-4))
     )
-    assert fast_text_backbone(torch.nn.Linear(2, 2)) is None  # no v4 backbone: the model's own path
+    assert not got[~mask].any()
+    assert fast_text_backbone(torch.nn.Linear(2, 2)) is None  # no text tower: the model's own path

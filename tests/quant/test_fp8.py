@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from irodori_speaker.engine.checkpoint import load_checkpoint
-from irodori_speaker.engine.fast import FastDiT, FastSampler, SliceOf
+from irodori_speaker.engine.fast import FastDiT, FastSampler
+from irodori_speaker.engine.fusing import SliceOf
 from irodori_speaker.engine.hardware import presets
 from irodori_speaker.engine.hardware.presets import AUDIO_FLAGS, Preset, check_fp8, select_preset
 from irodori_speaker.engine.model import rope_tables

@@ -12,8 +12,8 @@
 
 It computes what `engine.sampler.sample` computes (tests compare the two on the CPU,
 and the kernels in Triton's interpreter). It works on whatever linear layers the model
-holds: plain `nn.Linear`, or any layer class offering `concat` (`FusableLinear`), as
-the int4 layers do. Cancellation: eager runs check between steps; a graph replay runs
+holds (`engine/fusing.py`: plain `nn.Linear`, or any layer class offering `concat`, as
+the int4 layers do). Cancellation: eager runs check between steps; a graph replay runs
 the whole loop (a few milliseconds) and is checked before and after.
 """
 
@@ -24,11 +24,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..cancel import CancelToken, check
 from .batch import batch_bucket, fill_batch, fill_tokens, frame_mask
@@ -36,6 +36,7 @@ from .cuda_graphs import capture
 from .encoders import additive_mask
 from .fast_text import fast_text_backbone
 from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
+from .fusing import FastBlock, fuse_block
 from .kernels.tuning import is_tuning_allowed
 from .model import Conditions, ContextKV, DiffusionBlock, TextToLatentRFDiT, rope_tables
 from .sampler import (
@@ -49,86 +50,6 @@ from .sampler import (
     plan_for,
     prepare_context,
 )
-
-
-class FusableLinear(Protocol):
-    """A linear layer whose class can fuse several of its kind into one (outputs side by side)."""
-
-    in_features: int
-    out_features: int
-
-    @classmethod
-    def concat(cls, layers: Sequence[Any]) -> nn.Module: ...
-
-
-def fuse_linears(layers: Sequence[nn.Module]) -> nn.Module:
-    """One module computing `layers` side by side (outputs concatenated along the last dim).
-
-    Bias-free `nn.Linear`s: one weight, and the originals are re-pointed at views into it (no
-    copy kept). Any other kind fuses through its class's `concat` (`FusableLinear`).
-    """
-    if all(type(m) is nn.Linear and m.bias is None for m in layers):
-        linears = [m for m in layers if isinstance(m, nn.Linear)]
-        weight = torch.cat([m.weight.detach() for m in linears], dim=0)
-        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-        fused.weight = nn.Parameter(weight, requires_grad=False)
-        start = 0
-        for m in linears:  # re-point the originals so the memory is held once
-            n = m.weight.shape[0]
-            m.weight = nn.Parameter(weight[start : start + n], requires_grad=False)
-            start += n
-        return fused
-    kind = type(layers[0])
-    concat: Callable[[Sequence[nn.Module]], nn.Module] | None = getattr(kind, "concat", None)
-    if concat is None or any(type(m) is not kind for m in layers):
-        names = sorted({type(m).__name__ for m in layers})
-        raise TypeError(
-            f"fuse_linears: layers must all be bias-free nn.Linear or all of one class with a "
-            f"`concat` classmethod, got {names}"
-        )
-    return concat(layers)
-
-
-class SliceOf(nn.Module):
-    """Columns [start, end) of a fused projection: what a non-viewable original becomes.
-
-    Packed weights (int4) cannot be viewed per original, so the originals are dropped (no
-    duplicate memory) and the model's own path computes the fused projection and slices it.
-    """
-
-    def __init__(self, fused: nn.Module, start: int, end: int) -> None:
-        super().__init__()
-        self.fused = [fused]  # a list: not registered as a submodule (no duplicate in state_dict)
-        self.start, self.end = start, end
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fused[0](x)[..., self.start : self.end]
-
-
-def fuse_into(parent_names: list[tuple[nn.Module, str]]) -> nn.Module:
-    """Fuse the named linear attributes; originals that are not plain Linears become `SliceOf`."""
-    layers: list[nn.Module] = [getattr(parent, name) for parent, name in parent_names]
-    fused = fuse_linears(layers)
-    if type(layers[0]) is not nn.Linear:
-        start = 0
-        for (parent, name), layer in zip(parent_names, layers):
-            n = int(getattr(layer, "out_features"))  # noqa: B009 - any FusableLinear
-            setattr(parent, name, SliceOf(fused, start, start + n))
-            start += n
-    return fused
-
-
-@dataclass
-class FastBlock:
-    """One DiT block as the fused kernels use it: fused projections and the head norms."""
-
-    qkvg: nn.Module
-    wo: nn.Module
-    w13: nn.Module
-    w2: nn.Module
-    q_norm: Tensor
-    k_norm: Tensor
-    hidden: int
 
 
 def diffusion_blocks(model: TextToLatentRFDiT) -> list[DiffusionBlock]:
@@ -153,23 +74,12 @@ class FastDiT:
         self.model_blocks = diffusion_blocks(model)
         self._tables: dict[tuple, Tensor] = {}  # plan_table's, by schedule
         self.blocks: list[FastBlock] = []
-        # the v4 text backbone's layers with fused kernels too (engine/fast_text.py)
+        # the text tower's layers with fused kernels too (engine/fast_text.py): v4's ModernBERT, or
+        # the scratch encoder of v2 / v3 / VoiceDesign
         self.text_backbone = fast_text_backbone(model) if self.fused else None
         if not self.fused:  # the model's own blocks: nothing to fuse (on the CPU separate GEMMs are as fast)
             return
-        for blk in self.model_blocks:
-            a = blk.attention
-            self.blocks.append(
-                FastBlock(
-                    qkvg=fuse_into([(a, "wq"), (a, "wk"), (a, "wv"), (a, "gate")]),
-                    wo=a.wo,
-                    w13=fuse_into([(blk.mlp, "w1"), (blk.mlp, "w3")]),
-                    w2=blk.mlp.w2,
-                    q_norm=a.q_norm.weight,
-                    k_norm=a.k_norm.weight,
-                    hidden=self.cfg.mlp_hidden,
-                )
-            )
+        self.blocks = [fuse_block(blk) for blk in self.model_blocks]
 
     @property
     def dtype(self) -> torch.dtype:

@@ -1,63 +1,115 @@
-"""The v4 text backbone (ModernBERT) on the fast path: a layer's elementwise work in fused kernels.
+"""The text towers on the fast path: a layer's elementwise work in fused kernels.
 
-Eager, a ModernBERT layer launches ~27 kernels around its four GEMMs and the attention: residual
-adds and LayerNorms, RoPE on q and k (casts, halves, a concatenation, products), GELU and the gate
-product. The backbone of v4 / v4.1-MF has 25 layers: ~680 launches a text-encoder call, each a
-few microseconds inside a CUDA graph too. On an H100 a call took 2.67 ms for one line and 3.03 for
-eight (benchmarks/RESULTS.md, "Twenty-second session": the ceiling table), on the path to every
-line's first audio. Here a layer is nine launches: the residual add and LayerNorm in one pass
-(`fused.add_layer_norm`), RoPE and the heads' layout in one (`fused.rope_qkv`), GELU times the gate
-in one (`fused.glu`), the four GEMMs and the attention; the final norm also applies the token
-mask.
+**v4 / v4.1-MF (ModernBERT).** Eager, a ModernBERT layer launches ~27 kernels around its four GEMMs
+and the attention: residual adds and LayerNorms, RoPE on q and k (casts, halves, a concatenation,
+products), GELU and the gate product. The backbone of v4 / v4.1-MF has 25 layers: ~680 launches a
+text-encoder call, each a few microseconds inside a CUDA graph too. On an H100 a call took 2.67 ms
+for one line and 3.03 for eight (benchmarks/RESULTS.md, "Twenty-second session": the ceiling
+table), on the path to every line's first audio. Here a layer is nine launches: the residual add
+and LayerNorm in one pass (`fused.add_layer_norm`), RoPE and the heads' layout in one
+(`fused.rope_qkv`), GELU times the gate in one (`fused.glu`), the four GEMMs and the attention; the
+final norm also applies the token mask. The attention masks are made additive once a call
+(`ModernBert.attention_masks`; the attention would convert them at every layer) and the RoPE
+tables kept per length (`ModernBert.rope_tables`).
 
-The weights, the embeddings, the attention masks and RoPE tables are the model's
-(`ModernBert.attention_masks`, made additive once a call where the attention would convert them
-at every layer; `ModernBert.rope_tables`, kept per length), and its linear layers run as
-themselves (int4 or not). Each kernel rounds once at its store, so the states differ from the
-eager forward's by rounding only (tests/engine/test_fused_text.py holds them to the reference's
-golden states). T5Gemma 2 (v4-Large) runs its own forward.
+**v2, v3, VoiceDesign (the scratch `TextEncoder`).** Its block is the DiT's without modulation:
+RMS norms, Q/K/V and a sigmoid gate from four projections, per-head RMS norms of q and k, RoPE on
+every head, SwiGLU, the padding zeroed after each block, and the RoPE tables made again in every
+block: ~80 launches a block eager, 14 blocks in v2's release. Here a block is ten: the DiT's
+kernels (`fused.qkv_joint` with no context and every head rotated, `fused.gate_heads`,
+`fused.swiglu`) over the same fused projections (`fusing.fuse_block`), and `fused.add_rms_norm`
+(the residual add and the next norm). The padding is zeroed once, at the end: eager zeroes it
+after every block too, but a padded position reaches no valid one (the keys are masked, the rest
+is per position), so the valid states are the same. A line with no valid token attends to its own
+padding (eager: `encoders.attend_safe`), finite, and comes out zero as eager.
+
+The weights and embeddings are the model's, and its linear layers run as themselves (int4 or not).
+Each kernel rounds once at its store, so the states differ from the eager forward's by rounding
+only (tests/engine/test_fused_text.py holds them to the reference's golden states). T5Gemma 2
+(v4-Large) runs its own forward.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .encoders import additive_mask, capturing
-from .fused import add_layer_norm, glu, rope_qkv, run_or_fall_back
+from .encoders import ReferenceLatentEncoder, SelfAttention, TextBlock, TextEncoder, additive_mask, capturing
+from .fused import (
+    add_layer_norm,
+    add_rms_norm,
+    gate_heads,
+    glu,
+    qkv_joint,
+    rope_qkv,
+    run_or_fall_back,
+    swiglu,
+)
+from .fusing import block_fusable, fuse_block
+from .layers import rope_tables
 from .text_backbone import Layer, LayerNorm, ModernBert
 
-__all__ = ["FastModernBert", "fast_text_backbone"]
+__all__ = ["FastModernBert", "FastTextEncoder", "fast_text_backbone"]
+
+T = TypeVar("T")
 
 _GELU = {"none": "gelu", "tanh": "gelu_tanh"}  # BackboneConfig.gelu_approximate -> fused.glu's act
 
 
-class FastModernBert:
-    """`ModernBert.forward` with its elementwise work fused; the eager forward if a kernel fails."""
+class _FusedForward:
+    """A text tower's forward with fused kernels (`_fused`); its own eager forward (`module`) once a
+    kernel fails, or while `on` is False (a benchmark's side-by-side run)."""
 
-    def __init__(self, backbone: ModernBert) -> None:
-        self.backbone = backbone
+    what = "fused kernels"
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
         self.on = True
-        self._ropes: dict[tuple[int, torch.device], dict[str, tuple[Tensor, Tensor]]] = {}
+        self._tables: dict[tuple[int, torch.device], Any] = {}
 
     def __call__(self, ids: Tensor, mask: Tensor) -> Tensor:
         if not self.on:
-            return self.backbone(ids, mask)
+            return self.module(ids, mask)
         return run_or_fall_back(
             lambda: self._fused(ids, mask),
-            lambda: self.backbone(ids, mask),
-            what="the text backbone's fused kernels",
+            lambda: self.module(ids, mask),
+            what=self.what,
             switch_off=lambda: setattr(self, "on", False),
         )
+
+    def _fused(self, ids: Tensor, mask: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _kept(self, length: int, device: torch.device, make: Callable[[], T]) -> T:
+        """Constants for `length` tokens (RoPE tables), made once; not kept when first asked for
+        inside a CUDA graph's capture, whose memory is the graph's."""
+        key = (length, device)
+        if key in self._tables:
+            return cast(T, self._tables[key])
+        tables = make()
+        if not capturing():
+            self._tables[key] = tables
+        return tables
+
+
+class FastModernBert(_FusedForward):
+    """`ModernBert.forward` (v4, v4.1-MF) with its elementwise work fused."""
+
+    what = "the text backbone's fused kernels"
+
+    def __init__(self, backbone: ModernBert) -> None:
+        super().__init__(backbone)
+        self.backbone = backbone
 
     def _fused(self, ids: Tensor, mask: Tensor) -> Tensor:
         bb, cfg = self.backbone, self.backbone.cfg
         B, L = ids.shape
         act = _GELU[cfg.gelu_approximate]
-        ropes = self._rope_tables(L, ids.device)
+        ropes = self._kept(L, ids.device, lambda: bb.rope_tables(L, ids.device))
         dtype = bb.final_norm.weight.dtype
         masks = {kind: additive_mask(m, dtype) for kind, m in bb.attention_masks(mask).items()}
         x = h = bb.embeddings(ids)  # layer 0 has no attention norm
@@ -73,16 +125,39 @@ class FastModernBert:
             y = layer.mlp.Wo(glu(layer.mlp.Wi(h), cfg.intermediate_size, act))
         return _add_norm(x, y, bb.final_norm, mask)[1]
 
-    def _rope_tables(self, length: int, device: torch.device) -> dict[str, tuple[Tensor, Tensor]]:
-        """The backbone's RoPE tables for `length` tokens, made once (constants; not kept when
-        first asked for inside a CUDA graph's capture, whose memory is the graph's)."""
-        key = (length, device)
-        if key in self._ropes:
-            return self._ropes[key]
-        tables = self.backbone.rope_tables(length, device)
-        if not capturing():
-            self._ropes[key] = tables
-        return tables
+
+class FastTextEncoder(_FusedForward):
+    """`TextEncoder.forward` (v2, v3, VoiceDesign) with its elementwise work fused; its blocks'
+    projections fused here (modifying its layers, as the DiT's are)."""
+
+    what = "the text encoder's fused kernels"
+
+    def __init__(self, encoder: TextEncoder) -> None:
+        super().__init__(encoder)
+        self.encoder = encoder
+        self.blocks = [(cast(TextBlock, b), fuse_block(b)) for b in encoder.blocks]
+
+    def _fused(self, ids: Tensor, mask: Tensor) -> Tensor:
+        x = self.encoder.text_embedding(ids)
+        heads = cast(SelfAttention, self.blocks[0][0].attention).heads
+        Dh = x.shape[-1] // heads
+        rope = self._kept(ids.shape[1], ids.device, lambda: rope_tables(ids.shape[1], Dh, ids.device))
+        # a row with no valid token attends to all of its (padded) keys: finite, and zeroed below
+        valid = mask | ~mask.any(dim=1, keepdim=True)
+        keys = additive_mask(valid[:, None, None, :], x.dtype)
+        nothing = x.new_empty(x.shape[0], heads, 0, Dh)  # no context: the keys are the tokens'
+        y: Tensor | None = None
+        for blk, fb in self.blocks:
+            x, h = add_rms_norm(x, y, blk.attention_norm.weight, blk.attention_norm.eps)
+            p = fb.qkvg(h)
+            eps = blk.attention.q_norm.eps
+            q, k, v = qkv_joint(
+                p, fb.q_norm, fb.k_norm, *rope, nothing, nothing, heads, eps, rope_heads=heads
+            )
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=keys)
+            x, h = add_rms_norm(x, fb.wo(gate_heads(o, p)), blk.mlp_norm.weight, blk.mlp_norm.eps)
+            y = fb.w2(swiglu(fb.w13(h), fb.hidden))
+        return (x + y) * mask[..., None].to(x.dtype) if y is not None else x
 
 
 def _add_norm(
@@ -92,8 +167,19 @@ def _add_norm(
     return add_layer_norm(x, y, norm.weight, norm.bias, norm.eps, row_mask)
 
 
-def fast_text_backbone(model: nn.Module) -> FastModernBert | None:
-    """The fused forward of a v4 model's ModernBERT backbone; None for other models."""
+def fast_text_backbone(model: nn.Module) -> FastModernBert | FastTextEncoder | None:
+    """The fused forward of a model's text tower: v4's ModernBERT backbone (passed to
+    `model.encode_text` as its `backbone`), or a scratch text encoder whose heads' width is a
+    power of two (the kernels' tiles) and projections that fuse; None for others (v4-Large's
+    T5Gemma 2, an int4 file's RTN-packed encoder)."""
     holder = getattr(model, "pretrained_text_backbone", None)
     backbone = getattr(holder, "backbone", None)
-    return FastModernBert(backbone) if isinstance(backbone, ModernBert) else None
+    if isinstance(backbone, ModernBert):
+        return FastModernBert(backbone)
+    encoder = getattr(model, "text_encoder", None)
+    if isinstance(encoder, TextEncoder) and not isinstance(encoder, ReferenceLatentEncoder):
+        attention = cast(TextBlock, encoder.blocks[0]).attention if len(encoder.blocks) else None
+        Dh = getattr(attention, "head_dim", 0)
+        if Dh and Dh & (Dh - 1) == 0 and all(block_fusable(b) for b in encoder.blocks):
+            return FastTextEncoder(encoder)
+    return None

@@ -16,7 +16,9 @@ launches around its four GEMMs and the attention:
 
 The v4 text backbone (ModernBERT, `engine/fast_text.py`) takes three more: `add_layer_norm`
 (residual add and LayerNorm, the last one times the token mask), `rope_qkv` (RoPE on q and k and
-the heads' layout for the attention) and `glu` with GELU.
+the heads' layout for the attention) and `glu` with GELU. The scratch text encoder (v2, v3,
+VoiceDesign) takes the DiT's with `add_rms_norm` (`add_rms_modulate`'s kernel, ungated, the norm's weight
+for the modulation).
 
 Arithmetic is fp32 inside a kernel with one rounding at each store, so results differ from the
 eager composition (which rounds after every op in bf16) by that rounding only. Where Triton does not
@@ -93,7 +95,8 @@ if HAS_TRITON:
     @triton.jit
     def _add_rms_modulate_kernel(
         x_ptr, y_ptr, g_ptr, s_ptr, b_ptr, xo_ptr, h_ptr, D, eps, ROWS, g_stride, s_stride, b_stride,
-        HAS_Y: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr, INTERP_BF16: tl.constexpr,
+        HAS_Y: tl.constexpr, HAS_GATE: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr,
+        INTERP_BF16: tl.constexpr,
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         line = row // ROWS  # the batch row whose modulation this token takes (stride 0: shared)
@@ -102,8 +105,9 @@ if HAS_TRITON:
         x = tl.load(x_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
         if HAS_Y:
             y = tl.load(y_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + line * g_stride + offs, mask=m, other=0.0).to(tl.float32)
-            xr = round_to(x + g * y, xo_ptr.dtype.element_ty, INTERP_BF16)
+            if HAS_GATE:
+                y = y * tl.load(g_ptr + line * g_stride + offs, mask=m, other=0.0).to(tl.float32)
+            xr = round_to(x + y, xo_ptr.dtype.element_ty, INTERP_BF16)
             tl.store(xo_ptr + row * D + offs, xr, mask=m)
             x = xr.to(tl.float32)  # normalise the residual as stored, as the eager path does
         r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
@@ -300,7 +304,23 @@ def add_rms_modulate(
         x, y if y is not None else x, gate if gate is not None else scale1, scale1,
         shift if shift is not None else scale1, xo, h, D, eps,
         rows, stride(gate), stride(scale1), stride(shift),
-        HAS_Y=y is not None, HAS_SHIFT=shift is not None, BLOCK=triton.next_power_of_2(D),
+        HAS_Y=y is not None, HAS_GATE=True, HAS_SHIFT=shift is not None, BLOCK=triton.next_power_of_2(D),
+        INTERP_BF16=interp_bf16(x), num_warps=4,
+    )  # fmt: skip
+    return xo, h
+
+
+def add_rms_norm(x: Tensor, y: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(x + y, rms_norm(x + y) * weight); y None skips the add (x returned as is): a scratch text
+    encoder's residual add and the next norm in one pass (`add_rms_modulate`'s kernel, ungated)."""
+    D = x.shape[-1]
+    x = x.contiguous()
+    y = y.contiguous() if y is not None else None
+    xo = torch.empty_like(x) if y is not None else x
+    h = torch.empty_like(x)
+    _add_rms_modulate_kernel[(x.numel() // D,)](
+        x, y if y is not None else x, weight, weight, weight, xo, h, D, eps, x.numel() // D, 0, 0, 0,
+        HAS_Y=y is not None, HAS_GATE=False, HAS_SHIFT=False, BLOCK=triton.next_power_of_2(D),
         INTERP_BF16=interp_bf16(x), num_warps=4,
     )  # fmt: skip
     return xo, h
@@ -317,11 +337,13 @@ def qkv_joint(
     heads: int,
     eps: float,
     ctx_rows: Tensor | None = None,
+    rope_heads: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """q (B, H, S, Dh) normed and rotated; keys/values (B, H, S + L, Dh) = [self ; context].
 
     `ctx_rows` (B,) integer: row b's context is row `ctx_rows[b]` of `ctx_k` / `ctx_v` (the step
-    batcher's context pool, engine/steps.py: no gathered copy); None: row b's own."""
+    batcher's context pool, engine/steps.py: no gathered copy); None: row b's own. `rope_heads`:
+    the heads rotated, the first ones (the DiT's half, the default; a text encoder's all)."""
     B, S, D4 = p.shape
     Dh = D4 // 4 // heads
     L = ctx_k.shape[2]
@@ -335,7 +357,8 @@ def qkv_joint(
         ctx_v = ctx_v.contiguous()
     rows = p if ctx_rows is None else ctx_rows  # an unread pointer when there is no table
     _qkv_joint_kernel[(B * (S + L),)](
-        p, q_norm, k_norm, cos, sin, ctx_k, ctx_v, rows, q, k, v, S, L, heads, heads // 2, eps,
+        p, q_norm, k_norm, cos, sin, ctx_k, ctx_v, rows, q, k, v, S, L, heads,
+        heads // 2 if rope_heads is None else rope_heads, eps,
         ctx_k.stride(0), ctx_k.stride(1), ctx_k.stride(2), ctx_v.stride(0), ctx_v.stride(1), ctx_v.stride(2),
         HALF=Dh // 2, BH=triton.next_power_of_2(heads), HAS_ROWS=ctx_rows is not None,
         INTERP_BF16=interp_bf16(p), num_warps=4,

@@ -322,7 +322,8 @@ class TextToLatentRFDiT(nn.Module):
         self, text_ids: Tensor, text_mask: Tensor, backbone: Callable[[Tensor, Tensor], Tensor] | None = None
     ) -> Tensor:
         """The text encoder's states (B, L, text_dim); ids are checked by `encode_conditions`.
-        `backbone`: another forward of the v4 backbone (the fast path's fused one)."""
+        `backbone`: another forward of the text tower (the fast path's fused one): of v4's
+        backbone (the projector after it), or of the scratch encoder."""
         return self.text_norm(self._encode_tokens(self.text_encoder, text_ids, text_mask, backbone))
 
     def _encode_tokens(
@@ -332,10 +333,11 @@ class TextToLatentRFDiT(nn.Module):
         mask: Tensor,
         backbone: Callable[[Tensor, Tensor], Tensor] | None = None,
     ) -> Tensor:
-        """A scratch encoder on token ids, or (v4) the shared backbone then the projector."""
+        """A scratch encoder on token ids, or (v4) the shared backbone then the projector;
+        `backbone` in place of the backbone, or of a scratch encoder."""
         if self.cfg.pretrained_text:
             return encoder((backbone or self.pretrained_text_backbone)(ids, mask), mask)
-        return encoder(ids, mask)
+        return (backbone or encoder)(ids, mask)
 
     def encode_voice(
         self,

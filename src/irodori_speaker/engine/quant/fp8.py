@@ -15,7 +15,7 @@ the GPU's arithmetic up to the order of the fp32 sums and the bf16 rounding of t
 `quantize_linears_fp8(model)` swaps the float `nn.Linear`s the int4 path quantises (the release's
 selection, `quantize.RELEASE_SELECTION` through `plan_layers`) after loading; the model files know
 nothing of it. Layers whose in / out features are not multiples of 16 (`_scaled_mm`'s rule) stay
-float. The fast path fuses `Fp8Linear`s through `concat` (`engine.fast.FusableLinear`): per-channel
+float. The fast path fuses `Fp8Linear`s through `concat` (`engine.fusing.FusableLinear`): per-channel
 weight scales and per-row activation scales make the fused GEMM equal the separate ones.
 """
 
@@ -150,7 +150,7 @@ class Fp8Linear(KeepsCodeDtype):
     @classmethod
     def concat(cls, layers: Sequence[Fp8Linear]) -> Fp8Linear:
         """One layer computing `layers` side by side (outputs along N): the fusion interface of
-        `engine.fast` (`FusableLinear`). Exact: every output channel keeps its own scale."""
+        `engine.fusing` (`FusableLinear`). Exact: every output channel keeps its own scale."""
         if not layers:
             raise QuantError("Fp8Linear.concat: no layers")
         first = layers[0]
