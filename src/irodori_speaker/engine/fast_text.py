@@ -15,7 +15,7 @@ tables kept per length (`ModernBert.rope_tables`).
 **v2, v3, VoiceDesign (the scratch `TextEncoder`).** Its block is the DiT's without modulation:
 RMS norms, Q/K/V and a sigmoid gate from four projections, per-head RMS norms of q and k, RoPE on
 every head, SwiGLU, the padding zeroed after each block, and the RoPE tables made again in every
-block: ~80 launches a block eager, 14 blocks in v2's release. Here a block is ten: the DiT's
+block: ~80 launches a block eager (v2's release: 10 blocks, 512 wide). Here a block is ten: the DiT's
 kernels (`fused.qkv_joint` with no context and every head rotated, `fused.gate_heads`,
 `fused.swiglu`) over the same fused projections (`fusing.fuse_block`), and `fused.add_rms_norm`
 (the residual add and the next norm). The padding is zeroed once, at the end: eager zeroes it
