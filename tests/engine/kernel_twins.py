@@ -15,7 +15,7 @@ def add_rms_modulate(
     x: Tensor, y: Tensor | None, gate: Tensor | None, scale1: Tensor, shift: Tensor | None, eps: float
 ) -> tuple[Tensor, Tensor]:
     if y is not None:
-        x = x + gate * y
+        x = x + (gate * y if gate is not None else y)
     x32 = x.float()
     h = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * scale1.float()
     if shift is not None:

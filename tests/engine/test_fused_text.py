@@ -1,6 +1,6 @@
 """The text towers' fused kernels (engine/fused.py: `add_layer_norm`, `rope_qkv`, `glu` with GELU
-for v4's ModernBERT; `add_rms_norm` and `qkv_joint` without context for the scratch encoder of v2 /
-v3 / VoiceDesign) against torch, and the fused forwards (engine/fast_text.py) against the
+for v4's ModernBERT; `add_rms_modulate` ungated and `qkv_joint` without context for the scratch
+encoder of v2 / v3 / VoiceDesign) against torch, and the fused forwards (engine/fast_text.py) against the
 reference's golden states and the eager forward.
 
 Runs natively on CUDA; on the CPU `test_fused_interp.py` runs this module under
@@ -87,12 +87,12 @@ def test_glu_with_gelu_is_geglu(dtype, act, approximate):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("residual", [True, False])
-def test_add_rms_norm_is_the_residual_add_then_rms_norm(dtype, residual):
+def test_ungated_add_rms_modulate_is_the_residual_add_then_rms_norm(dtype, residual):
     torch.manual_seed(3)
     D = 80  # not a power of two: the row block is masked
     x, y = _randn(2, 5, D, dtype=dtype) * 3 + 1, _randn(2, 5, D, dtype=dtype) if residual else None
     w = _randn(D, dtype=dtype)
-    xo, h = fu.add_rms_norm(x, y, w, 1e-6)
+    xo, h = fu.add_rms_modulate(x, y, None, w, None, 1e-6)
     s = x + y if y is not None else x
     assert torch.equal(xo, s)  # the residual as the eager path rounds it (x as it is without y)
     s32 = s.float()

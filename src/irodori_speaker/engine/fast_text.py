@@ -15,13 +15,13 @@ tables kept per length (`ModernBert.rope_tables`).
 **v2, v3, VoiceDesign (the scratch `TextEncoder`).** Its block is the DiT's without modulation:
 RMS norms, Q/K/V and a sigmoid gate from four projections, per-head RMS norms of q and k, RoPE on
 every head, SwiGLU, the padding zeroed after each block, and the RoPE tables made again in every
-block: ~80 launches a block eager (v2's release: 10 blocks, 512 wide). Here a block is ten: the DiT's
-kernels (`fused.qkv_joint` with no context and every head rotated, `fused.gate_heads`,
-`fused.swiglu`) over the same fused projections (`fusing.fuse_block`), and `fused.add_rms_norm`
-(the residual add and the next norm). The padding is zeroed once, at the end: eager zeroes it
-after every block too, but a padded position reaches no valid one (the keys are masked, the rest
-is per position), so the valid states are the same. A line with no valid token attends to its own
-padding (eager: `encoders.attend_safe`), finite, and comes out zero as eager.
+block: ~80 launches a block eager (v2's release: 10 blocks, 512 wide). Here a block is ten: the
+DiT's kernels (`fused.qkv_joint` with no context and every head rotated, `fused.gate_heads`,
+`fused.swiglu`, `fused.add_rms_modulate` ungated: the residual add and the next norm) over the
+same fused projections (`fusing.fuse_block`). The padding is zeroed once, at the end: eager zeroes
+it after every block too, but a padded position reaches no valid one (the keys are masked, the
+rest is per position), so the valid states are the same. A line with no valid token attends to
+its own padding (eager: `encoders.attend_safe`), finite, and comes out zero as eager.
 
 The weights and embeddings are the model's, and its linear layers run as themselves (int4 or not).
 Each kernel rounds once at its store, so the states differ from the eager forward's by rounding
@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from .encoders import ReferenceLatentEncoder, SelfAttention, TextBlock, TextEncoder, additive_mask, capturing
 from .fused import (
     add_layer_norm,
-    add_rms_norm,
+    add_rms_modulate,
     gate_heads,
     glu,
     qkv_joint,
@@ -103,10 +103,10 @@ class FastModernBert(_FusedForward):
 
     def __init__(self, backbone: ModernBert) -> None:
         super().__init__(backbone)
-        self.backbone = backbone
 
     def _fused(self, ids: Tensor, mask: Tensor) -> Tensor:
-        bb, cfg = self.backbone, self.backbone.cfg
+        bb = cast(ModernBert, self.module)
+        cfg = bb.cfg
         B, L = ids.shape
         act = _GELU[cfg.gelu_approximate]
         ropes = self._kept(L, ids.device, lambda: bb.rope_tables(L, ids.device))
@@ -134,12 +134,12 @@ class FastTextEncoder(_FusedForward):
 
     def __init__(self, encoder: TextEncoder) -> None:
         super().__init__(encoder)
-        self.encoder = encoder
         self.blocks = [(cast(TextBlock, b), fuse_block(b)) for b in encoder.blocks]
+        self.heads = cast(SelfAttention, self.blocks[0][0].attention).heads
 
     def _fused(self, ids: Tensor, mask: Tensor) -> Tensor:
-        x = self.encoder.text_embedding(ids)
-        heads = cast(SelfAttention, self.blocks[0][0].attention).heads
+        x = cast(TextEncoder, self.module).text_embedding(ids)
+        heads = self.heads
         Dh = x.shape[-1] // heads
         rope = self._kept(ids.shape[1], ids.device, lambda: rope_tables(ids.shape[1], Dh, ids.device))
         # a row with no valid token attends to all of its (padded) keys: finite, and zeroed below
@@ -148,14 +148,15 @@ class FastTextEncoder(_FusedForward):
         nothing = x.new_empty(x.shape[0], heads, 0, Dh)  # no context: the keys are the tokens'
         y: Tensor | None = None
         for blk, fb in self.blocks:
-            x, h = add_rms_norm(x, y, blk.attention_norm.weight, blk.attention_norm.eps)
+            x, h = add_rms_modulate(x, y, None, blk.attention_norm.weight, None, blk.attention_norm.eps)
             p = fb.qkvg(h)
             eps = blk.attention.q_norm.eps
             q, k, v = qkv_joint(
                 p, fb.q_norm, fb.k_norm, *rope, nothing, nothing, heads, eps, rope_heads=heads
             )
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=keys)
-            x, h = add_rms_norm(x, fb.wo(gate_heads(o, p)), blk.mlp_norm.weight, blk.mlp_norm.eps)
+            o = fb.wo(gate_heads(o, p))
+            x, h = add_rms_modulate(x, o, None, blk.mlp_norm.weight, None, blk.mlp_norm.eps)
             y = fb.w2(swiglu(fb.w13(h), fb.hidden))
         return (x + y) * mask[..., None].to(x.dtype) if y is not None else x
 

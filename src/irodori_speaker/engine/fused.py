@@ -17,8 +17,7 @@ launches around its four GEMMs and the attention:
 The v4 text backbone (ModernBERT, `engine/fast_text.py`) takes three more: `add_layer_norm`
 (residual add and LayerNorm, the last one times the token mask), `rope_qkv` (RoPE on q and k and
 the heads' layout for the attention) and `glu` with GELU. The scratch text encoder (v2, v3,
-VoiceDesign) takes the DiT's with `add_rms_norm` (`add_rms_modulate`'s kernel, ungated, the norm's weight
-for the modulation).
+VoiceDesign) takes the DiT's, `add_rms_modulate` ungated with the norm's weight as its scale.
 
 Arithmetic is fp32 inside a kernel with one rounding at each store, so results differ from the
 eager composition (which rounds after every op in bf16) by that rounding only. Where Triton does not
@@ -279,7 +278,8 @@ if HAS_TRITON:
 def add_rms_modulate(
     x: Tensor, y: Tensor | None, gate: Tensor | None, scale1: Tensor, shift: Tensor | None, eps: float
 ) -> tuple[Tensor, Tensor]:
-    """(x + gate * y, rms_norm(x + gate * y) * scale1 + shift); y None skips the residual add.
+    """(x + gate * y, rms_norm(x + gate * y) * scale1 + shift); y None skips the residual add,
+    gate None adds y as it is (a scratch text encoder's residual, unmodulated).
 
     gate, scale1 and shift are (D,) for every row, or (B, 1, D) per batch row of x (B, S, D): the
     step batcher's rows sit at their own timesteps (engine/steps.py)."""
@@ -304,23 +304,8 @@ def add_rms_modulate(
         x, y if y is not None else x, gate if gate is not None else scale1, scale1,
         shift if shift is not None else scale1, xo, h, D, eps,
         rows, stride(gate), stride(scale1), stride(shift),
-        HAS_Y=y is not None, HAS_GATE=True, HAS_SHIFT=shift is not None, BLOCK=triton.next_power_of_2(D),
-        INTERP_BF16=interp_bf16(x), num_warps=4,
-    )  # fmt: skip
-    return xo, h
-
-
-def add_rms_norm(x: Tensor, y: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """(x + y, rms_norm(x + y) * weight); y None skips the add (x returned as is): a scratch text
-    encoder's residual add and the next norm in one pass (`add_rms_modulate`'s kernel, ungated)."""
-    D = x.shape[-1]
-    x = x.contiguous()
-    y = y.contiguous() if y is not None else None
-    xo = torch.empty_like(x) if y is not None else x
-    h = torch.empty_like(x)
-    _add_rms_modulate_kernel[(x.numel() // D,)](
-        x, y if y is not None else x, weight, weight, weight, xo, h, D, eps, x.numel() // D, 0, 0, 0,
-        HAS_Y=y is not None, HAS_GATE=False, HAS_SHIFT=False, BLOCK=triton.next_power_of_2(D),
+        HAS_Y=y is not None, HAS_GATE=gate is not None, HAS_SHIFT=shift is not None,
+        BLOCK=triton.next_power_of_2(D),
         INTERP_BF16=interp_bf16(x), num_warps=4,
     )  # fmt: skip
     return xo, h
