@@ -130,8 +130,8 @@ class DeviceOwner:
         self._urgent: deque[Job] = deque()
         self._normal: list[tuple[float, int, Job]] = []  # a heap by (when due, arrival order)
         self._seq = itertools.count()
-        self._steppers: list[Stepper] = []  # those with lines in flight
-        self._stepper_devices: dict[int, int | None] = {}  # by id: the CUDA device each runs on
+        # those with lines in flight, by id, each with the CUDA device it runs on (in arrival order)
+        self._steppers: dict[int, tuple[Stepper, int | None]] = {}
         self._thread: threading.Thread | None = None
         self._copies = CopyWaiters(linger_s)  # the copies on their way to the host, a waiter a stream
         # the decode's jobs (`stream=DECODE`) on a CUDA stream of their own (the preset's
@@ -272,9 +272,7 @@ class DeviceOwner:
         """`stepper` has new work (a line handed over): the owner steps it till it has none, on
         the CUDA device current here."""
         with self._cond:
-            self._stepper_devices[id(stepper)] = current_cuda_device()
-            if stepper not in self._steppers:
-                self._steppers.append(stepper)
+            self._steppers[id(stepper)] = (stepper, current_cuda_device())
             self._start()
             self._cond.notify_all()
 
@@ -330,7 +328,7 @@ class DeviceOwner:
             self._thread.start()
 
     def _busy(self) -> bool:
-        return bool(self._urgent or self._normal or any(s.has_work() for s in self._steppers))
+        return bool(self._urgent or self._normal or any(s.has_work() for s, _ in self._steppers.values()))
 
     def _own(self) -> None:
         import torch  # here, not at the top: the runtime side imports this package torch-free
@@ -356,7 +354,7 @@ class DeviceOwner:
                 jobs = [*self._urgent, *(job for _, _, job in self._normal)]
                 self._urgent.clear()
                 self._normal.clear()
-                steppers, self._steppers = self._steppers, []
+                steppers, self._steppers = [s for s, _ in self._steppers.values()], {}
                 self._thread = None
             for job in jobs:
                 job.error = e
@@ -373,11 +371,11 @@ class DeviceOwner:
                 break
             self._launch(job)
         stepping = False
-        for stepper in list(self._steppers):
+        for stepper, device in list(self._steppers.values()):
             if stepper.has_work():
                 stepping = True
                 self._room()
-                with on_cuda_device(self._stepper_devices.get(id(stepper))):
+                with on_cuda_device(device):
                     try:
                         stepper.iterate()
                     except Exception as e:  # its lines fail, the owner and other lines go on
@@ -385,8 +383,7 @@ class DeviceOwner:
                         stepper.fail(e)
                     self._note_launch(True)
         with self._cond:  # one step of work left no trace: forget it (no reference kept)
-            self._steppers = [s for s in self._steppers if s.has_work()]
-            self._stepper_devices = {id(s): self._stepper_devices.get(id(s)) for s in self._steppers}
+            self._steppers = {k: v for k, v in self._steppers.items() if v[0].has_work()}
             n = len(self._normal)
         for _ in range(n):
             self._room()
