@@ -1,17 +1,21 @@
-"""The text towers (released shapes, random weights) eager against fused, graphed.
+"""The text towers and the duration predictor (released shapes, random weights) eager against
+fused, graphed.
 
 A text-encoder call is on the path to every line's first audio, and at 16 streams a v4 call was
 nearly as dear for one line as for eight (2.67 against 3.03 ms on an H100, RESULTS.md
 "Twenty-second session"). Per tower (`--towers`: "v4", ModernBERT-ja-310m's shape, v4 / v4.1-MF's
-backbone; "v2", the v2 500M model's scratch text encoder) and rows x tokens (`--shapes`): the
-forward as the model runs it (`ModernBert.forward`, `TextEncoder.forward`) and with its layers'
-elementwise work fused (`fast_text.FastModernBert`, `fast_text.FastTextEncoder`), each captured in a
-CUDA graph and replayed (the product's path), device ms (CUDA events, medians, side by side in one
-run); the kernels one call launches (torch.profiler); and the largest difference between the two
-outputs. The rows' last quarter of tokens is padding, as a batch's shorter lines are.
+backbone; "v2", the v2 500M model's scratch text encoder; "dur", v4.1-MF's duration predictor
+over the text states, with a speaker and a caption) and rows x tokens (`--shapes`): the forward as
+the model runs it (`ModernBert.forward`, `TextEncoder.forward`, `DurationPredictor.forward`) and
+with its elementwise work fused (`fast_text.FastModernBert`, `fast_text.FastTextEncoder`,
+`fast_duration.FastDurationPredictor`), each captured in a CUDA graph and replayed (the text
+towers' path in the product; the predictor runs eagerly there, so its kernel count is the host's
+launches), device ms (CUDA events, medians, side by side in one run); the kernels one call
+launches (torch.profiler); and the largest difference between the two outputs. The rows' last
+quarter of tokens is padding, as a batch's shorter lines are.
 
     python benchmarks/text_encoder.py
-    python benchmarks/text_encoder.py --towers v2 --shapes 1x64,8x64,16x96 --dtype bf16 --reps 50
+    python benchmarks/text_encoder.py --towers v2,dur --shapes 1x64,8x64,16x96 --dtype bf16 --reps 50
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import gzip
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,7 +37,9 @@ import news5  # device_ms: the benchmarks' one timer
 from irodori_speaker.engine.backbone_config import BackboneConfig, parse_backbone_config
 from irodori_speaker.engine.config import ModelConfig
 from irodori_speaker.engine.cuda_graphs import capture
+from irodori_speaker.engine.duration import DurationPredictor
 from irodori_speaker.engine.encoders import TextEncoder
+from irodori_speaker.engine.fast_duration import FastDurationPredictor
 from irodori_speaker.engine.fast_text import FastModernBert, FastTextEncoder
 from irodori_speaker.engine.text_backbone import ModernBert
 
@@ -58,23 +65,60 @@ def released_text_encoder(dtype: torch.dtype) -> TextEncoder:
     return encoder.to("cuda", dtype).eval()
 
 
-Fused = FastModernBert | FastTextEncoder
+Fused = FastModernBert | FastTextEncoder | FastDurationPredictor
+Inputs = Callable[[int, int], list[torch.Tensor]]  # (rows, tokens) -> the forward's arguments
 
 
-def tower(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Fused, str, int]:
-    """(eager module, fused forward, what it is, vocabulary size) of `--towers`' `name`."""
+def _tokens(vocab: int) -> Inputs:
+    def make(rows: int, tokens: int) -> list[torch.Tensor]:
+        return [torch.randint(7, vocab, (rows, tokens), device="cuda"), _mask(rows, tokens)]
+
+    return make
+
+
+def _mask(rows: int, tokens: int) -> torch.Tensor:
+    mask = torch.ones(rows, tokens, dtype=torch.bool, device="cuda")
+    mask[1:, tokens - tokens // 4 :] = False  # every row but the first padded
+    return mask
+
+
+def released_predictor(dtype: torch.dtype) -> tuple[DurationPredictor, ModelConfig]:
+    """v4.1-MF's duration predictor (its config from the v4.1-Small-MF manifest), random weights."""
+    cfg = news5._full_config("v4.1-mf")
+    torch.manual_seed(0)
+    return DurationPredictor(cfg).to("cuda", dtype).eval(), cfg
+
+
+def tower(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Fused, str, Inputs]:
+    """(eager module, fused forward, what it is, its inputs) of `--towers`' `name`."""
     if name == "v4":
         bb = released_backbone(dtype)
         c = bb.cfg
         heads = c.num_attention_heads
         what = f"v4 backbone: {c.num_hidden_layers} layers, hidden {c.hidden_size}, {heads} heads"
-        return bb, FastModernBert(bb), what, c.vocab_size
+        return bb, FastModernBert(bb), what, _tokens(c.vocab_size)
+    if name == "dur":
+        pred, cfg = released_predictor(dtype)
+
+        def inputs(rows: int, tokens: int) -> list[torch.Tensor]:
+            def rand(*shape: int) -> torch.Tensor:
+                return torch.randn(*shape, device="cuda", dtype=dtype)
+
+            has = torch.ones(rows, dtype=torch.bool, device="cuda")
+            has[1::2] = False  # every other row without a reference and caption: the null ones
+            state, speaker = rand(rows, tokens, cfg.text_dim), rand(rows, cfg.speaker_dim)
+            caption = rand(rows, cfg.caption("dim"))
+            return [state, _mask(rows, tokens), speaker, has, caption, has]
+
+        layers, hidden = len(pred.token_blocks), cfg.duration_hidden_dim
+        fused = FastDurationPredictor(pred)  # fuses the layers (the eager forward then runs on views)
+        return pred, fused, f"v4.1-MF duration predictor: {layers} blocks, hidden {hidden}", inputs
     enc = released_text_encoder(dtype)
     fast = FastTextEncoder(enc)  # fuses the projections (the eager forward then runs on views of them)
     a = enc.blocks[0].attention
     D = a.heads * a.head_dim
     what = f"v2 text encoder: {len(enc.blocks)} layers, hidden {D}, {a.heads} heads"
-    return enc, fast, what, enc.text_embedding.num_embeddings
+    return enc, fast, what, _tokens(enc.text_embedding.num_embeddings)
 
 
 def kernels_a_call(fn, *args) -> int:
@@ -89,7 +133,9 @@ def kernels_a_call(fn, *args) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--towers", default="v4,v2", help="v4 (ModernBERT), v2 (the scratch encoder)")
+    ap.add_argument(
+        "--towers", default="v4,v2,dur", help="v4 (ModernBERT), v2 (the scratch encoder), dur (the predictor)"
+    )
     ap.add_argument("--shapes", default="1x64,2x64,4x64,8x64,16x64,1x128,8x128")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--reps", type=int, default=50)
@@ -99,20 +145,18 @@ def main() -> None:
     print(torch.cuda.get_device_name(), "torch", torch.__version__, args.dtype)
     pool = torch.cuda.graph_pool_handle()
     for name in args.towers.split(","):
-        model, fast, what, vocab = tower(name, dtype)
+        model, fast, what, make_inputs = tower(name, dtype)
         print(f"\n{what}\n")
         print("| rows x tokens | eager ms | fused ms | eager / fused | kernels eager / fused | max diff |")
         print("|---|---|---|---|---|---|")
         with torch.inference_mode():
             for shape in args.shapes.split(","):
                 rows, tokens = (int(v) for v in shape.split("x"))
-                ids = torch.randint(7, vocab, (rows, tokens), device="cuda")
-                mask = torch.ones(rows, tokens, dtype=torch.bool, device="cuda")
-                mask[1:, tokens - tokens // 4 :] = False  # every row but the first padded
+                inputs = make_inputs(rows, tokens)
                 times, outs, counts = [], [], []
                 for fn in (model, fast):
-                    counts.append(kernels_a_call(fn, ids, mask))
-                    graph, out = capture(fn, [ids, mask], pool)
+                    counts.append(kernels_a_call(fn, *inputs))
+                    graph, out = capture(fn, inputs, pool)
                     times.append(news5.device_ms("cuda", graph.replay, reps=args.reps))
                     outs.append(out.float().clone())
                 assert fast.on, "the fused kernels fell back to the eager forward"

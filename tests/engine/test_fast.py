@@ -244,3 +244,25 @@ def test_graphs_share_one_static_buffer_per_input_shape(dit_fixtures, monkeypatc
     assert graphed.max_graphs == len(graphed._graphs) + 3 == 5
     read = {id(t) for g in graphed._graphs.values() for t in g.inputs if t is not None}
     assert len(graphed._statics) == len(read)  # every buffer kept is one a kept graph reads
+
+
+def test_linears_with_biases_fuse_side_by_side_and_keep_their_own_outputs():
+    """`fuse_linears` on biased `nn.Linear`s (the duration predictor's modulations): one layer
+    giving each one's output side by side, the originals re-pointed at views of its weight and
+    bias (held once); a mix of biased and bias-free layers is refused."""
+    from irodori_speaker.engine.fusing import fusable, fuse_linears
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(6, n) for n in (4, 5)]
+    x = torch.randn(3, 6)
+    want = torch.cat([m(x) for m in layers], dim=-1).detach()
+    fused = fuse_linears(layers)
+    assert isinstance(fused, torch.nn.Linear) and fused.bias is not None
+    torch.testing.assert_close(fused(x), want)
+    torch.testing.assert_close(torch.cat([m(x) for m in layers], dim=-1), want)
+    assert layers[1].bias.data_ptr() == fused.bias[4:].data_ptr()  # a view: held once
+    assert layers[1].weight.data_ptr() == fused.weight[4:].data_ptr()
+    mixed = [torch.nn.Linear(6, 4), torch.nn.Linear(6, 4, bias=False)]
+    assert not fusable(mixed)
+    with pytest.raises(TypeError, match="all with a bias or none"):
+        fuse_linears(mixed)

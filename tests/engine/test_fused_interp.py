@@ -23,7 +23,7 @@ pytest.importorskip("triton", reason="triton is not installed (the 'cuda' / 'dev
 def test_fused_kernels_in_the_interpreter():
     here = Path(__file__).parent
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    files = [str(here / name) for name in ("test_fused.py", "test_fused_text.py")]
+    files = [str(here / name) for name in ("test_fused.py", "test_fused_text.py", "test_fused_duration.py")]
     args = ["-q", "-rs", "-o", "addopts=", "-p", "no:cacheprovider", *files]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *args],

@@ -128,10 +128,28 @@ class DurationPredictor(nn.Module):
         caption_pooled: Tensor | None = None,
         has_caption: Tensor | None = None,
     ) -> Tensor:
+        text_state, text_mask, spk, cap = self.inputs(
+            text_state, text_mask, speaker_summary, has_speaker, caption_pooled, has_caption
+        )
+        h = self.token_input_proj(text_state)
+        for block in self.token_blocks:
+            h = block(h, spk, cap)
+        return self.log_total(self.token_out_norm(h), text_mask)
+
+    def inputs(
+        self,
+        text_state: Tensor,
+        text_mask: Tensor,
+        speaker_summary: Tensor | None,
+        has_speaker: Tensor,
+        caption_pooled: Tensor | None = None,
+        has_caption: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """(text state, mask, speaker, caption) as the blocks take them: a row with no valid token
+        zeroed with its token 0 marked valid; the null speaker (caption) where a row has none."""
         B = text_state.shape[0]
         empty = ~text_mask.any(dim=1)
-        # a row with no valid token: zero its state, mark token 0 valid (without a read of the
-        # mask where none may happen: the same ops, a no-op on rows that have tokens)
+        # the same ops, a no-op on rows that have tokens, where the mask may not be read
         if not may_read(empty) or bool(empty.any()):
             text_state = text_state.masked_fill(empty[:, None, None], 0.0)
             text_mask = text_mask.clone()
@@ -149,9 +167,9 @@ class DurationPredictor(nn.Module):
                 cap = null_cap
             else:
                 cap = torch.where(has_caption[:, None], caption_pooled, null_cap)
-        h = self.token_input_proj(text_state)
-        for block in self.token_blocks:
-            h = block(h, spk, cap)
-        frames = F.softplus(self.token_out_proj(self.token_out_norm(h)).float()).squeeze(-1)
-        total = (frames * text_mask.float()).sum(dim=1)
-        return torch.log1p(total)
+        return text_state, text_mask, spk, cap
+
+    def log_total(self, normed: Tensor, text_mask: Tensor) -> Tensor:
+        """log1p of the valid tokens' frames summed, from the blocks' output after `token_out_norm`."""
+        frames = F.softplus(self.token_out_proj(normed).float()).squeeze(-1)
+        return torch.log1p((frames * text_mask.float()).sum(dim=1))

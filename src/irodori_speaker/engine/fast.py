@@ -34,6 +34,7 @@ from ..cancel import CancelToken, check
 from .batch import batch_bucket, fill_batch, fill_tokens, frame_mask
 from .cuda_graphs import capture
 from .encoders import additive_mask
+from .fast_duration import fast_duration_predictor
 from .fast_text import fast_text_backbone
 from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
 from .fusing import FastBlock, fuse_block
@@ -77,6 +78,7 @@ class FastDiT:
         # the text tower's layers with fused kernels too (engine/fast_text.py): v4's ModernBERT, or
         # the scratch encoder of v2 / v3 / VoiceDesign
         self.text_backbone = fast_text_backbone(model) if self.fused else None
+        self.duration = fast_duration_predictor(model) if self.fused else None  # engine/fast_duration.py
         if not self.fused:  # the model's own blocks: nothing to fuse (on the CPU separate GEMMs are as fast)
             return
         self.blocks = [fuse_block(blk) for blk in self.model_blocks]
@@ -277,6 +279,12 @@ class FastSampler:
     def text_width(self, length: int) -> int:
         """The width of the states `encode_text` returns for `length` tokens (padded with graphs)."""
         return round_up(length, self.context_bucket) if self.use_graphs else length
+
+    def predict_log_frames(self, conds: Conditions, has_speaker: Tensor) -> Tensor:
+        """`model.predict_log_frames`, through the fused predictor where there is one (eager: a
+        line's length is asked once, at its encoders)."""
+        with torch.inference_mode():
+            return self.fast.model.predict_log_frames(conds, has_speaker, predictor=self.fast.duration)
 
     def encode_text(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """`model.encode_text` as (states, mask); with graphs, replayed from one graph per

@@ -53,16 +53,17 @@ from .fusing import block_fusable, fuse_block
 from .layers import rope_tables
 from .text_backbone import Layer, LayerNorm, ModernBert
 
-__all__ = ["FastModernBert", "FastTextEncoder", "fast_text_backbone"]
+__all__ = ["FastModernBert", "FastTextEncoder", "FusedForward", "fast_text_backbone"]
 
 T = TypeVar("T")
 
 _GELU = {"none": "gelu", "tanh": "gelu_tanh"}  # BackboneConfig.gelu_approximate -> fused.glu's act
 
 
-class _FusedForward:
-    """A text tower's forward with fused kernels (`_fused`); its own eager forward (`module`) once a
-    kernel fails, or while `on` is False (a benchmark's side-by-side run)."""
+class FusedForward:
+    """A module's forward with fused kernels (`_fused`, same arguments); the module's own eager
+    forward (`module`) once a kernel fails, or while `on` is False (a benchmark's side-by-side
+    run). The text towers here, the duration predictor (engine/fast_duration.py)."""
 
     what = "fused kernels"
 
@@ -71,17 +72,17 @@ class _FusedForward:
         self.on = True
         self._tables: dict[tuple[int, torch.device], Any] = {}
 
-    def __call__(self, ids: Tensor, mask: Tensor) -> Tensor:
+    def __call__(self, *args: Any) -> Tensor:
         if not self.on:
-            return self.module(ids, mask)
+            return cast(Tensor, self.module(*args))
         return run_or_fall_back(
-            lambda: self._fused(ids, mask),
-            lambda: self.module(ids, mask),
+            lambda: self._fused(*args),
+            lambda: self.module(*args),
             what=self.what,
             switch_off=lambda: setattr(self, "on", False),
         )
 
-    def _fused(self, ids: Tensor, mask: Tensor) -> Tensor:
+    def _fused(self, *args: Any) -> Tensor:
         raise NotImplementedError
 
     def _kept(self, length: int, device: torch.device, make: Callable[[], T]) -> T:
@@ -96,7 +97,7 @@ class _FusedForward:
         return tables
 
 
-class FastModernBert(_FusedForward):
+class FastModernBert(FusedForward):
     """`ModernBert.forward` (v4, v4.1-MF) with its elementwise work fused."""
 
     what = "the text backbone's fused kernels"
@@ -126,7 +127,7 @@ class FastModernBert(_FusedForward):
         return _add_norm(x, y, bb.final_norm, mask)[1]
 
 
-class FastTextEncoder(_FusedForward):
+class FastTextEncoder(FusedForward):
     """`TextEncoder.forward` (v2, v3, VoiceDesign) with its elementwise work fused; its blocks'
     projections fused here (modifying its layers, as the DiT's are)."""
 

@@ -29,25 +29,32 @@ class FusableLinear(Protocol):
 def fuse_linears(layers: Sequence[nn.Module]) -> nn.Module:
     """One module computing `layers` side by side (outputs concatenated along the last dim).
 
-    Bias-free `nn.Linear`s: one weight, and the originals are re-pointed at views into it (no
-    copy kept). Any other kind fuses through its class's `concat` (`FusableLinear`).
+    `nn.Linear`s (all with a bias or none): one weight (and bias), and the originals are
+    re-pointed at views into it (no copy kept). Any other kind fuses through its class's `concat`
+    (`FusableLinear`).
     """
-    if all(type(m) is nn.Linear and m.bias is None for m in layers):
+    if _plain_linears(layers):
         linears = [m for m in layers if isinstance(m, nn.Linear)]
         weight = torch.cat([m.weight.detach() for m in linears], dim=0)
-        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        biased = linears[0].bias is not None
+        bias = torch.cat([cast(Tensor, m.bias).detach() for m in linears]) if biased else None
+        fused = nn.Linear(weight.shape[1], weight.shape[0], bias=biased, device="meta")
         fused.weight = nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            fused.bias = nn.Parameter(bias, requires_grad=False)
         start = 0
         for m in linears:  # re-point the originals so the memory is held once
             n = m.weight.shape[0]
             m.weight = nn.Parameter(weight[start : start + n], requires_grad=False)
+            if bias is not None:
+                m.bias = nn.Parameter(bias[start : start + n], requires_grad=False)
             start += n
         return fused
     if not fusable(layers):
         names = sorted({type(m).__name__ for m in layers})
         raise TypeError(
-            f"fuse_linears: layers must all be bias-free nn.Linear or all of one class with a "
-            f"`concat` classmethod, got {names}"
+            f"fuse_linears: layers must all be nn.Linear (all with a bias or none) or all of one "
+            f"class with a `concat` classmethod, got {names}"
         )
     concat: Callable[[Sequence[nn.Module]], nn.Module] = getattr(type(layers[0]), "concat")  # noqa: B009
     return concat(layers)
@@ -55,10 +62,15 @@ def fuse_linears(layers: Sequence[nn.Module]) -> nn.Module:
 
 def fusable(layers: Sequence[nn.Module]) -> bool:
     """Whether `fuse_linears` can fuse `layers` (an int4 file's RTN-packed encoder layers cannot)."""
-    if all(type(m) is nn.Linear and m.bias is None for m in layers):
+    if _plain_linears(layers):
         return True
     kind = type(layers[0])
     return callable(getattr(kind, "concat", None)) and all(type(m) is kind for m in layers)
+
+
+def _plain_linears(layers: Sequence[nn.Module]) -> bool:
+    """`nn.Linear`s (not a subclass), all with a bias or all without."""
+    return all(type(m) is nn.Linear for m in layers) and len({m.bias is None for m in layers}) == 1
 
 
 class SliceOf(nn.Module):

@@ -113,5 +113,9 @@ class TextEncoders:
             return [None] * len(conds)
         has = DEVICE.upload(torch.tensor(has_ref), self.device)
         batch = conds[0] if len(conds) == 1 else stack_conditions(conds)
-        pred = self.model.predict_log_frames(batch, has_speaker=has)
+        fast = self.fast()
+        if fast is not None:
+            pred = fast.predict_log_frames(batch, has)
+        else:
+            pred = self.model.predict_log_frames(batch, has_speaker=has)
         return [pred] if len(conds) == 1 else [pred[b : b + 1] for b in range(len(conds))]
