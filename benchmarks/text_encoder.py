@@ -25,6 +25,7 @@ import gzip
 import json
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -112,7 +113,8 @@ def tower(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Fused, str, I
 
         layers, hidden = len(pred.token_blocks), cfg.duration_hidden_dim
         fused = FastDurationPredictor(pred)  # fuses the layers (the eager forward then runs on views)
-        return pred, fused, f"v4.1-MF duration predictor: {layers} blocks, hidden {hidden}", inputs
+        what = f"v4.1-MF duration predictor: {layers} blocks, hidden {hidden}"
+        return pred, fused, what, inputs
     enc = released_text_encoder(dtype)
     fast = FastTextEncoder(enc)  # fuses the projections (the eager forward then runs on views of them)
     a = enc.blocks[0].attention
@@ -154,7 +156,9 @@ def main() -> None:
                 rows, tokens = (int(v) for v in shape.split("x"))
                 inputs = make_inputs(rows, tokens)
                 times, outs, counts = [], [], []
-                for fn in (model, fast):
+                # the predictor's fused forward is its blocks, passed to its forward as `body`
+                with_fast = partial(model, body=fast) if isinstance(fast, FastDurationPredictor) else fast
+                for fn in (model, with_fast):
                     counts.append(kernels_a_call(fn, *inputs))
                     graph, out = capture(fn, inputs, pool)
                     times.append(news5.device_ms("cuda", graph.replay, reps=args.reps))

@@ -206,3 +206,24 @@ def test_prewarm_with_step_batching_takes_each_voices_start_graphs(monkeypatch, 
         lines = batcher.start_many([Joining(conds, noise, synth.resolve_options(), tag=i) for i in range(3)])
     assert len(lines) == 3 and batcher.starts.replays == 1
     assert lines[0].held.segments[0] == ("text", 0, 128)
+
+
+@pytest.mark.parametrize("kind, max_batch, rows", [("v4.1-mf", 4, [1, 2]), ("v3", 1, [1]), ("v2", 4, [])])
+def test_prewarm_runs_the_duration_predictor_for_a_line_and_for_lines_met(monkeypatch, kind, max_batch, rows):
+    """Prewarm's dummy line asks its seconds, so the predictor runs apart from it: for one line and,
+    where lines meet (`max_batch` > 1), two, through the encoders' path a real line takes (on a GPU
+    the fused predictor's kernels compile here, not at the first line of a `serve` client); v2 has
+    no predictor."""
+    from irodori_speaker.engine.duration import DurationPredictor
+
+    seen: list[int] = []
+    forward = DurationPredictor.forward
+
+    def counted(self, text_state, *args, **kwargs):
+        seen.append(text_state.shape[0])
+        return forward(self, text_state, *args, **kwargs)
+
+    monkeypatch.setattr(DurationPredictor, "forward", counted)
+    synth = load_synthesizer(tiny_random=kind, backend="cpu", max_batch=max_batch, voice_cache_dir=False)
+    synth.prewarm()
+    assert seen == rows

@@ -73,7 +73,7 @@ def test_the_fused_predictor_gives_the_reference_log_frames(dit_fixtures, kind):
     assert (fast.caption_modulation is not None) == (kind != "v3_base")
     calls = _watched(fast)
     with torch.inference_mode():
-        got = model.predict_log_frames(conds, has_speaker, has_caption, predictor=fast)
+        got = model.predict_log_frames(conds, has_speaker, has_caption, body=fast)
         eager = model.predict_log_frames(conds, has_speaker, has_caption)
     assert calls and fast.on  # the kernels ran, no fall-back
     torch.testing.assert_close(got, golden, **GOLDEN)

@@ -4,6 +4,7 @@ and the tail trim (docs/engine-api.md, "Duration")."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -127,26 +128,11 @@ class DurationPredictor(nn.Module):
         has_speaker: Tensor,
         caption_pooled: Tensor | None = None,
         has_caption: Tensor | None = None,
+        body: Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor] | None = None,
     ) -> Tensor:
-        text_state, text_mask, spk, cap = self.inputs(
-            text_state, text_mask, speaker_summary, has_speaker, caption_pooled, has_caption
-        )
-        h = self.token_input_proj(text_state)
-        for block in self.token_blocks:
-            h = block(h, spk, cap)
-        return self.log_total(self.token_out_norm(h), text_mask)
-
-    def inputs(
-        self,
-        text_state: Tensor,
-        text_mask: Tensor,
-        speaker_summary: Tensor | None,
-        has_speaker: Tensor,
-        caption_pooled: Tensor | None = None,
-        has_caption: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """(text state, mask, speaker, caption) as the blocks take them: a row with no valid token
-        zeroed with its token 0 marked valid; the null speaker (caption) where a row has none."""
+        """The rows prepared (a row with no valid token zeroed, its token 0 marked valid; the null
+        speaker or caption where a row has none), then `body` (default `self.body`; the fast
+        path's fused one, engine/fast_duration.py)."""
         B = text_state.shape[0]
         empty = ~text_mask.any(dim=1)
         # the same ops, a no-op on rows that have tokens, where the mask may not be read
@@ -167,7 +153,14 @@ class DurationPredictor(nn.Module):
                 cap = null_cap
             else:
                 cap = torch.where(has_caption[:, None], caption_pooled, null_cap)
-        return text_state, text_mask, spk, cap
+        return (body or self.body)(text_state, text_mask, spk, cap)
+
+    def body(self, text_state: Tensor, text_mask: Tensor, spk: Tensor, cap: Tensor | None) -> Tensor:
+        """log1p(frames) of prepared rows: the blocks, the output norm, the frames' sum."""
+        h = self.token_input_proj(text_state)
+        for block in self.token_blocks:
+            h = block(h, spk, cap)
+        return self.log_total(self.token_out_norm(h), text_mask)
 
     def log_total(self, normed: Tensor, text_mask: Tensor) -> Tensor:
         """log1p of the valid tokens' frames summed, from the blocks' output after `token_out_norm`."""

@@ -284,7 +284,7 @@ class FastSampler:
         """`model.predict_log_frames`, through the fused predictor where there is one (eager: a
         line's length is asked once, at its encoders)."""
         with torch.inference_mode():
-            return self.fast.model.predict_log_frames(conds, has_speaker, predictor=self.fast.duration)
+            return self.fast.model.predict_log_frames(conds, has_speaker, body=self.fast.duration)
 
     def encode_text(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """`model.encode_text` as (states, mask); with graphs, replayed from one graph per

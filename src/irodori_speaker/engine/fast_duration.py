@@ -12,14 +12,15 @@ block, and a block is four launches: w1 and w3 as one GEMM, `fused.swiglu`, w2, 
 output norm); ~20 a call.
 
 The weights are the model's, its linear layers run as themselves (int4 or not; fused side by
-side as the DiT's are, `engine.fusing`), and the rows' inputs and the frames' sum are the
-predictor's own (`DurationPredictor.inputs`, `.log_total`). The kernels round once where eager
+side as the DiT's are, `engine.fusing`), and the rows' preparation and the frames' sum are the
+predictor's own: this stands in for its blocks (`DurationPredictor.forward(..., body=)`,
+`.log_total`). The kernels round once where eager
 rounds after each op: the log frames differ by rounding only (tests/engine/test_fused_duration.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -34,13 +35,13 @@ __all__ = ["FastDurationPredictor", "fast_duration_predictor"]
 
 
 class FastDurationPredictor(FusedForward):
-    """`DurationPredictor.forward` with its blocks' elementwise work fused; its layers fused here
-    (modifying them, as the DiT's are)."""
+    """`DurationPredictor.body` with its blocks' elementwise work fused (called as the predictor's
+    `body`); its layers fused here (modifying them, as the DiT's are)."""
 
     what = "the duration predictor's fused kernels"
 
     def __init__(self, predictor: DurationPredictor) -> None:
-        super().__init__(predictor)
+        super().__init__(predictor, predictor.body)
         blocks = [cast(DurationBlock, b) for b in predictor.token_blocks]
         self.width = int(predictor.token_out_norm.weight.shape[0])
         self.hidden = int(cast(nn.Linear, blocks[0].mlp.w1).out_features)  # before fusing
@@ -54,9 +55,8 @@ class FastDurationPredictor(FusedForward):
         self.mlps = [(fuse_into([(b.mlp, "w1"), (b.mlp, "w3")]), b.mlp.w2) for b in blocks]
         self.norms = torch.stack([b.norm.weight.detach().float() for b in blocks])  # (L, D)
 
-    def _fused(self, *args: Any) -> Tensor:
+    def _fused(self, state: Tensor, mask: Tensor, spk: Tensor, cap: Tensor | None) -> Tensor:
         p = cast(DurationPredictor, self.module)
-        state, mask, spk, cap = p.inputs(*args)
         B, L, D = state.shape[0], len(self.mlps), self.width
         mod = self.modulation(F.silu(spk))
         if self.caption_modulation is not None and cap is not None:
@@ -76,7 +76,7 @@ class FastDurationPredictor(FusedForward):
 
 
 def fast_duration_predictor(model: nn.Module) -> FastDurationPredictor | None:
-    """The fused forward of a model's duration predictor, passed to `model.predict_log_frames`; None
+    """The fused blocks of a model's duration predictor, passed to `model.predict_log_frames`; None
     for a model without one (v2) or whose layers do not fuse (an int4 file's RTN-packed layers)."""
     predictor = getattr(model, "duration_predictor", None)
     if not isinstance(predictor, DurationPredictor) or not len(predictor.token_blocks):

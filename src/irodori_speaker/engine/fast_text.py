@@ -61,23 +61,25 @@ _GELU = {"none": "gelu", "tanh": "gelu_tanh"}  # BackboneConfig.gelu_approximate
 
 
 class FusedForward:
-    """A module's forward with fused kernels (`_fused`, same arguments); the module's own eager
-    forward (`module`) once a kernel fails, or while `on` is False (a benchmark's side-by-side
-    run). The text towers here, the duration predictor (engine/fast_duration.py)."""
+    """A forward with fused kernels (`_fused`, same arguments); the eager one (`eager`: the
+    module's own forward by default) once a kernel fails, or while `on` is False (a benchmark's
+    side-by-side run). The text towers here, the duration predictor's blocks
+    (engine/fast_duration.py)."""
 
     what = "fused kernels"
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, eager: Callable[..., Tensor] | None = None) -> None:
         self.module = module
+        self.eager: Callable[..., Tensor] = eager or module
         self.on = True
         self._tables: dict[tuple[int, torch.device], Any] = {}
 
     def __call__(self, *args: Any) -> Tensor:
         if not self.on:
-            return cast(Tensor, self.module(*args))
+            return self.eager(*args)
         return run_or_fall_back(
             lambda: self._fused(*args),
-            lambda: self.module(*args),
+            lambda: self.eager(*args),
             what=self.what,
             switch_off=lambda: setattr(self, "on", False),
         )

@@ -487,10 +487,10 @@ class TextToLatentRFDiT(nn.Module):
         conds: Conditions,
         has_speaker: Tensor | None = None,
         has_caption: Tensor | None = None,
-        predictor: Callable[..., Tensor] | None = None,
+        body: Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor] | None = None,
     ) -> Tensor:
-        """log1p(total frames) from the duration predictor (v3, v4, v4.1, v4.1-MF); `predictor`
-        stands in for its forward (the fast path's fused one, engine/fast_duration.py)."""
+        """log1p(total frames) from the duration predictor (v3, v4, v4.1, v4.1-MF); `body` stands in
+        for its blocks (`DurationPredictor.body`; the fast path's fused one, engine/fast_duration.py)."""
         if not self.cfg.use_duration_predictor:
             raise AttributeError("this model has no duration predictor (v2); estimate seconds from the text")
         B = conds.batch_size
@@ -509,8 +509,8 @@ class TextToLatentRFDiT(nn.Module):
             pooled = (conds.caption_state * m).sum(1) / m.sum(1).clamp(min=1.0)
             if has_caption is None:
                 has_caption = caption_mask.any(dim=1)
-        return (predictor or self.duration_predictor)(
-            conds.text_state, conds.text_mask, summary, has_speaker, pooled, has_caption
+        return self.duration_predictor(
+            conds.text_state, conds.text_mask, summary, has_speaker, pooled, has_caption, body
         )
 
 

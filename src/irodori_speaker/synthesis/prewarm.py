@@ -1,6 +1,7 @@
 """Prewarm: first-call costs paid before the first real line (`Synthesizer.prewarm`).
 
-One short dummy synthesis (allocator, kernel selection, autotune); with CUDA graphs every graph
+One short dummy synthesis (allocator, kernel selection, autotune) and the duration predictor's
+first calls (its fused kernels compiled); with CUDA graphs every graph
 a real line would otherwise capture mid-stream (a capture stalls every waiting line):
 - the single-line sampling graphs of every frame bucket up to `preset.prewarm_seconds`, for the
   two shortest text buckets, in the prewarm voice and each of `batch_voices` of another
@@ -55,6 +56,7 @@ def prewarm_synthesizer(synth: Synthesizer, voice: Any = None, batch_voices: Seq
     english_backends()  # and the English reader (e2k), so the first English word pays nothing
     with tuning_allowed():  # kernel choosers measure here, not mid-stream (engine/kernels/tuning.py)
         synth.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
+        predictor_calls(synth, voice)
         steps = starts = batch_shapes = 0
         if fast is not None and fast.use_graphs:
             batch_shapes = line_graphs(synth, voice, fast, batch_voices)
@@ -73,6 +75,20 @@ def prewarm_synthesizer(synth: Synthesizer, voice: Any = None, batch_voices: Seq
         "voice": repr(voice),
     }
     return seconds
+
+
+def predictor_calls(synth: Synthesizer, voice: Any) -> None:
+    """The duration predictor for one line and, with `max_batch` > 1, two lines met: the dummy
+    line above asks its seconds, so without this the first line that asks none (every `serve`
+    client's) would compile the fused predictor's kernels (engine/fast_duration.py)."""
+    if not synth.config.use_duration_predictor:
+        return
+    fast = synth.fast_sampler
+    tokens = fast.context_bucket if fast is not None else 32  # a line's text is padded to a bucket
+    with hold_model_lock(), torch.inference_mode():
+        conds = _conditions(synth, tokens, synth.voices.states(voice))
+        for rows in (1, 2) if synth.preset.max_batch > 1 else (1,):
+            synth._encoders.predict([conds] * rows, [True] * rows)
 
 
 def codec_graphs(synth: Synthesizer) -> int:
