@@ -5,9 +5,9 @@ A text-encoder call is on the path to every line's first audio, and at 16 stream
 nearly as dear for one line as for eight (2.67 against 3.03 ms on an H100, RESULTS.md
 "Twenty-second session"). Per tower (`--towers`: "v4", ModernBERT-ja-310m's shape, v4 / v4.1-MF's
 backbone; "v2", the v2 500M model's scratch text encoder; "dur", v4.1-MF's duration predictor
-over the text states, with a speaker and a caption) and rows x tokens (`--shapes`): the forward as
-the model runs it (`ModernBert.forward`, `TextEncoder.forward`, `DurationPredictor.forward`) and
-with its elementwise work fused (`fast_text.FastModernBert`, `fast_text.FastTextEncoder`,
+over the text states, with a speaker and a caption; "large", v4-Large's T5Gemma 2 text tower) and
+rows x tokens (`--shapes`): the forward as the model runs it and with its elementwise work fused
+(`fast_text.FastModernBert`, `.FastTextEncoder`, `.FastT5Gemma`,
 `fast_duration.FastDurationPredictor`), each captured in a CUDA graph and replayed (the text
 towers' path in the product; the predictor runs eagerly there, so its kernel count is the host's
 launches), device ms (CUDA events, medians, side by side in one run); the kernels one call
@@ -35,13 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import news5  # device_ms: the benchmarks' one timer
 
-from irodori_speaker.engine.backbone_config import BackboneConfig, parse_backbone_config
+from irodori_speaker.engine.backbone_config import BackboneConfig, T5Gemma2Config, parse_backbone_config
 from irodori_speaker.engine.config import ModelConfig
 from irodori_speaker.engine.cuda_graphs import capture
 from irodori_speaker.engine.duration import DurationPredictor
 from irodori_speaker.engine.encoders import TextEncoder
 from irodori_speaker.engine.fast_duration import FastDurationPredictor
-from irodori_speaker.engine.fast_text import FastModernBert, FastTextEncoder
+from irodori_speaker.engine.fast_text import FastModernBert, FastT5Gemma, FastTextEncoder
+from irodori_speaker.engine.t5gemma import T5Gemma2TextEncoder
 from irodori_speaker.engine.text_backbone import ModernBert
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -66,7 +67,7 @@ def released_text_encoder(dtype: torch.dtype) -> TextEncoder:
     return encoder.to("cuda", dtype).eval()
 
 
-Fused = FastModernBert | FastTextEncoder | FastDurationPredictor
+Fused = FastModernBert | FastT5Gemma | FastTextEncoder | FastDurationPredictor
 Inputs = Callable[[int, int], list[torch.Tensor]]  # (rows, tokens) -> the forward's arguments
 
 
@@ -98,6 +99,15 @@ def tower(name: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Fused, str, I
         heads = c.num_attention_heads
         what = f"v4 backbone: {c.num_hidden_layers} layers, hidden {c.hidden_size}, {heads} heads"
         return bb, FastModernBert(bb), what, _tokens(c.vocab_size)
+    if name == "large":
+        cfg = news5._full_config("v4-large").text_backbone
+        assert isinstance(cfg, T5Gemma2Config)
+        torch.manual_seed(0)
+        with torch.device("cuda"):  # the 262,144-token table made on the GPU
+            t5 = T5Gemma2TextEncoder(cfg).to(dtype).eval()
+        heads = f"{cfg.num_attention_heads} heads, {cfg.num_key_value_heads} K/V"
+        what = f"v4-Large T5Gemma 2 tower: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {heads}"
+        return t5, FastT5Gemma(t5), what, _tokens(cfg.vocab_size)
     if name == "dur":
         pred, cfg = released_predictor(dtype)
 
@@ -136,7 +146,9 @@ def kernels_a_call(fn, *args) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
-        "--towers", default="v4,v2,dur", help="v4 (ModernBERT), v2 (the scratch encoder), dur (the predictor)"
+        "--towers",
+        default="v4,v2,dur",
+        help="v4 (ModernBERT), v2 (the scratch encoder), dur (the predictor), large (v4-Large's T5Gemma 2)",
     )
     ap.add_argument("--shapes", default="1x64,2x64,4x64,8x64,16x64,1x128,8x128")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))

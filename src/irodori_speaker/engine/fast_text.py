@@ -23,10 +23,19 @@ it after every block too, but a padded position reaches no valid one (the keys a
 rest is per position), so the valid states are the same. A line with no valid token attends to
 its own padding (eager: `encoders.attend_safe`), finite, and comes out zero as eager.
 
+**v4-Large (T5Gemma 2's text tower).** A Gemma 3 layer: four `1 + w` RMS norms around a
+sandwich-normed attention and GeGLU, grouped K/V with per-head q / k norms, rotate-half RoPE
+per layer type: ~70 eager launches a layer (26 at the release: ~1,800 a call; counted from the
+code). Here a layer is about a dozen: q | k | v as one GEMM, the heads' norms, RoPE and layout
+in one (`fused.rope_qkv` with grouped K/V and head norms), the attention (grouped K/V read as
+they are), o, the output's norm then the residual add with the next norm (`add_rms_modulate`
+twice, rounding where eager does), gate | up as one GEMM, `fused.glu` (tanh GELU), down, and the
+same two norms. The norms' multipliers (1 + w) are made once; the masks made additive once a
+call.
+
 The weights and embeddings are the model's, and its linear layers run as themselves (int4 or not).
 Each kernel rounds once at its store, so the states differ from the eager forward's by rounding
-only (tests/engine/test_fused_text.py holds them to the reference's golden states). T5Gemma 2
-(v4-Large) runs its own forward.
+only (tests/engine/test_fused_text.py holds them to the reference's golden states).
 """
 
 from __future__ import annotations
@@ -49,11 +58,13 @@ from .fused import (
     run_or_fall_back,
     swiglu,
 )
-from .fusing import block_fusable, fuse_block
+from .fusing import block_fusable, fusable, fuse_block, fuse_into
 from .layers import rope_tables
+from .t5gemma import Layer as GemmaLayer
+from .t5gemma import T5Gemma2TextEncoder
 from .text_backbone import Layer, LayerNorm, ModernBert
 
-__all__ = ["FastModernBert", "FastTextEncoder", "FusedForward", "fast_text_backbone"]
+__all__ = ["FastModernBert", "FastT5Gemma", "FastTextEncoder", "FusedForward", "fast_text_backbone"]
 
 T = TypeVar("T")
 
@@ -164,6 +175,68 @@ class FastTextEncoder(FusedForward):
         return (x + y) * mask[..., None].to(x.dtype) if y is not None else x
 
 
+class FastT5Gemma(FusedForward):
+    """`T5Gemma2TextEncoder.forward` (v4-Large) with its elementwise work fused; its layers'
+    projections fused here (q | k | v and gate | up, modifying its layers, as the DiT's are)."""
+
+    what = "the T5Gemma 2 text tower's fused kernels"
+
+    def __init__(self, encoder: T5Gemma2TextEncoder) -> None:
+        super().__init__(encoder)
+        layers = [cast(GemmaLayer, m) for m in encoder.layers]
+        self.layers = [(m, *_fuse_gemma(m)) for m in layers]
+        # every norm's multiplier (1 + w) in float32, made once: [pre-attn, post-attn, pre-ffn,
+        # post-ffn, q, k] a layer, and the final norm's
+        self.scales = [
+            [_one_plus(n) for n in (m.pre_self_attn_layernorm, m.post_self_attn_layernorm,
+                                    m.pre_feedforward_layernorm, m.post_feedforward_layernorm,
+                                    m.self_attn.q_norm, m.self_attn.k_norm)]
+            for m in layers
+        ]  # fmt: skip
+        self.final = _one_plus(encoder.norm)
+
+    def _fused(self, ids: Tensor, mask: Tensor) -> Tensor:
+        enc = cast(T5Gemma2TextEncoder, self.module)
+        cfg = enc.cfg
+        B, L = ids.shape
+        eps, heads, kv_heads = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.num_key_value_heads
+        ropes = self._kept(L, ids.device, lambda: enc.rope_tables(L, ids.device))
+        x = enc.embed_tokens(ids)
+        masks = {kind: additive_mask(m, x.dtype) for kind, m in enc.attention_masks(mask).items()}
+        _, h = add_rms_modulate(x, None, None, self.scales[0][0], None, eps)
+        for i, (layer, qkv, gate_up) in enumerate(self.layers):
+            _, post_attn, pre_ffn, post_ffn, qn, kn = self.scales[i]
+            kind = str(layer.layer_type)
+            q, k, v = rope_qkv(qkv(h), *ropes[kind], heads, kv_heads, (qn, kn), eps)
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=masks[kind], scale=cfg.attention_scale, enable_gqa=kv_heads != heads
+            )
+            o = layer.self_attn.o_proj(o.transpose(1, 2).reshape(B, L, heads * cfg.head_dim))
+            # the sandwich: the output normed, added, then the next sublayer's input normed
+            x, h = add_rms_modulate(x, _rms(o, post_attn, eps), None, pre_ffn, None, eps)
+            y = layer.mlp.down_proj(glu(gate_up(h), cfg.intermediate_size, _GELU[cfg.gelu_approximate]))
+            nxt = self.scales[i + 1][0] if i + 1 < len(self.layers) else self.final
+            x, h = add_rms_modulate(x, _rms(y, post_ffn, eps), None, nxt, None, eps)
+        return h * mask[..., None].to(h.dtype)
+
+
+def _one_plus(norm: nn.Module) -> Tensor:
+    return 1.0 + cast(Tensor, norm.weight).detach().float()
+
+
+def _rms(y: Tensor, scale: Tensor, eps: float) -> Tensor:
+    """rms_norm(y) * scale (one launch)."""
+    return add_rms_modulate(y, None, None, scale, None, eps)[1]
+
+
+def _fuse_gemma(layer: GemmaLayer) -> tuple[nn.Module, nn.Module]:
+    """A T5Gemma 2 layer's q | k | v and gate | up projections, each fused into one (`fuse_into`)."""
+    a, mlp = layer.self_attn, layer.mlp
+    return fuse_into([(a, "q_proj"), (a, "k_proj"), (a, "v_proj")]), fuse_into(
+        [(mlp, "gate_proj"), (mlp, "up_proj")]
+    )
+
+
 def _add_norm(
     x: Tensor, y: Tensor | None, norm: nn.Module, row_mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -171,15 +244,20 @@ def _add_norm(
     return add_layer_norm(x, y, norm.weight, norm.bias, norm.eps, row_mask)
 
 
-def fast_text_backbone(model: nn.Module) -> FastModernBert | FastTextEncoder | None:
-    """The fused forward of a model's text tower: v4's ModernBERT backbone (passed to
-    `model.encode_text` as its `backbone`), or a scratch text encoder whose heads' width is a
-    power of two (the kernels' tiles) and projections that fuse; None for others (v4-Large's
-    T5Gemma 2, an int4 file's RTN-packed encoder)."""
+def fast_text_backbone(model: nn.Module) -> FastModernBert | FastT5Gemma | FastTextEncoder | None:
+    """The fused forward of a model's text tower: v4's ModernBERT or v4-Large's T5Gemma 2 backbone
+    (passed to `model.encode_text` as its `backbone`), or a scratch text encoder whose heads'
+    width is a power of two (the kernels' tiles) and projections that fuse; None for others (an
+    int4 file's RTN-packed encoder)."""
     holder = getattr(model, "pretrained_text_backbone", None)
     backbone = getattr(holder, "backbone", None)
     if isinstance(backbone, ModernBert):
         return FastModernBert(backbone)
+    if isinstance(backbone, T5Gemma2TextEncoder):
+        layers = [cast(GemmaLayer, m) for m in backbone.layers]
+        groups = [[m.self_attn.q_proj, m.self_attn.k_proj, m.self_attn.v_proj] for m in layers]
+        groups += [[m.mlp.gate_proj, m.mlp.up_proj] for m in layers]
+        return FastT5Gemma(backbone) if all(fusable(g) for g in groups) else None
     encoder = getattr(model, "text_encoder", None)
     if isinstance(encoder, TextEncoder) and not isinstance(encoder, ReferenceLatentEncoder):
         attention = cast(TextBlock, encoder.blocks[0]).attention if len(encoder.blocks) else None

@@ -247,29 +247,42 @@ if HAS_TRITON:
 
     @triton.jit
     def _rope_qkv_kernel(
-        p_ptr, cos_ptr, sin_ptr, out_ptr, L, HEADS, HALF, part_stride,
-        BH: tl.constexpr, BJ: tl.constexpr, INTERP_BF16: tl.constexpr,
+        p_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_ptr, kv_ptr, L, HQ, HK, HALF, kv_stride, eps,
+        BH: tl.constexpr, BJ: tl.constexpr, HAS_NORM: tl.constexpr, INTERP_BF16: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0).to(tl.int64)  # one token: (b, position)
         b = pid // L
         pos = pid % L
         Dh = 2 * HALF
-        D = HEADS * Dh
+        row = p_ptr + pid * (HQ + 2 * HK) * Dh  # the token's q | k | v
         offs_h = tl.arange(0, BH)[:, None]
         offs_j = tl.arange(0, BJ)[None, :]
-        m = (offs_h < HEADS) & (offs_j < HALF)
-        c = tl.load(cos_ptr + pos * Dh + offs_j, mask=offs_j < HALF, other=0.0)  # each half's angles
-        s = tl.load(sin_ptr + pos * Dh + offs_j, mask=offs_j < HALF, other=0.0)
-        dst = out_ptr + ((b * HEADS + offs_h) * L + pos) * Dh + offs_j  # (B, heads, L, Dh) of its part
-        for part in tl.static_range(3):  # q, k rotated; v laid out only
-            src = p_ptr + pid * 3 * D + part * D + offs_h * Dh + offs_j
+        jm = offs_j < HALF
+        c = tl.load(cos_ptr + pos * Dh + offs_j, mask=jm, other=0.0)  # each half's angles
+        s = tl.load(sin_ptr + pos * Dh + offs_j, mask=jm, other=0.0)
+        dt = q_ptr.dtype.element_ty
+        for part in tl.static_range(3):  # q, k normed (HAS_NORM) and rotated; v laid out only
+            if part == 0:
+                m = (offs_h < HQ) & jm
+                src = row + offs_h * Dh + offs_j
+                dst = q_ptr + ((b * HQ + offs_h) * L + pos) * Dh + offs_j  # (B, HQ, L, Dh)
+            else:
+                m = (offs_h < HK) & jm
+                src = row + (HQ + (part - 1) * HK + offs_h) * Dh + offs_j
+                dst = kv_ptr + (part - 1) * kv_stride + ((b * HK + offs_h) * L + pos) * Dh + offs_j
             x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
             x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
             if part < 2:
+                if HAS_NORM:  # per-head RMS norm times its multiplier (Dh,)
+                    n_ptr = qn_ptr
+                    if part == 1:
+                        n_ptr = kn_ptr
+                    r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / Dh + eps)
+                    x1 = x1 * r[:, None] * tl.load(n_ptr + offs_j, mask=jm, other=0.0).to(tl.float32)
+                    x2 = x2 * r[:, None] * tl.load(n_ptr + HALF + offs_j, mask=jm, other=0.0).to(tl.float32)
                 x1, x2 = x1 * c - x2 * s, x2 * c + x1 * s
-            dt = out_ptr.dtype.element_ty
-            tl.store(dst + part * part_stride, round_to(x1, dt, INTERP_BF16), mask=m)
-            tl.store(dst + part * part_stride + HALF, round_to(x2, dt, INTERP_BF16), mask=m)
+            tl.store(dst, round_to(x1, dt, INTERP_BF16), mask=m)
+            tl.store(dst + HALF, round_to(x2, dt, INTERP_BF16), mask=m)
 
 
 # ----------------------------------------------------------------------------------------- wrappers
@@ -410,18 +423,30 @@ def add_layer_norm(
     return xo, h
 
 
-def rope_qkv(p: Tensor, cos: Tensor, sin: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
-    """A fused Q/K/V projection p (B, L, 3 x heads x Dh) as q, k, v (B, heads, L, Dh), q and k
-    rotated by rotate-half RoPE (`layers.apply_rotate_half`; cos / sin (L, Dh), each half
-    repeated), in float32 with one rounding: ModernBERT's attention inputs in one pass."""
-    B, L, D3 = p.shape
-    Dh = D3 // 3 // heads
+def rope_qkv(
+    p: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    heads: int,
+    kv_heads: int | None = None,
+    head_norms: tuple[Tensor, Tensor] | None = None,
+    eps: float = 1e-6,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A fused Q/K/V projection p (B, L, (heads + 2 kv_heads) x Dh) as q (B, heads, L, Dh) and
+    k, v (B, kv_heads, L, Dh; `kv_heads` default `heads`), q and k rotated by rotate-half RoPE
+    (`layers.apply_rotate_half`; cos / sin (L, Dh), each half repeated), after a per-head RMS norm
+    times `head_norms` (q's, k's; (Dh,) each) if given; in float32 with one rounding: the
+    attention inputs of ModernBERT and (with grouped K/V and the q / k norms) T5Gemma 2 in one pass."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    B, L, W = p.shape
+    Dh = W // (heads + 2 * kv_heads)
     p = p.contiguous()
-    out = torch.empty(3, B, heads, L, Dh, dtype=p.dtype, device=p.device)
+    q = torch.empty(B, heads, L, Dh, dtype=p.dtype, device=p.device)
+    kv = torch.empty(2, B, kv_heads, L, Dh, dtype=p.dtype, device=p.device)
+    qn, kn = (t.contiguous() for t in head_norms) if head_norms is not None else (cos, cos)
     _rope_qkv_kernel[(B * L,)](
-        p, cos.contiguous(), sin.contiguous(), out, L, heads, Dh // 2, out[0].numel(),
-        BH=triton.next_power_of_2(heads), BJ=triton.next_power_of_2(Dh // 2), INTERP_BF16=interp_bf16(p),
-        num_warps=2,
+        p, cos.contiguous(), sin.contiguous(), qn, kn, q, kv, L, heads, kv_heads, Dh // 2, kv[0].numel(), eps,
+        BH=triton.next_power_of_2(max(heads, kv_heads)), BJ=triton.next_power_of_2(Dh // 2),
+        HAS_NORM=head_norms is not None, INTERP_BF16=interp_bf16(p), num_warps=2,
     )  # fmt: skip
-    q, k, v = out.unbind(0)
-    return q, k, v
+    return q, kv[0], kv[1]

@@ -132,15 +132,22 @@ class T5Gemma2TextEncoder(nn.Module):
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
-        cfg = self.cfg
         x = self.embed_tokens(ids)
-        full, sliding = window_masks(mask, *cfg.window)
-        masks = {"full_attention": full, "sliding_attention": sliding}
-        ropes = {}
-        for kind in set(cfg.layer_types):
-            theta, factor = cfg.rope(kind)
-            ropes[kind] = rotate_half_tables(ids.shape[1], cfg.head_dim, theta, x.device, factor)
+        masks, ropes = self.attention_masks(mask), self.rope_tables(ids.shape[1], x.device)
         for layer in self.layers:
             kind = str(layer.layer_type)
             x = layer(x, masks[kind], ropes[kind])
         return self.norm(x) * mask[..., None].to(x.dtype)
+
+    def attention_masks(self, mask: Tensor) -> dict[str, Tensor]:
+        """Per layer type, its boolean attention mask (B, 1, L, L) from the token mask (B, L)."""
+        full, sliding = window_masks(mask, *self.cfg.window)
+        return {"full_attention": full, "sliding_attention": sliding}
+
+    def rope_tables(self, length: int, device: torch.device) -> dict[str, tuple[Tensor, Tensor]]:
+        """Per layer type, its RoPE cos / sin tables (length, head_dim)."""
+        cfg, tables = self.cfg, {}
+        for kind in set(cfg.layer_types):
+            theta, factor = cfg.rope(kind)
+            tables[kind] = rotate_half_tables(length, cfg.head_dim, theta, device, factor)
+        return tables
