@@ -14,8 +14,8 @@ output norm); ~20 a call.
 The weights are the model's, its linear layers run as themselves (int4 or not; fused side by
 side as the DiT's are, `engine.fusing`), and the rows' preparation and the frames' sum are the
 predictor's own: this stands in for its blocks (`DurationPredictor.forward(..., body=)`,
-`.log_total`). The kernels round once where eager
-rounds after each op: the log frames differ by rounding only (tests/engine/test_fused_duration.py).
+`.log_total`). The kernels round once where eager rounds after each op: the log frames differ by
+rounding only (tests/engine/test_fused_duration.py).
 """
 
 from __future__ import annotations
