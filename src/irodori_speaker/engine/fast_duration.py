@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from .duration import DurationBlock, DurationPredictor
 from .fast_text import FusedForward
 from .fused import add_rms_modulate, swiglu
-from .fusing import fusable, fuse_into
+from .fusing import Named, fusable_into, fuse_into
 
 __all__ = ["FastDurationPredictor", "fast_duration_predictor"]
 
@@ -46,13 +46,10 @@ class FastDurationPredictor(FusedForward):
         self.width = int(predictor.token_out_norm.weight.shape[0])
         self.hidden = int(cast(nn.Linear, blocks[0].mlp.w1).out_features)  # before fusing
         self.eps = [b.norm.eps for b in blocks] + [predictor.token_out_norm.eps]
-        self.modulation = fuse_into([(b, "modulation") for b in blocks])
-        self.caption_modulation = (
-            fuse_into([(b, "caption_modulation") for b in blocks])
-            if hasattr(blocks[0], "caption_modulation")
-            else None
-        )
-        self.mlps = [(fuse_into([(b.mlp, "w1"), (b.mlp, "w3")]), b.mlp.w2) for b in blocks]
+        speaker, caption, mlps = _groups(blocks)
+        self.modulation = fuse_into(speaker)
+        self.caption_modulation = fuse_into(caption) if caption else None
+        self.mlps = [(fuse_into(w13), b.mlp.w2) for b, w13 in zip(blocks, mlps)]
         self.norms = torch.stack([b.norm.weight.detach().float() for b in blocks])  # (L, D)
 
     def _fused(self, state: Tensor, mask: Tensor, spk: Tensor, cap: Tensor | None) -> Tensor:
@@ -75,15 +72,19 @@ class FastDurationPredictor(FusedForward):
         return p.log_total(h, mask)
 
 
+def _groups(blocks: list[DurationBlock]) -> tuple[Named, Named, list[Named]]:
+    """The predictor's fused groups: every block's speaker modulation, every block's caption
+    modulation (none without a caption), and each block's w1 | w3."""
+    caption: Named = [(b, "caption_modulation") for b in blocks if hasattr(b, "caption_modulation")]
+    return [(b, "modulation") for b in blocks], caption, [[(b.mlp, "w1"), (b.mlp, "w3")] for b in blocks]
+
+
 def fast_duration_predictor(model: nn.Module) -> FastDurationPredictor | None:
     """The fused blocks of a model's duration predictor, passed to `model.predict_log_frames`; None
     for a model without one (v2) or whose layers do not fuse (an int4 file's RTN-packed layers)."""
     predictor = getattr(model, "duration_predictor", None)
     if not isinstance(predictor, DurationPredictor) or not len(predictor.token_blocks):
         return None
-    blocks = [cast(DurationBlock, b) for b in predictor.token_blocks]
-    groups: list[list[nn.Module]] = [[b.modulation for b in blocks]]
-    groups += [[b.mlp.w1, b.mlp.w3] for b in blocks]
-    if hasattr(blocks[0], "caption_modulation"):
-        groups.append([cast(nn.Module, b.caption_modulation) for b in blocks])
-    return FastDurationPredictor(predictor) if all(fusable(g) for g in groups) else None
+    speaker, caption, mlps = _groups([cast(DurationBlock, b) for b in predictor.token_blocks])
+    fuses = fusable_into(speaker, *([caption] if caption else []), *mlps)
+    return FastDurationPredictor(predictor) if fuses else None

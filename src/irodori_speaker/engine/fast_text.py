@@ -58,7 +58,7 @@ from .fused import (
     run_or_fall_back,
     swiglu,
 )
-from .fusing import block_fusable, fusable, fuse_block, fuse_into
+from .fusing import Named, block_fusable, fusable_into, fuse_block, fuse_into
 from .layers import rope_tables
 from .t5gemma import Layer as GemmaLayer
 from .t5gemma import T5Gemma2TextEncoder
@@ -184,7 +184,10 @@ class FastT5Gemma(FusedForward):
     def __init__(self, encoder: T5Gemma2TextEncoder) -> None:
         super().__init__(encoder)
         layers = [cast(GemmaLayer, m) for m in encoder.layers]
-        self.layers = [(m, *_fuse_gemma(m)) for m in layers]
+        self.layers: list[tuple[GemmaLayer, nn.Module, nn.Module]] = []
+        for m in layers:
+            qkv, gate_up = _gemma_groups(m)
+            self.layers.append((m, fuse_into(qkv), fuse_into(gate_up)))
         # every norm's multiplier (1 + w) in float32, made once: [pre-attn, post-attn, pre-ffn,
         # post-ffn, q, k] a layer, and the final norm's
         self.scales = [
@@ -229,12 +232,10 @@ def _rms(y: Tensor, scale: Tensor, eps: float) -> Tensor:
     return add_rms_modulate(y, None, None, scale, None, eps)[1]
 
 
-def _fuse_gemma(layer: GemmaLayer) -> tuple[nn.Module, nn.Module]:
-    """A T5Gemma 2 layer's q | k | v and gate | up projections, each fused into one (`fuse_into`)."""
+def _gemma_groups(layer: GemmaLayer) -> tuple[Named, Named]:
+    """A T5Gemma 2 layer's fused groups: q | k | v and gate | up."""
     a, mlp = layer.self_attn, layer.mlp
-    return fuse_into([(a, "q_proj"), (a, "k_proj"), (a, "v_proj")]), fuse_into(
-        [(mlp, "gate_proj"), (mlp, "up_proj")]
-    )
+    return [(a, "q_proj"), (a, "k_proj"), (a, "v_proj")], [(mlp, "gate_proj"), (mlp, "up_proj")]
 
 
 def _add_norm(
@@ -254,10 +255,8 @@ def fast_text_backbone(model: nn.Module) -> FastModernBert | FastT5Gemma | FastT
     if isinstance(backbone, ModernBert):
         return FastModernBert(backbone)
     if isinstance(backbone, T5Gemma2TextEncoder):
-        layers = [cast(GemmaLayer, m) for m in backbone.layers]
-        groups = [[m.self_attn.q_proj, m.self_attn.k_proj, m.self_attn.v_proj] for m in layers]
-        groups += [[m.mlp.gate_proj, m.mlp.up_proj] for m in layers]
-        return FastT5Gemma(backbone) if all(fusable(g) for g in groups) else None
+        fuses = all(fusable_into(*_gemma_groups(cast(GemmaLayer, m))) for m in backbone.layers)
+        return FastT5Gemma(backbone) if fuses else None
     encoder = getattr(model, "text_encoder", None)
     if isinstance(encoder, TextEncoder) and not isinstance(encoder, ReferenceLatentEncoder):
         attention = cast(TextBlock, encoder.blocks[0]).attention if len(encoder.blocks) else None

@@ -89,7 +89,15 @@ class SliceOf(nn.Module):
         return self.fused[0](x)[..., self.start : self.end]
 
 
-def fuse_into(parent_names: list[tuple[nn.Module, str]]) -> nn.Module:
+Named = list[tuple[nn.Module, str]]  # linear layers as (parent, attribute): one fused group
+
+
+def fusable_into(*groups: Named) -> bool:
+    """Whether `fuse_into` can fuse each of `groups`."""
+    return all(fusable([getattr(parent, name) for parent, name in g]) for g in groups)
+
+
+def fuse_into(parent_names: Named) -> nn.Module:
     """Fuse the named linear attributes; originals that are not plain Linears become `SliceOf`."""
     layers: list[nn.Module] = [getattr(parent, name) for parent, name in parent_names]
     fused = fuse_linears(layers)
@@ -116,10 +124,15 @@ class FastBlock:
     hidden: int
 
 
+def block_groups(block: nn.Module) -> tuple[Named, Named]:
+    """A block's fused groups: its `attention`'s wq, wk, wv, gate and its SwiGLU `mlp`'s w1, w3."""
+    a, mlp = cast(Any, block.attention), cast(Any, block.mlp)
+    return [(a, "wq"), (a, "wk"), (a, "wv"), (a, "gate")], [(mlp, "w1"), (mlp, "w3")]
+
+
 def block_fusable(block: nn.Module) -> bool:
     """Whether `fuse_block` can fuse `block`'s projections."""
-    a, mlp = cast(Any, block.attention), cast(Any, block.mlp)
-    return fusable([a.wq, a.wk, a.wv, a.gate]) and fusable([mlp.w1, mlp.w3])
+    return fusable_into(*block_groups(block))
 
 
 def fuse_block(block: nn.Module) -> FastBlock:
@@ -127,10 +140,11 @@ def fuse_block(block: nn.Module) -> FastBlock:
     wv, gate, wo and per-head q_norm / k_norm, its `mlp` is a SwiGLU (w1, w2, w3)."""
     a, mlp = cast(Any, block.attention), cast(Any, block.mlp)
     hidden = int(mlp.w1.out_features)  # before fusing: a fused int4 w1 becomes a slice
+    qkvg, w13 = block_groups(block)
     return FastBlock(
-        qkvg=fuse_into([(a, "wq"), (a, "wk"), (a, "wv"), (a, "gate")]),
+        qkvg=fuse_into(qkvg),
         wo=a.wo,
-        w13=fuse_into([(mlp, "w1"), (mlp, "w3")]),
+        w13=fuse_into(w13),
         w2=mlp.w2,
         q_norm=a.q_norm.weight,
         k_norm=a.k_norm.weight,
