@@ -176,6 +176,26 @@ def test_without_the_kernels_the_model_is_left_as_it_is(dit_fixtures):
     assert model.blocks[0].attention.wq is wq and wq.weight.data_ptr() == before
 
 
+def test_blocks_whose_projections_cannot_fuse_keep_the_model_blocks(dit_fixtures, monkeypatch):
+    """The CPU preset's int8 linears where the kernels run (the interpreter): no fused blocks, no
+    error (it raised in `fuse_linears`), the same velocity as the model's."""
+    from irodori_speaker.engine import fast as fast_mod
+    from irodori_speaker.engine.hardware.cpu_tricks import apply_int8_linears
+
+    monkeypatch.setattr(fast_mod, "fused_available", lambda device: True)
+    model, io, _ = load_kind(dit_fixtures, "v3_base")
+    assert apply_int8_linears(model) > 0
+    conds = encode(model, io, FIRST)
+    ctx = model.context_kv(conds)
+    mask = model.attention_mask(ctx, 24, io["latent_mask"][:1])
+    ref = model.velocity(io["x_t"][:1], io["t"][:1], conds, io["latent_mask"][:1])
+    fast = FastDiT(model)
+    assert not fast.fused and fast.blocks == []
+    table = fast.modulation_table([float(io["t"][0])])
+    got = fast.velocity(io["x_t"][:1], table[0], ctx, mask, rope_tables(24, 16, "cpu"))
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_a_failed_kernel_falls_back_to_the_model_blocks(dit_fixtures, monkeypatch):
     """What runs on a GPU whose Triton kernel failed: the model's blocks on the fused (viewed) weights."""
     from irodori_speaker.engine import fast as fast_mod

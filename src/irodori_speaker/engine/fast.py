@@ -37,7 +37,7 @@ from .encoders import additive_mask
 from .fast_duration import fast_duration_predictor
 from .fast_text import fast_text_backbone
 from .fused import add_rms_modulate, fused_available, gate_heads, qkv_joint, run_or_fall_back, swiglu
-from .fusing import FastBlock, fuse_block
+from .fusing import FastBlock, block_fusable, fuse_block
 from .kernels.tuning import is_tuning_allowed
 from .model import Conditions, ContextKV, DiffusionBlock, TextToLatentRFDiT, rope_tables
 from .sampler import (
@@ -70,9 +70,13 @@ class FastDiT:
         self.model = model
         self.cfg = model.cfg
         Dh = self.cfg.head_dim
-        # the Triton kernels of engine.fused where they run (CUDA); head_dim a power of two (tl.arange)
-        self.fused = fused_available(self.device) and Dh & (Dh - 1) == 0 if fused is None else fused
         self.model_blocks = diffusion_blocks(model)
+        # the Triton kernels of engine.fused where they run (CUDA); head_dim a power of two
+        # (tl.arange) and projections that fuse (not the CPU preset's int8 linears)
+        if fused is None:
+            fused = fused_available(self.device) and Dh & (Dh - 1) == 0
+            fused = fused and all(block_fusable(b) for b in self.model_blocks)
+        self.fused = fused
         self._tables: dict[tuple, Tensor] = {}  # plan_table's, by schedule
         self.blocks: list[FastBlock] = []
         # the text tower's layers with fused kernels too (engine/fast_text.py): v4's ModernBERT, or
