@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import gc
 import json
 import os
@@ -199,6 +200,7 @@ def late_chunks(arrivals: list[tuple[float, int]]) -> int:
 
 
 MAX_PADDING: list[float | None] = [None]  # --max-padding (the line batches' bound; None: the preset's)
+STALL_S = [0.0]  # --stall-dump: a run not done after this many seconds dumps every thread and exits
 DECODE_BATCH: list[int | None] = [None]  # --decode-batch (windows decoded together; None: the preset's)
 FIRST_BEFORE_TRIM: list[bool] = [False]  # the preset's stream_first_before_trim (a kind's "+t" / "+w" aside)
 
@@ -292,6 +294,27 @@ def use_step_graphs(synth, on: bool, voices: list) -> None:
     batcher._packed.clear()  # packed for the other kind's buckets
 
 
+def join_or_dump(threads: list[threading.Thread], limit_s: float | None, file, what: str) -> bool:
+    """Join `threads`; if some are still running after `limit_s` seconds (None: wait for ever),
+    write every thread's stack to `file` (a real file: faulthandler writes to its descriptor) and
+    return False. Where a run stalls (a hang, or a path 100x slower), the stacks say in what."""
+    deadline = None if limit_s is None else time.perf_counter() + limit_s
+    for t in threads:
+        t.join(None if deadline is None else max(0.0, deadline - time.perf_counter()))
+        if t.is_alive():
+            alive = sum(x.is_alive() for x in threads)
+            print(
+                f"\n# STALLED: {what} not done after {limit_s:g} s ({alive} of {len(threads)} "
+                f"threads still running); every thread's stack:",
+                file=file,
+                flush=True,
+            )
+            faulthandler.dump_traceback(file=file, all_threads=True)
+            file.flush()
+            return False
+    return True
+
+
 def run(
     synth, voice, family: str, sentences: list[str], streams: int, lines: int, batched: str, device: str
 ) -> Run:
@@ -357,8 +380,9 @@ def run(
     batched0 = (DEVICE.batches_run, DEVICE.batched_jobs)
     start.wait()
     t0 = out.start = time.perf_counter()
-    for t in threads:
-        t.join()
+    if not join_or_dump(threads, STALL_S[0] or None, sys.stdout, f"{streams} streams ({batched})"):
+        sys.stdout.flush()
+        os._exit(3)  # the stuck threads hold the device owner: no later row could run
     news5.sync(device)
     out.wall_s = time.perf_counter() - t0
     out.owner_busy_s, out.owner_rounds = DEVICE.busy_s - busy0, DEVICE.rounds - rounds0
@@ -570,6 +594,7 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     )
     voices = reference_cuts(voice, args.voices)
     MAX_PADDING[0] = args.max_padding
+    STALL_S[0] = args.stall_dump
     PREDICTOR[0] = args.predictor
     DECODE_BATCH[0] = args.decode_batch or synth.preset.decode_batch
     FIRST_BEFORE_TRIM[0] = synth.preset.stream_first_before_trim
@@ -766,6 +791,11 @@ def main() -> None:
     ap.add_argument("--switch-intervals", help=switch_help)
     serial_help = "also run each concurrency with max_batch 1 (the side-by-side baseline)"
     ap.add_argument("--serial", action=argparse.BooleanOptionalAction, default=True, help=serial_help)
+    stall_help = (
+        "a run (one row) not done after this many seconds writes every thread's stack and the "
+        "script exits (3): what a stalled row waits for (default 0: wait for ever)"
+    )
+    ap.add_argument("--stall-dump", type=float, default=0.0, help=stall_help)
     ap.add_argument(
         "--max-padding", type=float, help="the line batches' padding bound (default: the preset's)"
     )

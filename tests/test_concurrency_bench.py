@@ -294,3 +294,32 @@ def test_a_kind_with_a_depth_runs_under_that_owner_queue_depth(irodori_home) -> 
         assert DEVICE.queue_depth == 0 and isinstance(synth._batcher, StepScheduler)
     finally:
         DEVICE.queue_depth = 0
+
+
+def test_a_stalled_run_writes_every_threads_stack_and_a_finished_one_nothing(tmp_path: Path) -> None:
+    """`--stall-dump`: a row whose streams are not done in time names itself and dumps the stacks
+    (what the GPU run of mode (e) at 16 streams needs: it printed nothing in 370 s)."""
+    import threading
+
+    join_or_dump = _module().join_or_dump
+    release = threading.Event()
+
+    def waits_for_the_owner() -> None:
+        release.wait(30)
+
+    stuck = threading.Thread(target=waits_for_the_owner, name="stream-0", daemon=True)
+    done = threading.Thread(target=lambda: None, name="stream-1")
+    stuck.start()
+    done.start()
+    log = tmp_path / "dump.txt"
+    with log.open("w") as f:
+        assert join_or_dump([done, stuck], 0.2, f, "16 streams (line)") is False
+    text = log.read_text()
+    assert "# STALLED: 16 streams (line) not done after 0.2 s (1 of 2 threads still running)" in text
+    assert "waits_for_the_owner" in text  # the stuck thread's frame
+    release.set()
+    stuck.join()
+    with log.open("w") as f:
+        assert join_or_dump([stuck, done], 0.2, f, "x") is True
+        assert join_or_dump([stuck, done], None, f, "x") is True
+    assert log.read_text() == ""
