@@ -31,7 +31,7 @@ and letters (after all of that, e.g. "line+th"): "t", each line's first window l
 its tail-trim frame reaches the host (the preset's stream_first_before_trim), "w" after it, as
 without; "h", the decode windows on a CUDA stream of their own at a higher priority than the
 sampler's (the preset's owner_decode_stream, on in the CUDA preset), "d" the same at the default
-priority, "u" one stream for all; "x", the v4 text backbone's eager forward, not its fused kernels
+priority, "u" one stream for all; "x", the text tower's eager forward, not its fused kernels
 (`engine/fast_text.py`; the text graphs captured again). A letter left out: the preset's. (Lines
 sampled from their encoders' job, "+s", measured slower and left on the branch
 sample-with-encoders.)
@@ -86,6 +86,8 @@ Two measurements explain the rows (CUDA):
   encoder, sampling graph and stream windows timed alone and as batches of 2..16 rows (CUDA
   events, graphs replayed), and the audio seconds per second each batch size would give with the
   host free: the bound the many-streams target is measured against.
+- `--stall-dump S`: a row not done in S seconds writes every thread's stack (the streams', the
+  device owner's) under the table and the script exits 3: what a stalled row waits for.
 
 Speed is the ratio batched / serial within one run; absolute times count only on a GPU.
 """
