@@ -383,7 +383,6 @@ def run(
     start.wait()
     t0 = out.start = time.perf_counter()
     if not join_or_dump(threads, STALL_S[0] or None, sys.stdout, f"{streams} streams ({batched})"):
-        sys.stdout.flush()
         os._exit(3)  # the stuck threads hold the device owner: no later row could run
     news5.sync(device)
     out.wall_s = time.perf_counter() - t0

@@ -160,6 +160,8 @@ def main() -> None:
     pool = torch.cuda.graph_pool_handle()
     for name in args.towers.split(","):
         model, fast, what, make_inputs = tower(name, dtype)
+        # the predictor's fused forward is its blocks, passed to its forward as `body`
+        with_fast = partial(model, body=fast) if isinstance(fast, FastDurationPredictor) else fast
         print(f"\n{what}\n")
         print("| rows x tokens | eager ms | fused ms | eager / fused | kernels eager / fused | max diff |")
         print("|---|---|---|---|---|---|")
@@ -168,8 +170,6 @@ def main() -> None:
                 rows, tokens = (int(v) for v in shape.split("x"))
                 inputs = make_inputs(rows, tokens)
                 times, outs, counts = [], [], []
-                # the predictor's fused forward is its blocks, passed to its forward as `body`
-                with_fast = partial(model, body=fast) if isinstance(fast, FastDurationPredictor) else fast
                 for fn in (model, with_fast):
                     counts.append(kernels_a_call(fn, *inputs))
                     graph, out = capture(fn, inputs, pool)
