@@ -27,7 +27,9 @@ class StoodInGraph:
             self.out.copy_(out)
 
 
-def stood_in_capture(fn: Callable[..., Any], static: list[Any], pool: Any, *, warm: Any = None) -> tuple:
+def stood_in_capture(
+    fn: Callable[..., Any], static: list[Any], pool: Any, *, warm: Any = None, replay: str = "default"
+) -> tuple:
     """`cuda_graphs.capture`'s signature: (graph, captured output)."""
     graph = StoodInGraph(fn, static)
     return graph, graph.out

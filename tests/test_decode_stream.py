@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -189,3 +190,63 @@ def test_on_cuda_a_decode_job_waits_for_its_lines_sampling_on_the_decode_stream(
             seen = latent.sum()
         side.synchronize()
         assert seen.item() == latent.numel()
+
+
+def test_the_codecs_graphs_are_captured_for_the_decode_stream(monkeypatch):
+    """A window's graph asks for the decode stream's capture stream (`cuda_graphs.capture`), so its
+    cuBLAS workspace is not the sampler's graphs' (they replay at the same time)."""
+    from irodori_speaker.engine.codec import graphs
+
+    asked = []
+
+    def recorded(fn, static, pool, *, warm=None, replay="default"):
+        asked.append(replay)
+        return None, fn(*static)
+
+    monkeypatch.setattr(graphs, "capture", recorded)
+    window = graphs.capture_graph(lambda z: z * 2, torch.ones(1, 2, 3), None, ())
+    assert asked == ["decode"]
+    assert torch.equal(window.static_out, torch.full((1, 2, 3), 2.0))
+
+
+def _replay_side_by_side(replay_b: str, rounds: int = 64) -> tuple[int, int]:
+    """Two graphs of a long-K GEMM (cuBLAS splits K, with partial sums in its workspace), the
+    second captured for `replay_b`, replayed at the same time on the default and a second stream
+    `rounds` times: how many of each one's results differ from its replay alone."""
+    from irodori_speaker.engine.cuda_graphs import capture
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = [torch.randn(16, 16384, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2)]
+    w = [torch.randn(16384, 1024, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2)]
+    ga, out_a = capture(lambda v: v @ w[0], [x[0]], torch.cuda.graph_pool_handle())
+    gb, out_b = capture(lambda v: v @ w[1], [x[1]], torch.cuda.graph_pool_handle(), replay=replay_b)
+    ga.replay()
+    gb.replay()
+    alone = [out_a.clone(), out_b.clone()]
+    got = [torch.empty(rounds, *out_a.shape, device="cuda", dtype=out_a.dtype) for _ in range(2)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    for i in range(rounds):
+        ga.replay()
+        got[0][i].copy_(out_a)
+        with torch.cuda.stream(side):
+            gb.replay()
+            got[1][i].copy_(out_b)
+    torch.cuda.current_stream().wait_stream(side)
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + 30
+    while not done.query():  # a hang fails here instead of blocking the suite for ever
+        assert time.monotonic() < deadline, "the side-by-side replays did not finish in 30 s"
+        time.sleep(0.01)
+    return tuple(int((g != a).flatten(1).any(1).sum()) for g, a in zip(got, alone))
+
+
+@CUDA
+def test_on_cuda_graphs_for_the_decode_stream_replay_beside_the_samplers_unharmed():
+    """The codec's graphs replay on the decode stream while the sampler's replay on the default
+    one: captured on a stream of their own, each replay equals its replay alone, bit for bit."""
+    from irodori_speaker.engine.cuda_graphs import warmup_stream
+
+    assert warmup_stream("decode") != warmup_stream()
+    assert _replay_side_by_side("decode") == (0, 0)

@@ -7,6 +7,14 @@ for every (handle, stream) pair it has seen, for the life of the process, and a 
 `torch.cuda.Stream()` per capture cycles through PyTorch's pool of 32 streams. Prewarm's 38
 captures left 29 such workspaces, 928 MiB, that no Python object held and no deleted Synthesizer
 gave back (benchmarks/RESULTS.md, "Memory by phase").
+
+A graph is captured on that same stream, so the workspace it bakes in is the warm-up's, made
+outside any capture. But every graph captured on one stream shares that workspace: two such
+graphs must never replay at once. The codec's graphs replay on the device owner's decode stream
+beside the sampler's and the text encoders' on the default one, so they are captured on a stream
+of their own (`capture(..., replay="decode")`). Sharing one, mode (e) at 16 streams on an H100
+stalled for good (the thirtieth session; benchmarks/RESULTS.md): cuBLAS's split-K kernels keep
+their partial sums and semaphores in the workspace (pytorch/pytorch#193402 describes the sharing).
 """
 
 from __future__ import annotations
@@ -19,31 +27,39 @@ import torch
 
 __all__ = ["capture", "warmup_stream"]
 
-_streams: dict[int, torch.cuda.Stream] = {}
+_streams: dict[tuple[int, str], torch.cuda.Stream] = {}
 _lock = threading.Lock()
 
 
-def warmup_stream() -> torch.cuda.Stream:
-    """The process's one warm-up stream on the current CUDA device (the one a capture runs on)."""
-    index = torch.cuda.current_device()
+def warmup_stream(replay: str = "default") -> torch.cuda.Stream:
+    """The process's warm-up and capture stream on the current CUDA device for graphs that replay
+    on the `replay` stream ("default", or the owner's "decode")."""
+    key = (torch.cuda.current_device(), replay)
     with _lock:
-        stream = _streams.get(index)
+        stream = _streams.get(key)
         if stream is None:
-            stream = _streams[index] = torch.cuda.Stream(device=index)
+            stream = _streams[key] = torch.cuda.Stream(device=key[0])
         return stream
 
 
 def capture(
-    fn: Callable[..., Any], static: Sequence[Any], pool: Any, *, warm: Sequence[Any] | None = None
+    fn: Callable[..., Any],
+    static: Sequence[Any],
+    pool: Any,
+    *,
+    warm: Sequence[Any] | None = None,
+    replay: str = "default",
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """`fn(*warm)` (default `static`) once on the warm-up stream, then `fn(*static)` captured into
-    a graph whose memory comes from `pool`; returns the graph and the captured output."""
-    side = warmup_stream()
+    """`fn(*warm)` (default `static`) once on the warm-up stream, then `fn(*static)` captured on
+    it into a graph whose memory comes from `pool`; returns the graph and the captured output.
+    `replay`: the stream the graph will replay on; graphs that may replay at the same time (the
+    decode stream's beside the default one's) need different ones."""
+    side = warmup_stream(replay)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn(*(static if warm is None else warm))
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, stream=side):
         out = fn(*static)
     return graph, out

@@ -44,9 +44,10 @@ def capture_graph(
     """Capture `decode(static_in)` into a CUDA graph (memory from `pool`), after a warm-up run.
 
     The warm-up (cuDNN algorithm choice, cuBLAS handles) stays out of the capture
-    (`engine.cuda_graphs.capture`). `keep`: the tensors a replay reads (the weights).
+    (`engine.cuda_graphs.capture`), on the decode stream's capture stream: a window's graph may
+    replay there beside the sampler's. `keep`: the tensors a replay reads (the weights).
     """
-    graph, static_out = capture(decode, [static_in], pool)
+    graph, static_out = capture(decode, [static_in], pool, replay="decode")
     return WindowGraph(graph, static_in, static_out, keep)
 
 
