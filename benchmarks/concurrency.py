@@ -30,7 +30,7 @@ moment it comes); the row's "owner waited" column is its time spent so. A kind m
 and letters (after all of that, e.g. "line+th"): "t", each line's first window launched before
 its tail-trim frame reaches the host (the preset's stream_first_before_trim), "w" after it, as
 without; "h", the decode windows on a CUDA stream of their own at a higher priority than the
-sampler's (the preset's owner_decode_stream, on in the CUDA preset), "d" the same at the default
+sampler's (the preset's owner_decode_stream, off in every preset), "d" the same at the default
 priority, "u" one stream for all; "x", the text tower's eager forward, not its fused kernels
 (`engine/fast_text.py`; the text graphs captured again). A letter left out: the preset's. (Lines
 sampled from their encoders' job, "+s", measured slower and left on the branch

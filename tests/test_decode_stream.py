@@ -108,9 +108,9 @@ def test_a_decode_job_runs_under_the_decode_stream_on_the_owner_and_inline_alike
     assert sorted(on_owner, key=str) == [None, DECODE, DECODE]  # the nested one too
 
 
-def test_the_cuda_preset_has_the_decode_stream_and_no_other_does():
-    assert base_preset("cuda").owner_decode_stream
-    assert not any(base_preset(n).owner_decode_stream for n in ("mps", "cpu"))
+def test_no_preset_has_the_decode_stream():
+    """Off since the thirtieth session's measurement (the CUDA preset says why); asked for, it runs."""
+    assert not any(base_preset(n).owner_decode_stream for n in ("cuda", "mps", "cpu"))
 
 
 def test_a_cpu_synthesizer_asked_for_the_decode_stream_leaves_it_off(irodori_home):
@@ -140,13 +140,15 @@ def test_a_cpu_model_ignores_the_decode_stream(irodori_home):
 
 @CUDA
 def test_on_cuda_lines_that_meet_sound_the_same_with_the_decode_on_its_own_stream(irodori_home):
-    """The CUDA preset (graphed windows, windows of lines that meet batched) with the decode on a
+    """The CUDA preset (graphed windows, windows of lines that meet batched) asked for the decode on a
     stream of its own: every window ran off the default stream, and each line sounds as with one."""
     from irodori_speaker.engine.hardware.owner import DEVICE
     from irodori_speaker.synthesis.loading import load_synthesizer
 
-    synth = load_synthesizer(tiny_random="v4.1-mf", backend="cuda", voice_cache_dir=False, max_batch=8)
-    assert DEVICE.decode_stream  # the CUDA preset's, with lines batched
+    synth = load_synthesizer(
+        tiny_random="v4.1-mf", backend="cuda", voice_cache_dir=False, max_batch=8, owner_decode_stream=True
+    )
+    assert DEVICE.decode_stream  # asked for, with lines batched
     synth.prewarm()
     jobs = [(t, opts(seed=i, seconds=1.0 + 0.5 * i)) for i, t in enumerate(TEXTS)]
     with _decode_stream(False):

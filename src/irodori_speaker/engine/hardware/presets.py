@@ -141,9 +141,9 @@ class Preset:
     # CUDA with max_batch > 1, lines meeting on the device owner: the decode windows on a CUDA
     # stream of their own at a higher priority (engine/hardware/owner.py `decode_stream`,
     # `DECODE_PRIORITY`), so the text encoders' and the sampler's small kernels run beside the
-    # decoder's wide ones. Process-wide, as the queue depth: a Synthesizer with it on sets it. On in
-    # the CUDA preset (below); `concurrency.py` kinds "+h" (on), "+d" (at the default priority),
-    # "+u" (one stream)
+    # decoder's wide ones. Process-wide, as the queue depth: a Synthesizer with it on sets it. Off
+    # in every preset (the CUDA one says why); `concurrency.py` kinds "+h" (on), "+d" (at the
+    # default priority), "+u" (one stream)
     owner_decode_stream: bool = False
     # the GPU memory budget in bytes (None: none), set at load from LoadOptions.max_gpu_memory;
     # max_batch and prewarm_seconds are then within it (engine/hardware/memory.py)
@@ -206,11 +206,11 @@ def base_preset(name: str) -> Preset:
             sample_admit_up_to=8,
             sample_admit_backlog=1,
             sample_admit_encoders=True,
-            # the decode on a stream of its own, above the sampler's in priority: (o) 64 streams
-            # 1.05-1.17x, p95 first audio 265-268 against 298-303 ms, 16 streams 0.97-1.03x, no
-            # underrun (at the sampler's priority 16 streams lost: 0.89-0.91x) (H100, RESULTS.md
-            # twenty-fifth session; (e) not measured)
-            owner_decode_stream=True,
+            # owner_decode_stream stays off: with the codec's graphs captured apart from the
+            # sampler's (thirtieth session; before, they shared a cuBLAS workspace and (e) stalled at
+            # 16 streams), (o) at 64 streams lost with it, 0.92-0.94x with 7-11 lines underrun
+            # against none, 16 streams within spread in (o) and (e), p95 first audio higher in both
+            # (H100, RESULTS.md thirtieth session)
         )
     if name == "mps":
         # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision
