@@ -9,12 +9,13 @@ captures left 29 such workspaces, 928 MiB, that no Python object held and no del
 gave back (benchmarks/RESULTS.md, "Memory by phase").
 
 A graph is captured on that same stream, so the workspace it bakes in is the warm-up's, made
-outside any capture. But every graph captured on one stream shares that workspace: two such
-graphs must never replay at once. The codec's graphs replay on the device owner's decode stream
+outside any capture. Every graph captured on one stream shares that workspace
+(pytorch/pytorch#193402 describes the keying): two such graphs must never replay at once. Where
+the device owner keeps a decode stream (`owner_decode_stream`), the codec's graphs replay there
 beside the sampler's and the text encoders' on the default one, so they are captured on a stream
-of their own (`capture(..., replay="decode")`). Sharing one, mode (e) at 16 streams on an H100
-stalled for good (the thirtieth session; benchmarks/RESULTS.md): cuBLAS's split-K kernels keep
-their partial sums and semaphores in the workspace (pytorch/pytorch#193402 describes the sharing).
+of their own (`capture(..., replay="decode")`). When all were captured on one stream, mode (e) at
+16 streams with the decode stream stalled for good on an H100; the same tree with cuBLAS given no
+workspace ran, and so does this one (benchmarks/RESULTS.md, thirtieth session).
 """
 
 from __future__ import annotations

@@ -209,8 +209,8 @@ def base_preset(name: str) -> Preset:
             # owner_decode_stream stays off: with the codec's graphs captured apart from the
             # sampler's (thirtieth session; before, they shared a cuBLAS workspace and (e) stalled at
             # 16 streams), (o) at 64 streams lost with it, 0.92-0.94x with 7-11 lines underrun
-            # against none, 16 streams within spread in (o) and (e), p95 first audio higher in both
-            # (H100, RESULTS.md thirtieth session)
+            # against none, 16 streams within spread in (o) and (e), (e)'s p95 first audio higher
+            # with it (H100, RESULTS.md thirtieth session)
         )
     if name == "mps":
         # fp32 everywhere: bf16 on MPS was 19% slower through CPU fallbacks and mixed precision
