@@ -136,3 +136,38 @@ def test_a_new_bucket_is_measured_only_in_warm_up() -> None:
     assert choose_impl(x, layer.qweight, layer.scales, None) is warm
     y = layer(x)  # the layer runs whatever was picked
     assert _rel(y, x.double() @ p.dequantize().to(DEV).double().t()) < TOL[torch.bfloat16]
+
+
+def test_measuring_choices_keeps_no_cublas_workspace_per_measurement() -> None:
+    """The chooser's graph timing runs on the process's warm-up stream: six new buckets measured
+    (each times the scratch path's cuBLAS GEMM) leave allocated memory as it was. Timed on a fresh
+    stream a call (triton's `do_bench_cudagraph`), each kept a cuBLAS workspace (32 MiB on an
+    H100 / H200) for the life of the process."""
+    from irodori_speaker.engine.kernels.tuning import tuning_allowed
+
+    clear_choices()
+    p = _layer(1280, 1280, sym=True, seed=4)
+    layer = Int4Linear(p).to(DEV)
+    x = torch.randn(1100, 1280, device=DEV, dtype=torch.bfloat16)
+    with tuning_allowed():
+        choose_impl(x[:16], layer.qweight, layer.scales, None)  # the warm-up stream's own workspace
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        picks = [choose_impl(x[:m], layer.qweight, layer.scales, None) for m in (40, 75, 150, 300, 600, 1100)]
+        torch.cuda.synchronize()
+    assert all(c.time_ms is not None and dict(c.timings)["scratch"] > 0 for c in picks)
+    assert torch.cuda.memory_allocated() - before < 16 * 2**20
+
+
+def test_the_graph_timing_grows_with_the_work() -> None:
+    """`_graph_ms` (the chooser's timing) measures one call: a GEMM of sixteen times the rows takes
+    longer than the small one, and neither is zero."""
+    from irodori_speaker.engine.quant.w4a16_chooser import _graph_ms
+
+    a = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16)
+    small, big = (
+        torch.randn(256, 4096, device=DEV, dtype=a.dtype),
+        torch.randn(4096, 4096, device=DEV, dtype=a.dtype),
+    )
+    t_small, t_big = _graph_ms(lambda: small @ a), _graph_ms(lambda: big @ a)
+    assert 0 < t_small < t_big
