@@ -138,13 +138,23 @@ def test_a_new_bucket_is_measured_only_in_warm_up() -> None:
     assert _rel(y, x.double() @ p.dequantize().to(DEV).double().t()) < TOL[torch.bfloat16]
 
 
-def test_measuring_choices_keeps_no_cublas_workspace_per_measurement() -> None:
-    """The chooser's graph timing runs on the process's warm-up stream: six new buckets measured
-    (each times the scratch path's cuBLAS GEMM) leave allocated memory as it was. Timed on a fresh
-    stream a call (triton's `do_bench_cudagraph`), each kept a cuBLAS workspace (32 MiB on an
-    H100 / H200) for the life of the process."""
+def test_measuring_choices_keeps_no_cublas_workspace_per_measurement(monkeypatch) -> None:
+    """The chooser's timing runs on the process's warm-up stream: every timed call of the scratch
+    path (cuBLAS) ran there or on the caller's stream, and six new buckets measured leave allocated
+    memory as it was. Timed on a fresh stream a call (triton's `do_bench_cudagraph`), each such
+    stream kept a cuBLAS workspace (32 MiB on an H100 / H200) for the life of the process."""
+    from irodori_speaker.engine import cuda_graphs
     from irodori_speaker.engine.kernels.tuning import tuning_allowed
+    from irodori_speaker.engine.quant import w4a16_chooser
 
+    streams = []
+    real = w4a16_chooser.w4a16_scratch
+
+    def recorded(*args, **kwargs):
+        streams.append(torch.cuda.current_stream())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(w4a16_chooser, "w4a16_scratch", recorded)
     clear_choices()
     p = _layer(1280, 1280, sym=True, seed=4)
     layer = Int4Linear(p).to(DEV)
@@ -156,6 +166,8 @@ def test_measuring_choices_keeps_no_cublas_workspace_per_measurement() -> None:
         picks = [choose_impl(x[:m], layer.qweight, layer.scales, None) for m in (40, 75, 150, 300, 600, 1100)]
         torch.cuda.synchronize()
     assert all(c.time_ms is not None and dict(c.timings)["scratch"] > 0 for c in picks)
+    assert len(streams) > 7 * 5  # each bucket's scratch path timed: warm calls and the capture
+    assert set(streams) <= {cuda_graphs.warmup_stream(), torch.cuda.current_stream()}
     assert torch.cuda.memory_allocated() - before < 16 * 2**20
 
 
