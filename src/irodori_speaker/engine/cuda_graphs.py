@@ -2,11 +2,12 @@
 
 The warm-up runs first, on a side stream, so that first-call work (cuBLAS handles and workspaces,
 cuDNN algorithm choice, Triton autotune, the int4 kernel chooser) stays out of the capture. The
-side stream is one per device for the whole process: cuBLAS keeps a workspace (32 MiB on an H200)
-for every (handle, stream) pair it has seen, for the life of the process, and a fresh
-`torch.cuda.Stream()` per capture cycles through PyTorch's pool of 32 streams. Prewarm's 38
-captures left 29 such workspaces, 928 MiB, that no Python object held and no deleted Synthesizer
-gave back (benchmarks/RESULTS.md, "Memory by phase").
+side stream is one per device (and replay stream, below) for the whole process: cuBLAS keeps a
+workspace (32 MiB on an H200) for every (handle, stream) pair it has seen, for the life of the
+process, and a fresh `torch.cuda.Stream()` per capture cycles through PyTorch's pool of 32
+streams. Prewarm's 38 captures left 29 such workspaces, 928 MiB, that no Python object held and
+no deleted Synthesizer gave back (benchmarks/RESULTS.md, "Memory by phase"). The int4 chooser
+times its candidates on this stream too (`w4a16_chooser._graph_ms`).
 
 A graph is captured on that same stream, so the workspace it bakes in is the warm-up's, made
 outside any capture. Every graph captured on one stream shares that workspace
