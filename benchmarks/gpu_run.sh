@@ -75,10 +75,10 @@ if stage units; then  # the fused residual unit per width and packing (benchmark
   timeout "${UNITS_S:-400}" python3 benchmarks/codec_units.py ${UNITS_ARGS:---thirds} 2>&1 | tee "$OUT/units.txt" | tail -40
 fi
 if stage concurrency; then  # many streams: batched vs serial side by side (benchmarks/concurrency.py)
-  timeout "${CONC_S:-300}" python3 benchmarks/concurrency.py ${CONC_ARGS:---streams 1,4,16,64 --lines 3 --server 0} --json "$OUT/concurrency.json" 2>&1 | tee "$OUT/concurrency.txt" | tail -20
+  timeout "${CONC_S:-300}" python3 benchmarks/concurrency.py ${CONC_ARGS:---streams 1,4,16,64 --lines 3 --server 0 --stall-dump 60} --json "$OUT/concurrency.json" 2>&1 | tee "$OUT/concurrency.txt" | tail -20
 fi
 if stage concurrency2; then  # a second concurrency run with other arguments (e.g. the other mode)
-  timeout "${CONC2_S:-200}" python3 benchmarks/concurrency.py ${CONC2_ARGS:---modes o --streams 1,16 --lines 2 --server 0} --json "$OUT/concurrency2.json" 2>&1 | tee "$OUT/concurrency2.txt" | tail -20
+  timeout "${CONC2_S:-200}" python3 benchmarks/concurrency.py ${CONC2_ARGS:---modes o --streams 1,16 --lines 2 --server 0 --stall-dump 60} --json "$OUT/concurrency2.json" 2>&1 | tee "$OUT/concurrency2.txt" | tail -20
 fi
 if stage concurrency_base && [ -d .device_base ]; then  # the older tree's concurrency, same machine (see news5_base)
   [ -d .device_base/tests/data ] || { mkdir -p .device_base/tests && cp -r tests/data .device_base/tests/; }
