@@ -211,17 +211,17 @@ def test_the_codecs_graphs_are_captured_for_the_decode_stream(monkeypatch):
     assert torch.equal(window.static_out, torch.full((1, 2, 3), 2.0))
 
 
-def _replay_side_by_side(replay_b: str, rounds: int = 64) -> tuple[int, int]:
+def _replay_side_by_side(rounds: int = 64) -> tuple[int, int]:
     """Two graphs of a long-K GEMM (cuBLAS splits K, with partial sums in its workspace), the
-    second captured for `replay_b`, replayed at the same time on the default and a second stream
-    `rounds` times: how many of each one's results differ from its replay alone."""
+    second captured for the decode stream, replayed at the same time on the default and a second
+    stream `rounds` times: how many of each one's results differ from its replay alone."""
     from irodori_speaker.engine.cuda_graphs import capture
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = [torch.randn(16, 16384, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2)]
     w = [torch.randn(16384, 1024, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2)]
     ga, out_a = capture(lambda v: v @ w[0], [x[0]], torch.cuda.graph_pool_handle())
-    gb, out_b = capture(lambda v: v @ w[1], [x[1]], torch.cuda.graph_pool_handle(), replay=replay_b)
+    gb, out_b = capture(lambda v: v @ w[1], [x[1]], torch.cuda.graph_pool_handle(), replay="decode")
     ga.replay()
     gb.replay()
     alone = [out_a.clone(), out_b.clone()]
@@ -254,4 +254,4 @@ def test_on_cuda_graphs_for_the_decode_stream_are_captured_apart_and_replay_besi
 
     assert warmup_stream("decode") != warmup_stream()
     assert warmup_stream("decode") is warmup_stream("decode")  # one a device: one workspace
-    assert _replay_side_by_side("decode") == (0, 0)
+    assert _replay_side_by_side() == (0, 0)

@@ -19,7 +19,7 @@ import torch
 
 from ...dirs import cache_root
 from ...errors import QuantError
-from ..cuda_graphs import warmup_stream
+from ..cuda_graphs import capture
 from ..kernels.triton_common import HAS_TRITON
 from ..kernels.tuning import is_tuning_allowed
 from .w4a16_dequant import reference_w4a16, w4a16_scratch
@@ -201,36 +201,31 @@ def _bench_ms(fn: Callable[[], object]) -> float:
 
 def _graph_ms(fn: Callable[[], object], rep_ms: float = 20.0, replays: int = 10) -> float:
     """Median GPU ms of one `fn()`, from a CUDA graph of as many calls as fill ~`rep_ms`, replayed
-    `replays` times (the method of triton's `do_bench_cudagraph`). Captured on the process's one
-    warm-up stream (`cuda_graphs.warmup_stream`): `do_bench_cudagraph` takes a fresh
-    `torch.cuda.Stream()` a call, and each pool stream the scratch path's cuBLAS ran on kept a
-    workspace for the life of the process (32 MiB each, up to the pool's 32: likely the ~0.8 GB
+    `replays` times (the method of triton's `do_bench_cudagraph`). Captured as every graph here is
+    (`cuda_graphs.capture`, on the process's one warm-up stream): `do_bench_cudagraph` takes a
+    fresh `torch.cuda.Stream()` a call, and each pool stream the scratch path's cuBLAS ran on kept
+    a workspace for the life of the process (32 MiB each, up to the pool's 32: likely the ~0.8 GB
     more that a first run held on an H100, benchmarks/RESULTS.md thirtieth session)."""
-    side = warmup_stream()
-    side.wait_stream(torch.cuda.current_stream())
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(side):
-        start.record()
-        for _ in range(5):
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    end.synchronize()
+    calls = max(1, min(10_000, int(rep_ms / max(start.elapsed_time(end) / 5, 1e-4))))
+
+    def unrolled() -> None:
+        for _ in range(calls):
             fn()
+
+    graph, _ = capture(unrolled, [], None)
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
         end.record()
         end.synchronize()
-        calls = max(1, min(10_000, int(rep_ms / max(start.elapsed_time(end) / 5, 1e-4))))
-        graph = torch.cuda.CUDAGraph()
-        graph.capture_begin(capture_error_mode="thread_local")
-        try:
-            for _ in range(calls):
-                fn()
-        finally:
-            graph.capture_end()
-        times = []
-        for _ in range(replays):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / calls)
-    torch.cuda.current_stream().wait_stream(side)
+        times.append(start.elapsed_time(end) / calls)
     return float(statistics.median(times))
 
 
