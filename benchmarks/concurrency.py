@@ -434,6 +434,18 @@ def gaps_by_next(events: list[tuple[int, int, str]], over: int) -> dict[str, lis
     return out
 
 
+def by_kernel(events: list[tuple[int, int, str]], lines: int, top: int = 15) -> list[dict]:
+    """GPU time by kernel name, longest total first: the `top` names' ms and launches a line (a
+    kernel replayed from a CUDA graph counts as its own name; overlapping streams count twice)."""
+    tally: dict[str, list[int]] = {}
+    for a, b, name in events:
+        t = tally.setdefault(name, [0, 0])
+        t[0], t[1] = t[0] + 1, t[1] + (b - a)
+    n = max(lines, 1)
+    ranked = sorted(tally.items(), key=lambda kv: -kv[1][1])[:top]
+    return [{"kernel": k, "ms_a_line": ns / 1e6 / n, "calls_a_line": c / n} for k, (c, ns) in ranked]
+
+
 def busy_by_stream(events: list[tuple[int, int, int]]) -> tuple[dict[int, int], int]:
     """Each stream's busy time (the union of its (start, end, stream) intervals), and the time two
     or more streams ran at once (their sum less the union of all: the decode stream's overlap)."""
@@ -472,6 +484,7 @@ def profiled(fn, *args) -> tuple[Run, dict]:
         "gap_ms_under_1ms": sum(g for g in gaps if g <= 1e6) / 1e6,
         # the gaps over 1 ms by the kernel that ended them, longest total first
         "gaps_over_1ms_by_next": [{"kernel": k, "gaps": n, "ms": ns / 1e6} for k, (n, ns) in after],
+        "by_kernel": by_kernel(events, r.lines),
     }
     return r, stats
 
@@ -741,6 +754,9 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
             print(f"#   busy ms by stream {by}; two at once {stats['overlap_ms']:.1f} ms", flush=True)
         for g in stats["gaps_over_1ms_by_next"][:8]:  # what the GPU waited for
             print(f"#   {g['gaps']} gaps, {g['ms']:.1f} ms, before {g['kernel'][:100]}", flush=True)
+        for k in stats["by_kernel"]:  # where the GPU's time goes
+            each = f"{k['ms_a_line']:.3f} ms, {k['calls_a_line']:.1f} calls a line"
+            print(f"#   {each}: {k['kernel'][:100]}", flush=True)
         report.setdefault("profile", []).append({"streams": n, "audio_s_per_s": rate, **stats})
     if args.ceiling:
         if synth.fast_sampler is None:

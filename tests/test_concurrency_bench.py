@@ -61,6 +61,16 @@ def test_idle_gaps_are_told_by_the_kernel_that_ended_them() -> None:
     assert gaps_by_next([], 0) == {} and gaps_by_next([(3, 9, "x")], 0) == {}
 
 
+def test_gpu_time_by_kernel_is_a_line_and_longest_first() -> None:
+    by_kernel = _module().by_kernel
+    events = [(0, 4_000_000, "gemm"), (4, 6_000_000, "conv"), (10, 3_000_010, "gemm"), (0, 1, "fill")]
+    ranked = by_kernel(events, lines=2, top=2)
+    assert [k["kernel"] for k in ranked] == ["gemm", "conv"]  # 7 ms against 6; "fill" left out
+    assert ranked[0]["ms_a_line"] == 3.5 and ranked[0]["calls_a_line"] == 1.0
+    assert ranked[1]["ms_a_line"] == (6_000_000 - 4) / 2e6 and ranked[1]["calls_a_line"] == 0.5
+    assert by_kernel([], lines=0) == []
+
+
 def test_a_chunk_is_late_only_after_the_audio_before_it_has_played_out() -> None:
     late_chunks = _module().late_chunks
     second = 48_000  # samples of one second
