@@ -77,6 +77,8 @@ Two measurements explain the rows (CUDA):
 - `--wait-profile N`: each batching kind at N streams once more under py-spy `--idle`: the share
   of every thread group's wall time running or waiting in each of our functions (spy_profile.py):
   where the lines are while the owner idles.
+- `--gil-profile N`: the same under py-spy `--gil`: the share of the wall some thread held the
+  GIL (near 100 %: Python is the bound, not the GPU), by part and thread group, ms a line.
 - `--profile N`: the batched run at N streams once more under `torch.profiler` (CUDA activity
   only: the kernels' own clock, no host-side op recording): the GPU's busy fraction (the union of
   its kernel and copy intervals over the run's wall), GPU ms a line, and the idle gaps (those over
@@ -733,6 +735,19 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
                 f"(py-spy --idle, {spy_profile.RATE} samples a second a thread)\n{table}"
             )
             report.setdefault("wait_profile", []).append({"streams": n, "kind": kind, "table": table})
+    for n in [int(x) for x in args.gil_profile.split(",")] if args.gil_profile else []:
+        lines = max(args.lines, -(-args.min_lines // n))
+        for kind in args.batching.split(","):
+            with tempfile.TemporaryDirectory(prefix="irodori-spy-") as tmp:
+                raw = Path(tmp) / "gil.txt"
+                with spy_profile.recording(os.getpid(), raw, gil=True):
+                    r = run(synth, voices, mode.family, sentences, n, lines, kind, device)
+                table = spy_profile.gil_table(raw, r.lines, unit="line", wall_s=r.wall_s)
+            print(
+                f"\n# who holds the GIL ({key}): {n} streams, {kind}, {r.audio_s / r.wall_s:.1f} audio "
+                f"s/s (py-spy --gil; the recording starts 1 s before the run)\n{table}"
+            )
+            report.setdefault("gil_profile", []).append({"streams": n, "kind": kind, "table": table})
     for n in [int(x) for x in args.profile.split(",")] if args.profile else []:
         if device != "cuda":
             raise SystemExit("--profile needs CUDA (the GPU's busy time)")
@@ -793,6 +808,11 @@ def main() -> None:
         "--wait-profile",
         help="each --batching kind at these many streams once more under py-spy --idle: where every "
         "thread (streams, device owner) runs or waits (spy_profile.py; py-spy needed)",
+    )
+    ap.add_argument(
+        "--gil-profile",
+        help="each --batching kind at these many streams once more under py-spy --gil: how much of "
+        "the wall some thread held the GIL, by part and thread (spy_profile.py; py-spy needed)",
     )
     ap.add_argument(
         "--owner-profile",

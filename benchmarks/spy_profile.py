@@ -107,8 +107,10 @@ def part_of(frames: list[str]) -> str:
     return "other (asyncio loop, threads)"
 
 
-def gil_table(raw: Path, requests: int) -> str:
-    """The parts' shares of the GIL samples in `raw`, and their ms of GIL per request."""
+def gil_table(raw: Path, requests: int, unit: str = "request", wall_s: float | None = None) -> str:
+    """The parts' shares of the GIL samples in `raw`, and their ms of GIL per request (or `unit`);
+    with `wall_s`, the share of that wall some thread held the GIL (near 100 %: the GIL is the
+    bound, whatever the GPU does)."""
     parts: Counter[str] = Counter()
     threads: Counter[str] = Counter()
     for thread, frames, n in samples(raw):
@@ -117,10 +119,11 @@ def gil_table(raw: Path, requests: int) -> str:
     total = sum(parts.values())
     if not total:
         return "GIL profile: " + no_samples(raw)
+    held = f" ({total / RATE / wall_s:.0%} of {wall_s:.2f} s)" if wall_s else ""
     rows = [
-        f"GIL profile: {total} samples at {RATE}/s = {total / RATE:.2f} s holding the GIL, "
-        f"{1e3 * total / RATE / requests:.1f} ms a request",
-        "| part | share | ms a request |",
+        f"GIL profile: {total} samples at {RATE}/s = {total / RATE:.2f} s holding the GIL{held}, "
+        f"{1e3 * total / RATE / requests:.1f} ms a {unit}",
+        f"| part | share | ms a {unit} |",
         "|---|---|---|",
     ]
     for name, n in parts.most_common():

@@ -84,6 +84,9 @@ def test_the_gil_table_puts_each_sample_in_the_part_nearest_its_leaf(tmp_path: P
     assert "| server (routes, service, guards) | 12% | 15.0 |" in table
     assert "| text front-end (readings, tokens, length) | 8% | 10.0 |" in table
     assert table.endswith("by thread: irodori-synthesis 68%, MainThread 32%")
+    lines = spy_profile.gil_table(raw, requests=5, unit="line", wall_s=0.5)
+    assert "= 0.25 s holding the GIL (50% of 0.50 s), 50.0 ms a line" in lines
+    assert "| part | share | ms a line |" in lines
     missing = spy_profile.gil_table(tmp_path / "none.txt", requests=2)
     assert missing.startswith("GIL profile: no samples (py-spy could not attach")
 
