@@ -32,7 +32,9 @@ its tail-trim frame reaches the host (the preset's stream_first_before_trim), "w
 without; "h", the decode windows on a CUDA stream of their own at a higher priority than the
 sampler's (the preset's owner_decode_stream, off in every preset), "d" the same at the default
 priority, "u" one stream for all; "x", the text tower's eager forward, not its fused kernels
-(`engine/fast_text.py`; the text graphs captured again). A letter left out: the preset's. (Lines
+(`engine/fast_text.py`; the text graphs captured again); "c", stream windows decoded whole, their
+context carried through every block, not cropped (`engine/codec/fast.py` `crop_spans`; the codec's
+graphs captured again). A letter left out: the preset's. (Lines
 sampled from their encoders' job, "+s", measured slower and left on the branch
 sample-with-encoders.)
 
@@ -127,7 +129,7 @@ from irodori_speaker.engine.hardware.owner import DECODE_PRIORITY, DEVICE  # noq
 from irodori_speaker.engine.kernels.tuning import tuning_allowed  # noqa: E402
 from irodori_speaker.options import SynthesisOptions  # noqa: E402
 from irodori_speaker.synthesis.batching import SampleBatcher  # noqa: E402
-from irodori_speaker.synthesis.prewarm import step_graphs, text_graphs  # noqa: E402
+from irodori_speaker.synthesis.prewarm import codec_graphs, step_graphs, text_graphs  # noqa: E402
 from irodori_speaker.synthesis.stepping import StepScheduler  # noqa: E402
 
 
@@ -224,6 +226,19 @@ def use_text_backbone(synth, fused: bool) -> None:
             text_graphs(synth, fast.context_bucket, 2 * TEXT_RUNG_LEAST * fast.context_bucket)
 
 
+def use_crop(synth, on: bool) -> None:
+    """Stream windows decoded cropped (the codec's `crop_windows`: the deeper blocks carry only
+    what the kept samples depend on) or whole for the next run; the codec's graphs captured again
+    for the crops that then apply (in a new memory pool)."""
+    codec = synth.codec
+    if getattr(codec, "crop_windows", on) == on:
+        return
+    codec.crop_windows = on
+    if codec._graphs is not None:
+        codec._drop_graphs()
+        codec_graphs(synth)
+
+
 def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     """Put the sampling under test in place on `synth` (a measurement knob: the preset's max_batch,
     what prewarm captured batch graphs for, caps the batch); `voices`: those the streams speak.
@@ -237,12 +252,13 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     "t", a line's first window launched before its tail-trim frame lands (the preset's
     `stream_first_before_trim`), "w" after it; "h", the decode on a stream of its own at a higher
     priority (the preset's `owner_decode_stream`), "d" the same at the default priority, "u" one
-    stream; "x" the text tower's eager forward (`use_text_backbone`); a letter left out, the
-    preset's."""
+    stream; "x" the text tower's eager forward (`use_text_backbone`); "c" stream windows decoded
+    whole, not cropped (`use_crop`); a letter left out, the preset's."""
     kind, _, flags = kind.partition("+")
-    if set(flags) - set("twdhux"):
-        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u, x)")
+    if set(flags) - set("twdhuxc"):
+        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u, x, c)")
     use_text_backbone(synth, fused="x" not in flags)
+    use_crop(synth, on="c" not in flags)
     own = synth.preset.owner_decode_stream and synth.device.type == "cuda"
     DEVICE.decode_stream = bool(set(flags) & set("dh")) or ("u" not in flags and own)
     DEVICE.decode_priority = 0 if "d" in flags else DECODE_PRIORITY

@@ -11,7 +11,10 @@ Per window configuration (chunk frames, first chunk, growth, and the preset's
 decoded for the lines, their ratio to the lines' frames, and the windows. The last rows are the
 preset's window plan (`stream_window_plan`, `chunk_windows`' `plan_lengths`), per first chunk of
 the rows above: after the first window, windows of a few graphed lengths (`--lengths`) with the
-fewest frames decoded. Every row goes through the product's `chunk_windows`.
+fewest frames decoded. Every row goes through the product's `chunk_windows`. The last columns: the
+frames the last (24 kHz) block carries with the windows cropped as their graphs are (each window's
+`window_crop`, then `ChannelsLastDecoder.crop_spans`: the deeper blocks decode only what the kept
+samples depend on; those blocks are most of a window's GPU time), and their ratio to the lines'.
 
     python benchmarks/decode_frames.py
     python benchmarks/decode_frames.py --frames 37,190,252,118,118 --lengths 40,66,116,216
@@ -28,12 +31,23 @@ try:
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES, chunk_windows
+from irodori_speaker.engine.codec import TINY_CODEC_KWARGS, codec_from_state_dict, random_codec_state_dict
+from irodori_speaker.engine.codec.streaming import RECEPTIVE_FIELD_FRAMES, chunk_windows, window_crop
 
 C = RECEPTIVE_FIELD_FRAMES
 # news5's five lines as the H100 run's records gave them (concurrency.py's header, fifteenth
 # session); pass --frames for others
 NEWS5_FRAMES = "37,190,252,118,118"
+
+
+def last_block_frames(decoder, window: tuple[int, int, int, int]) -> float:
+    """The frames of `window` the decoder's last block carries, cropped as the window's graph is."""
+    lo, _, _, hi = window
+    hop = 1920
+    left, right = window_crop(window, C)
+    spans = decoder.crop_spans(left * hop, (hi - lo - right) * hop)
+    a, b = spans[max(spans)]  # the last block's input, 960 samples a frame (24 kHz)
+    return (min(b, (hi - lo) * 960) - max(a, 0)) / 960
 
 
 def decoded(
@@ -43,14 +57,16 @@ def decoded(
     growth: float | None,
     tails: tuple[int, ...] = (),
     plan: tuple[int, ...] = (),
-) -> tuple[int, int, set[int]]:
-    """(frames decoded, windows, window lengths) of one line streamed with these arguments (with
-    graphs: `stretch_last`)."""
+    decoder=None,
+) -> tuple[int, int, set[int], float]:
+    """(frames decoded, windows, window lengths, frames the last block carries cropped) of one
+    line streamed with these arguments (with graphs: `stretch_last`)."""
     windows = chunk_windows(
         frames, chunk, C, first, growth=growth, stretch_last=True, tail_lengths=tails, plan_lengths=plan
     )
     lengths = {hi - lo for lo, _, _, hi in windows}
-    return sum(hi - lo for lo, _, _, hi in windows), len(windows), lengths
+    cropped = sum(last_block_frames(decoder, w) for w in windows) if decoder is not None else float("nan")
+    return sum(hi - lo for lo, _, _, hi in windows), len(windows), lengths, cropped
 
 
 def main() -> None:
@@ -69,8 +85,16 @@ def main() -> None:
     lines = [int(x) for x in args.frames.split(",")]
     total = sum(lines)
     print(f"# {len(lines)} lines of {lines} latent frames ({total}); context {C} frames a side")
-    print("| windows | window lengths | frames decoded | x the lines' frames | windows |")
-    print("|---|---|---|---|---|")
+    codec = codec_from_state_dict(
+        random_codec_state_dict(TINY_CODEC_KWARGS, seed=0, watermark=False), TINY_CODEC_KWARGS
+    )  # the released decoder's rates and kernels (its widths do not change a span)
+    assert codec.use_channels_last(True)
+    dec = codec._channels_last
+    print(
+        "| windows | window lengths | frames decoded | x the lines' frames | windows "
+        "| last block's frames, cropped | x the lines' frames |"
+    )
+    print("|---|---|---|---|---|---|---|")
     plan = tuple(int(x) for x in args.lengths.split(","))
     rows = []
     for config in args.configs.split(","):
@@ -79,14 +103,18 @@ def main() -> None:
         tails = tuple(int(x) for x in rest[0].split("+")) if rest else ()
         name = f"chunks {chunk}, first {first}" + (f", growth {growth}" if g else "")
         name += f", tail windows {list(tails)}" if tails else ""
-        rows.append((name, [decoded(n, int(chunk), int(first), g, tails) for n in lines]))
+        rows.append((name, [decoded(n, int(chunk), int(first), g, tails, decoder=dec) for n in lines]))
     for first in sorted({int(c.split(":")[1]) for c in args.configs.split(",")}):
         name = f"window plan {list(plan)}, first {first}"
-        rows.append((name, [decoded(n, first, first, None, plan=plan) for n in lines]))
+        rows.append((name, [decoded(n, first, first, None, plan=plan, decoder=dec) for n in lines]))
     for name, windows in rows:
         frames = sum(r[0] for r in windows)
         lengths = sorted(set().union(*(r[2] for r in windows)))
-        print(f"| {name} | {lengths} | {frames} | {frames / total:.2f} | {sum(r[1] for r in windows)} |")
+        cropped = sum(r[3] for r in windows)
+        print(
+            f"| {name} | {lengths} | {frames} | {frames / total:.2f} | {sum(r[1] for r in windows)} "
+            f"| {cropped:.0f} | {cropped / total:.2f} |"
+        )
 
 
 if __name__ == "__main__":

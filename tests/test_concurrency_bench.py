@@ -287,6 +287,29 @@ def test_x_runs_the_text_backbone_eagerly_and_captures_its_graphs_again(monkeypa
     conc.use_text_backbone(SimpleNamespace(fast_sampler=None), False)  # no fast path: nothing to do
 
 
+def test_c_decodes_windows_whole_and_captures_the_codecs_graphs_again(irodori_home, monkeypatch) -> None:
+    """ "line+c": stream windows decoded whole (the codec's crop_windows off) for the run, cropped
+    again after it; its graphs dropped and captured again at each switch only."""
+    from types import SimpleNamespace
+
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    conc = _module()
+    captured = []
+    monkeypatch.setattr(conc, "codec_graphs", lambda synth: captured.append(synth.codec.crop_windows))
+    synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=4)
+    cleared = []
+    synth.codec._graphs = SimpleNamespace(clear=lambda: cleared.append(1))  # held graphs, stood in for
+    seen = []
+    for kind in ("line", "line+c", "line+c", "line"):
+        conc.use_sampling(synth, kind, 4, [None])
+        seen.append(synth.codec.crop_windows)
+    assert seen == [True, False, False, True] and captured == [False, True] and len(cleared) == 2
+    synth.codec._graphs = None
+    with pytest.raises(SystemExit, match="unknown letters"):
+        conc.use_sampling(synth, "line+q", 4, [None])
+
+
 def test_a_kind_with_a_depth_runs_under_that_owner_queue_depth(irodori_home) -> None:
     """ "line@3": line batches with the device owner's queue depth 3; a kind without one: none."""
     from irodori_speaker.engine.hardware.owner import DEVICE

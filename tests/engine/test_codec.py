@@ -389,7 +389,9 @@ def test_receptive_field_is_8_frames(tiny: DACVAE) -> None:
 def test_stream_is_lazy_and_cancellable(tiny: DACVAE, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     original = tiny._decode_frames
-    monkeypatch.setattr(tiny, "_decode_frames", lambda z: calls.append(z.shape[-1]) or original(z))
+    monkeypatch.setattr(
+        tiny, "_decode_frames", lambda z, keep=None: calls.append(z.shape[-1]) or original(z, keep)
+    )
     token = CancelToken()
     stream = tiny.decode_stream(_latent(10), 2, cancel=token)
     assert calls == []

@@ -43,17 +43,20 @@ def _latent(frames: int, batch: int = 2, seed: int = 0) -> torch.Tensor:
 class FakeCapture:
     """A stand-in for the CUDA capture: records keys; its runners reuse one output buffer, like a graph."""
 
-    def __init__(self, decode: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    def __init__(self, decode: Callable[..., torch.Tensor] | None = None, hop: int = HOP) -> None:
         self.decode = decode
-        self.keys: list[tuple[int, int]] = []
+        self.hop = hop
+        self.keys: list[tuple[int, int, int, int]] = []
 
-    def __call__(self, key: tuple[int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def __call__(self, key: tuple[int, int, int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
         self.keys.append(key)
         out: list[torch.Tensor] = []
+        batch, frames, left, right = key
 
         def run(z: torch.Tensor) -> torch.Tensor:
-            assert (z.shape[0], z.shape[-1]) == key
-            audio = self.decode(z) if self.decode is not None else torch.zeros(1)
+            assert (z.shape[0], z.shape[-1]) == (batch, frames)
+            keep = (left * self.hop, (frames - right) * self.hop)  # as `DACVAE._capture_window`
+            audio = self.decode(z, keep) if self.decode is not None else torch.zeros(1)
             if not out:
                 out.append(torch.empty_like(audio))
             return out[0].copy_(audio)  # the static buffer: overwritten by the next replay
@@ -113,8 +116,8 @@ def test_a_shape_is_captured_on_its_second_use() -> None:
     cache = _cache(cap)
     assert cache.runner(_z(10)) is None and cap.keys == []  # first use: eager
     run = cache.runner(_z(10))
-    assert run is not None and cap.keys == [(1, 10)]
-    assert cache.runner(_z(10)) is run and cap.keys == [(1, 10)]  # replayed, not captured again
+    assert run is not None and cap.keys == [(1, 10, 0, 0)]
+    assert cache.runner(_z(10)) is run and cap.keys == [(1, 10, 0, 0)]  # replayed, not captured again
     assert cache.runner(_z(10, batch=2)) is None  # the batch is part of the shape
 
 
@@ -127,36 +130,44 @@ def test_capture_on_use_max_frames_and_device() -> None:
     assert all(never.runner(_z(5)) is None for _ in range(3))
     cuda_only = graphs.GraphCache(cap, 3, capture_on_use=1)
     assert cuda_only.runner(_z(5)) is None  # a CPU tensor: eager
-    assert cap.keys == [(1, 20)]
+    assert cap.keys == [(1, 20, 0, 0)]
 
 
 def test_lru_eviction_spares_prewarmed_shapes() -> None:
     cap = FakeCapture()
     cache = _cache(cap, max_graphs=3, capture_on_use=1)
-    assert cache.prewarm([(1, 16), (1, 41), (1, 41)]) == 2
+    assert cache.prewarm([(1, 16, 0, 0), (1, 41, 0, 0), (1, 41, 0, 0)]) == 2
     for frames in (9, 10, 11, 12, 9):
         assert cache.runner(_z(frames)) is not None
         assert len(cache.keys()) <= 3
-        assert {(1, 16), (1, 41)} <= set(cache.keys())
+        assert {(1, 16, 0, 0), (1, 41, 0, 0)} <= set(cache.keys())
     # one slot left for the rest: each new shape evicted the last one
-    assert cap.keys == [(1, 16), (1, 41), (1, 9), (1, 10), (1, 11), (1, 12), (1, 9)]
+    assert cap.keys == [
+        (1, 16, 0, 0),
+        (1, 41, 0, 0),
+        (1, 9, 0, 0),
+        (1, 10, 0, 0),
+        (1, 11, 0, 0),
+        (1, 12, 0, 0),
+        (1, 9, 0, 0),
+    ]
     assert cache.captures == 7
-    assert cache.keys() == [(1, 16), (1, 41), (1, 9)]
+    assert cache.keys() == [(1, 16, 0, 0), (1, 41, 0, 0), (1, 9, 0, 0)]
     cache.runner(_z(16))  # a replay refreshes its place in the LRU order
-    assert cache.keys() == [(1, 41), (1, 9), (1, 16)]
+    assert cache.keys() == [(1, 41, 0, 0), (1, 9, 0, 0), (1, 16, 0, 0)]
 
 
 def test_prewarm_pins_without_capturing_twice_and_refuses_too_many() -> None:
     cap = FakeCapture()
     cache = _cache(cap, max_graphs=2, capture_on_use=1)
     cache.runner(_z(7))
-    assert cache.prewarm([(1, 7)]) == 0  # already held: pinned, not captured again
-    assert cache.prewarm([(1, 8)]) == 1
+    assert cache.prewarm([(1, 7, 0, 0)]) == 0  # already held: pinned, not captured again
+    assert cache.prewarm([(1, 8, 0, 0)]) == 1
     with pytest.raises(InputError, match="max_graphs=2"):
-        cache.prewarm([(1, 9)])
-    assert cap.keys == [(1, 7), (1, 8)]
+        cache.prewarm([(1, 9, 0, 0)])
+    assert cap.keys == [(1, 7, 0, 0), (1, 8, 0, 0)]
     assert all(cache.runner(_z(9)) is None for _ in range(3))  # every slot pinned: eager
-    assert cache.keys() == [(1, 7), (1, 8)]
+    assert cache.keys() == [(1, 7, 0, 0), (1, 8, 0, 0)]
 
 
 def test_uses_of_ungraphed_shapes_are_forgotten_oldest_first() -> None:
@@ -168,13 +179,13 @@ def test_uses_of_ungraphed_shapes_are_forgotten_oldest_first() -> None:
     assert len(cache._uses) == graphs.MAX_TRACKED_SHAPES
     assert cache.runner(_z(n)) is not None  # its first use is remembered
     assert cache.runner(_z(1)) is None  # its first use was forgotten
-    assert cap.keys == [(1, n)]
+    assert cap.keys == [(1, n, 0, 0)]
 
 
 def test_clear_drops_graphs_pins_and_counts() -> None:
     cap = FakeCapture()
     cache = _cache(cap)
-    cache.prewarm([(1, 4)])
+    cache.prewarm([(1, 4, 0, 0)])
     cache.runner(_z(5))
     cache.clear()
     assert cache.keys() == [] and not cache._pinned and not cache._uses
@@ -199,8 +210,8 @@ def test_stream_through_graph_runners_equals_eager() -> None:
     got = list(codec.decode_stream(lat, 5, first_chunk_frames=2))
     # windows of 10, 15, 20, 19, 14 and 21 frames through 3 slots (the last one reaches back to
     # the middle length, 5 + 2 * 8)
-    assert cap.keys == [(2, n) for n in (10, 15, 20, 19, 14, 21)]
-    assert codec.graph_shapes == [(2, 19), (2, 14), (2, 21)]
+    assert cap.keys == [(2, n, 0, 0) for n in (10, 15, 20, 19, 14, 21)]
+    assert codec.graph_shapes == [(2, 19, 0, 0), (2, 14, 0, 0), (2, 21, 0, 0)]
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         assert a.is_contiguous() and torch.equal(a, b)  # copies: later replays did not overwrite them
@@ -214,7 +225,7 @@ def test_decode_through_a_graph_runner_is_a_copy() -> None:
     _with_fake_graphs(codec, capture_on_use=1)
     first = codec.decode(lat)
     codec.decode(_latent(6, seed=2))  # the same graph, other input
-    assert codec.graph_shapes == [(2, 6)]
+    assert codec.graph_shapes == [(2, 6, 0, 0)]
     assert torch.equal(first, want)
 
 
@@ -222,11 +233,11 @@ def test_moving_or_casting_the_codec_drops_its_graphs() -> None:
     codec = _codec()
     _with_fake_graphs(codec, capture_on_use=1)
     codec.decode(_latent(3))
-    assert codec.graph_shapes == [(2, 3)]
+    assert codec.graph_shapes == [(2, 3, 0, 0)]
     codec.float()
     assert codec.graph_shapes == [] and codec._graphs is not None  # still enabled
     codec.decode(_latent(3))
-    assert codec.graph_shapes == [(2, 3)]
+    assert codec.graph_shapes == [(2, 3, 0, 0)]
 
 
 def test_use_graphs_is_a_noop_on_the_cpu(tiny: DACVAE) -> None:
@@ -286,7 +297,7 @@ def test_graph_decode_equals_eager_exactly(kind: str) -> None:
         codec.use_graphs(max_graphs=2)
         assert codec.prewarm_graphs([41], batch=2) == 1
         got = [codec.decode(lat) for lat in lats]
-    assert codec.graph_shapes == [(2, 41)] and codec._graphs.captures == 1
+    assert codec.graph_shapes == [(2, 41, 0, 0)] and codec._graphs.captures == 1
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert got[0].data_ptr() != got[1].data_ptr()  # copies, not the graph's output buffer
@@ -308,7 +319,7 @@ def test_graph_stream_equals_eager_stream_exactly(kind: str) -> None:
     # left to 40, all the line has), 41 + 41 (stretched to the middle length), 40 + 40, and 33;
     # 40 recurs within the first line and is captured there, in the one slot left; 33 stays eager
     assert codec._graphs.captures == 3
-    assert set(codec.graph_shapes) == {(2, 16), (2, 41), (2, 40)}
+    assert set(codec.graph_shapes) == {(2, 16, 0, 0), (2, 41, 0, 0), (2, 40, 0, 0)}
 
 
 @needs_gpu
@@ -324,7 +335,7 @@ def test_graph_stream_equals_decode_and_stays_within_max_graphs() -> None:
             torch.testing.assert_close(codec.decode_chunked(lat, 7), codec.decode(lat), atol=ATOL, rtol=0)
             assert len(codec.graph_shapes) <= 6
     assert codec._graphs.captures > 6  # lazily captured shapes were evicted, the prewarmed ones kept
-    assert {(2, n) for n in stream_window_lengths(5, first_chunk_frames=2)} <= set(codec.graph_shapes)
+    assert {(2, n, 0, 0) for n in stream_window_lengths(5, first_chunk_frames=2)} <= set(codec.graph_shapes)
 
 
 def test_a_long_lines_windows_after_the_first_all_have_the_middle_length() -> None:
@@ -443,6 +454,6 @@ def test_a_synthesizers_tail_windows_are_graphed_and_sound_the_same(irodori_home
         synth.codec._graphs = _cache(cap, max_graphs=8, capture_on_use=1)
         opts = SynthesisOptions(seed=3, steps=2, seconds=2.2)
         audio.append(np.concatenate(list(synth.stream("こんにちは", options=opts))))
-        keys.append({n for _, n in cap.keys})
+        keys.append({k[1] for k in cap.keys})
     assert 40 not in keys[0] and 40 in keys[1], keys
     np.testing.assert_allclose(audio[1], audio[0], atol=1e-5)

@@ -216,17 +216,21 @@ def test_a_synthesizers_plan_is_prewarmed_replayed_and_sounds_the_same(irodori_h
         synth.preset = dataclasses.replace(synth.preset, codec_graphs=True)
         lengths: list[int] = []  # the window lengths replayed
         cap = FakeCapture(
-            lambda z, decode=synth.codec._decode_frames, lengths=lengths: (
-                lengths.append(z.shape[-1]) or decode(z)
+            lambda z, keep=None, decode=synth.codec._decode_frames, lengths=lengths: (
+                lengths.append(z.shape[-1]) or decode(z, keep)
             )
         )
         synth.codec._graphs = _cache(cap, max_graphs=8, capture_on_use=None)  # as the synthesizer's
-        assert codec_graphs(synth) == len(synth._window_lengths())
-        assert cap.keys == [(1, n) for n in synth._window_lengths()]
+        # each length with the crops its windows take: the first keeps its right context only,
+        # later ones both ends (a middle window) or their left (a line's last)
+        keys = synth._window_keys()
+        assert [n for n, _ in keys] == [16, *[n for n in synth._window_lengths()[1:] for _ in range(2)]]
+        assert codec_graphs(synth) == len(keys)
+        assert cap.keys == [(1, n, *crop) for n, crop in keys]
         eager: list[int] = []
         decode = synth.codec._decode_frames
-        synth.codec._decode_frames = lambda z, decode=decode, eager=eager: (
-            eager.append(z.shape[-1]) or decode(z)
+        synth.codec._decode_frames = lambda z, keep=None, decode=decode, eager=eager: (
+            eager.append(z.shape[-1]) or decode(z, keep)
         )
         lengths.clear()  # the capture's own run
         opts = SynthesisOptions(seed=3, steps=2, seconds=2.2)

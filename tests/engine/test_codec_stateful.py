@@ -140,7 +140,7 @@ def test_the_codec_streams_statefully_where_channels_last_runs_eagerly(monkeypat
     want = codec.decode(lat)
     windows: list[int] = []
     real = ChannelsLastDecoder.__call__
-    spy = lambda s, z: windows.append(z.shape[1]) or real(s, z)  # noqa: E731
+    spy = lambda s, z, keep=None: windows.append(z.shape[1]) or real(s, z, keep)  # noqa: E731
     monkeypatch.setattr(ChannelsLastDecoder, "__call__", spy)
     chunks = list(codec.decode_stream(lat, 25, first_chunk_frames=8))
     assert [c.shape[-1] // codec.hop_length for c in chunks] == [8, 25, 25, 3]

@@ -92,14 +92,16 @@ def predictor_calls(synth: Synthesizer, voice: Any) -> None:
 
 
 def codec_graphs(synth: Synthesizer) -> int:
-    """Capture the codec's graphs for the stream's window lengths (first and middle windows)."""
+    """Capture the codec's graphs for the stream's windows: each length with the crops its windows
+    take (`Synthesizer._window_keys`), for one line and for the batches of lines that meet."""
     if not synth.preset.codec_graphs or not hasattr(synth.codec, "prewarm_graphs"):
         return 0
-    lengths = synth._window_lengths()
+    keys = synth._window_keys()
+    captured = 0
     with hold_model_lock():
-        captured = synth.codec.prewarm_graphs(lengths)
-        for rows in synth._decode_rows():  # windows of lines that meet, decoded as one batch
-            captured += synth.codec.prewarm_graphs(lengths, batch=rows)
+        for rows in (1, *synth._decode_rows()):  # windows of lines that meet, decoded as one batch
+            for n, crop in keys:
+                captured += synth.codec.prewarm_graphs([n], batch=rows, crop=crop)
         return captured
 
 

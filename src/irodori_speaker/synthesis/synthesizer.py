@@ -32,7 +32,7 @@ import torch
 from ..audio.controls import PieceGain, needs_processing, needs_whole_piece, process_piece, silence
 from ..cancel import CancelToken
 from ..engine.batch import BATCH_BUCKETS, batch_bucket, frame_mask, signature, stack_conditions, stack_noise
-from ..engine.codec import stream_window_lengths
+from ..engine.codec import stream_window_keys, stream_window_lengths
 from ..engine.config import InferenceConfig
 from ..engine.duration import (
     FRAMES_PER_SECOND,
@@ -162,7 +162,7 @@ class Synthesizer:
         if self.preset.codec_graphs and codec_device is not None and codec_device.type == "cuda":
             # the stream's first and middle windows replayed from graphs, captured by prewarm; other
             # lengths (a line's last window) stay eager: a capture mid-stream would cost more
-            shapes = len(self._window_lengths()) * (1 + len(self._decode_rows()))
+            shapes = len(self._window_keys()) * (1 + len(self._decode_rows()))
             codec.use_graphs(True, capture_on_use=None, max_graphs=max(8, shapes))
         if self.device.type == "cuda" and self.preset.owner_queue_depth:
             DEVICE.queue_depth = self.preset.owner_queue_depth  # one owner: process-wide
@@ -294,6 +294,18 @@ class Synthesizer:
             plan_lengths=plan,
         )
         return list(dict.fromkeys([*lengths, *(() if plan else self.preset.stream_tail_windows)]))
+
+    def _window_keys(self) -> list[tuple[int, tuple[int, int]]]:
+        """(length, crop) of the windows of `_window_lengths` that get graphs: each length with the
+        crops its windows take (`codec.streaming.stream_window_keys`: a line's first, middle and
+        last windows keep different ends)."""
+        return stream_window_keys(
+            self.preset.stream_chunk_frames,
+            first_chunk_frames=self.preset.stream_first_chunk_frames,
+            growth=self.preset.stream_chunk_growth,
+            plan_lengths=tuple(self.preset.stream_window_plan),
+            tail_lengths=tuple(self.preset.stream_tail_windows),
+        )
 
     def _decode_rows(self) -> list[int]:
         """The batch buckets of stream windows decoded together (`preset.decode_batch`)."""

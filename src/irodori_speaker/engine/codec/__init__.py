@@ -27,7 +27,7 @@ from .layers import (
 )
 from .model import DACVAE
 from .random_weights import checkpoint_layout, random_codec_state_dict, save_random_codec_pth
-from .streaming import RECEPTIVE_FIELD_FRAMES, stream_window_lengths
+from .streaming import RECEPTIVE_FIELD_FRAMES, stream_window_keys, stream_window_lengths
 
 __all__ = [
     "DACVAE",
@@ -50,5 +50,6 @@ __all__ = [
     "load_codec",
     "random_codec_state_dict",
     "save_random_codec_pth",
+    "stream_window_keys",
     "stream_window_lengths",
 ]

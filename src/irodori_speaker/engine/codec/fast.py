@@ -217,47 +217,109 @@ class ChannelsLastDecoder:
                 if not conv.transposed and conv.kernel > 1 and conv.weight.shape[0] <= FUSED_UNIT_WIDTH
             }
 
-    def __call__(self, z: Tensor) -> Tensor:
-        """(B, T, latent_channels) in the codec dtype -> (B, 1, hop * T) float32 audio."""
+    def __call__(self, z: Tensor, keep: tuple[int, int] | None = None) -> Tensor:
+        """(B, T, latent_channels) in the codec dtype -> (B, 1, hop * T) float32 audio; with `keep`
+        (a, b), only samples [a, b) of it, (B, 1, b - a): each block then decodes only the samples
+        those depend on (`crop_spans`), not the window's whole context."""
         if not fused_available(z.device):
-            return self._run(z, epilogue_torch, False)
+            return self._run(z, epilogue_torch, False, keep)
 
         def unfused() -> Tensor:
             return run_or_fall_back(
-                lambda: self._run(z, conv_epilogue, False), lambda: self._run(z, epilogue_torch, False)
+                lambda: self._run(z, conv_epilogue, False, keep),
+                lambda: self._run(z, epilogue_torch, False, keep),
             )
 
         if self.fuse_units and z.dtype in (torch.float16, torch.bfloat16):
             return run_or_fall_back(
-                lambda: self._run(z, conv_epilogue, True),
+                lambda: self._run(z, conv_epilogue, True, keep),
                 unfused,
                 what="the codec's fused residual units",
                 switch_off=lambda: setattr(self, "fuse_units", False),
             )
         return unfused()
 
+    def crop_spans(self, a: int, b: int) -> dict[int, tuple[int, int]]:
+        """For output samples [a, b): the samples [lo, hi) of each block's input (by the index of
+        its transposed conv in `steps`, in that block's input rate, from the window's start) that
+        those outputs depend on. Walked back through every conv (`input_span`); a residual unit's
+        input is needed where its conv path or its residual reads it."""
+        k = self.head_weight.shape[-1]
+        lo, hi = a - self.head_padding, b - self.head_padding + k - 1
+        spans: dict[int, tuple[int, int]] = {}
+        residual: tuple[int, int] | None = None  # what the residual add reads of the unit's input
+        for i in range(len(self.steps) - 1, -1, -1):
+            conv, adds_residual, _, _ = self.steps[i]
+            if adds_residual:
+                residual = (lo, hi)
+            lo, hi = input_span(conv, lo, hi)
+            if residual is not None and not adds_residual:  # the unit's dilated conv: its input
+                lo, hi, residual = min(lo, residual[0]), max(hi, residual[1]), None
+            if conv.transposed:
+                spans[i] = (lo, hi)
+        return spans
+
     def _run(
-        self, z: Tensor, epilogue: Callable[..., tuple[Tensor | None, Tensor | None]], unit: bool
+        self,
+        z: Tensor,
+        epilogue: Callable[..., tuple[Tensor | None, Tensor | None]],
+        unit: bool,
+        keep: tuple[int, int] | None = None,
     ) -> Tensor:
         """The decode; `unit`: each residual unit of at most `FUSED_UNIT_WIDTH` channels in one
-        kernel (`fused.residual_unit`)."""
+        kernel (`fused.residual_unit`); `keep`: only samples [a, b) (`__call__`)."""
         x, _ = epilogue(self.in_proj(z.contiguous()), self.in_proj.bias, None, None, True)
         assert x is not None
         _, s = epilogue(self.first(x), self.first.bias, None, self.first_alpha, False)
         steps = enumerate(self.steps)
         packs = self._packs if unit and self._packs is not None else {}
-        for i, (conv, residual, alpha, keep) in steps:
+        spans = self.crop_spans(*keep) if keep is not None else {}
+        start = 0  # the window sample (at the current rate) the activations begin at
+        for i, (conv, residual, alpha, keep_h) in steps:
             assert s is not None
+            if i in spans:  # a block's input: only what the kept samples depend on
+                start, s = _crop(s, start, spans[i], conv.stride)
+            if conv.transposed:
+                start *= conv.stride
             if i in packs:
-                _, (tail, _, nxt, keep) = next(steps)  # the unit's 1-tap conv, with the residual
+                _, (tail, _, nxt, keep_h) = next(steps)  # the unit's 1-tap conv, with the residual
                 assert alpha is not None and nxt is not None and x is not None
-                h, s = residual_unit(s, packs[i], conv.bias, alpha, conv.dilation, tail.bias, x, nxt, keep)
+                h, s = residual_unit(s, packs[i], conv.bias, alpha, conv.dilation, tail.bias, x, nxt, keep_h)
             else:
-                h, s = epilogue(conv(s), conv.bias, x if residual else None, alpha, keep)
-            if keep:  # the next unit's residual
+                h, s = epilogue(conv(s), conv.bias, x if residual else None, alpha, keep_h)
+            if keep_h:  # the next unit's residual
                 x = h
         assert s is not None
-        return _head(s, self.head_weight, self.head_bias, self.head_padding)
+        audio = _head(s, self.head_weight, self.head_bias, self.head_padding)
+        if keep is None:
+            return audio
+        return audio[:, :, keep[0] - start : keep[1] - start]
+
+
+def input_span(conv: _Conv, lo: int, hi: int) -> tuple[int, int]:
+    """The input samples [lo', hi') that output samples [lo, hi) of `conv` read (zero padding
+    aside). Stride 1: output n reads n - padding + j * dilation, j < kernel; transposed: output n
+    is input i's tap j where n = i * stride - padding + j."""
+    k, s, p, d = conv.kernel, conv.stride, conv.padding, conv.dilation
+    if conv.transposed:
+        return -(-(lo + p - (k - 1)) // s), (hi - 1 + p) // s + 1
+    return lo * s - p, (hi - 1) * s - p + (k - 1) * d + 1
+
+
+def _crop(s: Tensor, start: int, span: tuple[int, int], stride: int) -> tuple[int, Tensor]:
+    """`s` (B, T, C), beginning at window sample `start`, cut to `span` (within it). Its length then
+    times `stride` (the block's upsampling) stays a multiple of 9 where the window's allows, so the
+    block's dilated convs still run in phases (`_Conv.phases`)."""
+    T = s.shape[1]
+    lo, hi = max(span[0] - start, 0), min(span[1] - start, T)
+    if lo == 0 and hi == T:
+        return start, s
+    while (hi - lo) * stride % 9 and (hi < T or lo > 0):
+        if hi < T:
+            hi += 1
+        else:
+            lo -= 1
+    return start + lo, s[:, lo:hi].contiguous()
 
 
 #: the widest residual unit fused into one kernel (`fused.residual_unit`): the last, 96-channel

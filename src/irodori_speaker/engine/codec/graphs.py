@@ -19,7 +19,10 @@ from ..cuda_graphs import capture
 
 __all__ = ["GraphCache", "WindowGraph", "capture_graph"]
 
-GraphKey = tuple[int, int]  # (batch, window frames)
+# (batch, window frames, left, right): left / right, the frames at each end that only give context
+# (`streaming.window_crop`), which a cropped decode does not carry through the deeper blocks
+GraphKey = tuple[int, int, int, int]
+Crop = tuple[int, int]
 MAX_TRACKED_SHAPES = 64  # ungraphed shapes whose uses are counted (the oldest are forgotten)
 
 
@@ -110,17 +113,30 @@ class GraphCache:
         return captured
 
     def held(self, key: GraphKey) -> Callable[[Tensor], Tensor] | None:
-        """The graph held for `key` (batch, frames), or None; never captures."""
+        """The graph held for `key` (batch, frames, left, right), or None; never captures."""
         run = self._graphs.get(key)
         if run is not None:
             self._graphs.move_to_end(key)
         return run
 
-    def runner(self, z: Tensor) -> Callable[[Tensor], Tensor] | None:
-        """The graph for `z`'s shape, captured now if the policy says so; None: decode eagerly."""
+    def held_within(
+        self, batch: int, frames: int, crop: Crop
+    ) -> tuple[Callable[[Tensor], Tensor], Crop] | None:
+        """A held graph whose window keeps at least what `crop` keeps (the same crop, or one that
+        crops one side or neither) and its crop, or None; never captures."""
+        left, right = crop
+        for c in dict.fromkeys([(left, right), (left, 0), (0, right), (0, 0)]):
+            run = self.held((batch, frames, *c))
+            if run is not None:
+                return run, c
+        return None
+
+    def runner(self, z: Tensor, crop: Crop = (0, 0)) -> Callable[[Tensor], Tensor] | None:
+        """The graph for `z`'s shape and `crop`, captured now if the policy says so; None: decode
+        eagerly."""
         if not self.applies_to(z.device):
             return None
-        key = (z.shape[0], z.shape[-1])
+        key = (z.shape[0], z.shape[-1], *crop)
         run = self._graphs.get(key)
         if run is not None:
             self._graphs.move_to_end(key)

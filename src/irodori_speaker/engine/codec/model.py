@@ -8,6 +8,7 @@ watermark off) and the deterministic `encode` (audio -> the posterior mean). The
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from .fast import ChannelsLastDecoder, supports_channels_last
 from .graphs import GraphCache, WindowGraph, capture_graph
 from .layers import Decoder, Encoder, VAEBottleneck
 from .stateful import LineStream
-from .streaming import RECEPTIVE_FIELD_FRAMES, Window, check_int, chunk_windows, decode_windows
+from .streaming import RECEPTIVE_FIELD_FRAMES, Window, check_int, chunk_windows, decode_windows, window_crop
 
 __all__ = ["DACVAE"]
 
@@ -45,6 +46,9 @@ class DACVAE(nn.Module):
         self._graphs: GraphCache | None = None  # set by use_graphs
         self._graph_pool: Any = None  # the one CUDA memory pool all of this codec's graphs share
         self._channels_last: ChannelsLastDecoder | None = None  # set by use_channels_last
+        # windows decoded on the channels-last path carry only what their kept samples depend on
+        # through the deeper blocks, not their whole context (`_decode_frames`); graphs per crop
+        self.crop_windows = True
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], *, device: str | torch.device | None = None) -> DACVAE:
@@ -93,11 +97,26 @@ class DACVAE(nn.Module):
             raise InputError("latent contains NaN or inf")
         return latent.to(device=self.device, dtype=self.dtype).transpose(1, 2)
 
-    def _decode_frames(self, z: Tensor) -> Tensor:
-        """(B, codebook_dim, T) in the codec dtype -> (B, 1, hop*T) float32."""
+    def _decode_frames(self, z: Tensor, keep: tuple[int, int] | None = None) -> Tensor:
+        """(B, codebook_dim, T) in the codec dtype -> (B, 1, hop*T) float32; with `keep` (a, b) only
+        samples [a, b) of it, which the channels-last decoder computes without carrying the rest
+        through its deeper blocks (`ChannelsLastDecoder.crop_spans`)."""
+        if self._channels_last is not None and self.crop_windows:
+            return self._channels_last(z.transpose(1, 2), keep)
         if self._channels_last is not None:
-            return self._channels_last(z.transpose(1, 2))
-        return self.decoder(self.quantizer.out_proj(z)).float()
+            audio = self._channels_last(z.transpose(1, 2))
+        else:
+            audio = self.decoder(self.quantizer.out_proj(z)).float()
+        return audio if keep is None else audio[:, :, keep[0] : keep[1]]
+
+    def _crop(self, frames: int, a: int, b: int) -> tuple[int, int]:
+        """The crop a window of `frames` frames keeping samples [a, b) decodes with: (left, right),
+        the context at each end its graph leaves out (`streaming.window_crop`); (0, 0) where
+        cropping is off or does not apply (the (B, C, T) decoder)."""
+        if not (self.crop_windows and self._channels_last is not None):
+            return (0, 0)
+        hop = self.hop_length
+        return window_crop((0, a // hop, -(-b // hop), frames))
 
     def use_channels_last(self, enabled: bool = True) -> bool:
         """Decode on (batch, time, channels) activations with fused conv epilogues (`codec.fast`).
@@ -118,12 +137,20 @@ class DACVAE(nn.Module):
         return self._channels_last is not None
 
     def _decode_window(self, z: Tensor, a: int, b: int) -> Tensor:
-        """Samples [a, b) of window `z`'s decode as a tensor of its own (a graph replay where one applies)."""
-        run = None if self._graphs is None else self._graphs.runner(z)
-        if run is None:
-            return self._decode_frames(z)[:, :, a:b].contiguous()
+        """Samples [a, b) of window `z`'s decode as a tensor of its own (a graph replay where one
+        applies: the graph of its crop, or of one that keeps more)."""
+        held = None
+        if self._graphs is not None and self._graphs.applies_to(z.device):
+            crop = self._crop(z.shape[-1], a, b)
+            held = self._graphs.held_within(z.shape[0], z.shape[-1], crop)
+            if held is None and self._graphs.runner(z, crop) is not None:  # captured on use
+                held = self._graphs.held_within(z.shape[0], z.shape[-1], crop)
+        if held is None:
+            return self._decode_frames(z, (a, b)).contiguous()
+        run, (left, _) = held
+        at = left * self.hop_length  # the graph's output begins at the crop
         # the graph's output buffer is overwritten by the next replay: hand out a copy
-        return run(z)[:, :, a:b].clone(memory_format=torch.contiguous_format)
+        return run(z)[:, :, a - at : b - at].clone(memory_format=torch.contiguous_format)
 
     def decode(self, latent: Tensor) -> Tensor:
         """Decode (B, T, 32) latents to (B, 1, hop*T) audio in one pass (memory grows with T)."""
@@ -225,23 +252,26 @@ class DACVAE(nn.Module):
             z, a, b = windows[0]
             return [self._decode_window(z, a, b)]
         zs = torch.cat([z for z, _, _ in windows])
+        # what every row keeps: the crop of the rows' widest kept span
+        a0, b0 = min(a for _, a, _ in windows), max(b for _, _, b in windows)
         with torch.no_grad():
             if self._graphed():
                 rows = batch_bucket(len(windows))
                 assert self._graphs is not None
-                run = self._graphs.held((rows, n))
-                if run is None:
+                held = self._graphs.held_within(rows, n, self._crop(n, a0, b0))
+                if held is None:
                     return [self._decode_window(z, a, b) for z, a, b in windows]
                 if rows > len(windows):
                     zs = torch.cat([zs, zs[:1].expand(rows - len(windows), -1, -1)])
-                out = run(zs)
+                run, (left, _) = held
+                out, at = run(zs), left * self.hop_length
                 # the graph's output buffer is overwritten by the next replay: each piece a copy
                 return [
-                    out[i : i + 1, :, a:b].clone(memory_format=torch.contiguous_format)
+                    out[i : i + 1, :, a - at : b - at].clone(memory_format=torch.contiguous_format)
                     for i, (_, a, b) in enumerate(windows)
                 ]
-            out = self._decode_frames(zs)
-        return [out[i : i + 1, :, a:b].contiguous() for i, (_, a, b) in enumerate(windows)]
+            out = self._decode_frames(zs, (a0, b0))
+        return [out[i : i + 1, :, a - a0 : b - a0].contiguous() for i, (_, a, b) in enumerate(windows)]
 
     def fills_batches(self) -> bool:
         """Whether `decode_window_batch` fills a batch up to its bucket (its graphs replay)."""
@@ -300,23 +330,32 @@ class DACVAE(nn.Module):
                 self._capture_window, max_graphs, capture_on_use=capture_on_use, max_frames=max_frames
             )
 
-    def prewarm_graphs(self, lengths: Iterable[int], batch: int = 1) -> int:
+    def prewarm_graphs(self, lengths: Iterable[int], batch: int = 1, crop: tuple[int, int] = (0, 0)) -> int:
         """Capture graphs for windows of these frame counts now and keep them; returns how many are new.
 
-        Returns 0 without capturing when graphs are off or the codec is not on CUDA.
+        `crop` (left, right): the frames at each end the windows keep only as context
+        (`streaming.window_crop`); their graph decodes the rest (where `crop_windows` applies; else
+        whole windows). Returns 0 without capturing when graphs are off or the codec is not on CUDA.
         Raises `InputError` if more shapes would be kept than `max_graphs`.
         """
         lengths = list(lengths)
         check_int("batch", batch, 1)
         for n in lengths:
             check_int("window length", n, 1)
+        left, right = crop
+        check_int("crop", left, 0)
+        check_int("crop", right, 0)
+        if any(left + right >= n for n in lengths):
+            raise InputError(f"a window's crop {crop} leaves it no frames: lengths {lengths}")
         if self._graphs is None or not self._graphs.applies_to(self.device):
             return 0
-        return self._graphs.prewarm([(batch, n) for n in lengths])
+        if not (self.crop_windows and self._channels_last is not None):
+            crop = (0, 0)
+        return self._graphs.prewarm([(batch, n, *crop) for n in lengths])
 
     @property
-    def graph_shapes(self) -> list[tuple[int, int]]:
-        """(batch, frames) of the graphs held now, least recently used first."""
+    def graph_shapes(self) -> list[tuple[int, int, int, int]]:
+        """(batch, frames, left, right) of the graphs held now, least recently used first."""
         return [] if self._graphs is None else self._graphs.keys()
 
     def _drop_graphs(self) -> None:
@@ -331,9 +370,11 @@ class DACVAE(nn.Module):
             self.use_channels_last(True)
         return out
 
-    def _capture_window(self, key: tuple[int, int]) -> WindowGraph:
-        """Capture the decode of a (batch, codebook_dim, frames) window on CUDA."""
-        batch, frames = key
+    def _capture_window(self, key: tuple[int, int, int, int]) -> WindowGraph:
+        """Capture the decode of a (batch, codebook_dim, frames) window on CUDA, its samples from
+        `left` frames in to `right` frames before its end."""
+        batch, frames, left, right = key
+        hop = self.hop_length
         device = self.device
         # Under no_grad with inference mode off: the static buffers are normal tensors, which replays
         # may fill in either mode, and Snake takes the in-place branch the eager no_grad decode takes.
@@ -342,7 +383,8 @@ class DACVAE(nn.Module):
                 self._graph_pool = torch.cuda.graph_pool_handle()
             static_in = torch.zeros(batch, self.latent_channels, frames, device=device, dtype=self.dtype)
             keep = (*self.parameters(), *self.buffers())
-            return capture_graph(self._decode_frames, static_in, self._graph_pool, keep)
+            decode = functools.partial(self._decode_frames, keep=(left * hop, (frames - right) * hop))
+            return capture_graph(decode, static_in, self._graph_pool, keep)
 
     # ---- encode
 

@@ -24,7 +24,9 @@ __all__ = [
     "chunk_windows",
     "decode_windows",
     "plan_args",
+    "stream_window_keys",
     "stream_window_lengths",
+    "window_crop",
     "window_frames",
 ]
 
@@ -39,6 +41,16 @@ Window = tuple[int, int, int, int]
 def window_frames(z: Tensor, lo: int, hi: int) -> Tensor:
     """Frames [lo, hi) of `z` (..., T), zero frames standing in before frame 0 when lo < 0."""
     return z[..., lo:hi] if lo >= 0 else F.pad(z[..., :hi], (-lo, 0))
+
+
+def window_crop(window: Window, context: int = RECEPTIVE_FIELD_FRAMES) -> tuple[int, int]:
+    """(left, right): the frames at each end of `window` that only give context, `context` where
+    it has that many beyond its kept frames, else 0 (a line's start or end). A window's graph is
+    captured per crop (two or three a length, not one a window); its decode carries only what its
+    kept samples depend on through the deeper blocks (`fast.ChannelsLastDecoder.crop_spans`): the
+    first, frame-rate blocks see the context, the 24 and 48 kHz ones about the kept frames."""
+    lo, start, end, hi = window
+    return (context if start - lo >= context else 0, context if hi - end >= context else 0)
 
 
 def check_int(name: str, value: Any, least: int) -> None:
@@ -224,6 +236,32 @@ def stream_window_lengths(
     frames = first + ramp + chunk_frames * (context_frames + 2) + context_frames
     windows = chunk_windows(frames, chunk_frames, context_frames, first_chunk_frames, growth=growth)
     return list(dict.fromkeys(hi - lo for lo, _, end, hi in windows if end + context_frames <= frames))
+
+
+def stream_window_keys(
+    chunk_frames: int,
+    context_frames: int = RECEPTIVE_FIELD_FRAMES,
+    first_chunk_frames: int | None = None,
+    growth: float | None = None,
+    *,
+    plan_lengths: Sequence[int] = (),
+    tail_lengths: Sequence[int] = (),
+) -> list[tuple[int, tuple[int, int]]]:
+    """(length, crop) of the windows `stream_window_lengths` (and `tail_lengths`) names, with the
+    crops their windows take (`window_crop`), for `prewarm_graphs`: the first window keeps its
+    right context only; a later one both (a middle window) or its left (a line's last); a later
+    window that can start within the context of the line's start (a first chunk shorter than it,
+    or growing chunks) its right only too."""
+    first = stream_args(chunk_frames, context_frames, first_chunk_frames, growth)
+    lengths = stream_window_lengths(
+        chunk_frames, context_frames, first_chunk_frames, growth, plan_lengths=plan_lengths
+    )
+    c = context_frames
+    later = [(c, c), (c, 0), *([(0, c)] if first < c or growth is not None else [])]
+    keys = [(lengths[0], (0, c))]
+    for n in dict.fromkeys([*lengths[1:], *(() if plan_lengths else tail_lengths)]):
+        keys += [(n, crop) for crop in later if sum(crop) < n]
+    return list(dict.fromkeys(keys))
 
 
 def decode_windows(
