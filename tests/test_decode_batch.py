@@ -243,13 +243,14 @@ def test_graphed_window_batches_replay_prewarms_graphs_and_equal_each_window_alo
     cuda = load_synthesizer(tiny_random=True, backend="cuda", voice_cache_dir=False, max_batch=8)
     cuda.prewarm()
     codec, n = cuda.codec, cuda._window_lengths()[0]
-    assert cuda._decode_rows() and codec._graphs.held((4, n)) is not None  # batch graphs from prewarm
+    # batch graphs from prewarm: the first window's length keeps its right context only
+    assert cuda._decode_rows() and codec._graphs.held((4, n, 0, 8)) is not None
     assert codec.fills_batches()  # so decoding cuts a mostly-filler batch (engine.batch.lines_to_take)
     captures = codec._graphs.captures
     gen = torch.Generator().manual_seed(2)
     z = [torch.randn(1, codec.latent_channels, n, generator=gen).cuda() for _ in range(3)]
     hop = codec.hop_length
-    cuts = [(0, n * hop), (4 * hop, (n - 4) * hop), (7, 1000)]
+    cuts = [(0, (n - 8) * hop), (4 * hop, (n - 12) * hop), (7, 1000)]  # within a first window's kept frames
     with torch.inference_mode():
         batch = codec.decode_window_batch([(w, a, b) for w, (a, b) in zip(z, cuts)])  # 3 rows: bucket 4
         alone = [codec._decode_window(w, a, b) for w, (a, b) in zip(z, cuts)]
