@@ -13,6 +13,7 @@ its input and residual once and writes h and s once: the fusion `docs/status.md`
     python benchmarks/codec_roofline.py --rows 1 --peak-tbs 4.8 --peak-tflops 989   # H200 peaks
     python benchmarks/codec_roofline.py --src=OLD/src          # an older tree's decoder, same script
     python benchmarks/codec_roofline.py --shapes 1x16,4x66,16x66 [--no-phases] [--exact-sin] [--unfused-units]
+    python benchmarks/codec_roofline.py --shapes 1x66,4x66,16x66 --crop 8,8   # whole vs cropped windows
 
 `--shapes`: only the graphed window per rows x frames (ms, ms a window), the A/B table of a change;
 `--no-phases`: dilated convs as themselves, not in phases (`_Conv.phases`); `--exact-sin`: Snake's
@@ -148,21 +149,39 @@ def shape_table(codec, shapes: list, args: argparse.Namespace) -> None:
     """The graphed window (the product's path) per (rows, frames): device ms, ms a window."""
     import irodori_speaker
 
-    codec.use_graphs(True, capture_on_use=None, max_graphs=len(shapes))
+    codec.use_graphs(True, capture_on_use=None, max_graphs=2 * len(shapes))
     flags = (" (no phases)" if args.no_phases else "") + (" (units unfused)" if args.unfused_units else "")
     sine = "approximate" if getattr(codec_kernels, "APPROX_SIN", False) else "exact"
     print(f"engine {Path(irodori_speaker.__file__).parent}{flags}, {sine} sine")
-    print("| rows x frames | graphed ms | ms a window |")
-    print("|---|---|---|")
+    left, right = (int(x) for x in args.crop.split(",")) if args.crop else (0, 0)
+    if args.crop:  # the window keeping [left, frames - right): whole, then cropped (its own graph)
+        print(f"windows keeping [{left}, frames - {right}): decoded whole, then cropped (`crop_spans`)")
+        print("| rows x frames | whole ms | cropped ms | whole / cropped | cropped ms a window |")
+        print("|---|---|---|---|---|")
+    else:
+        print("| rows x frames | graphed ms | ms a window |")
+        print("|---|---|---|")
+    hop = codec.hop_length
     for rows, frames in shapes:
-        codec.prewarm_graphs([frames], batch=rows)
         z = torch.randn(rows, codec.latent_channels, frames, device="cuda").to(codec.dtype)
-        ledger = Ledger(args.reps)
-        with torch.inference_mode():
-            samples = frames * codec.hop_length
-            ledger.run("w", "", lambda z=z, n=samples: codec._decode_window(z, 0, n), 0.0, 0.0)
-        ms = ledger.rows[("w", "")][0]
-        print(f"| {rows} x {frames} | {ms:.3f} | {ms / rows:.3f} |")
+        times = []
+        for crop in (False, True) if args.crop else (False,):
+            if args.crop:  # an older tree (--src) has no crops: leave it be
+                codec.crop_windows = crop
+                codec.prewarm_graphs([frames], batch=rows, crop=(left, right))
+            else:
+                codec.prewarm_graphs([frames], batch=rows)
+            a, b = (left * hop, (frames - right) * hop) if args.crop else (0, frames * hop)
+            ledger = Ledger(args.reps)
+            with torch.inference_mode():
+                ledger.run("w", "", lambda z=z, a=a, b=b: codec._decode_window(z, a, b), 0.0, 0.0)
+            times.append(ledger.rows[("w", "")][0])
+        if args.crop:
+            whole, cropped = times
+            each = cropped / rows
+            print(f"| {rows} x {frames} | {whole:.3f} | {cropped:.3f} | {whole / cropped:.2f} | {each:.3f} |")
+        else:
+            print(f"| {rows} x {frames} | {times[0]:.3f} | {times[0] / rows:.3f} |")
 
 
 def main() -> None:
@@ -177,6 +196,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="ROWSxFRAMES,...: only the graphed window's ms per shape")
     ap.add_argument("--no-phases", action="store_true", help="dilated convs not in phases (_Conv.phases)")
     ap.add_argument("--unfused-units", action="store_true", help="no residual unit in one kernel")
+    crop_help = "L,R: with --shapes, windows keeping [L, frames - R), whole against cropped"
+    ap.add_argument("--crop", help=crop_help)
     ap.add_argument("--exact-sin", action="store_true", help="the exact sine (APPROX_SIN off)")
     args = ap.parse_args()
     assert torch.cuda.is_available(), "a CUDA benchmark"
