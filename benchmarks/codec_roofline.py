@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -54,14 +55,20 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 class Ledger:
     """Per (kind, stage): ms, bytes, FLOPs, calls."""
 
-    def __init__(self, reps: int) -> None:
+    def __init__(self, reps: int, cpu: bool = False) -> None:
         self.reps = reps
+        self.cpu = cpu  # the host clock (`--shapes --device cpu`), else CUDA events
         self.rows: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
 
     def run(self, kind: str, stage: str, fn, nbytes: float, flops: float):
         out = fn()  # the result the next op reads
         times = []
         for _ in range(self.reps):
+            if self.cpu:
+                t0 = time.perf_counter()
+                fn()
+                times.append(1e3 * (time.perf_counter() - t0))
+                continue
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             fn()
@@ -163,7 +170,7 @@ def shape_table(codec, shapes: list, args: argparse.Namespace) -> None:
         print("|---|---|---|")
     hop = codec.hop_length
     for rows, frames in shapes:
-        z = torch.randn(rows, codec.latent_channels, frames, device="cuda").to(codec.dtype)
+        z = torch.randn(rows, codec.latent_channels, frames, device=codec.device).to(codec.dtype)
         times = []
         for crop in (False, True) if args.crop else (False,):
             if args.crop:  # an older tree (--src) has no crops: leave it be
@@ -172,7 +179,7 @@ def shape_table(codec, shapes: list, args: argparse.Namespace) -> None:
             else:
                 codec.prewarm_graphs([frames], batch=rows)
             a, b = (left * hop, (frames - right) * hop) if args.crop else (0, frames * hop)
-            ledger = Ledger(args.reps)
+            ledger = Ledger(args.reps, cpu=args.device == "cpu")
             with torch.inference_mode():
                 ledger.run("w", "", lambda z=z, a=a, b=b: codec._decode_window(z, a, b), 0.0, 0.0)
             times.append(ledger.rows[("w", "")][0])
@@ -199,17 +206,17 @@ def main() -> None:
     crop_help = "L,R: with --shapes, windows keeping [L, frames - R), whole against cropped"
     ap.add_argument("--crop", help=crop_help)
     ap.add_argument("--exact-sin", action="store_true", help="the exact sine (APPROX_SIN off)")
+    ap.add_argument("--device", default="cuda", help="cpu: --shapes only, eager (no graphs), the host clock")
     args = ap.parse_args()
-    assert torch.cuda.is_available(), "a CUDA benchmark"
+    assert (args.device == "cuda" and torch.cuda.is_available()) or args.shapes, "a CUDA benchmark"
     if args.no_phases:
         _Conv.phases = lambda self, T: 1  # type: ignore[method-assign]
     if args.exact_sin:
         if not hasattr(codec_kernels, "APPROX_SIN"):
             sys.exit("--exact-sin: this tree's engine has only the exact sine")
         codec_kernels.APPROX_SIN = False
-    codec = codec_from_state_dict(
-        random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False), FULL_CODEC_KWARGS, device="cuda"
-    ).to(DTYPES[args.dtype])
+    state = random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False)
+    codec = codec_from_state_dict(state, FULL_CODEC_KWARGS, device=args.device).to(DTYPES[args.dtype])
     assert codec.use_channels_last(True) and codec._channels_last is not None
     if args.unfused_units:
         codec._channels_last.fuse_units = False
