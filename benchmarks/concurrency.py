@@ -737,33 +737,29 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
             f"of {r.wall_s:.2f} s\n{top}"
         )
         report.setdefault("owner_profile", []).append({"streams": n, "kind": kind, "top": top})
-    for n in [int(x) for x in args.wait_profile.split(",")] if args.wait_profile else []:
-        lines = max(args.lines, -(-args.min_lines // n))
-        for kind in args.batching.split(","):
-            with tempfile.TemporaryDirectory(prefix="irodori-spy-") as tmp:
-                raw = Path(tmp) / "wait.txt"
-                with spy_profile.recording(os.getpid(), raw, gil=False):
-                    r = run(synth, voices, mode.family, sentences, n, lines, kind, device)
-                table = spy_profile.wait_table(raw)
-            print(
-                f"\n# where the threads wait ({key}): {n} streams, {kind}, {r.audio_s / r.wall_s:.1f} "
-                f"audio s/s, owner busy {100 * r.owner_busy_s / r.wall_s:.0f} % of {r.wall_s:.2f} s "
-                f"(py-spy --idle, {spy_profile.RATE} samples a second a thread)\n{table}"
-            )
-            report.setdefault("wait_profile", []).append({"streams": n, "kind": kind, "table": table})
-    for n in [int(x) for x in args.gil_profile.split(",")] if args.gil_profile else []:
-        lines = max(args.lines, -(-args.min_lines // n))
-        for kind in args.batching.split(","):
-            with tempfile.TemporaryDirectory(prefix="irodori-spy-") as tmp:
-                raw = Path(tmp) / "gil.txt"
-                with spy_profile.recording(os.getpid(), raw, gil=True):
-                    r = run(synth, voices, mode.family, sentences, n, lines, kind, device)
-                table = spy_profile.gil_table(raw, r.lines, unit="line", wall_s=r.wall_s)
-            print(
-                f"\n# who holds the GIL ({key}): {n} streams, {kind}, {r.audio_s / r.wall_s:.1f} audio "
-                f"s/s (py-spy --gil; the recording starts 1 s before the run)\n{table}"
-            )
-            report.setdefault("gil_profile", []).append({"streams": n, "kind": kind, "table": table})
+    # under py-spy: where every thread waits (--idle), who holds the GIL (--gil)
+    for what, spied, gil in (("wait", args.wait_profile, False), ("gil", args.gil_profile, True)):
+        for n in [int(x) for x in spied.split(",")] if spied else []:
+            lines = max(args.lines, -(-args.min_lines // n))
+            for kind in args.batching.split(","):
+                with tempfile.TemporaryDirectory(prefix="irodori-spy-") as tmp:
+                    raw = Path(tmp) / f"{what}.txt"
+                    with spy_profile.recording(os.getpid(), raw, gil=gil):
+                        r = run(synth, voices, mode.family, sentences, n, lines, kind, device)
+                    if gil:
+                        table = spy_profile.gil_table(raw, r.lines, unit="line", wall_s=r.wall_s)
+                    else:
+                        table = spy_profile.wait_table(raw)
+                rate = f"{r.audio_s / r.wall_s:.1f} audio s/s"
+                if gil:
+                    head = f"who holds the GIL ({key}): {n} streams, {kind}, {rate} (py-spy --gil; "
+                    head += "the recording starts 1 s before the run)"
+                else:
+                    head = f"where the threads wait ({key}): {n} streams, {kind}, {rate}, owner busy "
+                    head += f"{100 * r.owner_busy_s / r.wall_s:.0f} % of {r.wall_s:.2f} s (py-spy --idle, "
+                    head += f"{spy_profile.RATE} samples a second a thread)"
+                print(f"\n# {head}\n{table}")
+                report.setdefault(f"{what}_profile", []).append({"streams": n, "kind": kind, "table": table})
     for n in [int(x) for x in args.profile.split(",")] if args.profile else []:
         if device != "cuda":
             raise SystemExit("--profile needs CUDA (the GPU's busy time)")
