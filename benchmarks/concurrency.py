@@ -742,7 +742,7 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         for n in [int(x) for x in spied.split(",")] if spied else []:
             lines = max(args.lines, -(-args.min_lines // n))
             for kind in args.batching.split(","):
-                use_sampling(synth, kind, n, voices if isinstance(voices, list) else [voices])  # as --profile
+                use_sampling(synth, kind, n, voices)  # as --profile
                 with tempfile.TemporaryDirectory(prefix="irodori-spy-") as tmp:
                     raw = Path(tmp) / f"{what}.txt"
                     with spy_profile.recording(os.getpid(), raw, gil=gil):
@@ -768,7 +768,7 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         kind = args.batching.split(",")[0]
         # the kind set up before the profiler starts: a switch (the text tower, the crop) captures
         # graphs again, which is not the run (the thirty-first session's profile counted them)
-        use_sampling(synth, kind, n, voices if isinstance(voices, list) else [voices])
+        use_sampling(synth, kind, n, voices)
         r, stats = profiled(run, synth, voices, mode.family, sentences, n, lines, kind, device)
         rate = r.audio_s / r.wall_s
         print(

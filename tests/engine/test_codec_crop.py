@@ -135,6 +135,9 @@ def test_window_crops_and_the_keys_a_stream_prewarms() -> None:
     assert streaming.window_crop((0, 0, 20, 20)) == (0, 0)  # a line in one window
     keys = stream_window_keys(50, first_chunk_frames=8, plan_lengths=(40, 66, 116))
     assert keys == [(16, (0, C)), *[(n, crop) for n in (40, 66, 116) for crop in ((C, C), (C, 0))]]
+    # every length keeps its place, one too short to crop uncropped
+    short = stream_window_keys(50, first_chunk_frames=8, tail_lengths=(C,))
+    assert short == [(16, (0, C)), (66, (C, C)), (66, (C, 0)), (C, (0, 0))]
 
 
 @pytest.mark.parametrize(

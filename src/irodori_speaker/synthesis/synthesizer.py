@@ -32,7 +32,7 @@ import torch
 from ..audio.controls import PieceGain, needs_processing, needs_whole_piece, process_piece, silence
 from ..cancel import CancelToken
 from ..engine.batch import BATCH_BUCKETS, batch_bucket, frame_mask, signature, stack_conditions, stack_noise
-from ..engine.codec import stream_window_keys, stream_window_lengths
+from ..engine.codec import stream_window_keys
 from ..engine.config import InferenceConfig
 from ..engine.duration import (
     FRAMES_PER_SECOND,
@@ -282,22 +282,11 @@ class Synthesizer:
         with on_cuda_device(self.device):
             return prewarm_synthesizer(self, voice, batch_voices)
 
-    def _window_lengths(self) -> list[int]:
-        """The stream's window lengths (frames) that get graphs: its first and middle windows, and
-        the shorter lengths a line's last window may take (`preset.stream_tail_windows`); with a
-        window plan (`preset.stream_window_plan`) its first window and the plan's lengths."""
-        plan = tuple(self.preset.stream_window_plan)
-        lengths = stream_window_lengths(
-            self.preset.stream_chunk_frames,
-            first_chunk_frames=self.preset.stream_first_chunk_frames,
-            growth=self.preset.stream_chunk_growth,
-            plan_lengths=plan,
-        )
-        return list(dict.fromkeys([*lengths, *(() if plan else self.preset.stream_tail_windows)]))
-
     def _window_keys(self) -> list[tuple[int, tuple[int, int]]]:
-        """(length, crop) of the windows of `_window_lengths` that get graphs: each length with the
-        crops its windows take (`codec.streaming.stream_window_keys`: a line's first, middle and
+        """(length, crop) of the stream's windows that get graphs: its first and middle windows and
+        the shorter lengths a line's last window may take (`preset.stream_tail_windows`), or with a
+        window plan (`preset.stream_window_plan`) its first window and the plan's lengths; each with
+        the crops its windows take (`codec.streaming.stream_window_keys`: a line's first, middle and
         last windows keep different ends)."""
         return stream_window_keys(
             self.preset.stream_chunk_frames,
@@ -306,6 +295,10 @@ class Synthesizer:
             plan_lengths=tuple(self.preset.stream_window_plan),
             tail_lengths=tuple(self.preset.stream_tail_windows),
         )
+
+    def _window_lengths(self) -> list[int]:
+        """The lengths (frames) of `_window_keys`, in order."""
+        return list(dict.fromkeys(n for n, _ in self._window_keys()))
 
     def _decode_rows(self) -> list[int]:
         """The batch buckets of stream windows decoded together (`preset.decode_batch`)."""

@@ -101,7 +101,8 @@ class DACVAE(nn.Module):
         """(B, codebook_dim, T) in the codec dtype -> (B, 1, hop*T) float32; with `keep` (a, b) only
         samples [a, b) of it, which the channels-last decoder computes without carrying the rest
         through its deeper blocks (`ChannelsLastDecoder.crop_spans`)."""
-        if self._channels_last is not None and self.crop_windows:
+        if self._cropping():
+            assert self._channels_last is not None
             return self._channels_last(z.transpose(1, 2), keep)
         if self._channels_last is not None:
             audio = self._channels_last(z.transpose(1, 2))
@@ -109,11 +110,15 @@ class DACVAE(nn.Module):
             audio = self.decoder(self.quantizer.out_proj(z)).float()
         return audio if keep is None else audio[:, :, keep[0] : keep[1]]
 
+    def _cropping(self) -> bool:
+        """Whether windows decode cropped: `crop_windows` on the channels-last decoder."""
+        return self.crop_windows and self._channels_last is not None
+
     def _crop(self, frames: int, a: int, b: int) -> tuple[int, int]:
         """The crop a window of `frames` frames keeping samples [a, b) decodes with: (left, right),
         the context at each end its graph leaves out (`streaming.window_crop`); (0, 0) where
         cropping is off or does not apply (the (B, C, T) decoder)."""
-        if not (self.crop_windows and self._channels_last is not None):
+        if not self._cropping():
             return (0, 0)
         hop = self.hop_length
         return window_crop((0, a // hop, -(-b // hop), frames))
@@ -349,7 +354,7 @@ class DACVAE(nn.Module):
             raise InputError(f"a window's crop {crop} leaves it no frames: lengths {lengths}")
         if self._graphs is None or not self._graphs.applies_to(self.device):
             return 0
-        if not (self.crop_windows and self._channels_last is not None):
+        if not self._cropping():
             crop = (0, 0)
         return self._graphs.prewarm([(batch, n, *crop) for n in lengths])
 

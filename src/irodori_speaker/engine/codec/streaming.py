@@ -247,11 +247,12 @@ def stream_window_keys(
     plan_lengths: Sequence[int] = (),
     tail_lengths: Sequence[int] = (),
 ) -> list[tuple[int, tuple[int, int]]]:
-    """(length, crop) of the windows `stream_window_lengths` (and `tail_lengths`) names, with the
-    crops their windows take (`window_crop`), for `prewarm_graphs`: the first window keeps its
-    right context only; a later one both (a middle window) or its left (a line's last); a later
-    window that can start within the context of the line's start (a first chunk shorter than it,
-    or growing chunks) its right only too."""
+    """(length, crop) of the windows `stream_window_lengths` (and `tail_lengths`) names, every length
+    in its order, with the crops their windows take (`window_crop`), for `prewarm_graphs`: the
+    first window keeps its right context only; a later one both (a middle window) or its left (a
+    line's last); a later window that can start within the context of the line's start (a first
+    chunk shorter than it, or growing chunks) its right only too; a length too short to crop,
+    none."""
     first = stream_args(chunk_frames, context_frames, first_chunk_frames, growth)
     lengths = stream_window_lengths(
         chunk_frames, context_frames, first_chunk_frames, growth, plan_lengths=plan_lengths
@@ -260,7 +261,7 @@ def stream_window_keys(
     later = [(c, c), (c, 0), *([(0, c)] if first < c or growth is not None else [])]
     keys = [(lengths[0], (0, c))]
     for n in dict.fromkeys([*lengths[1:], *(() if plan_lengths else tail_lengths)]):
-        keys += [(n, crop) for crop in later if sum(crop) < n]
+        keys += [(n, crop) for crop in later if sum(crop) < n] or [(n, (0, 0))]  # too short to crop
     return list(dict.fromkeys(keys))
 
 
