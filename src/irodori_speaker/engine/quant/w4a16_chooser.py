@@ -204,8 +204,9 @@ def _graph_ms(fn: Callable[[], object], rep_ms: float = 20.0, replays: int = 10)
     `replays` times (the method of triton's `do_bench_cudagraph`). Captured as every graph here is
     (`cuda_graphs.capture`, on the process's one warm-up stream): `do_bench_cudagraph` takes a
     fresh `torch.cuda.Stream()` a call, and each pool stream the scratch path's cuBLAS ran on kept
-    a workspace for the life of the process (32 MiB each, up to the pool's 32: likely the ~0.8 GB
-    more that a first run held on an H100, benchmarks/RESULTS.md thirtieth session)."""
+    a workspace for the life of the process (32 MiB each, up to the pool's 32): a first run on a
+    fresh H100 held ~0.9 GB more with it, none since (RESULTS.md thirtieth and thirty-first
+    sessions: (o)'s rows 1,715-1,727 against 820-836 MiB)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(5):
