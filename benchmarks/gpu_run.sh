@@ -51,7 +51,9 @@ print(f"files for {sys.argv[1:]} ready in {time.perf_counter() - t0:.1f} s")
 PY
 fi
 if stage tests; then
-  timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -o addopts="" $TESTS 2>&1 | tail -40 | tee "$OUT/pytest.txt"
+  # -v into pytest_full.txt: each test's name and outcome as it ends, kept if the stage runs out
+  timeout "${TESTS_S:-150}" python3 -m pytest -v -p no:cacheprovider -o addopts="" $TESTS 2>&1 \
+    | tee "$OUT/pytest_full.txt" | grep -v " PASSED" | tail -40 | tee "$OUT/pytest.txt"
 fi
 if stage profile; then
   timeout "${PROFILE_S:-200}" python3 benchmarks/profile_line.py ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.txt" | tail -80
