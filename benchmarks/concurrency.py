@@ -239,6 +239,17 @@ def use_crop(synth, on: bool) -> None:
         codec_graphs(synth)
 
 
+def use_decode_rows(synth) -> None:
+    """The codec's graphs for every window batch the preset's `decode_batch` now allows (captured
+    once and kept: a run with fewer rows replays its own buckets' graphs as prewarm left them)."""
+    graphs = synth.codec._graphs if hasattr(synth.codec, "prewarm_graphs") else None
+    if graphs is None or not synth.preset.codec_graphs:
+        return
+    keys = len(synth._window_keys()) * (1 + len(synth._decode_rows()))
+    graphs.max_graphs = max(graphs.max_graphs, keys)
+    codec_graphs(synth)
+
+
 def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     """Put the sampling under test in place on `synth` (a measurement knob: the preset's max_batch,
     what prewarm captured batch graphs for, caps the batch); `voices`: those the streams speak.
@@ -253,11 +264,18 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     `stream_first_before_trim`), "w" after it; "h", the decode on a stream of its own at a higher
     priority (the preset's `owner_decode_stream`), "d" the same at the default priority, "u" one
     stream; "x" the text tower's eager forward (`use_text_backbone`); "c" stream windows decoded
-    whole, not cropped (`use_crop`); a letter left out, the preset's."""
+    whole, not cropped (`use_crop`); a letter left out, the preset's. "#N" before the "+": up to N
+    stream windows decoded as one batch (the preset's `decode_batch`; "line#8"), else --decode-batch
+    or the preset's."""
     kind, _, flags = kind.partition("+")
     if set(flags) - set("twdhuxc"):
         raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u, x, c)")
+    kind, _, rows = kind.partition("#")
+    # decode windows of lines that meet: one by one when serial (the baseline), else as asked
+    windows = 1 if kind == "serial" else int(rows) if rows else DECODE_BATCH[0] or 1
+    synth.preset = dataclasses.replace(synth.preset, decode_batch=windows)
     use_text_backbone(synth, fused="x" not in flags)
+    use_decode_rows(synth)
     use_crop(synth, on="c" not in flags)
     own = synth.preset.owner_decode_stream and synth.device.type == "cuda"
     DEVICE.decode_stream = bool(set(flags) & set("dh")) or ("u" not in flags and own)
@@ -268,9 +286,7 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     kind, _, admit = kind.partition("~")
     top = min(streams, synth.preset.max_batch) if kind != "serial" else 1
     synth._encoders.max_batch = top  # lines' text encoders batch no further (serial stays serial)
-    # decode windows of lines that meet: one by one when serial (the baseline), else as asked
-    windows = 1 if kind == "serial" else DECODE_BATCH[0] or 1
-    synth.preset = dataclasses.replace(synth.preset, decode_batch=windows, stream_first_before_trim=early)
+    synth.preset = dataclasses.replace(synth.preset, stream_first_before_trim=early)
     if kind in ("step", "step-eager"):
         synth._batcher = StepScheduler(
             synth._start_lines, synth._step_lines, synth._sample_batch, top, synth._release_lines
@@ -452,7 +468,18 @@ def gaps_by_next(events: list[tuple[int, int, str]], over: int) -> dict[str, lis
     return out
 
 
-def by_kernel(events: list[tuple[int, int, str]], lines: int, top: int = 15) -> list[dict]:
+# the codec's kernels by name: cuDNN's convolutions and transposed convolutions, and its Triton ones
+CODEC_KERNELS = ("implicit_gemm", "_residual_unit", "_conv_epilogue", "_snake", "conv")
+
+
+def codec_share(events: list[tuple[int, int, str]]) -> float:
+    """The share of the GPU's kernel time in the codec's kernels (`CODEC_KERNELS`, by name)."""
+    total = sum(b - a for a, b, _ in events)
+    codec = sum(b - a for a, b, name in events if any(k in name for k in CODEC_KERNELS))
+    return codec / total if total else float("nan")
+
+
+def by_kernel(events: list[tuple[int, int, str]], lines: int, top: int = 25) -> list[dict]:
     """GPU time by kernel name, longest total first: the `top` names' ms and launches a line (a
     kernel replayed from a CUDA graph counts as its own name; overlapping streams count twice)."""
     tally: dict[str, list[int]] = {}
@@ -503,6 +530,7 @@ def profiled(fn, *args) -> tuple[Run, dict]:
         # the gaps over 1 ms by the kernel that ended them, longest total first
         "gaps_over_1ms_by_next": [{"kernel": k, "gaps": n, "ms": ns / 1e6} for k, (n, ns) in after],
         "by_kernel": by_kernel(events, r.lines),
+        "codec_share": codec_share(events),
     }
     return r, stats
 
@@ -780,6 +808,8 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
             f"shorter ones; batches {dict(sorted(r.batches.items()))}",
             flush=True,
         )
+        share = 100 * stats["codec_share"]
+        print(f"#   the codec's kernels (by name): {share:.0f} % of kernel time", flush=True)
         if len(stats["busy_ms_by_stream"]) > 1:
             by = ", ".join(f"{k}: {v:.1f}" for k, v in stats["busy_ms_by_stream"].items())
             print(f"#   busy ms by stream {by}; two at once {stats['overlap_ms']:.1f} ms", flush=True)

@@ -69,6 +69,9 @@ def test_gpu_time_by_kernel_is_a_line_and_longest_first() -> None:
     assert ranked[0]["ms_a_line"] == 3.5 and ranked[0]["calls_a_line"] == 1.0
     assert ranked[1]["ms_a_line"] == (6_000_000 - 4) / 2e6 and ranked[1]["calls_a_line"] == 0.5
     assert by_kernel([], lines=0) == []
+    share = _module().codec_share
+    conv = [(0, 3, "sm90_xmma_fprop_implicit_gemm"), (3, 4, "_residual_unit_kernel"), (4, 10, "nvjet")]
+    assert share(conv) == 0.4 and share([]) != share([])  # NaN with no kernels
 
 
 def test_a_chunk_is_late_only_after_the_audio_before_it_has_played_out() -> None:
@@ -308,6 +311,32 @@ def test_c_decodes_windows_whole_and_captures_the_codecs_graphs_again(irodori_ho
     synth.codec._graphs = None
     with pytest.raises(SystemExit, match="unknown letters"):
         conc.use_sampling(synth, "line+q", 4, [None])
+
+
+def test_a_kind_with_rows_decodes_that_many_windows_as_one_batch(irodori_home, monkeypatch) -> None:
+    """ "line#8": up to 8 stream windows decoded together for the run (the preset's decode_batch),
+    the codec's graphs made room for and captured for every window bucket up to 8; a kind without
+    "#N" takes --decode-batch's, "serial" decodes one window at a time."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    conc = _module()
+    captured = []
+    monkeypatch.setattr(conc, "codec_graphs", lambda synth: captured.append(synth._decode_rows()))
+    monkeypatch.setattr(conc, "DECODE_BATCH", [4])  # --decode-batch 4
+    synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=16)
+    synth.preset = dataclasses.replace(synth.preset, codec_graphs=True)
+    synth.codec._graphs = SimpleNamespace(clear=lambda: None, max_graphs=8)  # held graphs, stood in for
+    keys = len(synth._window_keys())
+    seen = []
+    for kind in ("line#8", "line", "serial#8", "line#16+c"):
+        conc.use_sampling(synth, kind, 16, [None])
+        seen.append((synth.preset.decode_batch, synth.codec._graphs.max_graphs))
+    assert seen == [(8, 4 * keys), (4, 4 * keys), (1, 4 * keys), (16, 5 * keys)]
+    assert captured[:3] == [[2, 4, 8], [2, 4], []] and captured[3] == [2, 4, 8, 16]
+    synth.codec._graphs = None
 
 
 def test_a_kind_with_a_depth_runs_under_that_owner_queue_depth(irodori_home) -> None:
