@@ -492,13 +492,14 @@ class Synthesizer:
         if opts.pre_silence + pieces.lead > 0:
             yield quiet(opts.pre_silence + pieces.lead)
         states: list[tuple] = []
+        kept_by = self.voices.key(voice, record)  # host work on this thread, not the device owner's
 
         def voice_states() -> tuple:
             """The voice's states, made by the first piece (inside its `prepare`, so a line
             that is still reading its reference counts as on its way to the sampler)."""
             if not states:
                 t0 = time.perf_counter()
-                states.append(self.voices.states(voice, record))  # in the encoders' job
+                states.append(self.voices.states(voice, record, kept_by))  # in the encoders' job
                 record.timings["reference"] = time.perf_counter() - t0
             return states[0]
 

@@ -67,19 +67,32 @@ class VoiceConditions:
         with hold_model_lock():
             return self.reference(voice, record)[1]
 
-    def states(self, voice: Any, record: SynthesisRecord | None = None) -> tuple[bool, Any]:
-        """(whether a reference is used, the speaker / caption states) of `voice`: they do not
-        depend on the text, so they are encoded once per voice and kept (a few voices, least
-        recently used dropped). With the model lock held.
-
-        A kept voice is found by host work alone (its content key, its caption's text): its
-        latent is not read again nor uploaded. This runs in the encoders' job on the device
-        owner, where a plain upload from pageable memory waits for the GPU to drain; a voice
-        not kept goes up through the owner's pinned upload (`DEVICE.upload`)."""
+    def key(self, voice: Any, record: SynthesisRecord | None = None) -> tuple:
+        """What `voice`'s states are kept by: its reference's content key, its caption as the
+        caption encoder reads it, the model's dtype. Host work (a file's memoised hash: a path
+        resolved and stat'ed), so a line makes it on its own thread before its encoders' job:
+        on the device owner it cost 5 % of the owner's time at 64 streams (H100, RESULTS.md
+        thirty-second session). Raises what a bad voice or caption raises."""
         voice = _as_voice(voice)
         content = self.reference_key(voice, record)
-        caption = self.caption_text(voice)
-        key = (content, caption, str(self.model.in_proj.weight.dtype))
+        return (content, self.caption_text(voice), str(self.model.in_proj.weight.dtype))
+
+    def states(
+        self, voice: Any, record: SynthesisRecord | None = None, key: tuple | None = None
+    ) -> tuple[bool, Any]:
+        """(whether a reference is used, the speaker / caption states) of `voice`: they do not
+        depend on the text, so they are encoded once per voice and kept (a few voices, least
+        recently used dropped). With the model lock held. `key`: `self.key(voice, record)`,
+        made before (else here).
+
+        A kept voice is found by its key alone: its latent is not read again nor uploaded. This
+        runs in the encoders' job on the device owner, where a plain upload from pageable memory
+        waits for the GPU to drain; a voice not kept goes up through the owner's pinned upload
+        (`DEVICE.upload`)."""
+        voice = _as_voice(voice)
+        if key is None:
+            key = self.key(voice, record)
+        content, caption, _ = key
         hit = self._kept.pop(key, None)
         if hit is None:
             ref = None if content is None else self._latent(voice, record)
