@@ -76,6 +76,8 @@ Two measurements explain the rows (CUDA):
 
 - `--owner-profile N`: each `--batching` kind at N streams once more with the device owner's
   rounds timed by job kind (its thread only) and under cProfile (owner_time.py).
+- `--host-ops N`: each batching kind at N streams once more under torch.profiler on every
+  thread: the torch ops and CUDA runtime calls the owner's thread makes a line (owner_time.py).
 - `--wait-profile N`: each batching kind at N streams once more under py-spy `--idle`: the share
   of every thread group's wall time running or waiting in each of our functions (spy_profile.py):
   where the lines are while the owner idles.
@@ -120,7 +122,7 @@ sys.path.insert(0, str(HERE))
 
 import news5  # noqa: E402  (the shared random full-size files, modes and the approximate tokenizer)
 import spy_profile  # noqa: E402
-from owner_time import owner_time  # noqa: E402
+from owner_time import owner_ops, owner_time  # noqa: E402
 
 from irodori_speaker.engine.duration import HOP  # noqa: E402
 from irodori_speaker.engine.fast import TEXT_RUNG_LEAST  # noqa: E402
@@ -765,6 +767,17 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
             f"of {r.wall_s:.2f} s\n{top}"
         )
         report.setdefault("owner_profile", []).append({"streams": n, "kind": kind, "top": top})
+    streams = [int(n) for n in args.host_ops.split(",")] if args.host_ops else []
+    for n, kind in [(n, k) for n in streams for k in args.batching.split(",")]:
+        use_sampling(synth, kind, n, voices)  # as --profile: the kind set up first
+        lines = max(args.lines, -(-args.min_lines // n))
+        r, table = owner_ops(run, synth, voices, mode.family, sentences, n, lines, kind, device)
+        busy = 100 * r.owner_busy_s / r.wall_s
+        print(
+            f"\n# the device owner's ops ({key}): {n} streams, {kind}, {r.audio_s / r.wall_s:.1f} "
+            f"audio s/s under torch.profiler (every thread), owner busy {busy:.0f} %\n{table}"
+        )
+        report.setdefault("host_ops", []).append({"streams": n, "kind": kind, "table": table})
     # under py-spy: where every thread waits (--idle), who holds the GIL (--gil)
     for what, spied, gil in (("wait", args.wait_profile, False), ("gil", args.gil_profile, True)):
         for n in [int(x) for x in spied.split(",")] if spied else []:
@@ -863,6 +876,11 @@ def main() -> None:
     ap.add_argument(
         "--owner-profile",
         help="each --batching kind at these many streams once more, the owner's rounds timed (owner_time.py)",
+    )
+    ap.add_argument(
+        "--host-ops",
+        help="each --batching kind at these many streams once more under torch.profiler: the torch ops "
+        "and CUDA runtime calls the device owner's thread makes a line (owner_time.owner_ops)",
     )
     ap.add_argument("--ceiling", action="store_true", help="time each stage alone and batched (CUDA)")
     ap.add_argument("--ceiling-frames", type=int, default=150, help="the ceiling's line length (frames)")

@@ -175,6 +175,43 @@ def test_window_plan_flag_is_the_presets_field_and_in_the_header() -> None:
     assert "stream windows [16, 24, 40]; window plan [24, 40]" in run.stdout, run.stdout[:3000]
 
 
+def test_owner_ops_counts_the_owner_threads_top_level_ops_a_line_and_no_other_threads() -> None:
+    """`--host-ops`' table (owner_time.owner_ops): the torch ops the owner's thread ran in its
+    rounds, each top-level op once (an op's own ops inside it are not counted again), a line;
+    another thread's ops are not the owner's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    from owner_time import owner_ops, top_level
+
+    from irodori_speaker.engine.hardware.owner import DEVICE
+    from owner_threads import queue_then_release
+
+    assert top_level([(0, 10, "a"), (2, 5, "b"), (10, 12, "c"), (11, 12, "d"), (3, 4, "e")]) == [
+        (0, 10, "a"),
+        (10, 12, "c"),
+    ]
+
+    def run() -> SimpleNamespace:
+        for _ in range(8):
+            torch.zeros(5)  # this thread's: not the owner's
+        calls = [
+            lambda o: o.run(lambda: torch.cat([torch.ones(2), torch.ones(2)])),
+            lambda o: o.run(lambda: torch.arange(3).to(torch.float64)),
+        ]
+        return SimpleNamespace(lines=2, results=queue_then_release(DEVICE, calls))
+
+    r, report = owner_ops(run)
+    assert [float(t.sum()) for t in r.results] == [4.0, 3.0]
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in report.splitlines()}
+    assert "aten::zeros" not in rows and "aten::empty" not in rows  # zeros' own op: inside it
+    assert rows["aten::cat"][0] == "0.5" and rows["aten::to"][0] == "0.5"  # one call, two lines
+    assert rows["aten::ones"][0] == "1.0" and "aten::_to_copy" not in rows
+    assert "_round" not in DEVICE.__dict__  # put back
+
+
 def test_owner_time_labels_and_times_the_owners_jobs_by_kind() -> None:
     """`--owner-profile`'s table (benchmarks/owner_time.py): every call the owner made (a batch of
     jobs is one), by its key's name or its function's; its shares add up to the rounds."""
