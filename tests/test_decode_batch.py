@@ -39,15 +39,16 @@ def synth(irodori_home):
 
 
 def _spy_batches(codec) -> list[int]:
-    """The size of every `decode_window_batch` call of the real codec from now on."""
+    """The size of every `decode_window_stack` call of the real codec from now on (the decode's
+    batches; `del codec.decode_window_stack` puts the class's back)."""
     sizes: list[int] = []
-    real = codec.decode_window_batch
+    real = codec.decode_window_stack
 
-    def recorded(windows):
+    def recorded(windows, dtype=None):
         sizes.append(len(windows))
-        return real(windows)
+        return real(windows, dtype)
 
-    codec.decode_window_batch = recorded
+    codec.decode_window_stack = recorded
     return sizes
 
 
@@ -65,6 +66,38 @@ def test_a_batch_of_windows_decodes_each_as_alone(synth):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     with pytest.raises(InputError, match="one length"):
         codec.decode_window_batch([(z[0], 0, 10), (z[1][:, :, :40], 0, 10)])
+
+
+def test_a_stack_of_windows_is_one_tensor_of_their_pieces_in_the_dtype_asked(synth):
+    """`decode_window_stack`: the batch's pieces as the rows of one tensor, each row's span in it;
+    `decode_window_batch`'s pieces are those rows' spans; float64 asked is cast once for all."""
+    codec = synth.codec
+    gen = torch.Generator().manual_seed(1)
+    z = [torch.randn(1, codec.latent_channels, 30, generator=gen) for _ in range(3)]
+    cuts = [(0, 30 * codec.hop_length), (4 * codec.hop_length, 20 * codec.hop_length), (7, 500)]
+    windows = [(w, a, b) for w, (a, b) in zip(z, cuts)]
+    with torch.inference_mode():
+        rows, spans = codec.decode_window_stack(windows, torch.float64)
+        pieces = codec.decode_window_batch(windows)
+        one, (span,) = codec.decode_window_stack(windows[1:2])
+        alone = codec._decode_window(*windows[1])
+    assert rows.dtype == torch.float64 and rows.shape[:2] == (3, 1)
+    assert [stop - start for start, stop in spans] == [b - a for a, b in cuts]
+    for i, (start, stop) in enumerate(spans):
+        assert pieces[i].shape == (1, 1, stop - start) and pieces[i].dtype == codec.dtype
+        assert torch.equal(rows[i : i + 1, :, start:stop], pieces[i].double())
+    assert span == (0, cuts[1][1] - cuts[1][0]) and torch.equal(one, alone)
+    with pytest.raises(InputError, match="no windows"):
+        codec.decode_window_stack([])
+
+
+def test_rows_go_to_the_host_as_one_copy_each_span_its_own_piece():
+    """`DEVICE.to_host_rows`: row i's [start, stop) each a HostCopy of its own (off the owner
+    thread, as here: landed at once)."""
+    rows = torch.arange(12.0).reshape(3, 4)
+    copies = DEVICE.to_host_rows(rows, [(0, 4), (1, 3), (2, 2)])
+    assert [c.pending for c in copies] == [False] * 3
+    assert [c.wait().tolist() for c in copies] == [[0.0, 1.0, 2.0, 3.0], [5.0, 6.0], []]
 
 
 def _decode_from_threads(synth, rendered: list[Rendered], whole: bool) -> list[np.ndarray]:
@@ -97,7 +130,7 @@ def test_windows_of_lines_that_meet_decode_as_one_batch_and_sound_as_alone(synth
         before = DEVICE.batches_run
         met = _decode_from_threads(synth, rendered, whole)
     finally:
-        del synth.codec.decode_window_batch  # the class's method again
+        del synth.codec.decode_window_stack  # the class's method again
     assert sizes[0] == 4 and DEVICE.batches_run > before, sizes  # the first windows, one batch
     assert max(sizes) <= 4  # the preset's decode_batch
     for a, b, r in zip(alone, met, rendered):

@@ -155,18 +155,18 @@ def test_on_cuda_lines_that_meet_sound_the_same_with_the_decode_on_its_own_strea
         one = together(synth, jobs)
     streams: list[bool] = []
     codec = synth.codec
-    real = codec.decode_window_batch
+    real = codec.decode_window_stack
 
-    def recorded(windows):
+    def recorded(windows, dtype=None):
         streams.append(torch.cuda.current_stream() != torch.cuda.default_stream())
-        return real(windows)
+        return real(windows, dtype)
 
-    codec.decode_window_batch = recorded
+    codec.decode_window_stack = recorded
     try:
         with _decode_stream(True):
             apart = together(synth, jobs)
     finally:
-        codec.decode_window_batch = real
+        del codec.decode_window_stack
     assert streams and all(streams)
     for a, b in zip(one, apart):
         assert not isinstance(b, Exception), b

@@ -54,7 +54,7 @@ def test_the_first_window_before_the_trim_gives_the_same_audio(synth, end, plan)
     try:
         got, early = _decode(synth, latent, frames, end, early=True, plan=plan)
     finally:
-        del synth.codec.decode_window_batch
+        del synth.codec.decode_window_stack
     # the first window is decoded again only where the trim fell inside it
     assert len(sizes) == len(want) + (
         1 if 0 < end < frames and end + 8 < first + RECEPTIVE_FIELD_FRAMES else 0
@@ -90,7 +90,7 @@ def test_the_first_window_is_decoded_while_the_trim_is_on_its_way(synth, early):
         worker.join(timeout=60)
     finally:
         trim._ready.set()
-        del synth.codec.decode_window_batch  # the spy off: the real method again
+        del synth.codec.decode_window_stack  # the spy off: the real method again
     assert not worker.is_alive() and out
     assert (decoded_before >= 1) == early
     chunks, rendered = out[0]

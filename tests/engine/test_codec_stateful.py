@@ -191,7 +191,9 @@ def test_the_synthesizer_streams_the_same_chunks_either_way(irodori_home, statef
         assert synth.codec.channels_last
         windows: list[int] = []
         real = synth.codec._decode_window
-        synth.codec._decode_window = lambda z, a, b: windows.append(z.shape[-1]) or real(z, a, b)
+        synth.codec._decode_window = lambda z, a, b, dtype=None: (
+            windows.append(z.shape[-1]) or real(z, a, b, dtype)
+        )
         opts = SynthesisOptions(seed=3, steps=2, seconds=3.1, tail_trim=False)
         chunks = list(synth.stream("こんにちは、今日は", options=opts))
         whole = synth.synthesize("こんにちは、今日は", options=opts).audio

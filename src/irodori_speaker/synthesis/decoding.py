@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..engine.batch import lines_to_take
 from ..engine.codec.streaming import window_frames
@@ -260,6 +261,8 @@ class _Window:
 
 def _decode_many(codec: Any, items: list[_Window]) -> list[Any]:
     """Windows of one length (of one line or several) as one batch; each one's samples on their
-    way to the host (a job of the device owner)."""
-    pieces = codec.decode_window_batch([(window_frames(w.source(), w.lo, w.hi), w.a, w.b) for w in items])
-    return [DEVICE.to_host(p[0, 0, : w.keep].float()) for p, w in zip(pieces, items)]
+    way to the host (a job of the device owner), the batch's as one copy in float32."""
+    windows = [(window_frames(w.source(), w.lo, w.hi), w.a, w.b) for w in items]
+    rows, spans = codec.decode_window_stack(windows, torch.float32)
+    kept = [(start, min(stop, start + w.keep)) for (start, stop), w in zip(spans, items)]
+    return DEVICE.to_host_rows(rows[:, 0], kept)

@@ -141,9 +141,10 @@ class DACVAE(nn.Module):
     def channels_last(self) -> bool:
         return self._channels_last is not None
 
-    def _decode_window(self, z: Tensor, a: int, b: int) -> Tensor:
-        """Samples [a, b) of window `z`'s decode as a tensor of its own (a graph replay where one
-        applies: the graph of its crop, or of one that keeps more)."""
+    def _decode_window(self, z: Tensor, a: int, b: int, dtype: torch.dtype | None = None) -> Tensor:
+        """Samples [a, b) of window `z`'s decode as a tensor of its own, in `dtype` (None: the
+        codec's), a graph replay where one applies: the graph of its crop, or of one that keeps
+        more."""
         held = None
         if self._graphs is not None and self._graphs.applies_to(z.device):
             crop = self._crop(z.shape[-1], a, b)
@@ -151,11 +152,11 @@ class DACVAE(nn.Module):
             if held is None and self._graphs.runner(z, crop) is not None:  # captured on use
                 held = self._graphs.held_within(z.shape[0], z.shape[-1], crop)
         if held is None:
-            return self._decode_frames(z, (a, b)).contiguous()
+            out = self._decode_frames(z, (a, b)).contiguous()
+            return out if dtype is None else out.to(dtype)
         run, (left, _) = held
         at = left * self.hop_length  # the graph's output begins at the crop
-        # the graph's output buffer is overwritten by the next replay: hand out a copy
-        return run(z)[:, :, a - at : b - at].clone(memory_format=torch.contiguous_format)
+        return _copied(run(z)[:, :, a - at : b - at], dtype)
 
     def decode(self, latent: Tensor) -> Tensor:
         """Decode (B, T, 32) latents to (B, 1, hop*T) audio in one pass (memory grows with T)."""
@@ -241,7 +242,8 @@ class DACVAE(nn.Module):
 
     def decode_window_batch(self, windows: Sequence[tuple[Tensor, int, int]]) -> list[Tensor]:
         """Samples [a, b) of each window's decode, for windows (z (1, codebook_dim, n), a, b) of one
-        length n (of several lines): one decode of them stacked, each row's piece its own tensor.
+        length n (of several lines): one decode of them stacked, each row's piece a (1, 1, b - a)
+        view of one tensor of their own (`decode_window_stack`).
 
         The decoder is per row (convolutions and Snake; no op mixes rows), so a row decoded in a
         batch is the row decoded alone up to the rounding of a differently sized convolution. With
@@ -250,33 +252,47 @@ class DACVAE(nn.Module):
         its own graph."""
         if not windows:
             return []
+        rows, spans = self.decode_window_stack(windows)
+        return [rows[i : i + 1, :, start:stop] for i, (start, stop) in enumerate(spans)]
+
+    def decode_window_stack(
+        self, windows: Sequence[tuple[Tensor, int, int]], dtype: torch.dtype | None = None
+    ) -> tuple[Tensor, list[tuple[int, int]]]:
+        """`decode_window_batch`'s pieces as the rows of one tensor (len(windows), 1, S) in `dtype`
+        (None: the codec's) and each row's [start, stop) in it: the decode copied out of a graph's
+        buffer (which the next replay overwrites) and cast once for the batch, not once a window,
+        so a batch of windows costs one small kernel and, on its way to the host, one copy
+        (`DEVICE.to_host_rows`) where it cost two kernels and a copy a window."""
+        if not windows:
+            raise InputError("decode_window_stack: no windows")
         n = windows[0][0].shape[-1]
         if any(z.shape[0] != 1 or z.shape[-1] != n for z, _, _ in windows):
             raise InputError("decode_window_batch: windows must be (1, channels, n) of one length n")
         if len(windows) == 1:
             z, a, b = windows[0]
-            return [self._decode_window(z, a, b)]
+            return self._decode_window(z, a, b, dtype), [(0, b - a)]
         zs = torch.cat([z for z, _, _ in windows])
         # what every row keeps: the crop of the rows' widest kept span
         a0, b0 = min(a for _, a, _ in windows), max(b for _, _, b in windows)
+        spans = [(a - a0, b - a0) for _, a, b in windows]
         with torch.no_grad():
             if self._graphed():
                 rows = batch_bucket(len(windows))
                 assert self._graphs is not None
                 held = self._graphs.held_within(rows, n, self._crop(n, a0, b0))
                 if held is None:
-                    return [self._decode_window(z, a, b) for z, a, b in windows]
+                    pieces = [self._decode_window(z, a, b, dtype) for z, a, b in windows]
+                    width = max(p.shape[-1] for p in pieces)
+                    out = torch.stack([nn.functional.pad(p[0], (0, width - p.shape[-1])) for p in pieces])
+                    return out, [(0, p.shape[-1]) for p in pieces]
                 if rows > len(windows):
                     zs = torch.cat([zs, zs[:1].expand(rows - len(windows), -1, -1)])
                 run, (left, _) = held
-                out, at = run(zs), left * self.hop_length
-                # the graph's output buffer is overwritten by the next replay: each piece a copy
-                return [
-                    out[i : i + 1, :, a - at : b - at].clone(memory_format=torch.contiguous_format)
-                    for i, (_, a, b) in enumerate(windows)
-                ]
+                at = left * self.hop_length
+                return _copied(run(zs)[: len(windows), :, a0 - at : b0 - at], dtype), spans
             out = self._decode_frames(zs, (a0, b0))
-        return [out[i : i + 1, :, a - a0 : b - a0].contiguous() for i, (_, a, b) in enumerate(windows)]
+        out = out.contiguous()
+        return out if dtype is None else out.to(dtype), spans
 
     def fills_batches(self) -> bool:
         """Whether `decode_window_batch` fills a batch up to its bucket (its graphs replay)."""
@@ -420,3 +436,9 @@ class DACVAE(nn.Module):
                 x = nn.functional.pad(x, (0, pad), mode="reflect")
             mean = self.quantizer.mean(self.encoder(x))
         return mean.transpose(1, 2).float()
+
+
+def _copied(out: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """A graph's output (a view of its buffer, which the next replay overwrites) as a tensor of its
+    own in `dtype` (None: its own): one copy, the cast in it."""
+    return out.to(dtype or out.dtype, memory_format=torch.contiguous_format, copy=True)

@@ -280,17 +280,27 @@ class DeviceOwner:
     def to_host(self, tensor: Any) -> HostCopy:
         """Copy a device tensor to the host (called in a job): on the owner thread without
         waiting (`HostCopy.pending`); inline (a line alone) at once, as before."""
+        return self._to_host(tensor, lambda host: [host])[0]
+
+    def to_host_rows(self, rows: Any, spans: list[tuple[int, int]]) -> list[HostCopy]:
+        """Row i's [start, stop) of a device tensor each on its way to the host (called in a
+        job), as `to_host` but in one copy: one pinned buffer and one event for them all, where a
+        `to_host` a row would make one of each (a batch of decode windows)."""
+        return self._to_host(rows, lambda host: [host[i, a:b] for i, (a, b) in enumerate(spans)])
+
+    def _to_host(self, tensor: Any, parts: Callable[[Any], list[Any]]) -> list[HostCopy]:
         if tensor.device.type != "cuda" or threading.current_thread() is not self._thread:
-            return HostCopy(tensor.cpu())
+            return [HostCopy(part) for part in parts(tensor.cpu())]
         import torch
 
         stream = torch.cuda.current_stream(tensor.device)  # its device's (not the current device's)
         host = tensor.to("cpu", non_blocking=True)  # pinned, filled when the stream gets there
         event = torch.cuda.Event()
         event.record(stream)
-        copy = HostCopy(host, event)
-        self._copies.add(copy, stream.cuda_stream)
-        return copy
+        copies = [HostCopy(part, event) for part in parts(host)]
+        for copy in copies:  # one event: each lands once the one copy has
+            self._copies.add(copy, stream.cuda_stream)
+        return copies
 
     def ready_mark(self, tensor: Any) -> Any:
         """Called in a job after it launched `tensor`, which a decode job will read: a CUDA event
