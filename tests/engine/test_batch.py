@@ -14,6 +14,7 @@ from irodori_speaker.engine.batch import (
     signature,
     stack_conditions,
     stack_noise,
+    stack_tokens,
 )
 from irodori_speaker.engine.fast import FastSampler, context_rung
 from irodori_speaker.engine.kernels.tuning import tuning_allowed
@@ -22,6 +23,32 @@ from irodori_speaker.engine.tiny import random_model
 from irodori_speaker.options import SamplerConfig
 
 CFG = SamplerConfig(steps=4, schedule="sway")
+
+
+def _padded(rows, value=0):
+    """Rows (1, L_b, ...) zero- (or `value`-) padded to the longest one by one and joined: what the
+    stacking was before it became one call."""
+    n = max(r.shape[1] for r in rows)
+    pads = [(0, 0) * (r.dim() - 2) + (0, n - r.shape[1]) for r in rows]
+    return torch.cat([torch.nn.functional.pad(r, p, value=value) for r, p in zip(rows, pads)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stacked_rows_are_each_row_padded_and_joined(dtype):
+    """Noise, token ids and masks of lines of several lengths stack to the rows padded one by one
+    (zeros, token 0, False), bit for bit, in their dtype; lines of one length stack unpadded."""
+    g = torch.Generator().manual_seed(5)
+    noises = [torch.randn(1, n, 4, generator=g).to(dtype) for n in (3, 7, 5)]
+    stacked, lengths = stack_noise(noises)
+    assert lengths == [3, 7, 5] and stacked.dtype == dtype and stacked.is_contiguous()
+    assert torch.equal(stacked, _padded(noises))
+    ids = [torch.randint(1, 50, (1, n), generator=g) for n in (4, 2, 4)]
+    masks = [torch.ones(1, n, dtype=torch.bool) for n in (4, 2, 4)]
+    got_ids, got_mask = stack_tokens(ids, masks)
+    assert torch.equal(got_ids, _padded(ids)) and torch.equal(got_mask, _padded(masks, False))
+    assert got_mask.dtype == torch.bool and got_mask.sum().item() == 10
+    same, _ = stack_noise(noises[:1] * 2)
+    assert torch.equal(same, torch.cat(noises[:1] * 2))
 
 
 def _line(model, n_text: int, n_ref: int | None, seed: int):

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from ..options import SamplerConfig
 from .model import Conditions, TextToLatentRFDiT
@@ -41,11 +41,15 @@ def frame_mask(
     return upload(mask, device) if upload is not None else mask.to(device)
 
 
+def _rows(rows: Sequence[Tensor], value: float | bool = 0) -> Tensor:
+    """(1, L_b, ...) rows padded with `value` to the longest and stacked: (B, L_max, ...). One call
+    (a fill and a copy a row) where a pad a row and a cat were three ops a row and one more, on the
+    device owner's thread (issue 27: its host work bounds many streams)."""
+    return pad_sequence([r[0] for r in rows], batch_first=True, padding_value=value)
+
+
 def _pad_rows(states: list[Tensor], masks: list[Tensor]) -> tuple[Tensor, Tensor]:
-    n = max(s.shape[1] for s in states)
-    state = torch.cat([F.pad(s, (0, 0, 0, n - s.shape[1])) for s in states])
-    mask = torch.cat([F.pad(m, (0, n - m.shape[1]), value=False) for m in masks])
-    return state, mask
+    return _rows(states), _rows(masks, False)
 
 
 def stack_conditions(items: Sequence[Conditions]) -> Conditions:
@@ -70,9 +74,7 @@ def stack_conditions(items: Sequence[Conditions]) -> Conditions:
 def stack_tokens(ids: Sequence[Tensor], masks: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     """Each line's (1, L_b) token ids and mask padded to the longest: (B, L_max), the padding
     token 0 and masked."""
-    longest = max(int(i.shape[1]) for i in ids)
-    stacked = torch.cat([F.pad(i, (0, longest - i.shape[1]), value=0) for i in ids])
-    return stacked, torch.cat([F.pad(m, (0, longest - m.shape[1]), value=False) for m in masks])
+    return _rows(ids), _rows(masks, False)
 
 
 def fill_tokens(ids: Tensor, mask: Tensor, rows: int) -> tuple[Tensor, Tensor]:
@@ -86,9 +88,7 @@ def fill_tokens(ids: Tensor, mask: Tensor, rows: int) -> tuple[Tensor, Tensor]:
 
 def stack_noise(noises: Sequence[Tensor]) -> tuple[Tensor, list[int]]:
     """Each line's (1, S_b, C) noise padded with zeros to the longest: (B, S_max, C), [S_b]."""
-    lengths = [int(n.shape[1]) for n in noises]
-    longest = max(lengths)
-    return torch.cat([F.pad(n, (0, 0, 0, longest - n.shape[1])) for n in noises]), lengths
+    return _rows(noises), [int(n.shape[1]) for n in noises]
 
 
 def present_conditions(conds: Conditions) -> tuple:
