@@ -109,6 +109,39 @@ def test_tail_trim_rule_on_latents():
     assert tail_trim_frames(torch.cat((speech, torch.full((25, 32), 0.5)))) == 55
 
 
+def _trim_before(latent):
+    """`trim_frame` as it was written before its ops were cut (the reference it must equal)."""
+    from irodori_speaker.engine.duration import TRIM_MEAN, TRIM_STD, TRIM_WINDOW
+
+    T = latent.shape[0]
+    padded = torch.cat((latent.float(), latent.new_zeros(TRIM_WINDOW, latent.shape[1]).float()))
+    flat = padded.unfold(0, TRIM_WINDOW, 1)[:T].reshape(T, -1)
+    quiet = (flat.std(dim=1) < TRIM_STD) & (flat.mean(dim=1).abs() < TRIM_MEAN)
+    first = torch.argmax(quiet.to(torch.uint8))
+    return torch.where(quiet.any(), first, torch.full_like(first, T))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_trim_frame_is_the_first_quiet_window_as_before(dtype):
+    """Quiet from the start, in the middle, within the padding, never: the same frame as before,
+    a 0-d int64 tensor."""
+    from irodori_speaker.engine.duration import trim_frame
+
+    g = torch.Generator().manual_seed(7)
+    loud = torch.randn(50, 32, generator=g)
+    cases = [
+        torch.zeros(30, 32),
+        torch.cat((loud[:12], torch.zeros(25, 32), loud[:10])),
+        torch.cat((loud, 0.001 * torch.ones(19, 32))),
+        loud,
+        loud[:1],
+    ]
+    for latent in cases:
+        got, want = trim_frame(latent.to(dtype)), _trim_before(latent.to(dtype))
+        assert got.dim() == 0 and got.dtype == torch.int64 and int(got) == int(want), (int(got), int(want))
+    assert [int(trim_frame(c)) for c in cases] == [0, 12, 50, 50, 1]
+
+
 def test_tail_trim_cuts_audio_where_the_latent_goes_quiet(synth, monkeypatch):
     real_sample = synth.sample_latent
 

@@ -70,13 +70,14 @@ def trim_frame(latent: Tensor) -> Tensor:
     """`tail_trim_frames` as a 0-d tensor on the latent's device (no host read: the device
     owner copies it to the host without waiting)."""
     T = latent.shape[0]
-    padded = torch.cat((latent.float(), latent.new_zeros(TRIM_WINDOW, latent.shape[1]).float()))
+    padded = F.pad(latent.float(), (0, 0, 0, TRIM_WINDOW))
     windows = padded.unfold(0, TRIM_WINDOW, 1)[:T]  # (T, C, W): window i = frames i..i+W-1
     flat = windows.reshape(T, -1)
     quiet = (flat.std(dim=1) < TRIM_STD) & (flat.mean(dim=1).abs() < TRIM_MEAN)
-    first = torch.argmax(quiet.to(torch.uint8))  # the first quiet window (0 when none is)
-    # not quiet[first]: indexing with a 0-d tensor reads it on the host (a sync on CUDA)
-    return torch.where(quiet.any(), first, torch.full_like(first, T))
+    # a quiet mark after the last window: the first quiet window, else T, with no host read (a
+    # sync on CUDA) and in fewer ops than a test of any() (this runs once a line on the device
+    # owner, whose eager ops bound many streams: issue 27)
+    return torch.argmax(F.pad(quiet.to(torch.uint8), (0, 1), value=1))
 
 
 # ---------------------------------------------------------------------------------------------
