@@ -142,6 +142,32 @@ def test_the_trim_frame_is_the_first_quiet_window_as_before(dtype):
     assert [int(trim_frame(c)) for c in cases] == [0, 12, 50, 50, 1]
 
 
+def test_a_batchs_trim_frames_go_to_the_host_as_one_copy_each_lines_own(monkeypatch):
+    """The job that made a batch's latents sends every line's tail-trim frame in one copy (one
+    `to_host_rows`), each the frame that line has alone; a line without the trim gets none."""
+    from types import SimpleNamespace
+
+    from irodori_speaker.engine.hardware.owner import DEVICE
+    from irodori_speaker.synthesis.synthesizer import _made
+
+    g = torch.Generator().manual_seed(3)
+    loud = torch.randn(40, 32, generator=g)
+    latents = [torch.cat((loud[:n], torch.zeros(40 - n, 32)))[None] for n in (12, 40, 25)]
+    reqs = [SimpleNamespace(cfg=SimpleNamespace(tail_trim=t), trim=None) for t in (True, True, False)]
+    calls = []
+    real = DEVICE.to_host_rows
+    monkeypatch.setattr(
+        DEVICE, "to_host_rows", lambda rows, spans: calls.append(len(spans)) or real(rows, spans)
+    )
+    _made(reqs, latents)
+    assert calls == [2] and reqs[2].trim is None
+    assert [int(r.trim.wait()) for r in reqs[:2]] == [12, 40]
+    assert [int(r.trim.wait()) for r in reqs[:2]] == [tail_trim_frames(x[0]) for x in latents[:2]]
+    one = [SimpleNamespace(cfg=SimpleNamespace(tail_trim=True), trim=None)]
+    _made(one, latents[2:])  # a line alone: its own copy, as before
+    assert calls == [2] and int(one[0].trim.wait()) == 25
+
+
 def test_tail_trim_cuts_audio_where_the_latent_goes_quiet(synth, monkeypatch):
     real_sample = synth.sample_latent
 

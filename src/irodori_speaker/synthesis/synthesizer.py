@@ -540,10 +540,21 @@ class Synthesizer:
 def _made(reqs: list, latents: list[Any]) -> None:
     """In the job that made the lines' latents (1, S, C each): each line's tail-trim frame, copied
     to the host without waiting (the line reads it there instead of queueing a job of its own),
-    and one event after them all, which their decode waits for on its own stream (`ready`)."""
-    for req, latent in zip(reqs, latents):
-        if getattr(req.cfg, "tail_trim", False):
-            req.trim = DEVICE.to_host(trim_frame(latent[0]))
+    and one event after them all, which their decode waits for on its own stream (`ready`). A
+    batch's frames go as one copy (one pinned buffer and one event on the device owner, not one
+    a line)."""
+    trims = [
+        (req, trim_frame(latent[0]))
+        for req, latent in zip(reqs, latents)
+        if getattr(req.cfg, "tail_trim", False)
+    ]
+    if len(trims) > 1:
+        frames = torch.stack([frame for _, frame in trims])[:, None]
+        copies = DEVICE.to_host_rows(frames, [(0, 1)] * len(trims))
+    else:
+        copies = [DEVICE.to_host(frame) for _, frame in trims]
+    for (req, _), copy in zip(trims, copies):
+        req.trim = copy
     ready = DEVICE.ready_mark(latents[0]) if latents else None
     for req in reqs:
         req.ready = ready
