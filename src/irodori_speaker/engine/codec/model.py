@@ -271,7 +271,7 @@ class DACVAE(nn.Module):
         if len(windows) == 1:
             z, a, b = windows[0]
             return self._decode_window(z, a, b, dtype), [(0, b - a)]
-        zs = torch.cat([z for z, _, _ in windows])
+        zs = [z for z, _, _ in windows]
         # what every row keeps: the crop of the rows' widest kept span
         a0, b0 = min(a for _, a, _ in windows), max(b for _, _, b in windows)
         spans = [(a - a0, b - a0) for _, a, b in windows]
@@ -285,12 +285,12 @@ class DACVAE(nn.Module):
                     width = max(p.shape[-1] for p in pieces)
                     out = torch.stack([nn.functional.pad(p[0], (0, width - p.shape[-1])) for p in pieces])
                     return out, [(0, p.shape[-1]) for p in pieces]
-                if rows > len(windows):
-                    zs = torch.cat([zs, zs[:1].expand(rows - len(windows), -1, -1)])
+                # filled up to the bucket with copies of the first row, in the one cat
+                fill = [zs[0].expand(rows - len(windows), -1, -1)] if rows > len(windows) else []
                 run, (left, _) = held
                 at = left * self.hop_length
-                return _copied(run(zs)[: len(windows), :, a0 - at : b0 - at], dtype), spans
-            out = self._decode_frames(zs, (a0, b0))
+                return _copied(run(torch.cat(zs + fill))[: len(windows), :, a0 - at : b0 - at], dtype), spans
+            out = self._decode_frames(torch.cat(zs), (a0, b0))
         out = out.contiguous()
         return out if dtype is None else out.to(dtype), spans
 
