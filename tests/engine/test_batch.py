@@ -252,11 +252,13 @@ def test_on_cuda_a_batch_from_its_graph_equals_each_line_from_its_graph(dtype):
         for i, (t, r, s) in enumerate(shapes)
     ]
     graphed = FastSampler(model, use_graphs=True)  # fused kernels
-    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    # fp32 holds the rows to the line's own; bf16 to the fused kernels' tolerance (tests/engine/
+    # test_fused.py): a batch's GEMMs round in another order (one element of 992 at 0.032 on an H100)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=6e-2, rtol=3e-2)
 
     def check(batched, lengths):
         for b, (one, n) in enumerate(zip(alone, lengths)):
-            torch.testing.assert_close(batched[b : b + 1, :n].float(), one.float(), rtol=tol, atol=tol)
+            torch.testing.assert_close(batched[b : b + 1, :n].float(), one.float(), **tol)
 
     with torch.inference_mode():
         alone = [graphed.sample(c, n, CFG) for c, n in lines]
