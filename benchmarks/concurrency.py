@@ -60,7 +60,8 @@ decode), the sampling batch sizes that ran, the text encoders' calls by lines in
 device owner's host time in its rounds as a share of the wall (near 100 %: the owner's launches
 are the bound; low: the GPU, or lines alone running inline) and its rounds, the owner's calls
 that served several jobs at once (encoders, decode windows, step starts of lines that met) and
-the jobs in them, and on CUDA the peak memory of the run.
+the jobs in them, on CUDA the peak memory of the run, and the process's CPU time over the run
+as a share of the wall (100 %: one core busy; every thread, the streams' own included).
 
 Then the server stage (`--server N`, default 200; 0 leaves it out): benchmarks/server_load.py's
 burst of N mixed VOICEVOX / OpenAI requests at `serve`'s default settings, in its own server
@@ -154,6 +155,7 @@ class Run:
     owner_rounds: int = 0
     owner_batched: tuple[int, int] = (0, 0)  # the owner's calls that served several jobs, and those jobs
     owner_waited_s: float = 0.0  # the owner's time waiting for the GPU's queue (a queue depth)
+    cpu_s: float = 0.0  # the process's CPU time over the run, every thread (time.process_time)
     error_text: list[str] = field(default_factory=list)
     start: float = 0.0  # perf_counter when the streams were let go
     chunks: list[tuple[float, int]] = field(default_factory=list)  # (perf_counter, samples) of every chunk
@@ -266,12 +268,13 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     `stream_first_before_trim`), "w" after it; "h", the decode on a stream of its own at a higher
     priority (the preset's `owner_decode_stream`), "d" the same at the default priority, "u" one
     stream; "x" the text tower's eager forward (`use_text_backbone`); "c" stream windows decoded
-    whole, not cropped (`use_crop`); a letter left out, the preset's. "#N" before the "+": up to N
-    stream windows decoded as one batch (the preset's `decode_batch`; "line#8"), else --decode-batch
-    or the preset's."""
+    whole, not cropped (`use_crop`); "s" the copies' events spin in the driver, as before
+    `DeviceOwner.spin_copies` was off (else they block); a letter left out, the preset's. "#N"
+    before the "+": up to N stream windows decoded as one batch (the preset's `decode_batch`;
+    "line#8"), else --decode-batch or the preset's."""
     kind, _, flags = kind.partition("+")
-    if set(flags) - set("twdhuxc"):
-        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u, x, c)")
+    if set(flags) - set("twdhuxcs"):
+        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u, x, c, s)")
     kind, _, rows = kind.partition("#")
     # decode windows of lines that meet: one by one when serial (the baseline), else as asked
     windows = 1 if kind == "serial" else int(rows) if rows else DECODE_BATCH[0] or 1
@@ -282,6 +285,7 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     own = synth.preset.owner_decode_stream and synth.device.type == "cuda"
     DEVICE.decode_stream = bool(set(flags) & set("dh")) or ("u" not in flags and own)
     DEVICE.decode_priority = 0 if "d" in flags else DECODE_PRIORITY
+    DEVICE.spin_copies = "s" in flags
     early = True if "t" in flags else False if "w" in flags else FIRST_BEFORE_TRIM[0]
     kind, _, depth = kind.partition("@")
     DEVICE.queue_depth = int(depth or 0)
@@ -418,10 +422,12 @@ def run(
     batched0 = (DEVICE.batches_run, DEVICE.batched_jobs)
     start.wait()
     t0 = out.start = time.perf_counter()
+    cpu0 = time.process_time()
     if not join_or_dump(threads, STALL_S[0] or None, sys.stdout, f"{streams} streams ({batched})"):
         os._exit(3)  # the stuck threads hold the device owner: no later row could run
     news5.sync(device)
     out.wall_s = time.perf_counter() - t0
+    out.cpu_s = time.process_time() - cpu0
     out.owner_busy_s, out.owner_rounds = DEVICE.busy_s - busy0, DEVICE.rounds - rounds0
     out.owner_batched = (DEVICE.batches_run - batched0[0], DEVICE.batched_jobs - batched0[1])
     out.owner_waited_s = DEVICE.depth_wait_s - waited0
@@ -695,9 +701,9 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
         "| all live: audio s/s (x 1 stream) | TTFA p50 ms "
         "| TTFA p95 ms | underruns (lines) | errors | text / sampling / decode ms a line "
         "| batches (size: count) | text encoder calls (size: count) | owner busy % (rounds) "
-        "| owner batched calls (jobs) | owner waited % | peak MiB |"
+        "| owner batched calls (jobs) | owner waited % | peak MiB | process CPU % |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     default_switch = sys.getswitchinterval()
     intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [None]
     current = None
@@ -728,7 +734,8 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
                 f"| {_sizes(r.batches)} | {_sizes(r.text_batches)} "
                 f"| {100 * r.owner_busy_s / r.wall_s:.0f} ({r.owner_rounds}) "
                 f"| {r.owner_batched[0]} ({r.owner_batched[1]}) "
-                f"| {100 * r.owner_waited_s / r.wall_s:.0f} | {r.peak_mb:.0f} |",
+                f"| {100 * r.owner_waited_s / r.wall_s:.0f} | {r.peak_mb:.0f} "
+                f"| {100 * r.cpu_s / r.wall_s:.0f} |",
                 flush=True,
             )
             for text in sorted(set(r.error_text))[:3]:

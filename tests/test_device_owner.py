@@ -11,6 +11,7 @@ with the work.
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -744,3 +745,35 @@ def test_the_tail_trim_rides_on_the_job_that_made_the_latent(irodori_home, monke
     assert len(alone.audio) > 0
     assert where == ["with the latent"] * (len(TEXTS) + 1)  # every line, each once, none on its own
     assert max(r.record.extra.get("sample_batch", 1) for r in results) > 1  # the lines did meet
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a copy that lands later)")
+@pytest.mark.parametrize("spin", [False, True])
+def test_the_copy_waiter_sleeps_while_its_copy_is_on_its_way_on_cuda(spin):
+    """The waiter blocks in the driver while the GPU works towards its copy (a blocking-sync
+    event): the process stays near idle. CUDA's default spin (`spin_copies`, the A/B's "+s")
+    held a core for as long: the case that shows this check can tell them apart."""
+    x = torch.ones(4, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    cycles = int(10_000_000 * 400 / start.elapsed_time(end))  # ~0.4 s of the GPU's clock
+    owner = DeviceOwner()
+    owner.spin_copies = spin
+
+    def job():
+        torch.cuda._sleep(cycles)
+        return owner.to_host(x * 2)
+
+    (copy,) = _through_owner(owner, [job])
+    assert copy.pending
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    np.testing.assert_array_equal(copy.wait().numpy(), np.full(4, 2.0, np.float32))
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    assert wall > 0.2, wall  # the GPU still had most of its sleep ahead
+    if spin:
+        assert cpu > 0.5 * wall, (cpu, wall)
+    else:
+        assert cpu < 0.2 * wall, (cpu, wall)

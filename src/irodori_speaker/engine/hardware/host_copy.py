@@ -1,7 +1,10 @@
 """A tensor on its way from the device to the host (`HostCopy`), made by `DeviceOwner.to_host`.
 
 The owner queues the copy behind the work that makes it and records an event after it; a waiter
-thread (`CopyWaiters`, one a CUDA stream) sees it land and wakes whoever waits (`wait`).
+thread (`CopyWaiters`, one a CUDA stream) sees it land and wakes whoever waits (`wait`). The event
+blocks (`DeviceOwner.spin_copies` off): the waiter sleeps in the driver while its copy is out,
+where CUDA's default spin held a host core for as long as the GPU worked (most of the wall under
+load, on a machine the card shares with OBS and an LLM).
 """
 
 from __future__ import annotations

@@ -134,6 +134,9 @@ class DeviceOwner:
         self._steppers: dict[int, tuple[Stepper, int | None]] = {}
         self._thread: threading.Thread | None = None
         self._copies = CopyWaiters(linger_s)  # the copies on their way to the host, a waiter a stream
+        # the copies' events spin-wait in the driver (CUDA's default: a core held while a copy is
+        # out); off, they block (`cudaEventBlockingSync`), the waiter sleeping until its copy lands
+        self.spin_copies = False
         # the decode's jobs (`stream=DECODE`) on a CUDA stream of their own (the preset's
         # `owner_decode_stream`), at this CUDA priority (lower: the GPU serves it first)
         self.decode_stream = False
@@ -295,7 +298,7 @@ class DeviceOwner:
 
         stream = torch.cuda.current_stream(tensor.device)  # its device's (not the current device's)
         host = tensor.to("cpu", non_blocking=True)  # pinned, filled when the stream gets there
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=not self.spin_copies)
         event.record(stream)
         copies = [HostCopy(part, event) for part in parts(host)]
         for copy in copies:  # one event: each lands once the one copy has
