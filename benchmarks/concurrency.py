@@ -653,6 +653,8 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     mode = news5.modes_for(device)[key]
     if mode.device == "cuda" and device != "cuda":
         raise SystemExit(f"mode {key} needs CUDA")
+    t0 = time.perf_counter()  # each phase's time as it ends: a stage cut short shows where it was
+    print(f"\n# mode ({key}): building", flush=True)
     files = news5.prepare_files(int4=mode.int4, smoke=args.smoke, families={mode.family})
     tails = tuple(int(x) for x in args.tail_windows.split(",")) if args.tail_windows else ()
     # the preset's plan unless one is given ("none": the windows without a plan)
@@ -666,8 +668,10 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     PREDICTOR[0] = args.predictor
     DECODE_BATCH[0] = args.decode_batch or synth.preset.decode_batch
     FIRST_BEFORE_TRIM[0] = synth.preset.stream_first_before_trim
+    print(f"# mode ({key}): built in {time.perf_counter() - t0:.1f} s; prewarm", flush=True)
     if mode.fast:
         synth.prewarm(voice, batch_voices=voices[1:])
+    print(f"# mode ({key}): prewarm done at {time.perf_counter() - t0:.1f} s; warm-up lines", flush=True)
     sentence_audio, sentence_frames = [], []  # warm-up (kernel selection, graphs of these buckets)
     for text in sentences:
         line = synth.stream(text, voice, line_options(mode.family, text, 0))
@@ -713,13 +717,15 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
             current, one_stream = switch, None
             print(f"| thread switch interval {1e3 * switch:g} ms |", flush=True)
         lines = max(args.lines, -(-args.min_lines // n))
-        kinds = args.batching.split(",") if n > 1 else args.batching.split(",")[:1]
+        every = n > 1 or args.one_stream_kinds
+        kinds = args.batching.split(",") if every else args.batching.split(",")[:1]
         pair = [run(synth, voices, mode.family, sentences, n, lines, k, device) for k in kinds]
         if args.serial and n > 1:
             pair.append(run(synth, voices, mode.family, sentences, n, lines, "serial", device))
         serial_rate = pair[-1].audio_s / pair[-1].wall_s  # the batched run itself when alone
-        if one_stream is None and n == 1:
-            one_stream = serial_rate
+        if n == 1:
+            serial_rate = pair[0].audio_s / pair[0].wall_s  # every kind against the first
+            one_stream = one_stream or serial_rate
         for r in pair:
             rate, live = r.audio_s / r.wall_s, r.all_live_rate
             ratio = rate / serial_rate  # batched: its speed-up over serial; serial: 1
@@ -906,6 +912,12 @@ def main() -> None:
     ap.add_argument("--stall-dump", type=float, default=0.0, help=stall_help)
     ap.add_argument(
         "--max-padding", type=float, help="the line batches' padding bound (default: the preset's)"
+    )
+    ap.add_argument(
+        "--one-stream-kinds",
+        action="store_true",
+        help="run every --batching kind at one stream too (default: the first only; the one-stream "
+        "A/B of a kind that is not about batching, e.g. line,line+s)",
     )
     ap.add_argument(
         "--decode-batch", type=int, help="stream windows decoded as one batch (default: the preset's)"

@@ -754,12 +754,18 @@ def test_the_copy_waiter_sleeps_while_its_copy_is_on_its_way_on_cuda(spin):
     event): the process stays near idle. CUDA's default spin (`spin_copies`, the A/B's "+s")
     held a core for as long: the case that shows this check can tell them apart."""
     x = torch.ones(4, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    end.synchronize()
-    cycles = int(10_000_000 * 400 / start.elapsed_time(end))  # ~0.4 s of the GPU's clock
+
+    def sleep_ms(cycles: int) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    # the fastest of three: an idle GPU's clock is low (345 MHz on the H100) until work wakes it;
+    # timed once at that clock, the sleep came out short (the copy landed before the wait began)
+    cycles = int(20_000_000 * 500 / min(sleep_ms(20_000_000) for _ in range(3)))  # >= 0.5 s
     owner = DeviceOwner()
     owner.spin_copies = spin
 
