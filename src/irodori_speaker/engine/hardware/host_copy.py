@@ -19,29 +19,43 @@ from ...cancel import CancelToken, check
 class HostCopy:
     """A tensor on its way to the host: `wait()` returns it once its copy has landed."""
 
-    __slots__ = ("_event", "_ready", "error", "tensor")
+    __slots__ = ("_cv", "_event", "_landed", "error", "tensor")
 
     def __init__(self, tensor: Any, event: Any = None) -> None:
         self.tensor = tensor
         self.error: BaseException | None = None  # the wait for it failed (a device error)
         self._event = event  # a CUDA event recorded after the copy, or None (already there)
-        self._ready = threading.Event()
-        if event is None:
-            self._ready.set()
+        self._landed = event is None
+        self._cv = threading.Condition()  # the landing, or a cancel, wakes `wait`
 
     def _land(self, error: BaseException | None = None) -> None:
         """Mark it landed (or failed: the line that waits for it raises `error`)."""
-        self.error = error
-        self._ready.set()
+        with self._cv:
+            self.error = error
+            self._landed = True
+            self._cv.notify_all()
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
 
     @property
     def pending(self) -> bool:
         """Still on its way (a copy the owner queued without waiting)."""
-        return not self._ready.is_set()
+        return not self._landed
 
     def wait(self, cancel: CancelToken | None = None) -> Any:
-        while not self._ready.wait(0.01):
-            check(cancel)
+        """The tensor once landed; `Cancelled` at once if `cancel` is set while it is still on its
+        way (woken by the cancel, not polled)."""
+        if not self._landed:
+            with self._cv:
+                if cancel is None:
+                    self._cv.wait_for(lambda: self._landed)
+                else:
+                    with cancel.waking(self._wake):
+                        self._cv.wait_for(lambda: self._landed or cancel.cancelled)
+            if not self._landed:
+                check(cancel)
         if self.error is not None:
             raise self.error
         return self.tensor
