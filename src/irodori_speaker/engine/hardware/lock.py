@@ -18,6 +18,7 @@ more holes, 27 against 6 of 576 lines at 16 Speakers on the CPU; RESULTS.md.)
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -45,10 +46,9 @@ class FairRLock:
         blocking: bool = True,
         timeout: float = -1,
         cancel: CancelToken | None = None,
-        poll_s: float = 0.01,
     ) -> bool:
         """Take the lock (waiting at most `timeout` s; -1: no limit). With `cancel`, a wait is
-        given up with `Cancelled` once it is set (checked every `poll_s`), its place kept till then."""
+        given up with `Cancelled` once it is set (the cancel wakes it), its place kept till then."""
         me = threading.get_ident()
         with self._cond:
             if self._owner == me:
@@ -62,24 +62,26 @@ class FairRLock:
             ticket = self._next_ticket
             self._next_ticket += 1
             self._queue.append(ticket)
+            waking = cancel.waking(self._wake) if cancel is not None else contextlib.nullcontext()
             try:
-                remaining = timeout
-                while self._owner is not None or self._queue[0] != ticket:
-                    if cancel is not None:
+                with waking:
+                    remaining = timeout
+                    while self._owner is not None or self._queue[0] != ticket:
                         check(cancel)
-                    wait = poll_s if cancel is not None else None
-                    if timeout >= 0:
-                        if remaining <= 0:
+                        if timeout >= 0 and remaining <= 0:
                             return False
-                        wait = remaining if wait is None else min(wait, remaining)
-                    t = time.monotonic()
-                    self._cond.wait(wait)
-                    remaining -= time.monotonic() - t
-                self._owner, self._count = me, 1
-                return True
+                        t = time.monotonic()
+                        self._cond.wait(remaining if timeout >= 0 else None)
+                        remaining -= time.monotonic() - t
+                    self._owner, self._count = me, 1
+                    return True
             finally:
                 self._queue.remove(ticket)
                 self._cond.notify_all()  # the next in line may be free to go now
+
+    def _wake(self) -> None:  # a cancel: the waiters look at their tokens
+        with self._cond:
+            self._cond.notify_all()
 
     def release(self) -> None:
         with self._cond:
@@ -102,9 +104,9 @@ MODEL_LOCK = FairRLock()
 
 
 @contextmanager
-def hold_model_lock(cancel: CancelToken | None = None, poll_s: float = 0.01) -> Iterator[None]:
+def hold_model_lock(cancel: CancelToken | None = None) -> Iterator[None]:
     """Hold `MODEL_LOCK`; while waiting for it, give up with `Cancelled` once `cancel` is set."""
-    MODEL_LOCK.acquire(cancel=cancel, poll_s=poll_s)
+    MODEL_LOCK.acquire(cancel=cancel)
     try:
         check(cancel)
         yield
