@@ -86,10 +86,10 @@ def test_the_first_window_is_decoded_while_the_trim_is_on_its_way(synth, early):
         # the decode runs on this thread's device owner job; give it the time to run if it may
         worker.join(timeout=1.0)
         decoded_before = len(sizes)
-        trim._ready.set()  # the copy lands
+        trim._land()  # the copy lands
         worker.join(timeout=60)
     finally:
-        trim._ready.set()
+        trim._land()
         del synth.codec.decode_window_stack  # the spy off: the real method again
     assert not worker.is_alive() and out
     assert (decoded_before >= 1) == early
