@@ -807,7 +807,7 @@ class _CountingToken(CancelToken):
 
 def test_a_queued_jobs_caller_sleeps_until_a_cancel_takes_the_job_out():
     """No polling: the caller looks at its token when it queues and when woken (it looked every
-    10 ms before, each look a thread wake and the GIL: 3-4 % of 64 streams' rate on the CPU)."""
+    10 ms before, each look a thread wake and the GIL: 2-4 % of 64 streams' rate on the CPU)."""
     owner = DeviceOwner()
     token = _CountingToken()
     out: list = []

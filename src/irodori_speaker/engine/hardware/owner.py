@@ -252,7 +252,7 @@ class DeviceOwner:
         if cancel is None:
             job.done.wait()
         else:  # a cancel takes the job out of its queue at once (not polled: 100 wakes a second
-            # a waiting line, each for the GIL, cost 3-4 % of 64 streams' rate on the CPU)
+            # a waiting line, each for the GIL, cost 2-4 % of 64 streams' rate on the CPU)
             with cancel.waking(lambda: self._drop(job)):
                 if cancel.cancelled:
                     self._drop(job)
