@@ -152,11 +152,10 @@ class DACVAE(nn.Module):
             if held is None and self._graphs.runner(z, crop) is not None:  # captured on use
                 held = self._graphs.held_within(z.shape[0], z.shape[-1], crop)
         if held is None:
-            out = self._decode_frames(z, (a, b)).contiguous()
-            return out if dtype is None else out.to(dtype)
+            return _owned(self._decode_frames(z, (a, b)), dtype, copy=False)
         run, (left, _) = held
         at = left * self.hop_length  # the graph's output begins at the crop
-        return _copied(run(z)[:, :, a - at : b - at], dtype)
+        return _owned(run(z)[:, :, a - at : b - at], dtype)
 
     def decode(self, latent: Tensor) -> Tensor:
         """Decode (B, T, 32) latents to (B, 1, hop*T) audio in one pass (memory grows with T)."""
@@ -289,10 +288,9 @@ class DACVAE(nn.Module):
                 fill = [zs[0].expand(rows - len(windows), -1, -1)] if rows > len(windows) else []
                 run, (left, _) = held
                 at = left * self.hop_length
-                return _copied(run(torch.cat(zs + fill))[: len(windows), :, a0 - at : b0 - at], dtype), spans
+                return _owned(run(torch.cat(zs + fill))[: len(windows), :, a0 - at : b0 - at], dtype), spans
             out = self._decode_frames(torch.cat(zs), (a0, b0))
-        out = out.contiguous()
-        return out if dtype is None else out.to(dtype), spans
+        return _owned(out, dtype, copy=False), spans
 
     def fills_batches(self) -> bool:
         """Whether `decode_window_batch` fills a batch up to its bucket (its graphs replay)."""
@@ -438,7 +436,10 @@ class DACVAE(nn.Module):
         return mean.transpose(1, 2).float()
 
 
-def _copied(out: Tensor, dtype: torch.dtype | None) -> Tensor:
-    """A graph's output (a view of its buffer, which the next replay overwrites) as a tensor of its
-    own in `dtype` (None: its own): one copy, the cast in it."""
-    return out.to(dtype or out.dtype, memory_format=torch.contiguous_format, copy=True)
+def _owned(out: Tensor, dtype: torch.dtype | None, copy: bool = True) -> Tensor:
+    """A decode's samples, contiguous and in `dtype` (None: their own), in at most one kernel (the
+    cast in the copy). `copy`: a graph's output, a view of the buffer the next replay overwrites,
+    always copied; an eager decode's own tensor is returned as it is where it already fits."""
+    if copy or (dtype is not None and dtype != out.dtype):
+        return out.to(dtype or out.dtype, memory_format=torch.contiguous_format, copy=True)
+    return out.contiguous()  # (`to` without a copy would leave a view as it is)
