@@ -671,7 +671,12 @@ def measure_mode(args, key: str, device: str, sentences: list[str]) -> dict:
     print(f"# mode ({key}): built in {time.perf_counter() - t0:.1f} s; prewarm", flush=True)
     if mode.fast:
         synth.prewarm(voice, batch_voices=voices[1:])
-    print(f"# mode ({key}): prewarm done at {time.perf_counter() - t0:.1f} s; warm-up lines", flush=True)
+    stages = synth.prewarm_report.get("stage_seconds", {}) if mode.fast else {}
+    print(
+        f"# mode ({key}): prewarm done at {time.perf_counter() - t0:.1f} s "
+        f"({', '.join(f'{k} {v:.1f} s' for k, v in stages.items()) or 'none'}); warm-up lines",
+        flush=True,
+    )
     sentence_audio, sentence_frames = [], []  # warm-up (kernel selection, graphs of these buckets)
     for text in sentences:
         line = synth.stream(text, voice, line_options(mode.family, text, 0))

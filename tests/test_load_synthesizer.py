@@ -227,3 +227,37 @@ def test_prewarm_runs_the_duration_predictor_for_a_line_and_for_lines_met(monkey
     synth = load_synthesizer(tiny_random=kind, backend="cpu", max_batch=max_batch, voice_cache_dir=False)
     synth.prewarm()
     assert seen == rows
+
+
+def test_prewarm_times_and_logs_each_stage(monkeypatch, caplog) -> None:
+    """A first start on a new machine compiles and times kernels for minutes: prewarm reports and
+    logs each stage as it ends, so its log says where the time went. The graph stages (CUDA) are
+    stood in for by sleeps that the report must find in their own stages."""
+    import logging
+    import time
+
+    import irodori_speaker.synthesis.prewarm as prewarm
+
+    synth = load_synthesizer(tiny_random="v2", backend="cpu", max_batch=2, voice_cache_dir=False)
+    fast = synth.fast_sampler
+    assert fast is not None
+    predictor_calls = prewarm.predictor_calls
+
+    def then_graphs(*a):  # the graph stages run (the lines before them stay eager)
+        predictor_calls(*a)
+        monkeypatch.setattr(fast, "use_graphs", True)
+
+    monkeypatch.setattr(prewarm, "predictor_calls", then_graphs)
+    monkeypatch.setattr(prewarm, "line_graphs", lambda *a: time.sleep(0.2) or 0)
+    monkeypatch.setattr(prewarm, "step_graphs", lambda *a: (0, 0))
+    monkeypatch.setattr(prewarm, "codec_graphs", lambda s: time.sleep(0.1) or 0)
+    with caplog.at_level(logging.INFO, logger="irodori_speaker.synthesis.prewarm"):
+        seconds = synth.prewarm()
+    stages = synth.prewarm_report["stage_seconds"]
+    names = ["readers", "first line", "duration predictor", "sampling graphs", "step graphs", "codec graphs"]
+    assert list(stages) == names
+    assert stages["sampling graphs"] >= 0.2 and stages["codec graphs"] >= 0.1
+    assert stages["step graphs"] < 0.1 and stages["first line"] > 0  # each stage its own time
+    assert sum(stages.values()) <= seconds
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prewarm: ")]
+    assert [m.split(" in ")[0] for m in logged] == [f"prewarm: {n}" for n in names]

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,24 +49,34 @@ log = logging.getLogger(__name__)
 
 
 def prewarm_synthesizer(synth: Synthesizer, voice: Any = None, batch_voices: Sequence[Any] = ()) -> float:
-    """`synth.prewarm(voice, batch_voices=...)`: the wall time in seconds; sets `prewarm_report`."""
+    """`synth.prewarm(voice, batch_voices=...)`: the wall time in seconds; sets `prewarm_report`,
+    each stage's seconds in its "stage_seconds" (each logged as it ends: a first start on a new
+    machine compiles and times kernels for minutes, and its log says where)."""
     t0 = time.perf_counter()
     fast = synth.fast_sampler
     before = (0, 0) if fast is None else (fast.captures, fast.text_captures)
-    estimate_seconds("こんにちは。")  # loads the reading dictionary (pyopenjtalk) once
-    english_backends()  # and the English reader (e2k), so the first English word pays nothing
+    stages: dict[str, float] = {}
+    with _stage(stages, "readers"):
+        estimate_seconds("こんにちは。")  # loads the reading dictionary (pyopenjtalk) once
+        english_backends()  # and the English reader (e2k), so the first English word pays nothing
     with tuning_allowed():  # kernel choosers measure here, not mid-stream (engine/kernels/tuning.py)
-        synth.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
-        predictor_calls(synth, voice)
+        with _stage(stages, "first line"):
+            synth.synthesize("こんにちは。", voice, SynthesisOptions(seconds=1.0, seed=0))
+        with _stage(stages, "duration predictor"):
+            predictor_calls(synth, voice)
         steps = starts = batch_shapes = 0
         if fast is not None and fast.use_graphs:
-            batch_shapes = line_graphs(synth, voice, fast, batch_voices)
-            steps, starts = step_graphs(synth, fast, [voice, *batch_voices])
-        codec = codec_graphs(synth)
+            with _stage(stages, "sampling graphs"):
+                batch_shapes = line_graphs(synth, voice, fast, batch_voices)
+            with _stage(stages, "step graphs"):
+                steps, starts = step_graphs(synth, fast, [voice, *batch_voices])
+        with _stage(stages, "codec graphs"):
+            codec = codec_graphs(synth)
     captured = (0, 0) if fast is None else (fast.captures - before[0], fast.text_captures - before[1])
     seconds = time.perf_counter() - t0
     synth.prewarm_report = {
         "seconds": seconds,
+        "stage_seconds": stages,
         "graphs_captured": captured[0],
         "text_graphs_captured": captured[1],
         "codec_graphs_captured": codec,
@@ -75,6 +86,15 @@ def prewarm_synthesizer(synth: Synthesizer, voice: Any = None, batch_voices: Seq
         "voice": repr(voice),
     }
     return seconds
+
+
+@contextmanager
+def _stage(stages: dict[str, float], name: str) -> Iterator[None]:
+    """Time a stage of prewarm into `stages[name]` and log it as it ends."""
+    t0 = time.perf_counter()
+    yield
+    stages[name] = time.perf_counter() - t0
+    log.info("prewarm: %s in %.2f s", name, stages[name])
 
 
 def predictor_calls(synth: Synthesizer, voice: Any) -> None:
