@@ -725,13 +725,8 @@ def test_the_tail_trim_rides_on_the_job_that_made_the_latent(irodori_home, monke
     assert max(r.record.extra.get("sample_batch", 1) for r in results) > 1  # the lines did meet
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a copy that lands later)")
-@pytest.mark.parametrize("spin", [False, True])
-def test_the_copy_waiter_sleeps_while_its_copy_is_on_its_way_on_cuda(spin):
-    """The waiter blocks in the driver while the GPU works towards its copy (a blocking-sync
-    event): the process stays near idle. CUDA's default spin (`spin_copies`, the A/B's "+s")
-    held a core for as long: the case that shows this check can tell them apart."""
-    x = torch.ones(4, device="cuda")
+def _half_second_of_gpu_sleep() -> int:
+    """`torch.cuda._sleep` cycles that keep the GPU busy for at least 0.5 s."""
 
     def sleep_ms(cycles: int) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -743,7 +738,26 @@ def test_the_copy_waiter_sleeps_while_its_copy_is_on_its_way_on_cuda(spin):
 
     # the fastest of three: an idle GPU's clock is low (345 MHz on the H100) until work wakes it;
     # timed once at that clock, the sleep came out short (the copy landed before the wait began)
-    cycles = int(20_000_000 * 500 / min(sleep_ms(20_000_000) for _ in range(3)))  # >= 0.5 s
+    return int(20_000_000 * 500 / min(sleep_ms(20_000_000) for _ in range(3)))
+
+
+def _assert_waited(spin: bool, wall: float, cpu: float) -> None:
+    """A wait of most of the GPU's sleep: spinning holds a core, blocking leaves it near idle."""
+    assert wall > 0.2, wall  # the GPU still had most of its sleep ahead
+    if spin:
+        assert cpu > 0.5 * wall, (cpu, wall)
+    else:
+        assert cpu < 0.2 * wall, (cpu, wall)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a copy that lands later)")
+@pytest.mark.parametrize("spin", [False, True])
+def test_the_copy_waiter_sleeps_while_its_copy_is_on_its_way_on_cuda(spin):
+    """The waiter blocks in the driver while the GPU works towards its copy (a blocking-sync
+    event): the process stays near idle. CUDA's default spin (`spin_copies`, the A/B's "+s")
+    held a core for as long: the case that shows this check can tell them apart."""
+    x = torch.ones(4, device="cuda")
+    cycles = _half_second_of_gpu_sleep()
     owner = DeviceOwner()
     owner.spin_copies = spin
 
@@ -755,12 +769,27 @@ def test_the_copy_waiter_sleeps_while_its_copy_is_on_its_way_on_cuda(spin):
     assert copy.pending
     wall0, cpu0 = time.perf_counter(), time.process_time()
     np.testing.assert_array_equal(copy.wait().numpy(), np.full(4, 2.0, np.float32))
+    _assert_waited(spin, time.perf_counter() - wall0, time.process_time() - cpu0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a copy that lands later)")
+@pytest.mark.parametrize("spin", [False, True])
+def test_a_line_alone_sleeps_while_its_inline_copy_is_on_its_way_on_cuda(spin):
+    """A line alone copies inline (no owner thread, no waiter): on a blocking event too, so a
+    one-stream user's wait for the GPU leaves the core to OBS and the LLM; `.cpu()` (`spin`)
+    spins in the driver. The copy has landed when `to_host` returns."""
+    x = torch.ones(4, device="cuda")
+    cycles = _half_second_of_gpu_sleep()
+    owner = DeviceOwner()
+    owner.spin_copies = spin
+    torch.cuda._sleep(cycles)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    rows = owner.to_host_rows((x * 2).view(2, 2), [(0, 2), (1, 2)])
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    assert wall > 0.2, wall  # the GPU still had most of its sleep ahead
-    if spin:
-        assert cpu > 0.5 * wall, (cpu, wall)
-    else:
-        assert cpu < 0.2 * wall, (cpu, wall)
+    assert not any(r.pending for r in rows) and owner._thread is None  # inline: no owner thread
+    np.testing.assert_array_equal(rows[0].wait().numpy(), np.full(2, 2.0, np.float32))
+    np.testing.assert_array_equal(rows[1].wait().numpy(), np.full(1, 2.0, np.float32))
+    _assert_waited(spin, wall, cpu)
 
 
 class _CountingToken(CancelToken):

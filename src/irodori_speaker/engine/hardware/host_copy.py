@@ -4,7 +4,8 @@ The owner queues the copy behind the work that makes it and records an event aft
 thread (`CopyWaiters`, one a CUDA stream) sees it land and wakes whoever waits (`wait`). The event
 blocks (`DeviceOwner.spin_copies` off): the waiter sleeps in the driver while its copy is out,
 where CUDA's default spin held a host core for as long as the GPU worked (most of the wall under
-load, on a machine the card shares with OBS and an LLM).
+load, on a machine the card shares with OBS and an LLM). A line alone copies inline (`copy_now`),
+on a blocking event too.
 """
 
 from __future__ import annotations
@@ -59,6 +60,29 @@ class HostCopy:
         if self.error is not None:
             raise self.error
         return self.tensor
+
+
+def queue_copy(tensor: Any, spin: bool) -> tuple[Any, Any]:
+    """Queue a CUDA tensor's copy to the host behind the work that makes it: the host tensor
+    (pinned, filled when its stream gets there) and an event recorded after it, which blocks
+    (`cudaEventBlockingSync`) unless `spin`."""
+    import torch
+
+    host = tensor.to("cpu", non_blocking=True)
+    event = torch.cuda.Event(blocking=not spin)
+    event.record(torch.cuda.current_stream(tensor.device))  # its device's (not the current device's)
+    return host, event
+
+
+def copy_now(tensor: Any, spin: bool) -> Any:
+    """`tensor` on the host at once (a line alone, inline). A CUDA copy waits on a blocking event
+    unless `spin`: `.cpu()` waits in the driver's spin, a core held while the GPU finishes the
+    line's work (the stage before the copy is most of a one-stream line's wall)."""
+    if spin or tensor.device.type != "cuda":
+        return tensor.cpu()
+    host, event = queue_copy(tensor, spin)
+    event.synchronize()
+    return host
 
 
 class CopyWaiters:

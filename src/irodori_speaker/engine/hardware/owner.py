@@ -64,7 +64,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from ...cancel import CancelToken, check
 from ...lanes import HIGH_LANE, LOW_LANE, current_lane
 from .cuda_device import current_cuda_device, on_cuda_device
-from .host_copy import CopyWaiters, HostCopy
+from .host_copy import CopyWaiters, HostCopy, copy_now, queue_copy
 from .lock import MODEL_LOCK
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,8 @@ class DeviceOwner:
         self._thread: threading.Thread | None = None
         self._copies = CopyWaiters(linger_s)  # the copies on their way to the host, a waiter a stream
         # the copies' events spin-wait in the driver (CUDA's default: a core held while a copy is
-        # out); off, they block (`cudaEventBlockingSync`), the waiter sleeping until its copy lands
+        # out); off, they block (`cudaEventBlockingSync`), the waiter (or a line alone, inline)
+        # sleeping until its copy lands
         self.spin_copies = False
         # the decode's jobs (`stream=DECODE`) on a CUDA stream of their own (the preset's
         # `owner_decode_stream`), at this CUDA priority (lower: the GPU serves it first)
@@ -302,16 +303,14 @@ class DeviceOwner:
 
     def _to_host(self, tensor: Any, parts: Callable[[Any], list[Any]]) -> list[HostCopy]:
         if tensor.device.type != "cuda" or threading.current_thread() is not self._thread:
-            return [HostCopy(part) for part in parts(tensor.cpu())]
+            return [HostCopy(part) for part in parts(copy_now(tensor, self.spin_copies))]
         import torch
 
-        stream = torch.cuda.current_stream(tensor.device)  # its device's (not the current device's)
-        host = tensor.to("cpu", non_blocking=True)  # pinned, filled when the stream gets there
-        event = torch.cuda.Event(blocking=not self.spin_copies)
-        event.record(stream)
+        host, event = queue_copy(tensor, self.spin_copies)
+        stream = torch.cuda.current_stream(tensor.device).cuda_stream
         copies = [HostCopy(part, event) for part in parts(host)]
         for copy in copies:  # one event: each lands once the one copy has
-            self._copies.add(copy, stream.cuda_stream)
+            self._copies.add(copy, stream)
         return copies
 
     def ready_mark(self, tensor: Any) -> Any:
