@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-tool call on an H200: GPU tests, the line profile, news5 end to end, the int4 kernel table,
-# the memory table (and its phases), the server under load. Pick with STAGES="files tests profile codec decode_batch roofline units text concurrency concurrency2 concurrency_base host_profile cpu_preset news5 news5_batch int4 memory memory_phases memory_budget server_load many_speakers" (and the *_S timeouts, *_ARGS).
+# the memory table (and its phases), the server under load. Pick with STAGES="files tests profile codec decode_batch roofline units text concurrency concurrency2 concurrency_base host_profile cpu_preset news5 news5_batch int4 memory memory_phases memory_budget server_load many_speakers caches" (and the *_S timeouts, *_ARGS).
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
@@ -27,6 +27,17 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH="$PWD/src:/tmp/site" PATH="/tmp/site/bin:$PATH"  # bin: py-spy (--gil-profile)
 else
   export PYTHONPATH="$PWD/src"
+fi
+# what a fresh machine's first process builds for minutes, from an earlier call's `caches` stage
+# (its $OUT/device_caches.tgz saved here as .device_caches/device_caches.tgz and carried): the int4
+# chooser's timings (the tune file) and Triton's compiled kernels
+TRITON_DIR="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+if [ -f .device_caches/device_caches.tgz ]; then
+  rm -rf /tmp/caches_in && mkdir -p /tmp/caches_in "$IRODORI_CACHE" "$TRITON_DIR"
+  tar -xzf .device_caches/device_caches.tgz -C /tmp/caches_in
+  [ -d /tmp/caches_in/kernels ] && cp -r /tmp/caches_in/kernels "$IRODORI_CACHE/"
+  [ -d /tmp/caches_in/triton ] && cp -r /tmp/caches_in/triton/. "$TRITON_DIR/"
+  echo "caches restored: $(du -sh /tmp/caches_in | cut -f1)"
 fi
 STAGES="${STAGES:-env tests profile news5 int4 memory}"
 TESTS="${TESTS:-tests/engine/test_batch.py tests/engine/test_codec_fast.py tests/engine/test_fast.py tests/engine/test_fast_v4.py tests/engine/test_fused.py tests/engine/test_codec_graphs.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py tests/quant/test_fp8.py tests/engine/test_memory_budget_cuda.py tests/test_device_owner.py tests/test_text_batching.py}"
@@ -123,4 +134,13 @@ if stage memory_budget; then  # what --max-gpu-memory allows and the peak it hol
 fi
 if stage memory; then
   timeout "${MEMORY_S:-200}" python3 benchmarks/memory_gpu.py ${MEMORY_ARGS:-} 2>&1 | tee "$OUT/memory.txt" | tail -40
+fi
+if stage caches; then  # last: the int4 tune file and Triton's kernels for later fresh machines (see above)
+  rm -rf /tmp/caches_out && mkdir -p /tmp/caches_out
+  [ -d "$IRODORI_CACHE/kernels" ] && cp -r "$IRODORI_CACHE/kernels" /tmp/caches_out/
+  [ -d "$TRITON_DIR" ] && cp -r "$TRITON_DIR" /tmp/caches_out/triton
+  tar -czf /tmp/device_caches.tgz -C /tmp/caches_out .
+  size=$(stat -c %s /tmp/device_caches.tgz)
+  if [ "$size" -le $((15 * 1024 * 1024)) ]; then cp /tmp/device_caches.tgz "$OUT/"; echo "caches: $size bytes"
+  else echo "caches: $size bytes, over the 15 MiB a file may come back; not saved"; fi
 fi
