@@ -62,16 +62,17 @@ class HostCopy:
         return self.tensor
 
 
-def queue_copy(tensor: Any, spin: bool) -> tuple[Any, Any]:
+def queue_copy(tensor: Any, spin: bool) -> tuple[Any, Any, Any]:
     """Queue a CUDA tensor's copy to the host behind the work that makes it: the host tensor
-    (pinned, filled when its stream gets there) and an event recorded after it, which blocks
-    (`cudaEventBlockingSync`) unless `spin`."""
+    (pinned, filled when its stream gets there), an event recorded after it, which blocks
+    (`cudaEventBlockingSync`) unless `spin`, and the stream it is on."""
     import torch
 
+    stream = torch.cuda.current_stream(tensor.device)  # its device's (not the current device's)
     host = tensor.to("cpu", non_blocking=True)
     event = torch.cuda.Event(blocking=not spin)
-    event.record(torch.cuda.current_stream(tensor.device))  # its device's (not the current device's)
-    return host, event
+    event.record(stream)
+    return host, event, stream
 
 
 def copy_now(tensor: Any, spin: bool) -> Any:
@@ -80,7 +81,7 @@ def copy_now(tensor: Any, spin: bool) -> Any:
     line's work (the stage before the copy is most of a one-stream line's wall)."""
     if spin or tensor.device.type != "cuda":
         return tensor.cpu()
-    host, event = queue_copy(tensor, spin)
+    host, event, _ = queue_copy(tensor, spin=False)
     event.synchronize()
     return host
 

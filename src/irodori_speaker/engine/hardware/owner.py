@@ -304,13 +304,10 @@ class DeviceOwner:
     def _to_host(self, tensor: Any, parts: Callable[[Any], list[Any]]) -> list[HostCopy]:
         if tensor.device.type != "cuda" or threading.current_thread() is not self._thread:
             return [HostCopy(part) for part in parts(copy_now(tensor, self.spin_copies))]
-        import torch
-
-        host, event = queue_copy(tensor, self.spin_copies)
-        stream = torch.cuda.current_stream(tensor.device).cuda_stream
+        host, event, stream = queue_copy(tensor, self.spin_copies)
         copies = [HostCopy(part, event) for part in parts(host)]
         for copy in copies:  # one event: each lands once the one copy has
-            self._copies.add(copy, stream)
+            self._copies.add(copy, stream.cuda_stream)
         return copies
 
     def ready_mark(self, tensor: Any) -> Any:
