@@ -4,13 +4,14 @@
 #
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
-# Test data and the news5 set are in the repository; .whl holds the cp312 wheels the image lacks
-# (the device README's pip download line): soundfile, cffi, pycparser and soxr for every stage (the
-# engine reads SAMPLE_RATE from audio/signal.py, which imports them), pyloudnorm, and for the
-# server_load stage fastapi, starlette, pydantic, pydantic-core, annotated-types, annotated-doc,
-# typing-inspection, typing-extensions, opentelemetry-api (fastapi needs it), uvicorn, websockets,
-# py-spy (SERVER_LOAD_ARGS="--full int4 --gil-profile $OUT/gil.txt"); optionally onecomp-runtime (the seed's
-# int4 kernel, for int4_gpu.py's comparison column). Logs land in $OUT.
+# Test data and the news5 set are in the repository; .whl holds the cp312 wheels the image lacks,
+# made by `bash benchmarks/device_wheels.sh [base] [server]` at .venv's versions: soundfile, cffi,
+# pycparser and soxr for every stage (the engine reads SAMPLE_RATE from audio/signal.py, which
+# imports them), pyloudnorm, and for the server_load stage fastapi, starlette, pydantic,
+# pydantic-core, annotated-types, annotated-doc, typing-inspection, typing-extensions,
+# opentelemetry-api (fastapi needs it), uvicorn, websockets, py-spy (SERVER_LOAD_ARGS="--full int4
+# --gil-profile $OUT/gil.txt"); optionally onecomp-runtime (the seed's int4 kernel, for
+# int4_gpu.py's comparison column; the device README's pip download line). Logs land in $OUT.
 #
 # Stage concurrency_base runs the older tree's concurrency.py (CONC_BASE_ARGS) after this tree's.
 # Stage news5_base runs news5 of an older tree in .device_base (src/ and benchmarks/ of a commit, made
