@@ -11,7 +11,8 @@
 # pydantic-core, annotated-types, annotated-doc, typing-inspection, typing-extensions,
 # opentelemetry-api (fastapi needs it), uvicorn, websockets, py-spy (SERVER_LOAD_ARGS="--full int4
 # --gil-profile $OUT/gil.txt"); optionally onecomp-runtime (the seed's int4 kernel, for
-# int4_gpu.py's comparison column; the device README's pip download line). Logs land in $OUT.
+# int4_gpu.py's comparison column; the device README's pip download line). Logs land in
+# $OUT/logs.tar (see pack below).
 #
 # Stage concurrency_base runs the older tree's concurrency.py (CONC_BASE_ARGS) after this tree's.
 # Stage news5_base runs news5 of an older tree in .device_base (src/ and benchmarks/ of a commit, made
@@ -43,7 +44,19 @@ fi
 STAGES="${STAGES:-env tests profile news5 int4 memory}"
 TESTS="${TESTS:-tests/engine/test_batch.py tests/engine/test_codec_fast.py tests/engine/test_fast.py tests/engine/test_fast_v4.py tests/engine/test_fused.py tests/engine/test_codec_graphs.py tests/backends/test_cuda_backend.py tests/quant/test_cuda.py tests/quant/test_fp8.py tests/engine/test_memory_budget_cuda.py tests/test_device_owner.py tests/test_text_batching.py}"
 
-stage() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# The device returns at most 8 files a call: as each stage starts, and at the end, what the stages
+# before it wrote moves into $OUT/logs.tar (`tar -xf logs.tar` where the call's files land), so a
+# call may run every stage it fits in time; the caches archive stays a file of its own.
+pack() {
+  local f files=()
+  while IFS= read -r -d '' f; do files+=("${f#"$OUT"/}"); done \
+    < <(find "$OUT" -mindepth 1 -type f ! -name logs.tar ! -name '*.tgz' -print0)
+  [ ${#files[@]} -eq 0 ] && return 0
+  tar -rf "$OUT/logs.tar" -C "$OUT" "${files[@]}" && (cd "$OUT" && rm -f "${files[@]}")
+  find "$OUT" -mindepth 1 -type d -empty -delete
+}
+trap pack EXIT
+stage() { case " $STAGES " in *" $1 "*) pack; return 0 ;; *) return 1 ;; esac; }
 
 if stage env; then
   { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
