@@ -5,11 +5,8 @@
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"])
 #
 # Test data and the news5 set are in the repository; .whl holds the cp312 wheels the image lacks,
-# made by `bash benchmarks/device_wheels.sh [base] [server]` at .venv's versions: soundfile, cffi,
-# pycparser and soxr for every stage (the engine reads SAMPLE_RATE from audio/signal.py, which
-# imports them), pyloudnorm, and for the server_load stage fastapi, starlette, pydantic,
-# pydantic-core, annotated-types, annotated-doc, typing-inspection, typing-extensions,
-# opentelemetry-api (fastapi needs it), uvicorn, websockets, py-spy (SERVER_LOAD_ARGS="--full int4
+# made by `bash benchmarks/device_wheels.sh [base] [server]` (its header lists them: every stage
+# needs base, server_load and many_speakers server; py-spy for SERVER_LOAD_ARGS="--full int4
 # --gil-profile $OUT/gil.txt"); optionally onecomp-runtime (the seed's int4 kernel, for
 # int4_gpu.py's comparison column; the device README's pip download line). Logs land in
 # $OUT/logs.tar (see pack below).
