@@ -268,13 +268,14 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     `stream_first_before_trim`), "w" after it; "h", the decode on a stream of its own at a higher
     priority (the preset's `owner_decode_stream`), "d" the same at the default priority, "u" one
     stream; "x" the text tower's eager forward (`use_text_backbone`); "c" stream windows decoded
-    whole, not cropped (`use_crop`); "s" the copies' events spin in the driver, as before
-    `DeviceOwner.spin_copies` was off (else they block); a letter left out, the preset's. "#N"
+    whole, not cropped (`use_crop`); "s" the copy waiter's events spin in the driver, as before
+    `DeviceOwner.spin_copies` was off (else they block); "b" a line alone's inline copy blocks
+    (`DeviceOwner.spin_inline` off; else it spins); a letter left out, the preset's. "#N"
     before the "+": up to N stream windows decoded as one batch (the preset's `decode_batch`;
     "line#8"), else --decode-batch or the preset's."""
     kind, _, flags = kind.partition("+")
-    if set(flags) - set("twdhuxcs"):
-        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u, x, c, s)")
+    if set(flags) - set("twdhuxcsb"):
+        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u, x, c, s, b)")
     kind, _, rows = kind.partition("#")
     # decode windows of lines that meet: one by one when serial (the baseline), else as asked
     windows = 1 if kind == "serial" else int(rows) if rows else DECODE_BATCH[0] or 1
@@ -286,6 +287,7 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     DEVICE.decode_stream = bool(set(flags) & set("dh")) or ("u" not in flags and own)
     DEVICE.decode_priority = 0 if "d" in flags else DECODE_PRIORITY
     DEVICE.spin_copies = "s" in flags
+    DEVICE.spin_inline = "b" not in flags
     early = True if "t" in flags else False if "w" in flags else FIRST_BEFORE_TRIM[0]
     kind, _, depth = kind.partition("@")
     DEVICE.queue_depth = int(depth or 0)
@@ -922,7 +924,7 @@ def main() -> None:
         "--one-stream-kinds",
         action="store_true",
         help="run every --batching kind at one stream too (default: the first only; the one-stream "
-        "A/B of a kind that is not about batching, e.g. line,line+s)",
+        "A/B of a kind that is not about batching, e.g. line,line+b)",
     )
     ap.add_argument(
         "--decode-batch", type=int, help="stream windows decoded as one batch (default: the preset's)"

@@ -772,16 +772,38 @@ def test_the_copy_waiter_sleeps_while_its_copy_is_on_its_way_on_cuda(spin):
     _assert_waited(spin, time.perf_counter() - wall0, time.process_time() - cpu0)
 
 
+def test_a_line_alone_copies_with_its_own_spin_setting_not_the_waiters(monkeypatch):
+    """The inline copy (a line alone) spins by default (`spin_inline`: a blocking wake cost one
+    stream 6-13 % of its rate), the waiter's copies block (`spin_copies` off): two settings, each
+    read where its copy is made (the CUDA tests below measure what each does)."""
+    import irodori_speaker.engine.hardware.owner as owner_mod
+
+    asked: list[bool] = []
+
+    def copy_now(tensor, spin):
+        asked.append(spin)
+        return tensor.cpu()
+
+    monkeypatch.setattr(owner_mod, "copy_now", copy_now)
+    owner = DeviceOwner()
+    assert owner.spin_inline and not owner.spin_copies
+    owner.to_host(torch.ones(2))
+    owner.spin_inline, owner.spin_copies = False, True
+    owner.to_host_rows(torch.ones(2, 2), [(0, 2), (0, 1)])
+    assert asked == [True, False]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a copy that lands later)")
 @pytest.mark.parametrize("spin", [False, True])
 def test_a_line_alone_sleeps_while_its_inline_copy_is_on_its_way_on_cuda(spin):
-    """A line alone copies inline (no owner thread, no waiter): on a blocking event too, so a
-    one-stream user's wait for the GPU leaves the core to OBS and the LLM; `.cpu()` (`spin`)
-    spins in the driver. The copy has landed when `to_host` returns."""
+    """A line alone copies inline (no owner thread, no waiter): `.cpu()` spins in the driver
+    (`spin_inline`, the preset's: a blocking wake cost one stream 6-13 % of its rate); off, a
+    blocking event leaves the core idle. The copy has landed when `to_host` returns."""
     x = torch.ones(4, device="cuda")
     cycles = _half_second_of_gpu_sleep()
     owner = DeviceOwner()
-    owner.spin_copies = spin
+    assert owner.spin_inline and not owner.spin_copies  # the defaults the A/B chose
+    owner.spin_inline = spin
     torch.cuda._sleep(cycles)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     rows = owner.to_host_rows((x * 2).view(2, 2), [(0, 2), (1, 2)])

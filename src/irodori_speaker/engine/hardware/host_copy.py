@@ -5,7 +5,8 @@ thread (`CopyWaiters`, one a CUDA stream) sees it land and wakes whoever waits (
 blocks (`DeviceOwner.spin_copies` off): the waiter sleeps in the driver while its copy is out,
 where CUDA's default spin held a host core for as long as the GPU worked (most of the wall under
 load, on a machine the card shares with OBS and an LLM). A line alone copies inline (`copy_now`),
-on a blocking event too.
+spinning (`DeviceOwner.spin_inline`: its wait is the line's few ms on the GPU, and a blocking wake
+cost one stream 6-13 % of its rate).
 """
 
 from __future__ import annotations

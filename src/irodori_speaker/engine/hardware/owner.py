@@ -134,10 +134,15 @@ class DeviceOwner:
         self._steppers: dict[int, tuple[Stepper, int | None]] = {}
         self._thread: threading.Thread | None = None
         self._copies = CopyWaiters(linger_s)  # the copies on their way to the host, a waiter a stream
-        # the copies' events spin-wait in the driver (CUDA's default: a core held while a copy is
-        # out); off, they block (`cudaEventBlockingSync`), the waiter (or a line alone, inline)
-        # sleeping until its copy lands
+        # the waiter's copy events spin-wait in the driver (CUDA's default: a core held while a
+        # copy is out); off, they block (`cudaEventBlockingSync`) and the waiter sleeps until its
+        # copy lands: level in rate at 16 and 64 streams, a core given back (thirty-third and
+        # thirty-sixth sessions, H100)
         self.spin_copies = False
+        # a line alone's inline copy spins: blocking measured 0.87-0.94x one stream's rate and a
+        # millisecond more first audio (H100, thirty-sixth session); its core is held only for
+        # the line's few ms of GPU work
+        self.spin_inline = True
         # the decode's jobs (`stream=DECODE`) on a CUDA stream of their own (the preset's
         # `owner_decode_stream`), at this CUDA priority (lower: the GPU serves it first)
         self.decode_stream = False
@@ -303,7 +308,7 @@ class DeviceOwner:
 
     def _to_host(self, tensor: Any, parts: Callable[[Any], list[Any]]) -> list[HostCopy]:
         if tensor.device.type != "cuda" or threading.current_thread() is not self._thread:
-            return [HostCopy(part) for part in parts(copy_now(tensor, self.spin_copies))]
+            return [HostCopy(part) for part in parts(copy_now(tensor, self.spin_inline))]
         host, event, stream = queue_copy(tensor, self.spin_copies)
         copies = [HostCopy(part, event) for part in parts(host)]
         for copy in copies:  # one event: each lands once the one copy has
