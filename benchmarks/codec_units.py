@@ -126,7 +126,7 @@ def unit_case(
 
     with torch.inference_mode():
         t_u = news5.device_ms("cuda", unfused, reps=reps)
-        t_d = news5.device_ms("cuda", one, kernels.residual_unit_config(C), reps=reps)
+        t_d = news5.device_ms("cuda", one, kernels.residual_unit_config(C, thirds), reps=reps)
         ranked = []
         for config in configs:
             try:
@@ -153,7 +153,7 @@ def window_table(
     print("\n2. the graphed window, units unfused and fused (best configuration per width), ms a window")
     print(f"| rows x frames | unfused ms | {' | '.join(n + ' ms' for n in names)} | unfused / each |")
     print("|---|---|" + "---|" * len(names) + "---|")
-    default = kernels.residual_unit_config
+    default, thirds_before = kernels.residual_unit_config, kernels.UNIT_THIRDS
     d = codec._channels_last
     for rows, frames in shapes:
         z = torch.randn(rows, codec.latent_channels, frames, device="cuda").to(codec.dtype)
@@ -161,8 +161,8 @@ def window_table(
         for fuse in (None, *packings):
             kernels.UNIT_THIRDS = bool(fuse)
             d.fuse_units = fuse is not None  # packs with UNIT_THIRDS
-            kernels.residual_unit_config = lambda C, t=bool(fuse): (  # type: ignore[misc]
-                configs.get((C, t)) or configs.get((C, False)) or default(C)
+            kernels.residual_unit_config = lambda C, t, f=bool(fuse): (  # type: ignore[misc]
+                configs.get((C, f)) or configs.get((C, False)) or default(C, f)
             )
             codec.use_graphs(True, capture_on_use=None, max_graphs=1)
             codec.prewarm_graphs([frames], batch=rows)
@@ -172,7 +172,7 @@ def window_table(
         ratios = ", ".join(f"{row[0] / r:.2f}x" for r in row[1:])
         print(f"| {rows} x {frames} | {' | '.join(f'{r:.3f}' for r in row)} | {ratios} |")
     kernels.residual_unit_config = default  # type: ignore[assignment]
-    kernels.UNIT_THIRDS = False
+    kernels.UNIT_THIRDS = thirds_before
 
 
 def main() -> None:

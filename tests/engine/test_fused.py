@@ -334,13 +334,15 @@ def test_conv_epilogue_matches_the_torch_path(dtype, residual, snake, keep, shap
         (40, 3, True, False),
         (40, 9, True, True),
         (96, 3, False, True),
+        (192, 9, True, True),
     ],
 )
 def test_residual_unit_matches_the_unfused_unit(dtype, C, dilation, keep, thirds):
     """A residual unit in one kernel against the decoder's ops (the 7-tap conv, epilogue, 1-tap
     conv, epilogue): the conv's zero padding at both ends, 200 samples (two tiles of 128, the
     second partial), widths not a power of two, each dilation the decoder has; packed in one
-    chunk of outputs or in three (`thirds`: 40 channels as 3 x 16, the last padded; 96 as 3 x 32)."""
+    chunk of outputs or in three (`thirds`: 40 channels as 3 x 16, the last padded; 96 as 3 x 32;
+    192 as 3 x 64, in the wide units' block)."""
     from torch import nn
 
     from irodori_speaker.engine.codec.fast import _Conv, epilogue_torch
@@ -355,7 +357,7 @@ def test_residual_unit_matches_the_unfused_unit(dtype, C, dilation, keep, thirds
         assert mid is not None
         want_h, want_s = epilogue_torch(c1(mid), c1.bias, x, an, True)
         packed = ck.pack_residual_unit(c7.weight, c1.weight, thirds=thirds)
-        assert packed[1].shape[0] == (48 if C == 40 else 96) if thirds else packed[1].shape[0] >= 32
+        assert packed[1].shape[0] == {40: 48, 96: 96, 192: 192}[C] if thirds else packed[1].shape[0] >= 32
         h, out = ck.residual_unit(s, packed, c7.bias, a7, dilation, c1.bias, x, an, keep)
     assert out.dtype == dtype and out.shape == s.shape and (h is not None) == keep
     assert want_h is not None and want_s is not None

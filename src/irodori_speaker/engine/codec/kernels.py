@@ -227,8 +227,11 @@ def conv_epilogue(
 #: A residual unit's output channels in three chunks of a power of two where that pads less than
 #: one chunk of the next power of two (`unit_chunks`): 96 channels as 3 x 32, 192 as 3 x 64, where
 #: one chunk is 128 / 256 wide and a quarter (7-tap) to 44 % (1-tap) of the unit's products
-#: multiply zeros. Off until measured on a GPU (`benchmarks/codec_units.py --thirds`, status.md "Next").
-UNIT_THIRDS = False
+#: multiply zeros. In thirds a 96-channel unit took 1.09-1.17 ms against 1.31-1.34 in one chunk,
+#: a 192-channel one 1.63-1.64 against 1.83-1.91 unfused (one chunk: 1.96-2.03, slower than
+#: unfused); the graphed windows 1.10-1.16x the unfused units' (H100, `codec_units.py --thirds`,
+#: benchmarks/RESULTS.md "Thirty-sixth session").
+UNIT_THIRDS = True
 
 
 def unit_chunks(C: int, thirds: bool | None = None) -> tuple[int, int]:
@@ -262,11 +265,15 @@ def pack_residual_unit(weight7: Tensor, weight1: Tensor, thirds: bool | None = N
 UnitConfig = tuple[int, int, int, int, int]
 
 
-def residual_unit_config(C: int) -> UnitConfig:
-    """The block configuration `residual_unit` takes for a unit of C channels."""
-    # 96 channels: the best mean of the sweep over the three dilations (H100, `codec_units.py`;
-    # 1.35x the unfused ops); 192: the best of the twentieth session's sweep (still 0.36x)
-    return (128, 32, 128, 4, 3) if C <= 128 else (64, 64, 128, 8, 3)
+def residual_unit_config(C: int, thirds: bool) -> UnitConfig:
+    """The block configuration `residual_unit` takes for a unit of C channels, its outputs packed
+    in `thirds` or not (BN is cut to a chunk's width there)."""
+    # the best of the sweep over the three dilations (H100, `codec_units.py --thirds`, thirty-sixth
+    # session): 96 channels the same block in both packings (BN 32 in thirds); 192 in thirds wants
+    # four warps (1.64 ms against 2.54 with eight), in one chunk eight
+    if C <= 128:
+        return (128, 32, 128, 4, 3)
+    return (64, 64, 64, 4, 3) if thirds else (128, 64, 64, 8, 3)
 
 
 def residual_unit(
@@ -297,7 +304,7 @@ def residual_unit(
     thirds = (cp & (cp - 1)) != 0  # not a power of two: three chunks (`pack_residual_unit`)
     cw = cp // 3 if thirds else cp
     assert (cw & (cw - 1)) == 0 and cw >= 16
-    bt, bk, bn, warps, stages = config or residual_unit_config(C)
+    bt, bk, bn, warps, stages = config or residual_unit_config(C, thirds)
     bk, bn = min(bk, kp), min(bn, cw)  # an output block within a chunk
     s, residual = s.contiguous(), residual.contiguous()
     h = torch.empty_like(s) if keep else s
