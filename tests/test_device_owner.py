@@ -795,7 +795,7 @@ def test_a_line_alone_copies_with_its_own_spin_setting_not_the_waiters(monkeypat
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a copy that lands later)")
 @pytest.mark.parametrize("spin", [False, True])
-def test_a_line_alone_sleeps_while_its_inline_copy_is_on_its_way_on_cuda(spin):
+def test_a_line_alones_inline_copy_spins_or_sleeps_as_set_on_cuda(spin):
     """A line alone copies inline (no owner thread, no waiter): `.cpu()` spins in the driver
     (`spin_inline`, the preset's: a blocking wake cost one stream 6-13 % of its rate); off, a
     blocking event leaves the core idle. The copy has landed when `to_host` returns."""

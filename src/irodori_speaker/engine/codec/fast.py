@@ -322,13 +322,14 @@ def _crop(s: Tensor, start: int, span: tuple[int, int], stride: int) -> tuple[in
     return start + lo, s[:, lo:hi].contiguous()
 
 
-#: the widest residual unit fused into one kernel (`fused.residual_unit`): the 96- and 192-channel
-#: stages, their outputs packed in thirds (`kernels.UNIT_THIRDS`): a 96-channel unit took 1.6x
-#: less time fused, a 192-channel one 1.1x, the graphed window 1.10-1.16x less at every window
-#: shape of the CUDA preset (H100, benchmarks/RESULTS.md "Thirty-sixth session", `codec_units.py
-#: --thirds`). Packed in one chunk of 256 the 192-channel unit is slower than unfused (0.92-0.96x
-#: there; 2.8x slower in the twentieth session's kernel). The kernel itself takes up to 256.
-FUSED_UNIT_WIDTH = 192
+#: the widest residual unit fused into one kernel (`fused.residual_unit`): the last, 96-channel
+#: stage, where a unit took 1.31-1.38x less time fused and the graphed window 1.06-1.08x at every
+#: window shape of the CUDA preset (H100, benchmarks/RESULTS.md "Twenty-first session"). Packed in
+#: one chunk of 256 the 192-channel unit is slower than its four ops (0.92-0.96x, thirty-sixth
+#: session); in thirds (`kernels.UNIT_THIRDS`) 1.11-1.16x faster, and the windows with both stages
+#: fused in thirds 1.10-1.16x the unfused units': 192 goes with UNIT_THIRDS, once that is on. The
+#: kernel itself takes up to 256.
+FUSED_UNIT_WIDTH = 96
 
 
 #: (in channels, kernel, dilation) of the released decoder's convs for which cuDNN's NHWC heuristic
