@@ -775,7 +775,8 @@ def test_the_copy_waiter_sleeps_while_its_copy_is_on_its_way_on_cuda(spin):
 def test_a_line_alone_copies_with_its_own_spin_setting_not_the_waiters(monkeypatch):
     """The inline copy (a line alone) spins by default (`spin_inline`: a blocking wake cost one
     stream 6-13 % of its rate), the waiter's copies block (`spin_copies` off): two settings, each
-    read where its copy is made (the CUDA tests below measure what each does)."""
+    read where its copy is made. `copy_now` is a stand-in that records its setting (no CUDA on
+    the CI machine); the CUDA tests below measure what each setting does."""
     import irodori_speaker.engine.hardware.owner as owner_mod
 
     asked: list[bool] = []
