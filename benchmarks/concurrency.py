@@ -125,6 +125,8 @@ import news5  # noqa: E402  (the shared random full-size files, modes and the ap
 import spy_profile  # noqa: E402
 from owner_time import owner_ops, owner_time  # noqa: E402
 
+from irodori_speaker.engine.codec import fast as codec_fast  # noqa: E402
+from irodori_speaker.engine.codec import kernels as codec_kernels  # noqa: E402
 from irodori_speaker.engine.duration import HOP  # noqa: E402
 from irodori_speaker.engine.fast import TEXT_RUNG_LEAST  # noqa: E402
 from irodori_speaker.engine.hardware.lock import hold_model_lock  # noqa: E402
@@ -243,6 +245,29 @@ def use_crop(synth, on: bool) -> None:
         codec_graphs(synth)
 
 
+#: the codec's residual units as the tree ships them: (`kernels.UNIT_THIRDS`, `fast.FUSED_UNIT_WIDTH`)
+UNITS_SHIPPED = (codec_kernels.UNIT_THIRDS, codec_fast.FUSED_UNIT_WIDTH)
+#: a kind's "+3": the 96- and 192-channel units fused, packed in thirds; "+1": only the 96-channel
+#: units fused, in one chunk (the settings before the thirty-sixth session)
+UNITS = {"3": (True, 192), "1": (False, 96)}
+
+
+def use_units(synth, units: tuple[bool, int]) -> None:
+    """The codec's residual units (thirds, widest fused) for the next run; where the decoder fuses
+    its units (Hopper), their weights packed again and the codec's graphs captured again (in a new
+    memory pool) at each switch only."""
+    if units == (codec_kernels.UNIT_THIRDS, codec_fast.FUSED_UNIT_WIDTH):
+        return
+    codec_kernels.UNIT_THIRDS, codec_fast.FUSED_UNIT_WIDTH = units
+    decoder = getattr(synth.codec, "_channels_last", None)
+    if decoder is None or not decoder.fuse_units:
+        return
+    decoder.fuse_units = True  # packs again under the new settings
+    if synth.codec._graphs is not None:
+        synth.codec._drop_graphs()
+        codec_graphs(synth)
+
+
 def use_decode_rows(synth) -> None:
     """The codec's graphs for every window batch the preset's `decode_batch` now allows (captured
     once and kept: a run with fewer rows replays its own buckets' graphs as prewarm left them)."""
@@ -270,12 +295,14 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     stream; "x" the text tower's eager forward (`use_text_backbone`); "c" stream windows decoded
     whole, not cropped (`use_crop`); "s" the copy waiter's events spin in the driver, as before
     `DeviceOwner.spin_copies` was off (else they block); "b" a line alone's inline copy blocks
-    (`DeviceOwner.spin_inline` off; else it spins); a letter left out, the preset's. "#N"
+    (`DeviceOwner.spin_inline` off; else it spins); "3" the codec's 96- and 192-channel units
+    fused in thirds, "1" its 96-channel ones in one chunk (`use_units`; neither: as the tree
+    ships them); a letter left out, the preset's. "#N"
     before the "+": up to N stream windows decoded as one batch (the preset's `decode_batch`;
     "line#8"), else --decode-batch or the preset's."""
     kind, _, flags = kind.partition("+")
-    if set(flags) - set("twdhuxcsb"):
-        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u, x, c, s, b)")
+    if set(flags) - set("twdhuxcsb31"):
+        raise SystemExit(f"unknown letters after '+' in {kind}+{flags} (t, w, d, h, u, x, c, s, b, 3, 1)")
     kind, _, rows = kind.partition("#")
     # decode windows of lines that meet: one by one when serial (the baseline), else as asked
     windows = 1 if kind == "serial" else int(rows) if rows else DECODE_BATCH[0] or 1
@@ -283,6 +310,7 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     use_text_backbone(synth, fused="x" not in flags)
     use_decode_rows(synth)
     use_crop(synth, on="c" not in flags)
+    use_units(synth, next((UNITS[f] for f in flags if f in UNITS), UNITS_SHIPPED))
     own = synth.preset.owner_decode_stream and synth.device.type == "cuda"
     DEVICE.decode_stream = bool(set(flags) & set("dh")) or ("u" not in flags and own)
     DEVICE.decode_priority = 0 if "d" in flags else DECODE_PRIORITY

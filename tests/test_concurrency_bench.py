@@ -350,6 +350,41 @@ def test_c_decodes_windows_whole_and_captures_the_codecs_graphs_again(irodori_ho
         conc.use_sampling(synth, "line+q", 4, [None])
 
 
+def test_3_and_1_pack_the_codecs_units_again_and_capture_its_graphs_again(irodori_home, monkeypatch) -> None:
+    """ "line+3": the codec's units fused in thirds, up to 192 channels, for the run; "line+1":
+    the 96-channel ones in one chunk; neither: as the tree ships them. The fused decoder's weights
+    packed again and the codec's graphs captured again at each switch only (the tiny codec's
+    48-channel stage packs as 3 x 16 in thirds, 64 in one chunk; graphs stood in for)."""
+    from types import SimpleNamespace
+
+    from irodori_speaker.engine.codec import fast, kernels
+    from irodori_speaker.synthesis.loading import load_synthesizer
+
+    conc = _module()
+    captured = []
+    monkeypatch.setattr(conc, "codec_graphs", lambda synth: captured.append(kernels.UNIT_THIRDS))
+    synth = load_synthesizer(tiny_random=True, backend="cpu", voice_cache_dir=False, max_batch=4)
+    assert synth.codec.use_channels_last(True)
+    decoder = synth.codec._channels_last
+    decoder.fuse_units = True  # as on Hopper (packing only: nothing decodes here)
+    cleared = []
+    synth.codec._graphs = SimpleNamespace(clear=lambda: cleared.append(1))  # held graphs, stood in for
+    shipped = (kernels.UNIT_THIRDS, fast.FUSED_UNIT_WIDTH)
+    seen = []
+    try:
+        for kind in ("line", "line+3", "line#2+3", "line+1", "line"):
+            conc.use_sampling(synth, kind, 4, [None])
+            widths = sorted({w1.shape[0] for _, w1 in decoder._packs.values()})
+            seen.append((kernels.UNIT_THIRDS, fast.FUSED_UNIT_WIDTH, widths))
+    finally:
+        kernels.UNIT_THIRDS, fast.FUSED_UNIT_WIDTH = shipped
+        synth.codec._graphs = None
+    asked = [shipped, (True, 192), (True, 192), (False, 96), shipped]
+    assert seen == [(t, w, [16, 32, 48] if t else [16, 32, 64]) for t, w in asked]
+    switches = [b[0] for a, b in zip([shipped, *asked], asked, strict=False) if a != b]
+    assert captured == switches and len(cleared) == len(switches) >= 2
+
+
 def test_a_kind_with_rows_decodes_that_many_windows_as_one_batch(irodori_home, monkeypatch) -> None:
     """ "line#8": up to 8 stream windows decoded together for the run (the preset's decode_batch),
     the codec's graphs made room for and captured for every window bucket up to 8; a kind without
