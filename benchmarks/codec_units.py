@@ -190,7 +190,7 @@ def main() -> None:
         random_codec_state_dict(FULL_CODEC_KWARGS, seed=0, watermark=False), FULL_CODEC_KWARGS, device="cuda"
     ).to(torch.float16)
     assert codec.use_channels_last(True) and codec._channels_last is not None
-    fast.FUSED_UNIT_WIDTH = args.max_width  # the widths that fuse (96: the last stage only)
+    fast.FUSED_UNIT_WIDTH = dict.fromkeys((False, True), args.max_width)  # what fuses, either packing
     codec._channels_last.fuse_units = True
     packings = [False, True] if args.thirds else [False]
     configs = unit_table(codec._channels_last, args.rows, args.frames, args.reps, packings)

@@ -125,7 +125,6 @@ import news5  # noqa: E402  (the shared random full-size files, modes and the ap
 import spy_profile  # noqa: E402
 from owner_time import owner_ops, owner_time  # noqa: E402
 
-from irodori_speaker.engine.codec import fast as codec_fast  # noqa: E402
 from irodori_speaker.engine.codec import kernels as codec_kernels  # noqa: E402
 from irodori_speaker.engine.duration import HOP  # noqa: E402
 from irodori_speaker.engine.fast import TEXT_RUNG_LEAST  # noqa: E402
@@ -240,29 +239,32 @@ def use_crop(synth, on: bool) -> None:
     if getattr(codec, "crop_windows", on) == on:
         return
     codec.crop_windows = on
-    if codec._graphs is not None:
-        codec._drop_graphs()
-        codec_graphs(synth)
+    codec_graphs_again(synth)
 
 
-#: the codec's residual units as the tree ships them: (`kernels.UNIT_THIRDS`, `fast.FUSED_UNIT_WIDTH`)
-UNITS_SHIPPED = (codec_kernels.UNIT_THIRDS, codec_fast.FUSED_UNIT_WIDTH)
-#: a kind's "+3": the 96- and 192-channel units fused, packed in thirds; "+1": only the 96-channel
-#: units fused, in one chunk (the settings before the thirty-sixth session)
-UNITS = {"3": (True, 192), "1": (False, 96)}
+#: the codec's residual units as the tree ships them (`kernels.UNIT_THIRDS`)
+THIRDS_SHIPPED = codec_kernels.UNIT_THIRDS
+#: a kind's "+3": the units packed in thirds (the 96- and 192-channel ones fused, `fast.FUSED_UNIT_WIDTH`);
+#: "+1": in one chunk (the 96-channel ones fused)
+THIRDS = {"3": True, "1": False}
 
 
-def use_units(synth, units: tuple[bool, int]) -> None:
-    """The codec's residual units (thirds, widest fused) for the next run; where the decoder fuses
-    its units (Hopper), their weights packed again and the codec's graphs captured again (in a new
-    memory pool) at each switch only."""
-    if units == (codec_kernels.UNIT_THIRDS, codec_fast.FUSED_UNIT_WIDTH):
+def use_units(synth, thirds: bool) -> None:
+    """The codec's residual units packed in `thirds` or not for the next run; where the decoder
+    fuses its units (Hopper), their weights packed again and the codec's graphs captured again at
+    each switch only."""
+    if thirds == codec_kernels.UNIT_THIRDS:
         return
-    codec_kernels.UNIT_THIRDS, codec_fast.FUSED_UNIT_WIDTH = units
+    codec_kernels.UNIT_THIRDS = thirds
     decoder = getattr(synth.codec, "_channels_last", None)
-    if decoder is None or not decoder.fuse_units:
-        return
-    decoder.fuse_units = True  # packs again under the new settings
+    if decoder is not None and decoder.fuse_units:
+        decoder.fuse_units = True  # packs again, and picks the units to fuse, under the new setting
+        codec_graphs_again(synth)
+
+
+def codec_graphs_again(synth) -> None:
+    """The codec's graphs, if it holds any, dropped and captured again (in a new memory pool): the
+    decode they replay changed."""
     if synth.codec._graphs is not None:
         synth.codec._drop_graphs()
         codec_graphs(synth)
@@ -310,7 +312,7 @@ def use_sampling(synth, kind: str, streams: int, voices: list) -> None:
     use_text_backbone(synth, fused="x" not in flags)
     use_decode_rows(synth)
     use_crop(synth, on="c" not in flags)
-    use_units(synth, next((UNITS[f] for f in flags if f in UNITS), UNITS_SHIPPED))
+    use_units(synth, next((THIRDS[f] for f in flags if f in THIRDS), THIRDS_SHIPPED))
     own = synth.preset.owner_decode_stream and synth.device.type == "cuda"
     DEVICE.decode_stream = bool(set(flags) & set("dh")) or ("u" not in flags and own)
     DEVICE.decode_priority = 0 if "d" in flags else DECODE_PRIORITY

@@ -369,19 +369,19 @@ def test_3_and_1_pack_the_codecs_units_again_and_capture_its_graphs_again(irodor
     decoder.fuse_units = True  # as on Hopper (packing only: nothing decodes here)
     cleared = []
     synth.codec._graphs = SimpleNamespace(clear=lambda: cleared.append(1))  # held graphs, stood in for
-    shipped = (kernels.UNIT_THIRDS, fast.FUSED_UNIT_WIDTH)
+    shipped = kernels.UNIT_THIRDS
     seen = []
     try:
         for kind in ("line", "line+3", "line#2+3", "line+1", "line"):
             conc.use_sampling(synth, kind, 4, [None])
             widths = sorted({w1.shape[0] for _, w1 in decoder._packs.values()})
-            seen.append((kernels.UNIT_THIRDS, fast.FUSED_UNIT_WIDTH, widths))
+            seen.append((kernels.UNIT_THIRDS, fast.FUSED_UNIT_WIDTH[kernels.UNIT_THIRDS], widths))
     finally:
-        kernels.UNIT_THIRDS, fast.FUSED_UNIT_WIDTH = shipped
+        kernels.UNIT_THIRDS = shipped
         synth.codec._graphs = None
-    asked = [shipped, (True, 192), (True, 192), (False, 96), shipped]
-    assert seen == [(t, w, [16, 32, 48] if t else [16, 32, 64]) for t, w in asked]
-    switches = [b[0] for a, b in zip([shipped, *asked], asked, strict=False) if a != b]
+    asked = [shipped, True, True, False, shipped]
+    assert seen == [(t, 192 if t else 96, [16, 32, 48] if t else [16, 32, 64]) for t in asked]
+    switches = [b for a, b in zip([shipped, *asked], asked, strict=False) if a != b]
     assert captured == switches and len(cleared) == len(switches) >= 2
 
 

@@ -150,6 +150,26 @@ def test_a_fused_unit_that_fails_leaves_only_the_units_unfused(monkeypatch) -> N
     torch.testing.assert_close(codec.decode(lat), want, rtol=0, atol=0)  # no second warning needed
 
 
+def test_the_units_fused_are_those_up_to_the_width_of_their_packing(monkeypatch) -> None:
+    """Which units fuse follows `kernels.UNIT_THIRDS` as read when fusing is switched on: in thirds
+    up to `FUSED_UNIT_WIDTH[True]`, in one chunk up to `[False]` (192 and 96 channels in the tree;
+    here 48 and 24, the tiny codec's two widest stages). Packing only: nothing decodes."""
+    from irodori_speaker.engine.codec import fast, kernels
+
+    monkeypatch.setattr(fast, "FUSED_UNIT_WIDTH", {False: 24, True: 48})
+    codec = _codec(dtype=torch.bfloat16)
+    codec.use_channels_last()
+    d = codec._channels_last
+    assert d is not None
+    fused = {}
+    for thirds in (False, True, False):
+        monkeypatch.setattr(kernels, "UNIT_THIRDS", thirds)
+        d.fuse_units = True
+        assert d._packs is not None
+        fused[thirds] = sorted(d.steps[i][0].weight.shape[0] for i in d._packs)
+    assert set(fused[False]) == {6, 12, 24} and set(fused[True]) == {6, 12, 24, 48}
+
+
 # --------------------------------------------------------------------------- on a GPU
 
 
@@ -175,7 +195,8 @@ def test_channels_last_on_cuda_equals_the_decoder(dtype: torch.dtype) -> None:
 @needs_gpu
 def test_the_decoder_fuses_its_narrow_units_on_hopper_only() -> None:
     """Measured faster on an H100 only, so fused from compute capability 9 (H100, H200) and left
-    as four ops on older cards; the units fused are those of at most FUSED_UNIT_WIDTH channels."""
+    as four ops on older cards; the units fused are those up to FUSED_UNIT_WIDTH's channels."""
+    from irodori_speaker.engine.codec import kernels
     from irodori_speaker.engine.codec.fast import FUSED_UNIT_WIDTH
 
     codec = _codec("cuda", torch.float16)
@@ -184,7 +205,8 @@ def test_the_decoder_fuses_its_narrow_units_on_hopper_only() -> None:
     assert d is not None
     assert d.fuse_units == (torch.cuda.get_device_capability()[0] >= 9)
     d.fuse_units = True
-    assert d._packs and all(d.steps[i][0].weight.shape[0] <= FUSED_UNIT_WIDTH for i in d._packs)
+    widest = FUSED_UNIT_WIDTH[kernels.UNIT_THIRDS]
+    assert d._packs and all(d.steps[i][0].weight.shape[0] <= widest for i in d._packs)
     units = [i for i, (conv, *_) in enumerate(d.steps) if not conv.transposed and conv.kernel > 1]
     assert sorted(d._packs) == units  # the tiny codec's stages are all narrow: every unit
 

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..fused import fused_available, run_or_fall_back
+from . import kernels
 from .kernels import conv_epilogue, pack_residual_unit, residual_unit
 from .layers import Decoder, DecoderBlock, ResidualUnit, Snake
 
@@ -195,7 +196,7 @@ class ChannelsLastDecoder:
         assert isinstance(head_conv, nn.Conv1d) and head_conv.bias is not None
         self.head_weight, self.head_bias = head_conv.weight, head_conv.bias
         self.head_padding = int(head_conv.padding[0])  # type: ignore[arg-type,index]
-        # on Hopper and later each residual unit of at most FUSED_UNIT_WIDTH channels runs as one
+        # on Hopper and later each residual unit up to FUSED_UNIT_WIDTH's channels runs as one
         # kernel (`fused.residual_unit`) in fp16 / bf16 (measured there only; its block wants ~100 KB
         # of shared memory, more than consumer cards give a block); its packed weights by the
         # dilated conv's place in `steps`, made here or when switched on (never inside a capture)
@@ -210,11 +211,11 @@ class ChannelsLastDecoder:
     def fuse_units(self, on: bool) -> None:
         self._packs = None
         if on:
-            steps = self.steps
+            steps, widest = self.steps, FUSED_UNIT_WIDTH[kernels.UNIT_THIRDS]
             self._packs = {
                 i: pack_residual_unit(conv.weight, steps[i + 1][0].weight)
                 for i, (conv, _, _, _) in enumerate(steps)
-                if not conv.transposed and conv.kernel > 1 and conv.weight.shape[0] <= FUSED_UNIT_WIDTH
+                if not conv.transposed and conv.kernel > 1 and conv.weight.shape[0] <= widest
             }
 
     def __call__(self, z: Tensor, keep: tuple[int, int] | None = None) -> Tensor:
@@ -266,7 +267,7 @@ class ChannelsLastDecoder:
         unit: bool,
         keep: tuple[int, int] | None = None,
     ) -> Tensor:
-        """The decode; `unit`: each residual unit of at most `FUSED_UNIT_WIDTH` channels in one
+        """The decode; `unit`: each residual unit of `_packs` (`FUSED_UNIT_WIDTH`) in one
         kernel (`fused.residual_unit`); `keep`: only samples [a, b) (`__call__`)."""
         x, _ = epilogue(self.in_proj(z.contiguous()), self.in_proj.bias, None, None, True)
         assert x is not None
@@ -322,14 +323,14 @@ def _crop(s: Tensor, start: int, span: tuple[int, int], stride: int) -> tuple[in
     return start + lo, s[:, lo:hi].contiguous()
 
 
-#: the widest residual unit fused into one kernel (`fused.residual_unit`): the last, 96-channel
-#: stage, where a unit took 1.31-1.38x less time fused and the graphed window 1.06-1.08x at every
-#: window shape of the CUDA preset (H100, benchmarks/RESULTS.md "Twenty-first session"). Packed in
-#: one chunk of 256 the 192-channel unit is slower than its four ops (0.92-0.96x, thirty-sixth
-#: session); in thirds (`kernels.UNIT_THIRDS`) 1.11-1.16x faster, and the windows with both stages
-#: fused in thirds 1.10-1.16x the unfused units': 192 goes with UNIT_THIRDS, once that is on. The
-#: kernel itself takes up to 256.
-FUSED_UNIT_WIDTH = 96
+#: the widest residual unit fused into one kernel (`fused.residual_unit`), by whether its outputs
+#: pack in thirds (`kernels.UNIT_THIRDS`). In one chunk, the last, 96-channel stage: a unit took
+#: 1.31-1.38x less time fused and the graphed window 1.06-1.08x at every window shape of the CUDA
+#: preset (H100, benchmarks/RESULTS.md "Twenty-first session"), while a 192-channel unit was slower
+#: than its four ops (0.92-0.96x, thirty-sixth session). In thirds the 192-channel unit is
+#: 1.11-1.16x faster than its four ops, the windows with both stages fused 1.10-1.16x the unfused
+#: units' (thirty-sixth session). The kernel itself takes up to 256.
+FUSED_UNIT_WIDTH = {False: 96, True: 192}
 
 
 #: (in channels, kernel, dilation) of the released decoder's convs for which cuDNN's NHWC heuristic

@@ -231,8 +231,8 @@ def conv_epilogue(
 #: a 192-channel one 1.63-1.64 against 1.83-1.91 unfused (one chunk: 1.96-2.03, slower than
 #: unfused); the graphed windows 1.10-1.16x the unfused units' (H100, `codec_units.py --thirds`,
 #: benchmarks/RESULTS.md "Thirty-sixth session"). Off until its tests have passed on a GPU (only
-#: the interpreter has checked its sums): then on, with `fast.FUSED_UNIT_WIDTH` 192 (status.md
-#: "Next" 00).
+#: the interpreter has checked its sums; on, the 192-channel units are fused too:
+#: `fast.FUSED_UNIT_WIDTH`; status.md "Next" 00).
 UNIT_THIRDS = False
 
 
