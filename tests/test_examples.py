@@ -4,6 +4,7 @@ what their docstrings promise; the VTube Studio path against a mock VTS websocke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -116,6 +117,8 @@ class MockVTubeStudio:
         self.close_codes: list[int | None] = []
         self.port = 0
         self._ready = threading.Event()
+        self._idle = threading.Event()  # no connection open: every request sent has been read
+        self._idle.set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Future | None = None
         self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
@@ -124,6 +127,7 @@ class MockVTubeStudio:
         from websockets.exceptions import ConnectionClosed
 
         self.connections += 1
+        self._idle.clear()
         try:
             async for raw in ws:
                 msg = json.loads(raw)
@@ -138,12 +142,17 @@ class MockVTubeStudio:
                         "reason": "",
                     }
                 reply = {**{k: msg[k] for k in ("apiName", "apiVersion", "requestID")}, "data": data}
-                await ws.send(json.dumps({**reply, "messageType": kind.replace("Request", "Response")}))
+                # The client may close while this mock is behind on a busy machine: an answer
+                # then fails, but the requests it sent before closing are still queued here and
+                # must be read (stopping at the first failed answer lost the bot's last one).
+                with contextlib.suppress(ConnectionClosed):
+                    await ws.send(json.dumps({**reply, "messageType": kind.replace("Request", "Response")}))
         except ConnectionClosed:
-            pass  # the client closed while an answer was on its way
+            pass  # closed without a close frame
         finally:
             await ws.wait_closed()
             self.close_codes.append(ws.close_code)
+            self._idle.set()
 
     async def _serve(self) -> None:
         from websockets.asyncio.server import serve
@@ -162,6 +171,7 @@ class MockVTubeStudio:
 
     def __exit__(self, *exc) -> None:
         assert self._loop is not None and self._stop is not None
+        self._idle.wait(10)  # a client that closed is read to its close frame before the server stops
         self._loop.call_soon_threadsafe(self._stop.set_result, None)
         self._thread.join(10)
 
