@@ -117,7 +117,8 @@ class MockVTubeStudio:
         self.close_codes: list[int | None] = []
         self.port = 0
         self._ready = threading.Event()
-        self._idle = threading.Event()  # no connection open: every request sent has been read
+        self._open = 0  # connections not yet ended (counted on the mock's own loop)
+        self._idle = threading.Event()  # none open: every request sent has been read
         self._idle.set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Future | None = None
@@ -127,6 +128,7 @@ class MockVTubeStudio:
         from websockets.exceptions import ConnectionClosed
 
         self.connections += 1
+        self._open += 1
         self._idle.clear()
         try:
             async for raw in ws:
@@ -152,7 +154,9 @@ class MockVTubeStudio:
         finally:
             await ws.wait_closed()
             self.close_codes.append(ws.close_code)
-            self._idle.set()
+            self._open -= 1
+            if self._open == 0:
+                self._idle.set()
 
     async def _serve(self) -> None:
         from websockets.asyncio.server import serve
